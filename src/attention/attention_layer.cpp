@@ -1,0 +1,55 @@
+#include "attention/attention_layer.h"
+
+#include "attention/attention_type.h"
+
+namespace mhla {
+
+AttentionLayerImpl::AttentionLayerImpl(const AttentionSpec& spec, const AttentionType& type)
+    : spec_(spec), type_(type) {
+  TORCH_CHECK(spec.dim % spec.heads == 0, "heads must divide dim");
+  qkv_ = register_module("qkv", torch::nn::Linear(spec.dim, 3 * spec.dim));
+  proj_ = register_module("proj", torch::nn::Linear(spec.dim, spec.dim));
+  if (spec.config.gate) gate_ = register_module("gate", torch::nn::Linear(spec.dim, spec.dim));
+  if (spec.config.cpe) {
+    if (!spec.layout.is_grid()) fail("{}: attention.cpe needs a 2-D token grid", spec.where);
+    const auto k = spec.config.cpe_kernel;
+    cpe_ = register_module("cpe", torch::nn::Conv2d(torch::nn::Conv2dOptions(spec.dim, spec.dim, k)
+                                                        .padding(k / 2)
+                                                        .groups(spec.dim)));
+  }
+  // A backend this build lacks is an error at build time, not mid-run.
+  if (spec.config.backend != "auto" && !type.backends.count(spec.config.backend)) {
+    select_backend(spec.config.type, type, spec.config.backend, torch::kCUDA, spec.where);
+  }
+}
+
+const OpFn& AttentionLayerImpl::backend_for(const torch::Device& device) {
+  const OpFn*& cached = device.is_cuda() ? cuda_backend_ : cpu_backend_;
+  if (!cached) {
+    cached = &select_backend(spec_.config.type, type_, spec_.config.backend, device, spec_.where);
+  }
+  return *cached;
+}
+
+OpArgs AttentionLayerImpl::op_args() const {
+  OpArgs args;
+  args.causal = spec_.causal;
+  return args;
+}
+
+torch::Tensor AttentionLayerImpl::forward(const torch::Tensor& x) {
+  const auto b = x.size(0), n = x.size(1);
+  const auto h = spec_.heads, d = spec_.dim / spec_.heads;
+  auto qkv = qkv_->forward(x).view({b, n, 3, h, d});
+  auto q = qkv.select(2, 0), k = qkv.select(2, 1), v = qkv.select(2, 2);
+  auto out = backend_for(x.device())(q, k, v, op_args()).reshape({b, n, spec_.dim});
+  if (cpe_) {
+    // CPE: depthwise conv of v over the 2-D patch grid, added to the attention output.
+    auto v_grid = spec_.layout.to_grid(v.reshape({b, n, spec_.dim}));
+    out = out + spec_.layout.to_tokens(cpe_->forward(v_grid)).to(out.scalar_type());
+  }
+  if (gate_) out = out * torch::sigmoid(gate_->forward(x));
+  return proj_->forward(out);
+}
+
+}  // namespace mhla

@@ -1,0 +1,61 @@
+#pragma once
+// A full attention layer: QKV projection -> op (from the registry, backend chosen per device)
+// -> optional CPE and output gate -> output projection. Attention types subclass it only to add
+// their own parameters (MHLA: the block-mixing matrix) and the arguments they pass to the op.
+#include <memory>
+#include <string>
+
+#include <torch/torch.h>
+
+#include "attention/attention_op.h"
+#include "attention/token_layout.h"
+#include "core/config.h"
+
+namespace mhla {
+
+struct AttentionType;
+
+// Everything a layer is built from.
+struct AttentionSpec {
+  int64_t dim = 0;
+  int64_t heads = 1;
+  TokenLayout layout;
+  bool causal = false;
+  AttentionConfig config;
+  std::string where;  // config location of attention.backend, for errors
+};
+
+// Modules with parameters kept inside a set (e.g. MHLA mixing in [0, 1]) after each optimizer
+// step implement this.
+class ProjectedModule {
+ public:
+  virtual ~ProjectedModule() = default;
+  virtual void project_parameters() = 0;
+};
+
+class AttentionLayerImpl : public torch::nn::Module, public ProjectedModule {
+ public:
+  AttentionLayerImpl(const AttentionSpec& spec, const AttentionType& type);
+
+  // x: [B, N, dim] -> [B, N, dim]
+  torch::Tensor forward(const torch::Tensor& x);
+  void project_parameters() override {}
+
+  const AttentionSpec& spec() const { return spec_; }
+
+ protected:
+  // Per-type arguments for the op (mixing matrix, blocks, ...).
+  virtual OpArgs op_args() const;
+
+ private:
+  const OpFn& backend_for(const torch::Device& device);
+
+  AttentionSpec spec_;
+  const AttentionType& type_;
+  torch::nn::Linear qkv_{nullptr}, proj_{nullptr}, gate_{nullptr};
+  torch::nn::Conv2d cpe_{nullptr};
+  const OpFn* cpu_backend_ = nullptr;
+  const OpFn* cuda_backend_ = nullptr;
+};
+
+}  // namespace mhla

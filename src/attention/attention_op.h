@@ -1,0 +1,32 @@
+#pragma once
+// The interface every attention op implements, whatever its backend:
+// q, k, v are [B, N, H, D] (token-major, as they come out of the QKV projection) and the
+// result is [B, N, H, Dv] in the dtype of v.
+#include <functional>
+#include <map>
+#include <string>
+
+#include <torch/torch.h>
+
+namespace mhla {
+
+struct OpArgs {
+  bool causal = false;
+  int64_t blocks = 1;    // MHLA: number of contiguous token blocks (N % blocks == 0)
+  torch::Tensor mixing;  // MHLA: [blocks, blocks] block-mixing matrix
+};
+
+using OpFn = std::function<torch::Tensor(const torch::Tensor& q, const torch::Tensor& k,
+                                         const torch::Tensor& v, const OpArgs& args)>;
+
+// Shared by the linear-attention family: phi(x) = relu(RMSNorm(x)) + 1e-6 (RMSNorm without
+// weight, over the head dimension) and the normalizer's epsilon.
+constexpr double kFeatureFloor = 1e-6;
+constexpr double kFeatureNormEps = 1e-6;
+constexpr double kNormalizerEps = 1e-6;
+torch::Tensor feature_map(const torch::Tensor& x);
+
+// The dtype references compute in: double stays double, everything else goes to float32.
+torch::ScalarType reference_compute_dtype(const torch::Tensor& x);
+
+}  // namespace mhla

@@ -1,0 +1,32 @@
+#pragma once
+// The attention registry: each type names its op backends and how to build its layer.
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "attention/attention_layer.h"
+#include "core/registry.h"
+
+namespace mhla {
+
+struct AttentionType {
+  std::string description;
+  bool uses_blocks = false;                // the op takes OpArgs::blocks/mixing (2-D tiles)
+  std::map<std::string, OpFn> backends;    // "reference" always; "cuda", "cudnn" where built
+  std::vector<std::string> gpu_preference; // backends auto tries on CUDA, best first
+  std::function<std::shared_ptr<AttentionLayerImpl>(const AttentionSpec&, const AttentionType&)>
+      make_layer;
+  // Test/bench inputs beyond q, k, v (e.g. a random mixing matrix), for the harnesses.
+  std::function<OpArgs(int64_t blocks, bool causal, const torch::TensorOptions&)> make_args;
+};
+
+Registry<AttentionType>& attention_registry();
+
+// Picks the op for a device: an explicit backend must exist and suit the device; auto takes the
+// first of gpu_preference that exists on CUDA, else reference.
+const OpFn& select_backend(const std::string& type_name, const AttentionType& type,
+                           const std::string& backend, const torch::Device& device,
+                           const std::string& where);
+
+}  // namespace mhla

@@ -1,0 +1,37 @@
+#include "attention/linear.h"
+
+#include "attention/registrations.h"
+#include "core/error.h"
+
+namespace mhla {
+
+torch::Tensor linear_attention_reference(const torch::Tensor& q, const torch::Tensor& k,
+                                         const torch::Tensor& v, const OpArgs& args) {
+  if (args.causal) fail("linear attention: the causal form is not available yet");
+  const auto dtype = reference_compute_dtype(v);
+  auto qf = feature_map(q.to(dtype));
+  auto kf = feature_map(k.to(dtype));
+  auto vf = v.to(dtype);
+  auto state = torch::einsum("bnhd,bnhe->bhde", {kf, vf});  // [B, H, D, Dv]
+  auto norm = kf.sum(1);                                     // [B, H, D]
+  auto numerator = torch::einsum("bnhd,bhde->bnhe", {qf, state});
+  auto denominator = torch::einsum("bnhd,bhd->bnh", {qf, norm}) + kNormalizerEps;
+  return (numerator / denominator.unsqueeze(-1)).to(v.scalar_type());
+}
+
+void register_linear_attention(Registry<AttentionType>& registry) {
+  AttentionType type;
+  type.description = "linear attention, phi = relu(RMSNorm(x)) + 1e-6, normalized output";
+  type.backends["reference"] = linear_attention_reference;
+  type.make_layer = [](const AttentionSpec& spec, const AttentionType& t) {
+    return std::make_shared<AttentionLayerImpl>(spec, t);
+  };
+  type.make_args = [](int64_t, bool causal, const torch::TensorOptions&) {
+    OpArgs args;
+    args.causal = causal;
+    return args;
+  };
+  registry.add("linear", std::move(type));
+}
+
+}  // namespace mhla

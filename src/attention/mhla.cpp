@@ -1,0 +1,99 @@
+#include "attention/mhla.h"
+
+#include <cmath>
+
+#include "attention/registrations.h"
+#include "core/error.h"
+
+namespace mhla {
+
+torch::Tensor mhla_reference(const torch::Tensor& q, const torch::Tensor& k,
+                             const torch::Tensor& v, const OpArgs& args) {
+  if (args.causal) fail("mhla: the causal form is not available yet");
+  const auto b = q.size(0), n = q.size(1), h = q.size(2), d = q.size(3), dv = v.size(3);
+  const auto m = args.blocks;
+  TORCH_CHECK(m >= 1 && n % m == 0, "mhla: N = ", n, " is not a multiple of blocks = ", m);
+  TORCH_CHECK(args.mixing.defined() && args.mixing.size(0) == m && args.mixing.size(1) == m,
+              "mhla: mixing must be [blocks, blocks]");
+  const auto l = n / m;
+  const auto dtype = reference_compute_dtype(v);
+  auto qf = feature_map(q.to(dtype)).view({b, m, l, h, d});
+  auto kf = feature_map(k.to(dtype)).view({b, m, l, h, d});
+  auto vf = v.to(dtype).view({b, m, l, h, dv});
+  auto mixing = args.mixing.to(dtype);
+  auto state = torch::einsum("bmlhd,bmlhe->bhmde", {kf, vf});  // per-block S_j
+  auto norm = kf.sum(2);                                         // per-block z_j: [B, M, H, D]
+  auto mixed_state = torch::einsum("ij,bhjde->bhide", {mixing, state});
+  auto mixed_norm = torch::einsum("ij,bjhd->bihd", {mixing, norm});
+  auto numerator = torch::einsum("bilhd,bhide->bilhe", {qf, mixed_state});
+  auto denominator = torch::einsum("bilhd,bihd->bilh", {qf, mixed_norm}) + kNormalizerEps;
+  return (numerator / denominator.unsqueeze(-1)).reshape({b, n, h, dv}).to(v.scalar_type());
+}
+
+torch::Tensor mhla_initial_mixing(const std::string& init, int64_t tiles_h, int64_t tiles_w) {
+  const int64_t m = tiles_h * tiles_w;
+  if (init == "uniform") return torch::full({m, m}, 1.0 / static_cast<double>(m));
+  if (init != "locality") fail("mhla: unknown mixing init '{}' (locality, uniform)", init);
+  auto mixing = torch::ones({m, m}, torch::kFloat64);
+  auto acc = mixing.accessor<double, 2>();
+  for (int64_t i = 0; i < m; ++i) {
+    double max_distance = 0;
+    std::vector<double> distance(m);
+    for (int64_t j = 0; j < m; ++j) {
+      const double dy = static_cast<double>(i / tiles_w - j / tiles_w);
+      const double dx = static_cast<double>(i % tiles_w - j % tiles_w);
+      distance[j] = std::sqrt(dx * dx + dy * dy);
+      max_distance = std::max(max_distance, distance[j]);
+    }
+    double row_sum = 0;
+    for (int64_t j = 0; j < m; ++j) {
+      acc[i][j] = max_distance > 0 ? 1.0 - distance[j] / max_distance : 1.0;
+      row_sum += acc[i][j];
+    }
+    for (int64_t j = 0; j < m; ++j) acc[i][j] /= row_sum;
+  }
+  return mixing.to(torch::kFloat32);
+}
+
+MhlaLayerImpl::MhlaLayerImpl(const AttentionSpec& spec, const AttentionType& type)
+    : AttentionLayerImpl(spec, type) {
+  if (spec.layout.blocks() != spec.config.blocks) {
+    fail("{}: attention.blocks = {} but the token layout has {} tiles", spec.where,
+         spec.config.blocks, spec.layout.blocks());
+  }
+  mixing_ = register_parameter(
+      "mixing", mhla_initial_mixing(spec.config.init, spec.layout.tiles_h, spec.layout.tiles_w));
+}
+
+void MhlaLayerImpl::project_parameters() {
+  torch::NoGradGuard no_grad;
+  mixing_.clamp_(0.0, 1.0);
+}
+
+OpArgs MhlaLayerImpl::op_args() const {
+  OpArgs args = AttentionLayerImpl::op_args();
+  args.blocks = spec().layout.blocks();
+  args.mixing = mixing_;
+  return args;
+}
+
+void register_mhla_attention(Registry<AttentionType>& registry) {
+  AttentionType type;
+  type.description =
+      "multi-head linear attention: token blocks (2-D tiles) mixed by a learned M x M matrix";
+  type.uses_blocks = true;
+  type.backends["reference"] = mhla_reference;
+  type.make_layer = [](const AttentionSpec& spec, const AttentionType& t) {
+    return std::make_shared<MhlaLayerImpl>(spec, t);
+  };
+  type.make_args = [](int64_t blocks, bool causal, const torch::TensorOptions& options) {
+    OpArgs args;
+    args.causal = causal;
+    args.blocks = blocks;
+    args.mixing = torch::rand({blocks, blocks}, options.dtype(torch::kFloat32));
+    return args;
+  };
+  registry.add("mhla", std::move(type));
+}
+
+}  // namespace mhla

@@ -1,0 +1,18 @@
+#pragma once
+// One file per subcommand; each adds itself to the CLI and returns what main runs.
+#include <functional>
+
+#include <CLI/CLI.hpp>
+
+namespace mhla {
+
+struct Command {
+  CLI::App* app = nullptr;
+  std::function<int()> run;  // returns the process exit code
+};
+
+Command add_train_command(CLI::App& parent);
+Command add_eval_command(CLI::App& parent);
+Command add_info_command(CLI::App& parent);
+
+}  // namespace mhla

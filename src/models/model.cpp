@@ -1,0 +1,26 @@
+#include "models/model.h"
+
+#include "attention/attention_layer.h"
+
+namespace mhla {
+
+void Model::project_parameters() {
+  for (const auto& module : modules(/*include_self=*/false)) {
+    if (auto* projected = dynamic_cast<ProjectedModule*>(module.get())) {
+      projected->project_parameters();
+    }
+  }
+}
+
+int64_t Model::parameter_count() {
+  int64_t count = 0;
+  for (const auto& p : parameters()) count += p.numel();
+  return count;
+}
+
+Registry<ModelEntry>& model_registry() {
+  static Registry<ModelEntry> registry("model");
+  return registry;
+}
+
+}  // namespace mhla

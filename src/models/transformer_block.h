@@ -1,0 +1,38 @@
+#pragma once
+// Pre-norm transformer block: x + drop_path(attn(LN(x))), then x + drop_path(mlp(LN(x))).
+#include <memory>
+
+#include <torch/torch.h>
+
+#include "attention/attention_layer.h"
+
+namespace mhla {
+
+// Stochastic depth: drops the whole residual branch per sample with probability `rate`.
+torch::Tensor drop_path(const torch::Tensor& branch, double rate, bool training);
+
+class MlpImpl : public torch::nn::Module {
+ public:
+  MlpImpl(int64_t dim, int64_t hidden);
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  torch::nn::Linear fc1_{nullptr}, fc2_{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+class TransformerBlockImpl : public torch::nn::Module {
+ public:
+  TransformerBlockImpl(std::shared_ptr<AttentionLayerImpl> attention, int64_t dim,
+                       int64_t mlp_hidden, double drop_path_rate);
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  torch::nn::LayerNorm norm1_{nullptr}, norm2_{nullptr};
+  std::shared_ptr<AttentionLayerImpl> attention_;
+  Mlp mlp_{nullptr};
+  double drop_path_rate_;
+};
+TORCH_MODULE(TransformerBlock);
+
+}  // namespace mhla

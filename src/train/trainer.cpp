@@ -1,0 +1,244 @@
+#include "train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+
+#include "core/device.h"
+#include "core/error.h"
+#include "core/logging.h"
+#include "data/batch_loader.h"
+#include "eval/classification_eval.h"
+#include "train/schedule.h"
+#include "train/stop_signal.h"
+
+namespace mhla {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const auto s = static_cast<int64_t>(seconds + 0.5);
+  if (s >= 3600) return fmt::format("{}h{:02d}m", s / 3600, (s % 3600) / 60);
+  if (s >= 60) return fmt::format("{}m{:02d}s", s / 60, s % 60);
+  return fmt::format("{}s", s);
+}
+
+}  // namespace
+
+Trainer::Trainer(const Config& config, const std::string& run_dir, bool resume)
+    : config_(config),
+      run_dir_(run_dir),
+      device_(resolve_device(config)),
+      bf16_(uses_bf16_autocast(config, device_)),
+      metrics_(run_dir) {
+  if (config.train.threads > 0) torch::set_num_threads(static_cast<int>(config.train.threads));
+  torch::manual_seed(static_cast<uint64_t>(config.train.seed));
+  train_set_ = load_dataset(config, Split::kTrain);
+  test_set_ = load_dataset(config, Split::kTest);
+  if (train_set_.channels() != config.model.in_channels) {
+    fail("{}: model.in_channels = {} but {} images have {} channel(s)",
+         config.where("model.in_channels"), config.model.in_channels, train_set_.name,
+         train_set_.channels());
+  }
+  if (train_set_.height() > config.model.image_size || train_set_.width() > config.model.image_size) {
+    fail("{}: model.image_size = {} is smaller than the {}x{} images of {}",
+         config.where("model.image_size"), config.model.image_size, train_set_.height(),
+         train_set_.width(), train_set_.name);
+  }
+  if (train_set_.num_classes > config.model.num_classes) {
+    fail("{}: model.num_classes = {} but {} has {} classes", config.where("model.num_classes"),
+         config.model.num_classes, train_set_.name, train_set_.num_classes);
+  }
+  steps_per_epoch_ = BatchLoader::batches_per_epoch(train_set_.size(), config.data.batch_size,
+                                                    /*drop_last=*/true);
+  if (steps_per_epoch_ == 0) {
+    fail("{}: data.batch_size = {} exceeds the {} training images", config.where("data.batch_size"),
+         config.data.batch_size, train_set_.size());
+  }
+  total_steps_ = steps_per_epoch_ * config.train.epochs;
+
+  model_ = model_registry().get(config.model.name).make(config);
+  model_->to(device_);
+  auto groups = make_param_groups(*model_, config.optim.weight_decay);
+  for (const auto& group : groups)
+    for (const auto& p : group.params) params_.push_back(p);
+  optimizer_ = optimizer_registry().get(config.optim.name).make(std::move(groups), config.optim);
+
+  if (resume) {
+    Checkpoint checkpoint = read_checkpoint((fs::path(run_dir) / "checkpoints" / "last").string());
+    const std::string weights_file = checkpoint.dir + "/model.safetensors";
+    load_model_weights(*model_, checkpoint.weights, weights_file);
+    if (checkpoint.optimizer.empty()) {
+      fail("{}/optimizer.safetensors: missing; cannot resume exactly", checkpoint.dir);
+    }
+    optimizer_->load_state(checkpoint.optimizer, checkpoint.dir + "/optimizer.safetensors");
+    state_ = checkpoint.state;
+    restore_rng_state(state_.cpu_rng, false, checkpoint.dir + "/trainer.json");
+    if (device_.is_cuda() && !state_.cuda_rng.empty()) {
+      restore_rng_state(state_.cuda_rng, true, checkpoint.dir + "/trainer.json");
+    }
+    metrics_.truncate_after(state_.step);
+  }
+}
+
+void Trainer::save(const std::string& name) {
+  state_.cpu_rng = capture_rng_state(false);
+  state_.cuda_rng = device_.is_cuda() ? capture_rng_state(true) : "";
+  save_checkpoint((fs::path(run_dir_) / "checkpoints" / name).string(), config_, *model_,
+                  optimizer_.get(), state_);
+}
+
+void Trainer::evaluate_and_record(int64_t epoch) {
+  auto result = evaluate_classifier(*model_, test_set_, config_, device_);
+  last_accuracy_ = result.accuracy;
+  logger().info("eval epoch {}/{} step {}: test accuracy {:.2f}% ({} images), test loss {:.4f}, "
+                "{:.1f}s", epoch + 1, config_.train.epochs, state_.step, 100.0 * result.accuracy,
+                result.count, result.loss, result.seconds);
+  metrics_.write({{"step", state_.step},
+                  {"epoch", epoch + 1},
+                  {"eval", {{"accuracy", result.accuracy},
+                            {"loss", result.loss},
+                            {"count", result.count},
+                            {"split", "test"}}},
+                  {"train_seconds", state_.train_seconds}});
+  if (result.accuracy > state_.best_accuracy) {
+    state_.best_accuracy = result.accuracy;
+    state_.best_step = state_.step;
+    save("best");
+  }
+}
+
+TrainOutcome Trainer::run() {
+  const auto& c = config_;
+  ScheduleSpec schedule{c.optim.lr, c.schedule.min_lr,
+                        static_cast<int64_t>(std::llround(c.schedule.warmup_epochs *
+                                                          static_cast<double>(steps_per_epoch_))),
+                        total_steps_};
+  const auto& lr_at = schedule_registry().get(c.schedule.name).lr;
+  auto ce_options = torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(
+      c.train.label_smoothing);
+
+  logger().info("run {}: {} with {} attention ({} parameters) on {}{}, {} / {} images, {} "
+                "steps ({} epochs x {})", run_dir_, c.model.name, c.attention.type,
+                model_->parameter_count(), device_.str(), bf16_ ? " (bf16 autocast)" : "",
+                train_set_.size(), test_set_.size(), total_steps_, c.train.epochs,
+                steps_per_epoch_);
+  if (state_.step > 0) {
+    logger().info("resuming at step {} (epoch {}, batch {})", state_.step, state_.epoch + 1,
+                  state_.batch_in_epoch);
+  }
+
+  TrainOutcome outcome;
+  outcome.run_dir = run_dir_;
+  model_->train();
+  auto loss_sum = torch::zeros({}, torch::TensorOptions().device(device_));
+  int64_t loss_count = 0;
+  auto window_start = std::chrono::steady_clock::now();
+  int64_t window_steps = 0;
+  double seconds_per_step = NAN;
+
+  for (int64_t epoch = state_.epoch; epoch < c.train.epochs; ++epoch) {
+    LoaderOptions options;
+    options.batch_size = c.data.batch_size;
+    options.workers = c.data.workers;
+    options.prefetch = c.data.prefetch;
+    options.out_size = c.model.image_size;
+    options.crop_padding = c.data.crop_padding;
+    options.hflip = c.data.hflip;
+    options.shuffle = true;
+    options.drop_last = true;
+    options.seed = static_cast<uint64_t>(c.train.seed);
+    options.epoch = epoch;
+    options.start_batch = state_.epoch == epoch ? state_.batch_in_epoch : 0;
+    options.pin_memory = device_.is_cuda();
+    BatchLoader loader(train_set_, options);
+    state_.epoch = epoch;
+
+    while (auto batch = loader.next()) {
+      auto images = batch->images.to(device_, /*non_blocking=*/true);
+      auto labels = batch->labels.to(device_, /*non_blocking=*/true);
+      const double lr = lr_at(schedule, state_.step);
+      torch::Tensor logits;
+      {
+        AutocastScope autocast(device_, bf16_);
+        logits = model_->forward(images);
+      }
+      auto loss = torch::nn::functional::cross_entropy(logits.to(torch::kFloat32), labels,
+                                                       ce_options);
+      loss.backward();
+      clip_grad_norm(params_, c.optim.grad_clip);
+      optimizer_->step(lr);
+      model_->project_parameters();
+      optimizer_->zero_grad();
+      loss_sum += loss.detach();
+      ++loss_count;
+      ++state_.step;
+      ++window_steps;
+      state_.batch_in_epoch = batch->index + 1;
+
+      const bool stop = stop_requested() != 0 || (stop_after_ > 0 && state_.step >= stop_after_);
+      if (state_.step % c.train.log_every == 0 || stop || state_.step == total_steps_) {
+        const double mean_loss = loss_sum.item<double>() / static_cast<double>(loss_count);
+        const auto now = std::chrono::steady_clock::now();
+        const double window = std::chrono::duration<double>(now - window_start).count();
+        state_.train_seconds += window;
+        seconds_per_step = window / static_cast<double>(window_steps);
+        const double images_per_second =
+            static_cast<double>(window_steps * c.data.batch_size) / window;
+        logger().info("epoch {}/{} step {}/{} loss {:.4f} lr {:.2e} | {:.0f} img/s | ETA {}",
+                      epoch + 1, c.train.epochs, state_.step, total_steps_, mean_loss, lr,
+                      images_per_second,
+                      format_duration(seconds_per_step *
+                                      static_cast<double>(total_steps_ - state_.step)));
+        metrics_.write({{"step", state_.step},
+                        {"epoch", epoch + 1},
+                        {"loss", mean_loss},
+                        {"lr", lr},
+                        {"images_per_second", images_per_second},
+                        {"train_seconds", state_.train_seconds}});
+        loss_sum.zero_();
+        loss_count = 0;
+        window_steps = 0;
+        window_start = std::chrono::steady_clock::now();
+      }
+      if (stop) {
+        save("last");
+        outcome.interrupted = true;
+        outcome.signal = stop_requested();
+        outcome.steps = state_.step;
+        outcome.train_seconds = state_.train_seconds;
+        logger().info("stopped at step {}{}; checkpoint written to {}/checkpoints/last; continue "
+                      "with: mhla train --resume {}", state_.step,
+                      outcome.signal ? fmt::format(" (signal {})", outcome.signal) : "", run_dir_,
+                      run_dir_);
+        return outcome;
+      }
+    }
+    // Time since the last progress line belongs to training, not to the evaluation below.
+    const auto now = std::chrono::steady_clock::now();
+    state_.train_seconds += std::chrono::duration<double>(now - window_start).count();
+    state_.epoch = epoch + 1;
+    state_.batch_in_epoch = 0;
+    const bool last_epoch = epoch + 1 == c.train.epochs;
+    if (last_epoch || (c.train.eval_every > 0 && (epoch + 1) % c.train.eval_every == 0)) {
+      evaluate_and_record(epoch);
+    }
+    if (last_epoch || (c.train.checkpoint_every > 0 && (epoch + 1) % c.train.checkpoint_every == 0)) {
+      save("last");
+    }
+    window_start = std::chrono::steady_clock::now();
+    window_steps = 0;
+  }
+  outcome.steps = state_.step;
+  outcome.final_accuracy = last_accuracy_;
+  outcome.train_seconds = state_.train_seconds;
+  logger().info("done: {} steps, {} of training, final test accuracy {:.2f}%, best {:.2f}% (step "
+                "{})", state_.step, format_duration(state_.train_seconds), 100.0 * last_accuracy_,
+                100.0 * state_.best_accuracy, state_.best_step);
+  return outcome;
+}
+
+}  // namespace mhla

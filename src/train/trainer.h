@@ -1,0 +1,54 @@
+#pragma once
+// The training loop for classifiers: config -> model, data, optimizer, schedule; one step is
+// load batch -> forward (bf16 autocast on CUDA) -> cross-entropy -> backward -> clip -> optimizer
+// -> projection of constrained parameters. Evaluates, logs and checkpoints into the run folder.
+#include <memory>
+#include <string>
+
+#include "core/config.h"
+#include "data/image_dataset.h"
+#include "models/model.h"
+#include "train/checkpoint.h"
+#include "train/optimizer.h"
+#include "train/run_folder.h"
+
+namespace mhla {
+
+struct TrainOutcome {
+  bool interrupted = false;
+  int signal = 0;                // the signal that stopped it (0 if stop_after_step did)
+  int64_t steps = 0;
+  double final_accuracy = -1.0;  // last full evaluation, fraction
+  double train_seconds = 0.0;
+  std::string run_dir;
+};
+
+class Trainer {
+ public:
+  // A new run (create_run_folder first) or, with resume, the run's checkpoints/last.
+  Trainer(const Config& config, const std::string& run_dir, bool resume);
+  TrainOutcome run();
+  // Stop as if interrupted once this many steps are done (tests; 0 = never).
+  void stop_after_step(int64_t step) { stop_after_ = step; }
+  Model& model() { return *model_; }
+
+ private:
+  void save(const std::string& name);
+  void evaluate_and_record(int64_t epoch);
+
+  Config config_;
+  std::string run_dir_;
+  torch::Device device_;
+  bool bf16_;
+  std::shared_ptr<Model> model_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::vector<torch::Tensor> params_;
+  ImageDataset train_set_, test_set_;
+  TrainerState state_;
+  MetricsLog metrics_;
+  int64_t steps_per_epoch_ = 0, total_steps_ = 0;
+  int64_t stop_after_ = 0;
+  double last_accuracy_ = -1.0;
+};
+
+}  // namespace mhla

@@ -1,0 +1,63 @@
+#include "test_helpers.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+
+namespace mhla::test {
+
+namespace fs = std::filesystem;
+
+TempDir::TempDir(const std::string& tag) {
+  static std::atomic<int> counter{0};
+  path_ = fs::temp_directory_path() /
+          ("mhla-test-" + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+  fs::remove_all(path_);
+  fs::create_directories(path_);
+}
+
+TempDir::~TempDir() {
+  std::error_code ignored;
+  fs::remove_all(path_, ignored);
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+ProcessResult run_mhla(const std::string& args, const std::string& cwd) {
+  const std::string command =
+      "cd " + shell_quote(cwd) + " && " + shell_quote(MHLA_BINARY) + " " + args + " 2>&1";
+  ProcessResult result;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (!pipe) return result;
+  std::array<char, 4096> buffer{};
+  size_t n;
+  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), n);
+  const int status = ::pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+double relative_error(const torch::Tensor& a, const torch::Tensor& b) {
+  auto a64 = a.detach().to(torch::kCPU, torch::kFloat64);
+  auto b64 = b.detach().to(torch::kCPU, torch::kFloat64);
+  const double denominator = b64.norm().item<double>();
+  const double numerator = (a64 - b64).norm().item<double>();
+  return denominator > 0 ? numerator / denominator : numerator;
+}
+
+std::string source_dir() { return MHLA_SOURCE_DIR; }
+
+void write_text(const fs::path& path, const std::string& text) {
+  fs::create_directories(path.parent_path());
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+}  // namespace mhla::test

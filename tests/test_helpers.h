@@ -1,0 +1,37 @@
+#pragma once
+// Shared helpers for the tests: temporary folders, running the mhla binary, comparisons.
+#include <filesystem>
+#include <string>
+
+#include <torch/torch.h>
+
+namespace mhla::test {
+
+// A fresh folder under the system temp dir, removed when the object dies.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag);
+  ~TempDir();
+  const std::filesystem::path& path() const { return path_; }
+  std::string str() const { return path_.string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+struct ProcessResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs the built mhla binary with `args` (a shell-quoted string) in `cwd`.
+ProcessResult run_mhla(const std::string& args, const std::string& cwd = ".");
+std::string shell_quote(const std::string& s);
+
+// ||a - b|| / ||b||, in float64.
+double relative_error(const torch::Tensor& a, const torch::Tensor& b);
+
+std::string source_dir();
+void write_text(const std::filesystem::path& path, const std::string& text);
+
+}  // namespace mhla::test
