@@ -25,7 +25,8 @@ BatchLoader::BatchLoader(const ImageDataset& dataset, const LoaderOptions& optio
     : dataset_(dataset), options_(options) {
   order_ = epoch_order(dataset.size(), options.shuffle, options.seed, options.epoch);
   batches_ = batches_per_epoch(dataset.size(), options.batch_size, options.drop_last);
-  next_batch_ = std::min(options.start_batch, batches_);
+  first_batch_ = std::min(options.start_batch, batches_);
+  next_batch_ = first_batch_;
   const int64_t workers = std::max<int64_t>(1, options.workers);
   capacity_ = std::max<int64_t>(1, (options.prefetch + workers - 1) / workers);
   for (int64_t w = 0; w < workers; ++w) queues_.push_back(std::make_unique<WorkerQueue>());
@@ -44,7 +45,7 @@ BatchLoader::~BatchLoader() {
 void BatchLoader::work(int64_t worker) {
   const int64_t workers = static_cast<int64_t>(queues_.size());
   WorkerQueue& queue = *queues_[worker];
-  for (int64_t b = next_batch_ + worker; b < batches_; b += workers) {
+  for (int64_t b = first_batch_ + worker; b < batches_; b += workers) {
     {
       std::unique_lock<std::mutex> lock(queue.mutex);
       queue.changed.wait(lock, [&] {
@@ -68,7 +69,8 @@ void BatchLoader::work(int64_t worker) {
 
 std::optional<Batch> BatchLoader::next() {
   if (next_batch_ >= batches_) return std::nullopt;
-  WorkerQueue& queue = *queues_[next_batch_ % static_cast<int64_t>(queues_.size())];
+  // Worker w builds batches first_batch_ + w, first_batch_ + w + workers, ...
+  WorkerQueue& queue = *queues_[(next_batch_ - first_batch_) % static_cast<int64_t>(queues_.size())];
   Slot slot;
   {
     std::unique_lock<std::mutex> lock(queue.mutex);

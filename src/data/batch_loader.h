@@ -73,7 +73,8 @@ class BatchLoader {
   LoaderOptions options_;
   std::vector<int64_t> order_;
   int64_t batches_ = 0;
-  int64_t next_batch_ = 0;
+  int64_t first_batch_ = 0;  // fixed before the workers start
+  int64_t next_batch_ = 0;   // consumer side only
   int64_t capacity_ = 1;
   std::atomic<bool> stopping_{false};
   std::vector<std::unique_ptr<WorkerQueue>> queues_;

@@ -66,11 +66,11 @@ Deit::Deit(const Config& config) : config_(config), layout_(image_token_layout(c
   spec.config = config.attention;
   spec.where = config.where("attention.backend");
   const int64_t hidden = static_cast<int64_t>(std::llround(m.width * m.mlp_ratio));
+  auto block_list = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < m.depth; ++i) {
     const double rate = m.depth > 1 ? m.drop_path * static_cast<double>(i) / (m.depth - 1) : 0.0;
-    blocks_.push_back(register_module("blocks." + std::to_string(i),
-                                      TransformerBlock(type.make_layer(spec, type), m.width,
-                                                       hidden, rate)));
+    blocks_.push_back(TransformerBlock(type.make_layer(spec, type), m.width, hidden, rate));
+    block_list->push_back(blocks_.back());
   }
   norm_ = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({m.width})));
   head_ = register_module("head", torch::nn::Linear(m.width, m.num_classes));

@@ -35,6 +35,7 @@ class AdamW : public Optimizer {
         ++index;
       }
       if (params.empty()) continue;
+      at::_foreach_add_(steps, 1.0);  // the fused kernel expects the step already counted
       at::_fused_adamw_(params, grads, m, v, /*max_exp_avg_sqs=*/{}, steps, lr, config_.beta1,
                         config_.beta2, group.weight_decay, config_.eps, /*amsgrad=*/false,
                         /*maximize=*/false);

@@ -1,0 +1,285 @@
+// Every attention type against a dense O(N^2) formula in float64: outputs and gradients of q, k,
+// v (and the MHLA mixing matrix) to 1e-10; MHLA with one block equals linear attention.
+#include <cmath>
+
+#include "attention/attention_type.h"
+#include "attention/linear.h"
+#include "attention/mhla.h"
+#include "attention/softmax.h"
+#include "attention/token_layout.h"
+#include "catch_compat.h"
+#include "core/error.h"
+#include "test_helpers.h"
+
+using namespace mhla;
+
+namespace {
+
+auto f64() { return torch::TensorOptions().dtype(torch::kFloat64); }
+
+// Dense formulas, written independently of the references: A[i, j] built explicitly.
+torch::Tensor dense_softmax(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+  auto scores = torch::einsum("bihd,bjhd->bhij", {q, k}) / std::sqrt(static_cast<double>(q.size(3)));
+  return torch::einsum("bhij,bjhe->bihe", {torch::softmax(scores, -1), v});
+}
+
+torch::Tensor phi(const torch::Tensor& x) {
+  auto rms = torch::sqrt(x.pow(2).mean(-1, true) + 1e-6);
+  return torch::relu(x / rms) + 1e-6;
+}
+
+torch::Tensor dense_weighted(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                             const torch::Tensor& token_weights /* [N, N] */) {
+  auto a = torch::einsum("bihd,bjhd->bhij", {phi(q), phi(k)}) * token_weights;
+  auto out = torch::einsum("bhij,bjhe->bihe", {a, v});
+  auto norm = a.sum(-1).permute({0, 2, 1}).unsqueeze(-1) + 1e-6;  // [B, N, H, 1]
+  return out / norm;
+}
+
+torch::Tensor dense_linear(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+  const auto n = q.size(1);
+  return dense_weighted(q, k, v, torch::ones({n, n}, q.options()));
+}
+
+torch::Tensor dense_mhla(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                         const torch::Tensor& mixing) {
+  const auto n = q.size(1), m = mixing.size(0), l = n / m;
+  auto block = torch::div(torch::arange(n, torch::kLong), l, "floor");
+  auto weights = mixing.index({block.unsqueeze(1), block.unsqueeze(0)});
+  return dense_weighted(q, k, v, weights);
+}
+
+struct Grads {
+  torch::Tensor out, dq, dk, dv, dmixing;
+};
+
+template <typename F>
+Grads run_with_grads(F f, torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor mixing,
+                     const torch::Tensor& upstream) {
+  q = q.detach().clone().requires_grad_(true);
+  k = k.detach().clone().requires_grad_(true);
+  v = v.detach().clone().requires_grad_(true);
+  if (mixing.defined()) mixing = mixing.detach().clone().requires_grad_(true);
+  auto out = f(q, k, v, mixing);
+  (out * upstream).sum().backward();
+  return {out.detach(), q.grad(), k.grad(), v.grad(), mixing.defined() ? mixing.grad() : torch::Tensor()};
+}
+
+void check_close(const Grads& a, const Grads& b, double tolerance) {
+  CHECK(test::relative_error(a.out, b.out) < tolerance);
+  CHECK(test::relative_error(a.dq, b.dq) < tolerance);
+  CHECK(test::relative_error(a.dk, b.dk) < tolerance);
+  CHECK(test::relative_error(a.dv, b.dv) < tolerance);
+  if (b.dmixing.defined()) CHECK(test::relative_error(a.dmixing, b.dmixing) < tolerance);
+}
+
+}  // namespace
+
+TEST_CASE("attention: softmax reference equals the dense formula (float64)", "[attention]") {
+  torch::manual_seed(1);
+  for (bool causal : {false}) {
+    auto q = torch::randn({2, 24, 3, 16}, f64()), k = torch::randn({2, 24, 3, 16}, f64());
+    auto v = torch::randn({2, 24, 3, 16}, f64()), up = torch::randn({2, 24, 3, 16}, f64());
+    OpArgs args;
+    args.causal = causal;
+    auto ours = run_with_grads([&](auto q_, auto k_, auto v_, auto) {
+      return softmax_attention_reference(q_, k_, v_, args);
+    }, q, k, v, {}, up);
+    auto dense = run_with_grads([](auto q_, auto k_, auto v_, auto) { return dense_softmax(q_, k_, v_); },
+                                q, k, v, {}, up);
+    check_close(ours, dense, 1e-10);
+  }
+}
+
+TEST_CASE("attention: linear reference equals the dense formula (float64)", "[attention]") {
+  torch::manual_seed(2);
+  auto q = torch::randn({2, 33, 2, 8}, f64()), k = torch::randn({2, 33, 2, 8}, f64());
+  auto v = torch::randn({2, 33, 2, 12}, f64()), up = torch::randn({2, 33, 2, 12}, f64());
+  auto ours = run_with_grads([](auto q_, auto k_, auto v_, auto) {
+    return linear_attention_reference(q_, k_, v_, OpArgs{});
+  }, q, k, v, {}, up);
+  auto dense = run_with_grads([](auto q_, auto k_, auto v_, auto) { return dense_linear(q_, k_, v_); },
+                              q, k, v, {}, up);
+  check_close(ours, dense, 1e-10);
+}
+
+TEST_CASE("attention: MHLA reference equals the dense block-mixed formula (float64)", "[attention]") {
+  torch::manual_seed(3);
+  for (int64_t blocks : {1, 4, 9, 16}) {
+    INFO("blocks = " << blocks);
+    const int64_t n = blocks * 5;
+    auto q = torch::randn({2, n, 3, 8}, f64()) * 3, k = torch::randn({2, n, 3, 8}, f64());
+    auto v = torch::randn({2, n, 3, 8}, f64()), up = torch::randn({2, n, 3, 8}, f64());
+    auto mixing = torch::rand({blocks, blocks}, f64());
+    auto ours = run_with_grads([&](auto q_, auto k_, auto v_, auto m_) {
+      OpArgs args;
+      args.blocks = blocks;
+      args.mixing = m_;
+      return mhla_reference(q_, k_, v_, args);
+    }, q, k, v, mixing, up);
+    auto dense = run_with_grads([](auto q_, auto k_, auto v_, auto m_) { return dense_mhla(q_, k_, v_, m_); },
+                                q, k, v, mixing, up);
+    check_close(ours, dense, 1e-10);
+  }
+}
+
+TEST_CASE("attention: MHLA gradients match central finite differences", "[attention]") {
+  torch::manual_seed(4);
+  const int64_t blocks = 4, n = 8;
+  auto q = torch::randn({1, n, 1, 4}, f64()), k = torch::randn({1, n, 1, 4}, f64());
+  auto v = torch::randn({1, n, 1, 4}, f64()), mixing = torch::rand({blocks, blocks}, f64());
+  auto up = torch::randn({1, n, 1, 4}, f64());
+  auto loss = [&](const torch::Tensor& q_, const torch::Tensor& k_, const torch::Tensor& v_,
+                  const torch::Tensor& m_) {
+    OpArgs args;
+    args.blocks = blocks;
+    args.mixing = m_;
+    return (mhla_reference(q_, k_, v_, args) * up).sum();
+  };
+  auto g = run_with_grads([&](auto q_, auto k_, auto v_, auto m_) {
+    OpArgs args;
+    args.blocks = blocks;
+    args.mixing = m_;
+    return mhla_reference(q_, k_, v_, args);
+  }, q, k, v, mixing, up);
+  const double h = 1e-6;
+  auto numeric = [&](torch::Tensor& target, int64_t index) {
+    auto flat = target.view({-1});
+    const double saved = flat[index].item<double>();
+    flat[index] = saved + h;
+    const double plus = loss(q, k, v, mixing).item<double>();
+    flat[index] = saved - h;
+    const double minus = loss(q, k, v, mixing).item<double>();
+    flat[index] = saved;
+    return (plus - minus) / (2 * h);
+  };
+  for (int64_t i = 0; i < q.numel(); i += 3) {
+    CHECK(numeric(q, i) == Approx(g.dq.view({-1})[i].item<double>()).margin(1e-6));
+    CHECK(numeric(k, i) == Approx(g.dk.view({-1})[i].item<double>()).margin(1e-6));
+    CHECK(numeric(v, i) == Approx(g.dv.view({-1})[i].item<double>()).margin(1e-6));
+  }
+  for (int64_t i = 0; i < mixing.numel(); ++i) {
+    CHECK(numeric(mixing, i) == Approx(g.dmixing.view({-1})[i].item<double>()).margin(1e-6));
+  }
+}
+
+TEST_CASE("attention: MHLA with one block is linear attention", "[attention]") {
+  torch::manual_seed(5);
+  auto q = torch::randn({3, 20, 2, 16}, f64()), k = torch::randn({3, 20, 2, 16}, f64());
+  auto v = torch::randn({3, 20, 2, 16}, f64());
+  OpArgs args;
+  args.blocks = 1;
+  args.mixing = mhla_initial_mixing("locality", 1, 1).to(torch::kFloat64);
+  CHECK(args.mixing.item<double>() == 1.0);
+  CHECK(test::relative_error(mhla_reference(q, k, v, args), linear_attention_reference(q, k, v, {})) < 1e-12);
+}
+
+TEST_CASE("attention: references compute in float32 for low-precision inputs", "[attention]") {
+  torch::manual_seed(6);
+  auto q = torch::randn({2, 16, 2, 32}), k = torch::randn({2, 16, 2, 32}), v = torch::randn({2, 16, 2, 32});
+  OpArgs args;
+  args.blocks = 4;
+  args.mixing = torch::rand({4, 4});
+  auto exact = mhla_reference(q.to(torch::kFloat64), k.to(torch::kFloat64), v.to(torch::kFloat64),
+                              OpArgs{false, 4, args.mixing.to(torch::kFloat64)});
+  auto bf16 = mhla_reference(q.to(torch::kBFloat16), k.to(torch::kBFloat16), v.to(torch::kBFloat16), args);
+  CHECK(bf16.scalar_type() == torch::kBFloat16);
+  CHECK(test::relative_error(bf16, exact) < 2e-2);
+  CHECK(test::relative_error(mhla_reference(q, k, v, args), exact) < 1e-5);
+}
+
+TEST_CASE("attention: locality init follows the paper", "[attention]") {
+  auto m = mhla_initial_mixing("locality", 2, 2);
+  // From tile 0: distances 0, 1, 1, sqrt(2) -> weights 1, 1 - 1/sqrt(2) (twice), 0, normalized.
+  const double side = 1.0 - 1.0 / std::sqrt(2.0), total = 1.0 + 2 * side;
+  CHECK(m[0][0].item<double>() == Approx(1.0 / total));
+  CHECK(m[0][1].item<double>() == Approx(side / total));
+  CHECK(m[0][3].item<double>() == Approx(0.0).margin(1e-7));
+  auto big = mhla_initial_mixing("locality", 4, 4);
+  CHECK(test::relative_error(big.sum(1), torch::ones({16})) < 1e-6);
+  CHECK(big.min().item<double>() >= 0.0);
+  CHECK((big.argmax(1) == torch::arange(16)).all().item<bool>());  // own tile weighs most
+  auto uniform = mhla_initial_mixing("uniform", 3, 3);
+  CHECK(test::relative_error(uniform, torch::full({9, 9}, 1.0 / 9)) < 1e-7);
+  CHECK_THROWS_AS(mhla_initial_mixing("random", 2, 2), Error);
+}
+
+TEST_CASE("attention: token layout keeps tiles contiguous and round-trips", "[attention]") {
+  TokenLayout layout{8, 8, 2, 2};
+  auto grid = torch::arange(64, torch::kFloat32).view({1, 1, 8, 8});
+  auto tokens = layout.to_tokens(grid);  // [1, 64, 1]
+  // The first 16 tokens are the top-left 4x4 tile, row by row.
+  auto first_tile = tokens.view({-1}).slice(0, 0, 16);
+  auto expected = grid.view({8, 8}).slice(0, 0, 4).slice(1, 0, 4).reshape({-1});
+  CHECK(torch::equal(first_tile, expected));
+  CHECK(torch::equal(layout.to_grid(tokens), grid));
+}
+
+TEST_CASE("attention: layers build from the registry; MHLA mixing is projected to [0, 1]", "[attention][registry]") {
+  for (const auto& name : attention_registry().names()) {
+    INFO(name);
+    const auto& type = attention_registry().get(name);
+    AttentionSpec spec;
+    spec.dim = 32;
+    spec.heads = 4;
+    spec.layout = TokenLayout{4, 4, type.uses_blocks ? 2 : 1, type.uses_blocks ? 2 : 1};
+    spec.config.type = name;
+    spec.config.blocks = 4;
+    spec.config.cpe = true;
+    spec.config.gate = true;
+    auto layer = type.make_layer(spec, type);
+    auto x = torch::randn({2, 16, 32}, torch::requires_grad());
+    auto y = layer->forward(x);
+    CHECK(y.sizes() == x.sizes());
+    y.sum().backward();
+    CHECK(x.grad().isfinite().all().item<bool>());
+    for (const auto& p : layer->parameters()) CHECK(p.grad().defined());
+  }
+  const auto& type = attention_registry().get("mhla");
+  AttentionSpec spec;
+  spec.dim = 16;
+  spec.heads = 2;
+  spec.layout = TokenLayout{4, 4, 2, 2};
+  spec.config.blocks = 4;
+  auto layer = std::dynamic_pointer_cast<MhlaLayerImpl>(type.make_layer(spec, type));
+  REQUIRE(layer);
+  {
+    torch::NoGradGuard no_grad;
+    layer->mixing().copy_(torch::tensor({{-1.0, 0.5, 2.0, 0.1}, {0.0, 0.0, 0.0, 0.0}, {1.0, 1.0, 1.0, 1.0}, {3.0, -3.0, 0.5, 0.5}}));
+  }
+  layer->project_parameters();
+  CHECK(layer->mixing().min().item<double>() == 0.0);
+  CHECK(layer->mixing().max().item<double>() == 1.0);
+  CHECK(layer->mixing()[0][1].item<double>() == 0.5);
+}
+
+TEST_CASE("attention: backends are checked by name and device", "[attention][registry]") {
+  const auto& type = attention_registry().get("linear");
+  CHECK_THROWS_WITH(select_backend("linear", type, "cudnn", torch::kCPU, "c.yaml:4"),
+                    "c.yaml:4: attention type 'linear' has no backend 'cudnn' in this build; available: reference");
+  CHECK_NOTHROW(select_backend("linear", type, "auto", torch::kCPU, "x"));
+  CHECK_THROWS_WITH(attention_registry().get("flash"),
+                    "unknown attention type 'flash'; registered: linear, mhla, softmax");
+}
+
+TEST_CASE("attention: references on the GPU match float64 on the CPU", "[attention][gpu]") {
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device: skipped");
+    return;
+  }
+  torch::manual_seed(7);
+  for (const auto& name : attention_registry().names()) {
+    INFO(name);
+    const auto& type = attention_registry().get(name);
+    auto q = torch::randn({4, 64, 3, 32}), k = torch::randn({4, 64, 3, 32}), v = torch::randn({4, 64, 3, 32});
+    OpArgs args = type.make_args(16, false, torch::TensorOptions());
+    OpArgs args64 = args;
+    if (args.mixing.defined()) args64.mixing = args.mixing.to(torch::kFloat64);
+    auto exact = type.backends.at("reference")(q.to(torch::kFloat64), k.to(torch::kFloat64),
+                                              v.to(torch::kFloat64), args64);
+    OpArgs cuda_args = args;
+    if (args.mixing.defined()) cuda_args.mixing = args.mixing.cuda();
+    auto gpu = type.backends.at("reference")(q.cuda(), k.cuda(), v.cuda(), cuda_args);
+    CHECK(test::relative_error(gpu, exact) < 1e-4);
+  }
+}

@@ -1,0 +1,64 @@
+#include "catch_compat.h"
+#include "core/config.h"
+#include "models/deit.h"
+#include "test_helpers.h"
+#include "train/optimizer.h"
+
+using namespace mhla;
+
+TEST_CASE("model: DeiT builds for every attention type and gives finite logits and grads", "[model]") {
+  for (const char* attention : {"softmax", "linear", "mhla"}) {
+    INFO(attention);
+    Config c = parse_config("", "t", {"model.width=32", "model.depth=2", "model.heads=2",
+                                      "model.patch_size=4", "model.image_size=28",
+                                      std::string("attention.type=") + attention,
+                                      "attention.blocks=4", "model.drop_path=0.2"});
+    auto model = model_registry().get("deit").make(c);
+    auto x = torch::randn({3, 1, 28, 28});
+    auto logits = model->forward(x);
+    CHECK(logits.sizes() == std::vector<int64_t>{3, 10});
+    CHECK(logits.isfinite().all().item<bool>());
+    logits.sum().backward();
+    for (const auto& item : model->named_parameters()) {
+      INFO(item.key());
+      REQUIRE(item.value().grad().defined());
+      CHECK(item.value().grad().isfinite().all().item<bool>());
+    }
+  }
+}
+
+TEST_CASE("model: the patch grid is padded to whole tiles, tokens block-major", "[model]") {
+  // 28 px with patch 4 -> 7x7 grid; 4 blocks (2x2 tiles) need an even grid -> 8x8 (32 px).
+  Config c = parse_config("", "t", {"model.image_size=28", "model.patch_size=4", "attention.blocks=4"});
+  auto layout = image_token_layout(c);
+  CHECK(layout.grid_h == 8);
+  CHECK(layout.tiles_h == 2);
+  CHECK(layout.tile_h() == 4);
+  Config softmax = parse_config("", "t", {"model.image_size=28", "model.patch_size=4",
+                                          "attention.type=softmax", "attention.blocks=4"});
+  CHECK(image_token_layout(softmax).grid_h == 7);
+  CHECK(image_token_layout(softmax).blocks() == 1);
+  Config t2 = load_config(test::source_dir() + "/configs/deit_t2_fmnist.yaml", {});
+  auto t2_layout = image_token_layout(t2);
+  CHECK(t2_layout.tokens() == 256);
+  CHECK(t2_layout.blocks() == 16);
+  CHECK(t2_layout.tile_h() == 4);
+}
+
+TEST_CASE("model: weight decay skips norms, biases, embeddings and MHLA mixing", "[model]") {
+  Config c = parse_config("", "t", {"model.width=32", "model.depth=1", "model.heads=2"});
+  auto model = model_registry().get("deit").make(c);
+  auto groups = make_param_groups(*model, 0.05);
+  REQUIRE(groups.size() == 2);
+  auto in = [](const ParamGroup& g, const std::string& name) {
+    return std::find(g.names.begin(), g.names.end(), name) != g.names.end();
+  };
+  CHECK(in(groups[0], "blocks.0.attn.qkv.weight"));
+  CHECK(in(groups[0], "patch_embed.weight"));
+  CHECK(in(groups[1], "blocks.0.attn.mixing"));
+  CHECK(in(groups[1], "pos_embed"));
+  CHECK(in(groups[1], "blocks.0.norm1.weight"));
+  CHECK(in(groups[1], "head.bias"));
+  CHECK(groups[1].weight_decay == 0.0);
+  CHECK(groups[0].weight_decay == 0.05);
+}

@@ -1,0 +1,134 @@
+#include <filesystem>
+
+#include "catch_compat.h"
+#include "core/config.h"
+#include "test_helpers.h"
+#include "train/checkpoint.h"
+#include "train/optimizer.h"
+#include "train/run_folder.h"
+#include "train/schedule.h"
+#include "train/trainer.h"
+
+using namespace mhla;
+namespace fs = std::filesystem;
+
+namespace {
+
+Config tiny_config(const std::string& root, const std::string& name,
+                   std::vector<std::string> extra = {}) {
+  std::vector<std::string> overrides = {
+      "model.width=32", "model.depth=2", "model.heads=2", "model.patch_size=4",
+      "model.drop_path=0.1", "attention.type=mhla", "attention.blocks=4",
+      "data.train_limit=512", "data.test_limit=200", "data.batch_size=32", "data.workers=3",
+      "train.epochs=2", "train.log_every=5", "schedule.warmup_epochs=0.5",
+      "run.root=" + root, "run.name=" + name};
+  overrides.insert(overrides.end(), extra.begin(), extra.end());
+  return parse_config("", "tiny.yaml", overrides);
+}
+
+}  // namespace
+
+TEST_CASE("train: AdamW matches the closed-form update", "[train]") {
+  auto p = torch::tensor({1.0, -2.0, 3.0}).requires_grad_(true);
+  OptimConfig config;
+  config.beta1 = 0.9;
+  config.beta2 = 0.99;
+  config.eps = 1e-8;
+  ParamGroup group{"decay", {"p"}, {p}, 0.1};
+  auto optimizer = optimizer_registry().get("adamw").make({group}, config);
+  auto expected = p.detach().clone();
+  auto m = torch::zeros(3), v = torch::zeros(3);
+  const double lr = 0.01;
+  for (int step = 1; step <= 3; ++step) {
+    auto g = torch::tensor({0.5, -1.0, 2.0}) * step;
+    p.mutable_grad() = g.clone();
+    optimizer->step(lr);
+    expected = expected * (1 - lr * 0.1);
+    m = 0.9 * m + 0.1 * g;
+    v = 0.99 * v + 0.01 * g * g;
+    auto m_hat = m / (1 - std::pow(0.9, step)), v_hat = v / (1 - std::pow(0.99, step));
+    expected = expected - lr * m_hat / (v_hat.sqrt() + 1e-8);
+    CHECK(test::relative_error(p.detach(), expected) < 1e-6);
+  }
+  auto state = optimizer->state();
+  CHECK(state.at("p.step").item<double>() == 3.0);
+}
+
+TEST_CASE("train: schedules warm up linearly and end at min_lr", "[train]") {
+  ScheduleSpec s{1.0, 0.1, 10, 110};
+  const auto& cosine = schedule_registry().get("cosine").lr;
+  CHECK(cosine(s, 0) == Approx(0.1));
+  CHECK(cosine(s, 9) == Approx(1.0));
+  CHECK(cosine(s, 10) == Approx(1.0));
+  CHECK(cosine(s, 109) == Approx(0.1));
+  CHECK(cosine(s, 10 + 99 / 2.0) == Approx(0.55).margin(0.01));
+  const auto& linear = schedule_registry().get("linear").lr;
+  CHECK(linear(s, 109) == Approx(0.1));
+  CHECK(schedule_registry().get("constant").lr(s, 50) == 1.0);
+}
+
+TEST_CASE("train: gradient clipping bounds the global norm", "[train]") {
+  auto a = torch::zeros({3}, torch::requires_grad()), b = torch::zeros({4}, torch::requires_grad());
+  a.mutable_grad() = torch::full({3}, 3.0);
+  b.mutable_grad() = torch::full({4}, 4.0);
+  auto norm = clip_grad_norm({a, b}, 1.0);
+  CHECK(norm.item<double>() == Approx(std::sqrt(27.0 + 64.0)));
+  auto after = torch::cat({a.grad(), b.grad()}).norm().item<double>();
+  CHECK(after == Approx(1.0).margin(1e-5));
+}
+
+TEST_CASE("train: 20 steps straight equal 10 + resume + 10, bit for bit", "[train]") {
+  test::TempDir dir("resume");
+  // 512 images / batch 32 = 16 steps per epoch: the stop falls inside epoch 1 and the 20 steps
+  // cross an epoch boundary with its evaluation and checkpoint.
+  Config straight_config = tiny_config(dir.str(), "straight");
+  auto straight_dir = create_run_folder(straight_config);
+  Trainer straight(straight_config, straight_dir, false);
+  straight.stop_after_step(20);
+  auto a = straight.run();
+  CHECK(a.interrupted);
+  CHECK(a.steps == 20);
+
+  Config split_config = tiny_config(dir.str(), "split");
+  auto split_dir = create_run_folder(split_config);
+  {
+    Trainer first(split_config, split_dir, false);
+    first.stop_after_step(10);
+    CHECK(first.run().steps == 10);
+  }
+  Trainer second(split_config, split_dir, true);
+  second.stop_after_step(20);
+  CHECK(second.run().steps == 20);
+
+  auto straight_weights = model_tensors(straight.model());
+  auto split_weights = model_tensors(second.model());
+  REQUIRE(straight_weights.size() == split_weights.size());
+  for (const auto& [name, t] : straight_weights) {
+    INFO(name);
+    CHECK(torch::equal(t, split_weights.at(name)));
+  }
+  auto state_a = read_checkpoint(straight_dir + "/checkpoints/last");
+  auto state_b = read_checkpoint(split_dir + "/checkpoints/last");
+  for (const auto& [name, t] : state_a.optimizer) CHECK(torch::equal(t, state_b.optimizer.at(name)));
+  CHECK(state_a.state.cpu_rng == state_b.state.cpu_rng);
+}
+
+TEST_CASE("train: a small DeiT learns Fashion-MNIST and writes its run folder", "[train]") {
+  test::TempDir dir("learn");
+  Config c = tiny_config(dir.str(), "learn",
+                         {"data.train_limit=4000", "data.test_limit=1000", "data.batch_size=64",
+                          "train.epochs=2", "optim.lr=2e-3", "model.drop_path=0"});
+  auto run_dir = create_run_folder(c);
+  Trainer trainer(c, run_dir, false);
+  auto outcome = trainer.run();
+  CHECK_FALSE(outcome.interrupted);
+  CHECK(outcome.final_accuracy > 0.6);  // chance is 0.1
+  for (const char* file : {"config.yaml", "metrics.jsonl", "checkpoints/last/model.safetensors",
+                           "checkpoints/last/optimizer.safetensors", "checkpoints/last/trainer.json",
+                           "checkpoints/best/model.safetensors"}) {
+    INFO(file);
+    CHECK(fs::exists(fs::path(run_dir) / file));
+  }
+  auto saved = load_config(run_dir + "/config.yaml", {});
+  CHECK(config_differences(saved, c).empty());
+}
