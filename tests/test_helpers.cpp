@@ -55,6 +55,12 @@ double relative_error(const torch::Tensor& a, const torch::Tensor& b) {
 
 std::string source_dir() { return MHLA_SOURCE_DIR; }
 
+std::string fashion_mnist_root() {
+  const auto local = fs::path(MHLA_SOURCE_DIR) / "data" / "fashion-mnist";
+  if (fs::exists(local / "train-images-idx3-ubyte.gz")) return local.string();
+  return "/usr/share/datasets/fashion-mnist";
+}
+
 void write_text(const fs::path& path, const std::string& text) {
   fs::create_directories(path.parent_path());
   std::ofstream(path, std::ios::binary) << text;

@@ -32,6 +32,8 @@ std::string shell_quote(const std::string& s);
 double relative_error(const torch::Tensor& a, const torch::Tensor& b);
 
 std::string source_dir();
+// Where the Fashion-MNIST files are (data/fashion-mnist in the source tree, else Debian's).
+std::string fashion_mnist_root();
 void write_text(const std::filesystem::path& path, const std::string& text);
 
 }  // namespace mhla::test

@@ -117,7 +117,9 @@ TEST_CASE("train: a small DeiT learns Fashion-MNIST and writes its run folder", 
   test::TempDir dir("learn");
   Config c = tiny_config(dir.str(), "learn",
                          {"data.train_limit=4000", "data.test_limit=1000", "data.batch_size=64",
-                          "train.epochs=2", "optim.lr=2e-3", "model.drop_path=0"});
+                          "train.epochs=3", "optim.lr=2e-3", "model.drop_path=0",
+                          "model.image_size=28", "model.patch_size=7", "model.width=48",
+                          "data.crop_padding=0", "data.hflip=false"});
   auto run_dir = create_run_folder(c);
   Trainer trainer(c, run_dir, false);
   auto outcome = trainer.run();

@@ -195,7 +195,7 @@ class Schema {
     auto& d = c_.data;
     text("data.dataset", &d.dataset, {}, "dataset", "dataset from the registry");
     text("data.root", &d.root, {}, "",
-         "dataset folder; auto = data/<dataset>, then the Debian package's folder");
+         "dataset folder; auto = $MHLA_DATA_DIR/<dataset>, data/<dataset>, then the Debian package's");
     integer("data.batch_size", &d.batch_size, 1, 1 << 20, "training batch size");
     integer("data.eval_batch_size", &d.eval_batch_size, 1, 1 << 20, "evaluation batch size");
     integer("data.workers", &d.workers, 1, 256, "loader threads");

@@ -1,6 +1,8 @@
 // Fashion-MNIST from its IDX files (Debian package dataset-fashion-mnist, or a copy under
 // data/fashion-mnist).
+#include <cstdlib>
 #include <filesystem>
+#include <vector>
 
 #include "core/error.h"
 #include "data/idx_file.h"
@@ -21,11 +23,19 @@ std::string resolve_root(const Config& config) {
     }
     return root;
   }
-  for (const char* candidate : {"data/fashion-mnist", kDebianRoot}) {
-    if (fs::exists(fs::path(candidate) / "train-images-idx3-ubyte.gz")) return candidate;
+  std::vector<std::string> candidates;
+  if (const char* env = std::getenv("MHLA_DATA_DIR")) {
+    candidates.push_back((fs::path(env) / "fashion-mnist").string());
   }
-  fail("fashion_mnist: no data found in data/fashion-mnist or {} (install the Debian package "
-       "dataset-fashion-mnist, run scripts/setup.sh, or set data.root)", kDebianRoot);
+  candidates.push_back("data/fashion-mnist");
+  candidates.push_back(kDebianRoot);
+  std::string searched;
+  for (const auto& candidate : candidates) {
+    if (fs::exists(fs::path(candidate) / "train-images-idx3-ubyte.gz")) return candidate;
+    searched += (searched.empty() ? "" : ", ") + candidate;
+  }
+  fail("fashion_mnist: no data found in {} (install the Debian package dataset-fashion-mnist, "
+       "run scripts/setup.sh, set MHLA_DATA_DIR or data.root)", searched);
 }
 
 ImageDataset load(const Config& config, Split split) {

@@ -1,0 +1,208 @@
+// The mhla binary end to end: help, info, bad input of every kind (clear one-line error, nonzero
+// exit), SIGTERM during training (checkpoint, clean exit) and resume.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "catch_compat.h"
+#include "core/atomic_file.h"
+#include "test_helpers.h"
+
+using namespace mhla;
+namespace fs = std::filesystem;
+
+namespace {
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// The single "error: ..." line of a failed command.
+std::string error_line(const std::string& output) {
+  auto at = output.find("error: ");
+  if (at == std::string::npos) return "";
+  return output.substr(at, output.find('\n', at) - at);
+}
+
+const std::string kTiny =
+    "model:\n  width: 32\n  depth: 1\n  heads: 2\n  patch_size: 4\nattention:\n  type: mhla\n"
+    "  blocks: 4\ndata:\n  train_limit: 256\n  test_limit: 100\n  batch_size: 32\n"
+    "train:\n  epochs: 1\n  log_every: 2\n";
+
+}  // namespace
+
+TEST_CASE("cli: --help works on every command", "[cli]") {
+  for (const char* args : {"--help", "train --help", "eval --help", "info --help"}) {
+    INFO(args);
+    auto r = test::run_mhla(args);
+    CHECK(r.exit_code == 0);
+    CHECK(contains(r.output, "Usage"));
+  }
+  auto none = test::run_mhla("");
+  CHECK(none.exit_code != 0);
+  auto unknown = test::run_mhla("fly");
+  CHECK(unknown.exit_code != 0);
+}
+
+TEST_CASE("cli: info lists every registry with backends", "[cli][registry]") {
+  auto r = test::run_mhla("info");
+  REQUIRE(r.exit_code == 0);
+  for (const char* part : {"deit", "softmax", "linear", "mhla", "[reference", "fashion_mnist",
+                           "adamw", "cosine"}) {
+    INFO(part);
+    CHECK(contains(r.output, part));
+  }
+  auto keys = test::run_mhla("info --config-keys");
+  CHECK(contains(keys.output, "| `attention.blocks` |"));
+}
+
+TEST_CASE("cli: bad input gets one clear line and a nonzero exit", "[cli]") {
+  test::TempDir dir("cli-bad");
+  const auto cwd = dir.str();
+  test::write_text(dir.path() / "malformed.yaml", "model:\n  depth: 3\n   width: 4\n");
+  auto malformed = test::run_mhla("train malformed.yaml", cwd);
+  CHECK(malformed.exit_code != 0);
+  CHECK(contains(error_line(malformed.output), "malformed.yaml:3"));
+  CHECK(contains(error_line(malformed.output), "malformed YAML"));
+
+  test::write_text(dir.path() / "unknown.yaml", "attention:\n  type: performer\n");
+  auto unknown = test::run_mhla("train unknown.yaml", cwd);
+  CHECK(unknown.exit_code != 0);
+  CHECK(error_line(unknown.output) ==
+        "error: unknown.yaml:2: attention.type = 'performer' is not a registered attention; "
+        "registered: linear, mhla, softmax");
+
+  test::write_text(dir.path() / "valid.yaml", "model:\n  depth: 2\n");
+  auto bad_set = test::run_mhla("train valid.yaml --set model.depth=0", cwd);
+  CHECK(contains(error_line(bad_set.output), "model.depth = 0 is out of range"));
+
+  // A missing and a corrupt data file.
+  test::write_text(dir.path() / "empty" / ".keep", "");
+  test::write_text(dir.path() / "nodata.yaml",
+                   "data:\n  root: empty\n  train_limit: 10\n");
+  auto missing = test::run_mhla("train nodata.yaml", cwd);
+  CHECK(missing.exit_code != 0);
+  CHECK(contains(error_line(missing.output), "empty/train-images-idx3-ubyte.gz: file not found"));
+  fs::create_directories(dir.path() / "corrupt");
+  for (const char* name : {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+                           "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}) {
+    fs::copy_file(fs::path(test::fashion_mnist_root()) / name, dir.path() / "corrupt" / name);
+  }
+  // Keep only the first half of the gzip stream of the training images.
+  auto images = dir.path() / "corrupt" / "train-images-idx3-ubyte.gz";
+  fs::resize_file(images, fs::file_size(images) / 2);
+  test::write_text(dir.path() / "corrupt.yaml", "data:\n  root: corrupt\n");
+  auto corrupt = test::run_mhla("train corrupt.yaml", cwd);
+  CHECK(corrupt.exit_code != 0);
+  CHECK(contains(error_line(corrupt.output), "corrupt/train-images-idx3-ubyte.gz: byte offset"));
+
+  auto no_config = test::run_mhla("train does-not-exist.yaml", cwd);
+  CHECK(no_config.exit_code != 0);
+  auto no_checkpoint = test::run_mhla("eval nowhere", cwd);
+  CHECK(no_checkpoint.exit_code != 0);
+  CHECK(contains(error_line(no_checkpoint.output), "nowhere: no such checkpoint or run folder"));
+}
+
+TEST_CASE("cli: train, eval, a truncated checkpoint, and an existing run name", "[cli]") {
+  test::TempDir dir("cli-run");
+  const auto cwd = dir.str();
+  test::write_text(dir.path() / "tiny.yaml", kTiny);
+  auto train = test::run_mhla("train tiny.yaml --set run.name=first", cwd);
+  INFO(train.output);
+  REQUIRE(train.exit_code == 0);
+  CHECK(contains(train.output, "img/s"));
+  CHECK(contains(train.output, "ETA"));
+  const auto run = dir.path() / "runs" / "first";
+  for (const char* file : {"config.yaml", "log.txt", "metrics.jsonl", "checkpoints/last/model.safetensors",
+                           "checkpoints/best/model.safetensors"}) {
+    INFO(file);
+    CHECK(fs::exists(run / file));
+  }
+  // metrics.jsonl: one JSON object per line, with an evaluation record.
+  std::ifstream metrics(run / "metrics.jsonl");
+  std::string line;
+  int evals = 0, steps = 0;
+  while (std::getline(metrics, line)) {
+    auto record = nlohmann::json::parse(line);
+    if (record.contains("eval")) ++evals;
+    if (record.contains("loss")) ++steps;
+  }
+  CHECK(evals == 1);
+  CHECK(steps >= 3);
+
+  auto eval = test::run_mhla("eval runs/first", cwd);
+  REQUIRE(eval.exit_code == 0);
+  auto json = nlohmann::json::parse(eval.output.substr(eval.output.rfind("{\"")));
+  CHECK(json["count"] == 100);
+  CHECK(json["accuracy"].get<double>() >= 0.0);
+
+  auto again = test::run_mhla("train tiny.yaml --set run.name=first", cwd);
+  CHECK(again.exit_code != 0);
+  CHECK(contains(error_line(again.output), "exists already"));
+  auto auto_named = test::run_mhla("train tiny.yaml --set train.epochs=1 --set data.train_limit=64", cwd);
+  CHECK(auto_named.exit_code == 0);
+  CHECK(fs::exists(dir.path() / "runs" / "tiny"));
+
+  const auto weights = run / "checkpoints" / "best" / "model.safetensors";
+  fs::resize_file(weights, fs::file_size(weights) - 1000);
+  auto truncated = test::run_mhla("eval runs/first/checkpoints/best", cwd);
+  CHECK(truncated.exit_code != 0);
+  CHECK(contains(error_line(truncated.output), "model.safetensors: byte offset"));
+  CHECK(contains(error_line(truncated.output), "truncated"));
+}
+
+TEST_CASE("cli: SIGTERM writes a checkpoint and exits; --resume finishes the run", "[cli]") {
+  test::TempDir dir("cli-signal");
+  test::write_text(dir.path() / "long.yaml",
+                   "model:\n  width: 32\n  depth: 1\n  heads: 2\n  patch_size: 4\n"
+                   "attention:\n  blocks: 4\ndata:\n  train_limit: 3200\n  test_limit: 100\n"
+                   "  batch_size: 32\ntrain:\n  epochs: 3\n  log_every: 5\nrun:\n  name: sig\n");
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    if (::chdir(dir.str().c_str()) != 0) ::_exit(99);
+    ::freopen("train.out", "w", stdout);
+    ::freopen("train.out", "a", stderr);
+    ::execl(MHLA_BINARY, MHLA_BINARY, "train", "long.yaml", static_cast<char*>(nullptr));
+    ::_exit(98);
+  }
+  const auto metrics = dir.path() / "runs" / "sig" / "metrics.jsonl";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!(fs::exists(metrics) && fs::file_size(metrics) > 0) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  REQUIRE(fs::exists(metrics));
+  ::kill(child, SIGTERM);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  INFO(read_file((dir.path() / "train.out").string()));
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 128 + SIGTERM);
+  const auto state_file = dir.path() / "runs" / "sig" / "checkpoints" / "last" / "trainer.json";
+  REQUIRE(fs::exists(state_file));
+  auto state = nlohmann::json::parse(read_file(state_file.string()));
+  const int64_t stopped_at = state["step"].get<int64_t>();
+  CHECK(stopped_at > 0);
+  CHECK(stopped_at < 300);
+  CHECK(contains(read_file((dir.path() / "train.out").string()), "mhla train --resume"));
+
+  auto resumed = test::run_mhla("train --resume runs/sig", dir.str());
+  INFO(resumed.output);
+  CHECK(resumed.exit_code == 0);
+  CHECK(contains(resumed.output, "resuming at step " + std::to_string(stopped_at)));
+  auto final_state = nlohmann::json::parse(read_file(state_file.string()));
+  CHECK(final_state["step"] == 300);  // 3 epochs x 100 steps
+  // A different config cannot silently continue the run.
+  test::write_text(dir.path() / "other.yaml", "model:\n  depth: 2\n");
+  auto mismatch = test::run_mhla("train other.yaml --resume runs/sig", dir.str());
+  CHECK(mismatch.exit_code != 0);
+  CHECK(contains(error_line(mismatch.output), "differs from"));
+}
