@@ -3,6 +3,7 @@
 #if __has_include(<catch2/catch_test_macros.hpp>)
 #include <catch2/catch_approx.hpp>
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers.hpp>
 #define MHLA_CATCH3 1
 using Catch::Approx;
 #else

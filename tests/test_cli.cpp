@@ -168,8 +168,7 @@ TEST_CASE("cli: SIGTERM writes a checkpoint and exits; --resume finishes the run
   REQUIRE(child >= 0);
   if (child == 0) {
     if (::chdir(dir.str().c_str()) != 0) ::_exit(99);
-    ::freopen("train.out", "w", stdout);
-    ::freopen("train.out", "a", stderr);
+    if (!::freopen("train.out", "w", stdout) || !::freopen("train.out", "a", stderr)) ::_exit(97);
     ::execl(MHLA_BINARY, MHLA_BINARY, "train", "long.yaml", static_cast<char*>(nullptr));
     ::_exit(98);
   }

@@ -1,5 +1,7 @@
 #include "test_helpers.h"
 
+#include "core/atomic_file.h"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,13 +18,15 @@ TempDir::TempDir(const std::string& tag) {
   static std::atomic<int> counter{0};
   path_ = fs::temp_directory_path() /
           ("mhla-test-" + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-  fs::remove_all(path_);
+  remove_tree(path_.string());
   fs::create_directories(path_);
 }
 
 TempDir::~TempDir() {
-  std::error_code ignored;
-  fs::remove_all(path_, ignored);
+  try {
+    remove_tree(path_.string());
+  } catch (...) {
+  }
 }
 
 std::string shell_quote(const std::string& s) {

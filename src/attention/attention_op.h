@@ -26,6 +26,13 @@ constexpr double kFeatureNormEps = 1e-6;
 constexpr double kNormalizerEps = 1e-6;
 torch::Tensor feature_map(const torch::Tensor& x);
 
+// The shared reference computation of linear attention (blocks = 1, no mixing) and
+// bidirectional MHLA: per block j, S_j = phi(K_j)^T [V_j, 1]; mixed S'_i = sum_j m_ij S_j;
+// o = (phi(Q_i) S'_i)[:Dv] / ((phi(Q_i) S'_i)[Dv] + eps). Three batched matmuls in all.
+torch::Tensor block_linear_attention(const torch::Tensor& q, const torch::Tensor& k,
+                                     const torch::Tensor& v, const torch::Tensor& mixing,
+                                     int64_t blocks);
+
 // The dtype references compute in: double stays double, everything else goes to float32.
 torch::ScalarType reference_compute_dtype(const torch::Tensor& x);
 

@@ -8,15 +8,7 @@ namespace mhla {
 torch::Tensor linear_attention_reference(const torch::Tensor& q, const torch::Tensor& k,
                                          const torch::Tensor& v, const OpArgs& args) {
   if (args.causal) fail("linear attention: the causal form is not available yet");
-  const auto dtype = reference_compute_dtype(v);
-  auto qf = feature_map(q.to(dtype));
-  auto kf = feature_map(k.to(dtype));
-  auto vf = v.to(dtype);
-  auto state = torch::einsum("bnhd,bnhe->bhde", {kf, vf});  // [B, H, D, Dv]
-  auto norm = kf.sum(1);                                     // [B, H, D]
-  auto numerator = torch::einsum("bnhd,bhde->bnhe", {qf, state});
-  auto denominator = torch::einsum("bnhd,bhd->bnh", {qf, norm}) + kNormalizerEps;
-  return (numerator / denominator.unsqueeze(-1)).to(v.scalar_type());
+  return block_linear_attention(q, k, v, /*mixing=*/{}, /*blocks=*/1);
 }
 
 void register_linear_attention(Registry<AttentionType>& registry) {

@@ -10,24 +10,11 @@ namespace mhla {
 torch::Tensor mhla_reference(const torch::Tensor& q, const torch::Tensor& k,
                              const torch::Tensor& v, const OpArgs& args) {
   if (args.causal) fail("mhla: the causal form is not available yet");
-  const auto b = q.size(0), n = q.size(1), h = q.size(2), d = q.size(3), dv = v.size(3);
-  const auto m = args.blocks;
+  const auto n = q.size(1), m = args.blocks;
   TORCH_CHECK(m >= 1 && n % m == 0, "mhla: N = ", n, " is not a multiple of blocks = ", m);
   TORCH_CHECK(args.mixing.defined() && args.mixing.size(0) == m && args.mixing.size(1) == m,
               "mhla: mixing must be [blocks, blocks]");
-  const auto l = n / m;
-  const auto dtype = reference_compute_dtype(v);
-  auto qf = feature_map(q.to(dtype)).view({b, m, l, h, d});
-  auto kf = feature_map(k.to(dtype)).view({b, m, l, h, d});
-  auto vf = v.to(dtype).view({b, m, l, h, dv});
-  auto mixing = args.mixing.to(dtype);
-  auto state = torch::einsum("bmlhd,bmlhe->bhmde", {kf, vf});  // per-block S_j
-  auto norm = kf.sum(2);                                         // per-block z_j: [B, M, H, D]
-  auto mixed_state = torch::einsum("ij,bhjde->bhide", {mixing, state});
-  auto mixed_norm = torch::einsum("ij,bjhd->bihd", {mixing, norm});
-  auto numerator = torch::einsum("bilhd,bhide->bilhe", {qf, mixed_state});
-  auto denominator = torch::einsum("bilhd,bihd->bilh", {qf, mixed_norm}) + kNormalizerEps;
-  return (numerator / denominator.unsqueeze(-1)).reshape({b, n, h, dv}).to(v.scalar_type());
+  return block_linear_attention(q, k, v, args.mixing, m);
 }
 
 torch::Tensor mhla_initial_mixing(const std::string& init, int64_t tiles_h, int64_t tiles_w) {

@@ -1,8 +1,11 @@
 #include "core/atomic_file.h"
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <stdio.h>
 #include <unistd.h>
+
+#include <sys/stat.h>
 
 #include <cerrno>
 #include <cstring>
@@ -21,6 +24,17 @@ void fsync_directory(const std::string& path) {
   if (fd < 0) return;
   ::fsync(fd);
   ::close(fd);
+}
+
+void remove_tree(const std::string& path) {
+  struct stat info {};
+  if (::lstat(path.c_str(), &info) != 0) return;
+  auto remove_entry = [](const char* entry, const struct stat*, int, struct FTW*) {
+    return ::remove(entry) == 0 ? 0 : -1;
+  };
+  if (::nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0) {
+    fail("{}: cannot remove ({})", path, std::strerror(errno));
+  }
 }
 
 void write_file_atomic(const std::string& path, std::string_view contents) {
@@ -63,7 +77,7 @@ void replace_directory_atomic(const std::string& staging, const std::string& tar
     if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) != 0) {
       fail("{}: cannot swap in the new checkpoint ({})", target, std::strerror(errno));
     }
-    fs::remove_all(staging);  // now holds the previous contents
+    remove_tree(staging);  // now holds the previous contents
   } else if (::rename(staging.c_str(), target.c_str()) != 0) {
     fail("{}: cannot move the new checkpoint into place ({})", target, std::strerror(errno));
   }

@@ -11,6 +11,9 @@ void write_file_atomic(const std::string& path, std::string_view contents);
 // (the old contents are removed afterwards), a plain rename otherwise.
 void replace_directory_atomic(const std::string& staging, const std::string& target);
 void fsync_directory(const std::string& path);
+// Removes a file or a folder tree (no error if absent). Used instead of std::filesystem::
+// remove_all, whose copy exported by libtorch.so crashes on some machines.
+void remove_tree(const std::string& path);
 std::string read_file(const std::string& path);
 
 }  // namespace mhla

@@ -89,7 +89,7 @@ void save_checkpoint(const std::string& dir, const Config& config, Model& model,
   const fs::path staging =
       target.parent_path() / ("." + target.filename().string() + ".staging-" +
                               std::to_string(::getpid()));
-  fs::remove_all(staging);
+  remove_tree(staging.string());
   fs::create_directories(staging);
   TensorMap weights;
   for (auto& [name, t] : model_tensors(model)) weights[name] = t.to(torch::kFloat32);
