@@ -11,4 +11,4 @@ extra=()
 [ -d "$root/.gpu_stage/include" ] && extra+=(-DCMAKE_CXX_FLAGS="-isystem $root/.gpu_stage/include")
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
   -DMHLA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DTORCH_CUDA_ARCH_LIST=9.0a "${extra[@]}" "$@"
-cmake --build "$build" -j "$(nproc)"
+cmake --build "$build" -j "$(nproc)" ${BUILD_TARGET:+--target $BUILD_TARGET}
