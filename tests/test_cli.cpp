@@ -140,7 +140,10 @@ TEST_CASE("cli: train, eval, a truncated checkpoint, and an existing run name", 
   auto eval = test::run_mhla("eval runs/first", cwd);
   REQUIRE(eval.exit_code == 0);
   auto json = nlohmann::json::parse(eval.output.substr(eval.output.rfind("{\"")));
-  CHECK(json["count"] == 100);
+  CHECK(json["count"] == 10000);  // the full test split, whatever the run used
+  auto limited = test::run_mhla("eval runs/first --set data.test_limit=50", cwd);
+  REQUIRE(limited.exit_code == 0);
+  CHECK(nlohmann::json::parse(limited.output.substr(limited.output.rfind("{\""))) ["count"] == 50);
   CHECK(json["accuracy"].get<double>() >= 0.0);
 
   auto again = test::run_mhla("train tiny.yaml --set run.name=first", cwd);

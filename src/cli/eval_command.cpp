@@ -18,7 +18,11 @@ struct EvalArgs {
 };
 
 int run_eval(const EvalArgs& args) {
-  Checkpoint checkpoint = read_checkpoint(args.checkpoint, args.overrides);
+  // The full test split unless the user limits it explicitly (the run may have trained with
+  // data.test_limit for speed).
+  std::vector<std::string> overrides = {"data.test_limit=0"};
+  overrides.insert(overrides.end(), args.overrides.begin(), args.overrides.end());
+  Checkpoint checkpoint = read_checkpoint(args.checkpoint, overrides);
   const Config& config = checkpoint.config;
   const torch::Device device = resolve_device(config);
   if (config.train.threads > 0) torch::set_num_threads(static_cast<int>(config.train.threads));

@@ -133,6 +133,11 @@ TrainOutcome Trainer::run() {
 
   TrainOutcome outcome;
   outcome.run_dir = run_dir_;
+  if (state_.epoch >= c.train.epochs) {
+    logger().info("the run is complete ({} steps); nothing to do", state_.step);
+    outcome.steps = state_.step;
+    return outcome;
+  }
   model_->train();
   auto loss_sum = torch::zeros({}, torch::TensorOptions().device(device_));
   int64_t loss_count = 0;
@@ -182,6 +187,12 @@ TrainOutcome Trainer::run() {
       const bool stop = stop_requested() != 0 || (stop_after_ > 0 && state_.step >= stop_after_);
       if (state_.step % c.train.log_every == 0 || stop || state_.step == total_steps_) {
         const double mean_loss = loss_sum.item<double>() / static_cast<double>(loss_count);
+        if (!std::isfinite(mean_loss)) {
+          // Stop before a diverged model overwrites the last good checkpoint.
+          fail("training diverged: mean loss over steps {}..{} is {} (lr {:.2e}); the last good "
+               "checkpoint is {}/checkpoints/last; try a lower optim.lr or optim.grad_clip",
+               state_.step - loss_count + 1, state_.step, mean_loss, lr, run_dir_);
+        }
         const auto now = std::chrono::steady_clock::now();
         const double window = std::chrono::duration<double>(now - window_start).count();
         state_.train_seconds += window;
