@@ -13,6 +13,8 @@
 #include "train/safetensors.h"
 
 using namespace mhla;
+using test::contains;
+using test::error_of;
 namespace fs = std::filesystem;
 
 namespace {
@@ -21,19 +23,6 @@ uint64_t read_u64_le(const std::string& bytes) {
   uint64_t v = 0;
   for (int i = 0; i < 8; ++i) v |= uint64_t{static_cast<uint8_t>(bytes[i])} << (8 * i);
   return v;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
 }
 
 TensorMap sample_tensors() {

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -16,13 +17,11 @@
 #include "test_helpers.h"
 
 using namespace mhla;
+using test::contains;
+using test::error_of;
 namespace fs = std::filesystem;
 
 namespace {
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 // The single "error: ..." line of a failed command.
 std::string error_line(const std::string& output) {
@@ -207,4 +206,30 @@ TEST_CASE("cli: SIGTERM writes a checkpoint and exits; --resume finishes the run
   auto mismatch = test::run_mhla("train other.yaml --resume runs/sig", dir.str());
   CHECK(mismatch.exit_code != 0);
   CHECK(contains(error_line(mismatch.output), "differs from"));
+}
+
+TEST_CASE("cli: bench attention prints one JSON line per case and rejects bad shapes", "[cli]") {
+  auto r = test::run_mhla("bench attention --op mhla --blocks 4 --shape 2,2,64,32 --shape 1,2,128,64 "
+                          "--device cpu --dtype fp32 --warmup 0 --iters 1");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  std::istringstream lines(r.output);
+  std::string line;
+  int cases = 0;
+  while (std::getline(lines, line)) {
+    if (line.rfind("{", 0) != 0) continue;
+    auto json = nlohmann::json::parse(line);
+    CHECK(json["op"] == "mhla");
+    CHECK(json["fwd_ms"].get<double>() > 0);
+    CHECK(json["fwd_bwd_ms"].get<double>() >= json["fwd_ms"].get<double>() * 0.5);
+    CHECK(json["fwd_bwd_bandwidth_share"].get<double>() > 0);
+    ++cases;
+  }
+  CHECK(cases == 2);
+  auto bad = test::run_mhla("bench attention --shape 2,2,x,32 --device cpu");
+  CHECK(bad.exit_code != 0);
+  CHECK(contains(error_line(bad.output), "--shape 2,2,x,32: expected four positive integers"));
+  auto not_divisible = test::run_mhla("bench attention --op mhla --blocks 16 --shape 1,1,100,32 --device cpu");
+  CHECK(not_divisible.exit_code != 0);
+  CHECK(contains(error_line(not_divisible.output), "multiple of --blocks 16"));
 }

@@ -6,23 +6,8 @@
 #include "test_helpers.h"
 
 using namespace mhla;
-
-namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-}  // namespace
+using test::contains;
+using test::error_of;
 
 TEST_CASE("config: defaults and YAML values land in the typed structs", "[config]") {
   Config c = parse_config("model:\n  depth: 6\n  mlp_ratio: 2.5\nattention:\n  type: linear\n"

@@ -12,6 +12,8 @@
 #include "test_helpers.h"
 
 using namespace mhla;
+using test::contains;
+using test::error_of;
 namespace fs = std::filesystem;
 
 namespace {
@@ -29,19 +31,6 @@ void write_gz(const fs::path& path, const std::string& bytes) {
   gzFile f = gzopen(path.c_str(), "wb");
   gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size()));
   gzclose(f);
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
 }
 
 }  // namespace
@@ -94,7 +83,6 @@ TEST_CASE("data: IDX reader accepts raw and gzip, rejects every inconsistency wi
   CHECK(contains(error_of([&] { read_idx_file((dir.path() / "missing.gz").string(), 3); }),
                  "missing.gz: file not found"));
   // A gzip stream cut in the middle is reported, not read as short data silently.
-  std::string gz_bytes = test::source_dir();  // placeholder to keep the type
   {
     write_gz(dir.path() / "big.gz", idx_bytes(0x08, {100, 28, 28}, 78400));
     std::ifstream in(dir.path() / "big.gz", std::ios::binary);

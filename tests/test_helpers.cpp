@@ -1,6 +1,7 @@
 #include "test_helpers.h"
 
 #include "core/atomic_file.h"
+#include "core/error.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -47,6 +48,19 @@ ProcessResult run_mhla(const std::string& args, const std::string& cwd) {
   const int status = ::pclose(pipe);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return result;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
 }
 
 double relative_error(const torch::Tensor& a, const torch::Tensor& b) {

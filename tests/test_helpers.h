@@ -1,6 +1,7 @@
 #pragma once
 // Shared helpers for the tests: temporary folders, running the mhla binary, comparisons.
 #include <filesystem>
+#include <functional>
 #include <string>
 
 #include <torch/torch.h>
@@ -27,6 +28,10 @@ struct ProcessResult {
 // Runs the built mhla binary with `args` (a shell-quoted string) in `cwd`.
 ProcessResult run_mhla(const std::string& args, const std::string& cwd = ".");
 std::string shell_quote(const std::string& s);
+
+// The message of the mhla::Error that f throws ("" if it throws none).
+std::string error_of(const std::function<void()>& f);
+bool contains(const std::string& text, const std::string& part);
 
 // ||a - b|| / ||b||, in float64.
 double relative_error(const torch::Tensor& a, const torch::Tensor& b);

@@ -14,6 +14,7 @@ torch::Tensor linear_attention_reference(const torch::Tensor& q, const torch::Te
 void register_linear_attention(Registry<AttentionType>& registry) {
   AttentionType type;
   type.description = "linear attention, phi = relu(RMSNorm(x)) + 1e-6, normalized output";
+  type.normalizes_qk = true;
   type.backends["reference"] = linear_attention_reference;
   type.make_layer = [](const AttentionSpec& spec, const AttentionType& t) {
     return std::make_shared<AttentionLayerImpl>(spec, t);

@@ -69,6 +69,7 @@ void register_mhla_attention(Registry<AttentionType>& registry) {
   type.description =
       "multi-head linear attention: token blocks (2-D tiles) mixed by a learned M x M matrix";
   type.uses_blocks = true;
+  type.normalizes_qk = true;
   type.backends["reference"] = mhla_reference;
   type.make_layer = [](const AttentionSpec& spec, const AttentionType& t) {
     return std::make_shared<MhlaLayerImpl>(spec, t);

@@ -14,5 +14,6 @@ struct Command {
 Command add_train_command(CLI::App& parent);
 Command add_eval_command(CLI::App& parent);
 Command add_info_command(CLI::App& parent);
+Command add_bench_command(CLI::App& parent);
 
 }  // namespace mhla

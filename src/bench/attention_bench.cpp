@@ -1,0 +1,86 @@
+#include "bench/attention_bench.h"
+
+#include <chrono>
+
+#include "attention/attention_type.h"
+#include "core/error.h"
+
+namespace mhla {
+namespace {
+
+void synchronize(const torch::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
+// Mean milliseconds per call of f after `warmup` calls.
+template <typename F>
+double time_ms(const torch::Device& device, int warmup, int iters, F&& f) {
+  for (int i = 0; i < warmup; ++i) f();
+  synchronize(device);
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) f();
+  synchronize(device);
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+             .count() /
+         iters;
+}
+
+}  // namespace
+
+double measure_copy_bandwidth(const torch::Device& device) {
+  const int64_t bytes = device.is_cuda() ? (int64_t{1} << 30) : (int64_t{1} << 28);
+  auto src = torch::empty({bytes}, torch::TensorOptions().dtype(torch::kUInt8).device(device));
+  auto dst = torch::empty_like(src);
+  src.fill_(1);
+  const double ms = time_ms(device, 2, 10, [&] { dst.copy_(src); });
+  return 2.0 * static_cast<double>(bytes) / (ms * 1e-3);
+}
+
+nlohmann::json bench_attention(const AttentionBenchCase& c, const torch::Device& device,
+                               double copy_bandwidth) {
+  const auto& type = attention_registry().get(c.op);
+  const OpFn& op = select_backend(c.op, type, c.backend, device, "bench");
+  auto options = torch::TensorOptions().dtype(c.dtype).device(device);
+  const std::vector<int64_t> shape = {c.batch, c.tokens, c.heads, c.head_dim};
+  auto q = torch::randn(shape, options).requires_grad_(true);
+  auto k = torch::randn(shape, options).requires_grad_(true);
+  auto v = torch::randn(shape, options).requires_grad_(true);
+  OpArgs args = type.make_args(c.blocks, c.causal, torch::TensorOptions().device(device));
+  if (args.mixing.defined()) args.mixing.requires_grad_(true);
+  auto grad_out = torch::randn(shape, options);
+
+  const double fwd_ms = time_ms(device, c.warmup, c.iters, [&] {
+    torch::NoGradGuard no_grad;
+    op(q, k, v, args);
+  });
+  const double fwd_bwd_ms = time_ms(device, c.warmup, c.iters, [&] {
+    auto out = op(q, k, v, args);
+    out.backward(grad_out);
+  });
+  // Floor traffic: forward reads q, k, v and writes o (4 tensors); backward reads q, k, v, dO and
+  // writes dq, dk, dv (7 more).
+  const double tensor_bytes =
+      static_cast<double>(c.batch * c.tokens * c.heads * c.head_dim) * torch::elementSize(c.dtype);
+  const double fwd_bytes = 4 * tensor_bytes, fwd_bwd_bytes = 11 * tensor_bytes;
+  const double tokens = static_cast<double>(c.batch * c.tokens);
+  return {{"op", c.op},
+          {"backend", c.backend},
+          {"device", device.str()},
+          {"dtype", c10::toString(c.dtype)},
+          {"B", c.batch},
+          {"H", c.heads},
+          {"N", c.tokens},
+          {"D", c.head_dim},
+          {"blocks", type.uses_blocks ? c.blocks : 1},
+          {"causal", c.causal},
+          {"fwd_ms", fwd_ms},
+          {"fwd_bwd_ms", fwd_bwd_ms},
+          {"tokens_per_s", tokens / (fwd_bwd_ms * 1e-3)},
+          {"fwd_bytes", fwd_bytes},
+          {"fwd_bwd_bytes", fwd_bwd_bytes},
+          {"copy_bandwidth_gbs", copy_bandwidth / 1e9},
+          {"fwd_bandwidth_share", fwd_bytes / (fwd_ms * 1e-3) / copy_bandwidth},
+          {"fwd_bwd_bandwidth_share", fwd_bwd_bytes / (fwd_bwd_ms * 1e-3) / copy_bandwidth}};
+}
+
+}  // namespace mhla
