@@ -1,0 +1,119 @@
+#include "attention/gated_delta.h"
+
+#include "core/error.h"
+
+namespace mhla {
+namespace {
+
+torch::ScalarType state_dtype(const torch::Tensor& v) {
+  return v.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+}
+
+// The gate as one log-decay per key dimension: [B, T, H] -> [B, T, H, Dk].
+torch::Tensor per_key_gate(const torch::Tensor& g, int64_t dk) {
+  return g.dim() == 3 ? g.unsqueeze(-1).expand({g.size(0), g.size(1), g.size(2), dk}) : g;
+}
+
+void check_shapes(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                  const torch::Tensor& beta, const torch::Tensor& g,
+                  const torch::Tensor& initial_state) {
+  TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes(), "delta rule: q, k must be [B, T, H, Dk]");
+  TORCH_CHECK(v.dim() == 4 && v.size(0) == q.size(0) && v.size(1) == q.size(1) &&
+                  v.size(2) == q.size(2),
+              "delta rule: v must be [B, T, H, Dv]");
+  TORCH_CHECK(beta.sizes() == q.sizes().slice(0, 3), "delta rule: beta must be [B, T, H]");
+  TORCH_CHECK((g.dim() == 3 && g.sizes() == q.sizes().slice(0, 3)) ||
+                  (g.dim() == 4 && g.sizes() == q.sizes()),
+              "delta rule: g must be [B, T, H] or [B, T, H, Dk]");
+  if (initial_state.defined()) {
+    TORCH_CHECK(initial_state.dim() == 4 && initial_state.size(0) == q.size(0) &&
+                    initial_state.size(1) == q.size(2) && initial_state.size(2) == q.size(3) &&
+                    initial_state.size(3) == v.size(3),
+                "delta rule: initial_state must be [B, H, Dk, Dv]");
+  }
+}
+
+}  // namespace
+
+torch::Tensor delta_rule_step(torch::Tensor& state, const torch::Tensor& q, const torch::Tensor& k,
+                              const torch::Tensor& v, const torch::Tensor& beta,
+                              const torch::Tensor& g, double scale) {
+  const auto dtype = state.scalar_type();
+  auto decay = torch::exp(g.to(dtype));
+  if (decay.dim() == 2) decay = decay.unsqueeze(-1);                 // [B, H, 1]: one per head
+  auto kf = k.to(dtype), qf = q.to(dtype);
+  auto decayed = state * decay.unsqueeze(-1);                        // Diag(exp g) S
+  auto predicted = torch::einsum("bhkv,bhk->bhv", {decayed, kf});    // S~^T k
+  auto update = beta.to(dtype).unsqueeze(-1) * (v.to(dtype) - predicted);
+  state = decayed + kf.unsqueeze(-1) * update.unsqueeze(-2);         // + k u^T
+  return (scale * torch::einsum("bhkv,bhk->bhv", {state, qf})).to(v.scalar_type());
+}
+
+DeltaRuleOutput delta_rule_recurrent(const torch::Tensor& q, const torch::Tensor& k,
+                                     const torch::Tensor& v, const torch::Tensor& beta,
+                                     const torch::Tensor& g, const torch::Tensor& initial_state,
+                                     double scale) {
+  check_shapes(q, k, v, beta, g, initial_state);
+  const auto dtype = state_dtype(v);
+  auto state = initial_state.defined()
+                   ? initial_state.to(dtype)
+                   : torch::zeros({q.size(0), q.size(2), q.size(3), v.size(3)},
+                                  v.options().dtype(dtype));
+  std::vector<torch::Tensor> outs;
+  for (int64_t t = 0; t < q.size(1); ++t) {
+    outs.push_back(delta_rule_step(state, q.select(1, t), k.select(1, t), v.select(1, t),
+                                   beta.select(1, t), g.select(1, t), scale));
+  }
+  return {torch::stack(outs, 1), state};
+}
+
+DeltaRuleOutput delta_rule_chunked(const torch::Tensor& q, const torch::Tensor& k,
+                                   const torch::Tensor& v, const torch::Tensor& beta,
+                                   const torch::Tensor& g, const torch::Tensor& initial_state,
+                                   double scale, int64_t chunk) {
+  check_shapes(q, k, v, beta, g, initial_state);
+  TORCH_CHECK(chunk >= 1, "delta rule: chunk must be positive");
+  const auto dtype = state_dtype(v);
+  const auto b = q.size(0), t_total = q.size(1), h = q.size(2), dk = q.size(3), dv = v.size(3);
+  // [B, H, T, .] layout in the compute dtype.
+  auto qf = q.to(dtype).transpose(1, 2), kf = k.to(dtype).transpose(1, 2);
+  auto vf = v.to(dtype).transpose(1, 2);
+  auto betaf = beta.to(dtype).transpose(1, 2);                       // [B, H, T]
+  auto gf = per_key_gate(g.to(dtype), dk).transpose(1, 2);           // [B, H, T, Dk]
+  auto state = initial_state.defined()
+                   ? initial_state.to(dtype)
+                   : torch::zeros({b, h, dk, dv}, v.options().dtype(dtype));
+  std::vector<torch::Tensor> outs;
+  for (int64_t start = 0; start < t_total; start += chunk) {
+    const int64_t c = std::min(chunk, t_total - start);
+    auto qc = qf.narrow(2, start, c), kc = kf.narrow(2, start, c), vc = vf.narrow(2, start, c);
+    auto bc = betaf.narrow(2, start, c);
+    auto cum = gf.narrow(2, start, c).cumsum(2);                     // G_r, per key dim
+    // Pairwise decay exp(G_r - G_s) for s <= r (zero above the diagonal): [B, H, C, C, Dk].
+    auto diff = cum.unsqueeze(3) - cum.unsqueeze(2);
+    auto causal = torch::ones({c, c}, torch::kBool).tril().to(diff.device());
+    auto pair_decay = torch::exp(diff.masked_fill(~causal.unsqueeze(-1), -INFINITY));
+    auto strict = torch::ones({c, c}, torch::kBool).tril(-1).to(diff.device());
+    // A_rs = beta_r sum_d k_r[d] k_s[d] exp(G_r - G_s)[d], s < r.
+    auto kk = torch::einsum("bhrd,bhsd,bhrsd->bhrs", {kc, kc, pair_decay});
+    auto a = (bc.unsqueeze(-1) * kk).masked_fill(~strict, 0.0);
+    auto eye = torch::eye(c, a.options());
+    // U = (I + A)^{-1} diag(beta) (V - (Gamma . K) S0)
+    auto gamma = torch::exp(cum);                                    // [B, H, C, Dk]
+    auto rhs = bc.unsqueeze(-1) * (vc - torch::matmul(gamma * kc, state));
+    auto u = at::linalg_solve_triangular(eye + a, rhs, /*upper=*/false, /*left=*/true,
+                                         /*unitriangular=*/true);
+    // o_r = scale ((Gamma_r . q_r)^T S0 + sum_{s<=r} (sum_d q_r k_s exp(G_r - G_s)) u_s)
+    auto qk = torch::einsum("bhrd,bhsd,bhrsd->bhrs", {qc, kc, pair_decay});
+    outs.push_back(scale * (torch::matmul(gamma * qc, state) + torch::matmul(qk, u)));
+    // S_C = Diag(Gamma_C) S0 + sum_s Diag(exp(G_C - G_s)) k_s u_s^T
+    auto last = cum.narrow(2, c - 1, 1);                             // [B, H, 1, Dk]
+    auto to_end = torch::exp(last - cum);                            // [B, H, C, Dk]
+    state = torch::exp(last.squeeze(2)).unsqueeze(-1) * state +
+            torch::matmul((to_end * kc).transpose(-1, -2), u);
+  }
+  auto out = torch::cat(outs, 2).transpose(1, 2).to(v.scalar_type());
+  return {out, state};
+}
+
+}  // namespace mhla

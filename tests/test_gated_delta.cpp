@@ -1,0 +1,151 @@
+// Gated DeltaNet / KDA references: the chunked WY form against the token-by-token recurrence
+// (float64: outputs, final states and every gradient), closed forms, decode and prefill+decode.
+#include "attention/gated_delta.h"
+#include "catch_compat.h"
+#include "test_helpers.h"
+
+using namespace mhla;
+
+namespace {
+
+auto f64() { return torch::TensorOptions().dtype(torch::kFloat64); }
+
+struct Inputs {
+  torch::Tensor q, k, v, beta, g, s0;
+};
+
+// L2-normalized q, k (as the layer gives them), beta in (0, 1), g <= 0 at the given strength.
+Inputs make_inputs(int64_t b, int64_t t, int64_t h, int64_t dk, int64_t dv, double gate_scale,
+                   bool per_key_gate, bool initial_state) {
+  Inputs in;
+  in.q = torch::nn::functional::normalize(torch::randn({b, t, h, dk}, f64()),
+                                          torch::nn::functional::NormalizeFuncOptions().dim(-1));
+  in.k = torch::nn::functional::normalize(torch::randn({b, t, h, dk}, f64()),
+                                          torch::nn::functional::NormalizeFuncOptions().dim(-1));
+  in.v = torch::randn({b, t, h, dv}, f64());
+  in.beta = torch::sigmoid(torch::randn({b, t, h}, f64()));
+  in.g = per_key_gate ? -gate_scale * torch::rand({b, t, h, dk}, f64())
+                      : -gate_scale * torch::rand({b, t, h}, f64());
+  if (initial_state) in.s0 = torch::randn({b, h, dk, dv}, f64());
+  return in;
+}
+
+std::vector<torch::Tensor> leaves(Inputs& in) {
+  std::vector<torch::Tensor> out = {in.q, in.k, in.v, in.beta, in.g};
+  if (in.s0.defined()) out.push_back(in.s0);
+  for (auto& t : out) t = t.detach().clone().requires_grad_(true);
+  return out;
+}
+
+// Outputs and the gradients of a fixed random projection of (out, final state).
+std::vector<torch::Tensor> outputs_and_grads(bool chunked, Inputs in, double scale, int64_t chunk,
+                                             const torch::Tensor& w_out, const torch::Tensor& w_state) {
+  auto x = leaves(in);
+  torch::Tensor s0 = x.size() > 5 ? x[5] : torch::Tensor();
+  auto r = chunked ? delta_rule_chunked(x[0], x[1], x[2], x[3], x[4], s0, scale, chunk)
+                   : delta_rule_recurrent(x[0], x[1], x[2], x[3], x[4], s0, scale);
+  ((r.out * w_out).sum() + (r.final_state * w_state).sum()).backward();
+  std::vector<torch::Tensor> result = {r.out.detach(), r.final_state.detach()};
+  for (auto& leaf : x) result.push_back(leaf.grad());
+  return result;
+}
+
+}  // namespace
+
+TEST_CASE("delta rule: chunked equals the recurrence, values and gradients (float64)", "[attention]") {
+  torch::manual_seed(21);
+  struct Case {
+    const char* what;
+    int64_t t;
+    double gate;
+    bool per_key, s0;
+  };
+  for (const auto& c : {Case{"no decay (g = 0)", 150, 0.0, false, true},
+                        Case{"moderate decay", 150, 0.5, false, true},
+                        Case{"strong decay", 130, 8.0, false, false},
+                        Case{"KDA per-key gates", 150, 0.5, true, true},
+                        Case{"KDA strong decay", 70, 8.0, true, true},
+                        Case{"shorter than a chunk", 20, 0.3, true, false}}) {
+    INFO(c.what);
+    auto in = make_inputs(2, c.t, 2, 16, 24, c.gate, c.per_key, c.s0);
+    auto w_out = torch::randn({2, c.t, 2, 24}, f64()), w_state = torch::randn({2, 2, 16, 24}, f64());
+    const double scale = 1.0 / std::sqrt(16.0);
+    auto rec = outputs_and_grads(false, in, scale, 64, w_out, w_state);
+    auto chk = outputs_and_grads(true, in, scale, 64, w_out, w_state);
+    const char* names[] = {"out", "final state", "dq", "dk", "dv", "dbeta", "dg", "dh0"};
+    for (size_t i = 0; i < rec.size(); ++i) {
+      INFO(names[i]);
+      CHECK(test::relative_error(chk[i], rec[i]) < 1e-9);
+    }
+  }
+}
+
+TEST_CASE("delta rule: the chunk size does not change the result", "[attention]") {
+  torch::manual_seed(22);
+  auto in = make_inputs(1, 100, 2, 8, 8, 1.0, true, true);
+  auto reference = delta_rule_chunked(in.q, in.k, in.v, in.beta, in.g, in.s0, 0.5, 64);
+  for (int64_t chunk : {1, 7, 32, 100, 128}) {
+    INFO("chunk " << chunk);
+    auto r = delta_rule_chunked(in.q, in.k, in.v, in.beta, in.g, in.s0, 0.5, chunk);
+    CHECK(test::relative_error(r.out, reference.out) < 1e-11);
+    CHECK(test::relative_error(r.final_state, reference.final_state) < 1e-11);
+  }
+}
+
+TEST_CASE("delta rule: closed forms of one write and read", "[attention]") {
+  // beta = 1, no decay, unit k: writing (k, v) into S0 then reading with q = k returns v.
+  auto k = torch::nn::functional::normalize(torch::randn({1, 1, 1, 8}, f64()),
+                                            torch::nn::functional::NormalizeFuncOptions().dim(-1));
+  auto v = torch::randn({1, 1, 1, 5}, f64());
+  auto s0 = torch::randn({1, 1, 8, 5}, f64());
+  auto beta = torch::ones({1, 1, 1}, f64()), g = torch::zeros({1, 1, 1}, f64());
+  auto r = delta_rule_chunked(k, k, v, beta, g, s0, 1.0);
+  CHECK(test::relative_error(r.out, v) < 1e-12);
+  // gated DeltaNet: S1 = exp(g) (I - k k^T) S0 + k v^T.
+  auto gate = torch::full({1, 1, 1}, -0.7, f64());
+  auto half = torch::full({1, 1, 1}, 0.5, f64());
+  auto kk = k.view({8, 1});
+  auto expected = std::exp(-0.7) * (torch::eye(8, f64()) - 0.5 * kk.matmul(kk.t())).matmul(s0.view({8, 5})) +
+                  0.5 * kk.matmul(v.view({1, 5}));
+  auto step = delta_rule_recurrent(k, k, v, half, gate, s0, 1.0);
+  CHECK(test::relative_error(step.final_state.view({8, 5}), expected) < 1e-12);
+  // KDA with per-key gates: S1 = (I - b k k^T) Diag(exp g) S0 + b k v^T.
+  auto gk = -torch::rand({1, 1, 1, 8}, f64());
+  auto expected_kda = (torch::eye(8, f64()) - 0.5 * kk.matmul(kk.t()))
+                          .matmul(torch::diag(gk.view({8}).exp()).matmul(s0.view({8, 5}))) +
+                      0.5 * kk.matmul(v.view({1, 5}));
+  auto kda = delta_rule_chunked(k, k, v, half, gk, s0, 1.0);
+  CHECK(test::relative_error(kda.final_state.view({8, 5}), expected_kda) < 1e-12);
+}
+
+TEST_CASE("delta rule: chunked prefill then decode steps equal one pass", "[attention]") {
+  torch::manual_seed(23);
+  auto in = make_inputs(2, 90, 3, 16, 16, 0.7, false, false);
+  const double scale = 0.25;
+  auto full = delta_rule_chunked(in.q, in.k, in.v, in.beta, in.g, {}, scale);
+  auto prefill = delta_rule_chunked(in.q.narrow(1, 0, 70), in.k.narrow(1, 0, 70),
+                                    in.v.narrow(1, 0, 70), in.beta.narrow(1, 0, 70),
+                                    in.g.narrow(1, 0, 70), {}, scale);
+  CHECK(test::relative_error(prefill.out, full.out.narrow(1, 0, 70)) < 1e-12);
+  auto state = prefill.final_state.clone();
+  for (int64_t t = 70; t < 90; ++t) {
+    INFO("token " << t);
+    auto o = delta_rule_step(state, in.q.select(1, t), in.k.select(1, t), in.v.select(1, t),
+                             in.beta.select(1, t), in.g.select(1, t), scale);
+    CHECK(test::relative_error(o, full.out.select(1, t)) < 1e-11);
+  }
+  CHECK(test::relative_error(state, full.final_state) < 1e-11);
+}
+
+TEST_CASE("delta rule: float32 and bf16 inputs keep a float32 state", "[attention]") {
+  torch::manual_seed(24);
+  auto in = make_inputs(1, 80, 2, 32, 32, 1.0, false, true);
+  auto exact = delta_rule_chunked(in.q, in.k, in.v, in.beta, in.g, in.s0, 0.2);
+  auto bf = [](const torch::Tensor& t) { return t.to(torch::kBFloat16); };
+  auto low = delta_rule_chunked(bf(in.q), bf(in.k), bf(in.v), bf(in.beta), in.g.to(torch::kFloat32),
+                                in.s0.to(torch::kFloat32), 0.2);
+  CHECK(low.out.scalar_type() == torch::kBFloat16);
+  CHECK(low.final_state.scalar_type() == torch::kFloat32);
+  CHECK(test::relative_error(low.out, exact.out) < 2e-2);
+  CHECK(test::relative_error(low.final_state, exact.final_state) < 2e-2);
+}
