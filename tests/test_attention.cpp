@@ -272,13 +272,17 @@ TEST_CASE("attention: references on the GPU match float64 on the CPU", "[attenti
     INFO(name);
     const auto& type = attention_registry().get(name);
     auto q = torch::randn({4, 64, 3, 32}), k = torch::randn({4, 64, 3, 32}), v = torch::randn({4, 64, 3, 32});
-    OpArgs args = type.make_args(16, false, torch::TensorOptions());
-    OpArgs args64 = args;
-    if (args.mixing.defined()) args64.mixing = args.mixing.to(torch::kFloat64);
+    OpArgs args = type.make_args({4, 64, 3, 32, 16, type.causal_modes.front()}, torch::TensorOptions());
+    auto convert = [](OpArgs a, const torch::TensorOptions& o) {
+      for (auto* t : {&a.mixing, &a.beta, &a.gate}) {
+        if (t->defined()) *t = t->to(o);
+      }
+      return a;
+    };
+    OpArgs args64 = convert(args, torch::TensorOptions().dtype(torch::kFloat64));
     auto exact = type.backends.at("reference")(q.to(torch::kFloat64), k.to(torch::kFloat64),
                                               v.to(torch::kFloat64), args64);
-    OpArgs cuda_args = args;
-    if (args.mixing.defined()) cuda_args.mixing = args.mixing.cuda();
+    OpArgs cuda_args = convert(args, torch::TensorOptions().device(torch::kCUDA));
     auto gpu = type.backends.at("reference")(q.cuda(), k.cuda(), v.cuda(), cuda_args);
     CHECK(test::relative_error(gpu, exact) < 1e-4);
   }

@@ -28,7 +28,8 @@ const OpShape kShapes[] = {
 };
 
 struct Result {
-  torch::Tensor out, dq, dk, dv, dmixing;
+  torch::Tensor out, dq, dk, dv;
+  std::vector<std::pair<std::string, torch::Tensor>> extra;  // d(mixing), d(beta), d(gate)
 };
 
 Result run(const OpFn& op, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -39,43 +40,54 @@ Result run(const OpFn& op, const torch::Tensor& q, const torch::Tensor& k, const
   };
   auto qd = to(q), kd = to(k), vd = to(v);
   OpArgs args = base_args;
-  if (args.mixing.defined()) {
-    args.mixing = args.mixing.to(device, torch::kFloat32).detach().requires_grad_(true);
+  const std::pair<const char*, torch::Tensor*> extras[] = {
+      {"mixing", &args.mixing}, {"beta", &args.beta}, {"gate", &args.gate}};
+  for (auto [name, t] : extras) {
+    if (t->defined()) *t = t->to(device, torch::kFloat32).detach().requires_grad_(true);
   }
   auto out = op(qd, kd, vd, args);
   out.backward(grad_out.to(device, dtype));
-  return {out.detach().cpu(), qd.grad().cpu(), kd.grad().cpu(), vd.grad().cpu(),
-          args.mixing.defined() ? args.mixing.grad().cpu() : torch::Tensor()};
+  Result r{out.detach().cpu(), qd.grad().cpu(), kd.grad().cpu(), vd.grad().cpu(), {}};
+  for (auto [name, t] : extras) {
+    if (t->defined()) r.extra.emplace_back(name, t->grad().cpu());
+  }
+  return r;
 }
 
 void check_backend(const std::string& name, const AttentionType& type, const std::string& backend,
                    const torch::Device& device, torch::ScalarType dtype) {
-  for (const auto& shape : kShapes) {
-    INFO(name << " / " << backend << " on " << device.str() << ": " << shape.what << " (B="
-              << shape.batch << " H=" << shape.heads << " N=" << shape.tokens << " D="
-              << shape.head_dim << " M=" << shape.blocks << ")");
-    const std::vector<int64_t> dims = {shape.batch, shape.tokens, shape.heads, shape.head_dim};
-    // Inputs rounded to the tested dtype once, so both sides see the same numbers. Large
-    // magnitudes go into q and k only where the op normalizes them (softmax would saturate and
-    // its gradients vanish into rounding), and into v everywhere.
-    const double qk_scale = type.normalizes_qk ? shape.scale : 1.0;
-    auto q = (torch::randn(dims) * qk_scale).to(dtype).to(torch::kFloat32);
-    auto k = (torch::randn(dims) * qk_scale).to(dtype).to(torch::kFloat32);
-    auto v = (torch::randn(dims) * shape.scale).to(dtype).to(torch::kFloat32);
-    auto grad_out = torch::randn(dims).to(dtype).to(torch::kFloat32);
-    OpArgs args = type.make_args(shape.blocks, /*causal=*/false, torch::TensorOptions());
-    auto expected = run(type.backends.at("reference"), q, k, v, args, grad_out, torch::kCPU,
-                        torch::kFloat32);
-    auto got = run(select_backend(name, type, backend, device, "test"), q, k, v, args, grad_out,
-                   device, dtype);
-    REQUIRE(got.out.sizes() == expected.out.sizes());
-    CHECK(got.out.isfinite().all().item<bool>());
-    CHECK(test::relative_error(got.out, expected.out) < 5e-3);
-    CHECK(test::relative_error(got.dq, expected.dq) < 8e-3);
-    CHECK(test::relative_error(got.dk, expected.dk) < 8e-3);
-    CHECK(test::relative_error(got.dv, expected.dv) < 8e-3);
-    if (expected.dmixing.defined()) {
-      CHECK(test::relative_error(got.dmixing, expected.dmixing) < 2e-2);
+  for (bool causal : type.causal_modes) {
+    for (const auto& shape : kShapes) {
+      INFO(name << " / " << backend << " on " << device.str() << (causal ? ", causal: " : ": ")
+                << shape.what << " (B=" << shape.batch << " H=" << shape.heads << " N="
+                << shape.tokens << " D=" << shape.head_dim << " M=" << shape.blocks << ")");
+      const std::vector<int64_t> dims = {shape.batch, shape.tokens, shape.heads, shape.head_dim};
+      // Inputs rounded to the tested dtype once, so both sides see the same numbers. Large
+      // magnitudes go into q and k only where the op normalizes them (softmax would saturate and
+      // its gradients vanish into rounding), and into v everywhere.
+      const double qk_scale = type.normalizes_qk ? shape.scale : 1.0;
+      auto q = (torch::randn(dims) * qk_scale).to(dtype).to(torch::kFloat32);
+      auto k = (torch::randn(dims) * qk_scale).to(dtype).to(torch::kFloat32);
+      auto v = (torch::randn(dims) * shape.scale).to(dtype).to(torch::kFloat32);
+      auto grad_out = torch::randn(dims).to(dtype).to(torch::kFloat32);
+      OpArgs args = type.make_args({shape.batch, shape.tokens, shape.heads, shape.head_dim,
+                                    shape.blocks, causal},
+                                   torch::TensorOptions());
+      auto expected = run(type.backends.at("reference"), q, k, v, args, grad_out, torch::kCPU,
+                          torch::kFloat32);
+      auto got = run(select_backend(name, type, backend, device, "test"), q, k, v, args, grad_out,
+                     device, dtype);
+      REQUIRE(got.out.sizes() == expected.out.sizes());
+      CHECK(got.out.isfinite().all().item<bool>());
+      CHECK(test::relative_error(got.out, expected.out) < 5e-3);
+      CHECK(test::relative_error(got.dq, expected.dq) < 8e-3);
+      CHECK(test::relative_error(got.dk, expected.dk) < 8e-3);
+      CHECK(test::relative_error(got.dv, expected.dv) < 8e-3);
+      REQUIRE(got.extra.size() == expected.extra.size());
+      for (size_t i = 0; i < got.extra.size(); ++i) {
+        INFO("d" << got.extra[i].first);
+        CHECK(test::relative_error(got.extra[i].second, expected.extra[i].second) < 2e-2);
+      }
     }
   }
 }

@@ -37,19 +37,28 @@ OpArgs AttentionLayerImpl::op_args() const {
   return args;
 }
 
-torch::Tensor AttentionLayerImpl::forward(const torch::Tensor& x) {
+std::array<torch::Tensor, 3> AttentionLayerImpl::project_qkv(const torch::Tensor& x) {
   const auto b = x.size(0), n = x.size(1);
   const auto h = spec_.heads, d = spec_.dim / spec_.heads;
   auto qkv = qkv_->forward(x).view({b, n, 3, h, d});
-  auto q = qkv.select(2, 0), k = qkv.select(2, 1), v = qkv.select(2, 2);
-  auto out = backend_for(x.device())(q, k, v, op_args()).reshape({b, n, spec_.dim});
+  return {qkv.select(2, 0), qkv.select(2, 1), qkv.select(2, 2)};
+}
+
+torch::Tensor AttentionLayerImpl::finish(const torch::Tensor& x, torch::Tensor out,
+                                         const torch::Tensor& v) {
   if (cpe_) {
     // CPE: depthwise conv of v over the 2-D patch grid, added to the attention output.
-    auto v_grid = spec_.layout.to_grid(v.reshape({b, n, spec_.dim}));
-    out = out + spec_.layout.to_tokens(cpe_->forward(v_grid)).to(out.scalar_type());
+    out = out + spec_.layout.to_tokens(cpe_->forward(spec_.layout.to_grid(v))).to(out.scalar_type());
   }
   if (gate_) out = out * torch::sigmoid(gate_->forward(x));
   return proj_->forward(out);
+}
+
+torch::Tensor AttentionLayerImpl::forward(const torch::Tensor& x) {
+  const auto b = x.size(0), n = x.size(1);
+  auto [q, k, v] = project_qkv(x);
+  auto out = backend_for(x.device())(q, k, v, op_args()).reshape({b, n, spec_.dim});
+  return finish(x, out, v.reshape({b, n, spec_.dim}));
 }
 
 }  // namespace mhla

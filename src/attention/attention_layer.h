@@ -2,6 +2,7 @@
 // A full attention layer: QKV projection -> op (from the registry, backend chosen per device)
 // -> optional CPE and output gate -> output projection. Attention types subclass it only to add
 // their own parameters (MHLA: the block-mixing matrix) and the arguments they pass to the op.
+#include <array>
 #include <memory>
 #include <string>
 
@@ -38,7 +39,7 @@ class AttentionLayerImpl : public torch::nn::Module, public ProjectedModule {
   AttentionLayerImpl(const AttentionSpec& spec, const AttentionType& type);
 
   // x: [B, N, dim] -> [B, N, dim]
-  torch::Tensor forward(const torch::Tensor& x);
+  virtual torch::Tensor forward(const torch::Tensor& x);
   void project_parameters() override {}
 
   const AttentionSpec& spec() const { return spec_; }
@@ -46,10 +47,13 @@ class AttentionLayerImpl : public torch::nn::Module, public ProjectedModule {
  protected:
   // Per-type arguments for the op (mixing matrix, blocks, ...).
   virtual OpArgs op_args() const;
-
- private:
+  // x [B, N, dim] -> q, k, v, each [B, N, H, D] (views of one projection).
+  std::array<torch::Tensor, 3> project_qkv(const torch::Tensor& x);
+  // The optional CPE (from v, [B, N, dim]) and output gate, then the output projection.
+  torch::Tensor finish(const torch::Tensor& x, torch::Tensor out, const torch::Tensor& v);
   const OpFn& backend_for(const torch::Device& device);
 
+ private:
   AttentionSpec spec_;
   const AttentionType& type_;
   torch::nn::Linear qkv_{nullptr}, proj_{nullptr}, gate_{nullptr};

@@ -14,6 +14,15 @@ struct OpArgs {
   bool causal = false;
   int64_t blocks = 1;    // MHLA: number of contiguous token blocks (N % blocks == 0)
   torch::Tensor mixing;  // MHLA: [blocks, blocks] block-mixing matrix
+  torch::Tensor beta;    // delta rule: [B, N, H] write strengths in (0, 1)
+  torch::Tensor gate;    // delta rule: log decays <= 0, [B, N, H] or [B, N, H, Dk] (KDA)
+};
+
+// The shape of an op call, for harnesses that make inputs.
+struct OpShape {
+  int64_t batch = 1, tokens = 1, heads = 1, head_dim = 1;
+  int64_t blocks = 1;
+  bool causal = false;
 };
 
 using OpFn = std::function<torch::Tensor(const torch::Tensor& q, const torch::Tensor& k,

@@ -18,8 +18,10 @@ struct AttentionType {
   std::vector<std::string> gpu_preference; // backends auto tries on CUDA, best first
   std::function<std::shared_ptr<AttentionLayerImpl>(const AttentionSpec&, const AttentionType&)>
       make_layer;
-  // Test/bench inputs beyond q, k, v (e.g. a random mixing matrix), for the harnesses.
-  std::function<OpArgs(int64_t blocks, bool causal, const torch::TensorOptions&)> make_args;
+  std::vector<bool> causal_modes = {false};  // op modes the backends implement (causal or not)
+  // Test/bench inputs beyond q, k, v (a random mixing matrix, gates, ...), for the harnesses;
+  // tensors in float32 on the options' device.
+  std::function<OpArgs(const OpShape& shape, const torch::TensorOptions& options)> make_args;
 };
 
 Registry<AttentionType>& attention_registry();

@@ -19,9 +19,9 @@ void register_linear_attention(Registry<AttentionType>& registry) {
   type.make_layer = [](const AttentionSpec& spec, const AttentionType& t) {
     return std::make_shared<AttentionLayerImpl>(spec, t);
   };
-  type.make_args = [](int64_t, bool causal, const torch::TensorOptions&) {
+  type.make_args = [](const OpShape& shape, const torch::TensorOptions&) {
     OpArgs args;
-    args.causal = causal;
+    args.causal = shape.causal;
     return args;
   };
   registry.add("linear", std::move(type));

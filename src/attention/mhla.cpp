@@ -74,11 +74,11 @@ void register_mhla_attention(Registry<AttentionType>& registry) {
   type.make_layer = [](const AttentionSpec& spec, const AttentionType& t) {
     return std::make_shared<MhlaLayerImpl>(spec, t);
   };
-  type.make_args = [](int64_t blocks, bool causal, const torch::TensorOptions& options) {
+  type.make_args = [](const OpShape& shape, const torch::TensorOptions& options) {
     OpArgs args;
-    args.causal = causal;
-    args.blocks = blocks;
-    args.mixing = torch::rand({blocks, blocks}, options.dtype(torch::kFloat32));
+    args.causal = shape.causal;
+    args.blocks = shape.blocks;
+    args.mixing = torch::rand({shape.blocks, shape.blocks}, options.dtype(torch::kFloat32));
     return args;
   };
   registry.add("mhla", std::move(type));

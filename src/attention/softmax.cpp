@@ -16,13 +16,14 @@ torch::Tensor softmax_attention_reference(const torch::Tensor& q, const torch::T
 void register_softmax_attention(Registry<AttentionType>& registry) {
   AttentionType type;
   type.description = "softmax attention, O(N^2) (PyTorch SDPA: flash / cuDNN / math)";
+  type.causal_modes = {false, true};
   type.backends["reference"] = softmax_attention_reference;
   type.make_layer = [](const AttentionSpec& spec, const AttentionType& t) {
     return std::make_shared<AttentionLayerImpl>(spec, t);
   };
-  type.make_args = [](int64_t, bool causal, const torch::TensorOptions&) {
+  type.make_args = [](const OpShape& shape, const torch::TensorOptions&) {
     OpArgs args;
-    args.causal = causal;
+    args.causal = shape.causal;
     return args;
   };
   registry.add("softmax", std::move(type));

@@ -45,8 +45,11 @@ nlohmann::json bench_attention(const AttentionBenchCase& c, const torch::Device&
   auto q = torch::randn(shape, options).requires_grad_(true);
   auto k = torch::randn(shape, options).requires_grad_(true);
   auto v = torch::randn(shape, options).requires_grad_(true);
-  OpArgs args = type.make_args(c.blocks, c.causal, torch::TensorOptions().device(device));
-  if (args.mixing.defined()) args.mixing.requires_grad_(true);
+  OpArgs args = type.make_args({c.batch, c.tokens, c.heads, c.head_dim, c.blocks, c.causal},
+                               torch::TensorOptions().device(device));
+  for (auto* t : {&args.mixing, &args.beta, &args.gate}) {
+    if (t->defined()) t->requires_grad_(true);
+  }
   auto grad_out = torch::randn(shape, options);
 
   const double fwd_ms = time_ms(device, c.warmup, c.iters, [&] {
