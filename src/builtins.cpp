@@ -20,6 +20,7 @@ void register_builtins() {
     register_softmax_attention(attention);
     register_linear_attention(attention);
     register_mhla_attention(attention);
+    register_gated_delta_attention(attention);
 
     register_deit(model_registry());
 

@@ -259,7 +259,7 @@ TEST_CASE("attention: backends are checked by name and device", "[attention][reg
                     "c.yaml:4: attention type 'linear' has no backend 'cudnn' in this build; available: reference");
   CHECK_NOTHROW(select_backend("linear", type, "auto", torch::kCPU, "x"));
   CHECK_THROWS_WITH(attention_registry().get("flash"),
-                    "unknown attention type 'flash'; registered: linear, mhla, softmax");
+                    "unknown attention type 'flash'; registered: gated_deltanet, kda, linear, mhla, softmax");
 }
 
 TEST_CASE("attention: references on the GPU match float64 on the CPU", "[attention][gpu]") {
@@ -285,5 +285,46 @@ TEST_CASE("attention: references on the GPU match float64 on the CPU", "[attenti
     OpArgs cuda_args = convert(args, torch::TensorOptions().device(torch::kCUDA));
     auto gpu = type.backends.at("reference")(q.cuda(), k.cuda(), v.cuda(), cuda_args);
     CHECK(test::relative_error(gpu, exact) < 1e-4);
+  }
+}
+
+TEST_CASE("attention: causal layers ignore the future, bidirectional ones see both sides", "[attention]") {
+  torch::manual_seed(31);
+  for (const auto& name : attention_registry().names()) {
+    const auto& type = attention_registry().get(name);
+    for (bool causal : type.causal_modes) {
+      if (!causal) continue;
+      INFO(name);
+      AttentionSpec spec;
+      spec.dim = 16;
+      spec.heads = 2;
+      spec.layout = TokenLayout{1, 70, 1, 1};
+      spec.causal = true;
+      spec.config.type = name;
+      spec.config.blocks = 1;
+      auto layer = type.make_layer(spec, type);
+      auto x = torch::randn({2, 70, 16});
+      auto changed = x.clone();
+      changed.narrow(1, 40, 30).normal_();
+      auto a = layer->forward(x), b = layer->forward(changed);
+      CHECK(torch::allclose(a.narrow(1, 0, 40), b.narrow(1, 0, 40), 1e-6, 1e-6));
+      CHECK_FALSE(torch::allclose(a.narrow(1, 40, 30), b.narrow(1, 40, 30), 1e-3, 1e-3));
+    }
+  }
+  for (const char* name : {"gated_deltanet", "kda"}) {
+    INFO(name << " bidirectional");
+    const auto& type = attention_registry().get(name);
+    AttentionSpec spec;
+    spec.dim = 16;
+    spec.heads = 2;
+    spec.layout = TokenLayout{1, 50, 1, 1};
+    spec.causal = false;
+    spec.config.type = name;
+    auto layer = type.make_layer(spec, type);
+    auto x = torch::randn({1, 50, 16});
+    auto changed = x.clone();
+    changed.narrow(1, 45, 5).normal_();
+    auto a = layer->forward(x), b = layer->forward(changed);
+    CHECK_FALSE(torch::allclose(a.narrow(1, 0, 10), b.narrow(1, 0, 10), 1e-4, 1e-4));
   }
 }

@@ -76,7 +76,7 @@ TEST_CASE("cli: bad input gets one clear line and a nonzero exit", "[cli]") {
   CHECK(unknown.exit_code != 0);
   CHECK(error_line(unknown.output) ==
         "error: unknown.yaml:2: attention.type = 'performer' is not a registered attention; "
-        "registered: linear, mhla, softmax");
+        "registered: gated_deltanet, kda, linear, mhla, softmax");
 
   test::write_text(dir.path() / "valid.yaml", "model:\n  depth: 2\n");
   auto bad_set = test::run_mhla("train valid.yaml --set model.depth=0", cwd);

@@ -54,7 +54,7 @@ TEST_CASE("config: unknown keys, wrong types and ranges name the key and file:li
 TEST_CASE("config: registry names are checked and listed", "[config][registry]") {
   auto message = error_of([] { parse_config("attention:\n  type: flash\n", "c.yaml", {}); });
   CHECK(message ==
-        "c.yaml:2: attention.type = 'flash' is not a registered attention; registered: linear, "
+        "c.yaml:2: attention.type = 'flash' is not a registered attention; registered: gated_deltanet, kda, linear, "
         "mhla, softmax");
   CHECK(contains(error_of([] { parse_config("", "c.yaml", {"optim.name=lion"}); }),
                  "registered: adamw, sgd"));

@@ -1,3 +1,4 @@
+#include "attention/attention_type.h"
 #include "catch_compat.h"
 #include "core/config.h"
 #include "models/deit.h"
@@ -7,11 +8,11 @@
 using namespace mhla;
 
 TEST_CASE("model: DeiT builds for every attention type and gives finite logits and grads", "[model]") {
-  for (const char* attention : {"softmax", "linear", "mhla"}) {
+  for (const auto& attention : attention_registry().names()) {
     INFO(attention);
     Config c = parse_config("", "t", {"model.width=32", "model.depth=2", "model.heads=2",
                                       "model.patch_size=4", "model.image_size=28",
-                                      std::string("attention.type=") + attention,
+                                      "attention.type=" + attention,
                                       "attention.blocks=4", "model.drop_path=0.2"});
     auto model = model_registry().get("deit").make(c);
     auto x = torch::randn({3, 1, 28, 28});
@@ -61,4 +62,20 @@ TEST_CASE("model: weight decay skips norms, biases, embeddings and MHLA mixing",
   CHECK(in(groups[1], "head.bias"));
   CHECK(groups[1].weight_decay == 0.0);
   CHECK(groups[0].weight_decay == 0.05);
+}
+
+TEST_CASE("model: gated DeltaNet's A_log and dt_bias get no weight decay", "[model]") {
+  for (const char* type : {"gated_deltanet", "kda"}) {
+    INFO(type);
+    Config c = parse_config("", "t", {"model.width=32", "model.depth=1", "model.heads=2",
+                                      std::string("attention.type=") + type});
+    auto model = model_registry().get("deit").make(c);
+    auto groups = make_param_groups(*model, 0.05);
+    auto in = [](const ParamGroup& g, const std::string& name) {
+      return std::find(g.names.begin(), g.names.end(), name) != g.names.end();
+    };
+    CHECK(in(groups[1], "blocks.0.attn.A_log"));
+    CHECK(in(groups[1], "blocks.0.attn.dt_bias"));
+    CHECK(in(groups[0], "blocks.0.attn.decay_proj.weight"));
+  }
 }

@@ -1,5 +1,7 @@
 #include "attention/gated_delta.h"
 
+#include <functional>
+
 #include "core/error.h"
 
 namespace mhla {
@@ -38,6 +40,7 @@ void check_shapes(const torch::Tensor& q, const torch::Tensor& k, const torch::T
 torch::Tensor delta_rule_step(torch::Tensor& state, const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const torch::Tensor& beta,
                               const torch::Tensor& g, double scale) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   const auto dtype = state.scalar_type();
   auto decay = torch::exp(g.to(dtype));
   if (decay.dim() == 2) decay = decay.unsqueeze(-1);                 // [B, H, 1]: one per head
@@ -72,6 +75,8 @@ DeltaRuleOutput delta_rule_chunked(const torch::Tensor& q, const torch::Tensor& 
                                    const torch::Tensor& g, const torch::Tensor& initial_state,
                                    double scale, int64_t chunk) {
   check_shapes(q, k, v, beta, g, initial_state);
+  // The reference keeps its own precision (float32 state and products) under autocast.
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   TORCH_CHECK(chunk >= 1, "delta rule: chunk must be positive");
   const auto dtype = state_dtype(v);
   const auto b = q.size(0), t_total = q.size(1), h = q.size(2), dk = q.size(3), dv = v.size(3);
@@ -79,6 +84,7 @@ DeltaRuleOutput delta_rule_chunked(const torch::Tensor& q, const torch::Tensor& 
   auto qf = q.to(dtype).transpose(1, 2), kf = k.to(dtype).transpose(1, 2);
   auto vf = v.to(dtype).transpose(1, 2);
   auto betaf = beta.to(dtype).transpose(1, 2);                       // [B, H, T]
+  const bool per_head_gate = g.dim() == 3;
   auto gf = per_key_gate(g.to(dtype), dk).transpose(1, 2);           // [B, H, T, Dk]
   auto state = initial_state.defined()
                    ? initial_state.to(dtype)
@@ -89,14 +95,28 @@ DeltaRuleOutput delta_rule_chunked(const torch::Tensor& q, const torch::Tensor& 
     auto qc = qf.narrow(2, start, c), kc = kf.narrow(2, start, c), vc = vf.narrow(2, start, c);
     auto bc = betaf.narrow(2, start, c);
     auto cum = gf.narrow(2, start, c).cumsum(2);                     // G_r, per key dim
-    // Pairwise decay exp(G_r - G_s) for s <= r (zero above the diagonal): [B, H, C, C, Dk].
-    auto diff = cum.unsqueeze(3) - cum.unsqueeze(2);
-    auto causal = torch::ones({c, c}, torch::kBool).tril().to(diff.device());
-    auto pair_decay = torch::exp(diff.masked_fill(~causal.unsqueeze(-1), -INFINITY));
-    auto strict = torch::ones({c, c}, torch::kBool).tril(-1).to(diff.device());
+    auto causal = torch::ones({c, c}, torch::kBool).tril().to(cum.device());
+    auto strict = torch::ones({c, c}, torch::kBool).tril(-1).to(cum.device());
+    // Pairwise decayed products sum_d x_r[d] k_s[d] exp(G_r - G_s)[d] for s <= r, zero above.
+    // exp(G_r - G_s) <= 1 there, so strong decay cannot overflow. One gate per head (gated
+    // DeltaNet) factors out of the sum: plain matmuls; per-key gates (KDA) need the full pairs.
+    std::function<torch::Tensor(const torch::Tensor&)> decayed_products;
+    if (per_head_gate) {
+      auto g_head = cum.select(-1, 0);                               // [B, H, C]
+      auto diff = g_head.unsqueeze(-1) - g_head.unsqueeze(-2);
+      auto pair_decay = torch::exp(diff.masked_fill(~causal, -INFINITY));
+      decayed_products = [&, pair_decay](const torch::Tensor& x) {
+        return torch::matmul(x, kc.transpose(-1, -2)) * pair_decay;
+      };
+    } else {
+      auto diff = cum.unsqueeze(3) - cum.unsqueeze(2);               // [B, H, C, C, Dk]
+      auto pair_decay = torch::exp(diff.masked_fill(~causal.unsqueeze(-1), -INFINITY));
+      decayed_products = [&, pair_decay](const torch::Tensor& x) {
+        return torch::einsum("bhrd,bhsd,bhrsd->bhrs", {x, kc, pair_decay});
+      };
+    }
     // A_rs = beta_r sum_d k_r[d] k_s[d] exp(G_r - G_s)[d], s < r.
-    auto kk = torch::einsum("bhrd,bhsd,bhrsd->bhrs", {kc, kc, pair_decay});
-    auto a = (bc.unsqueeze(-1) * kk).masked_fill(~strict, 0.0);
+    auto a = (bc.unsqueeze(-1) * decayed_products(kc)).masked_fill(~strict, 0.0);
     auto eye = torch::eye(c, a.options());
     // U = (I + A)^{-1} diag(beta) (V - (Gamma . K) S0)
     auto gamma = torch::exp(cum);                                    // [B, H, C, Dk]
@@ -104,7 +124,7 @@ DeltaRuleOutput delta_rule_chunked(const torch::Tensor& q, const torch::Tensor& 
     auto u = at::linalg_solve_triangular(eye + a, rhs, /*upper=*/false, /*left=*/true,
                                          /*unitriangular=*/true);
     // o_r = scale ((Gamma_r . q_r)^T S0 + sum_{s<=r} (sum_d q_r k_s exp(G_r - G_s)) u_s)
-    auto qk = torch::einsum("bhrd,bhsd,bhrsd->bhrs", {qc, kc, pair_decay});
+    auto qk = decayed_products(qc);
     outs.push_back(scale * (torch::matmul(gamma * qc, state) + torch::matmul(qk, u)));
     // S_C = Diag(Gamma_C) S0 + sum_s Diag(exp(G_C - G_s)) k_s u_s^T
     auto last = cum.narrow(2, c - 1, 1);                             // [B, H, 1, Dk]

@@ -1,0 +1,114 @@
+#include "attention/gated_delta_layer.h"
+
+#include <cmath>
+
+#include "attention/gated_delta.h"
+#include "attention/registrations.h"
+
+namespace mhla {
+
+GatedDeltaLayerImpl::GatedDeltaLayerImpl(const AttentionSpec& spec, const AttentionType& type,
+                                         bool per_key_gate)
+    : AttentionLayerImpl(spec, type), per_key_gate_(per_key_gate) {
+  const int64_t dim = spec.dim, heads = spec.heads, head_dim = dim / heads;
+  const int64_t gates = per_key_gate ? dim : heads;  // one per head, or per key dim of each head
+  conv_ = register_module("conv", torch::nn::Conv1d(torch::nn::Conv1dOptions(3 * dim, 3 * dim,
+                                                                              kConvWidth)
+                                                        .groups(3 * dim)
+                                                        .bias(false)));
+  beta_proj_ = register_module("beta_proj", torch::nn::Linear(dim, heads));
+  decay_proj_ = register_module("decay_proj",
+                                torch::nn::Linear(torch::nn::LinearOptions(dim, gates).bias(false)));
+  out_gate_proj_ = register_module("out_gate_proj", torch::nn::Linear(dim, dim));
+  torch::NoGradGuard no_grad;
+  // fla's init: A ~ U(0, 16) (A_log = log A), dt = exp(U(log 1e-3, log 0.1)) >= 1e-4 and
+  // dt_bias = softplus^{-1}(dt). Both are exempt from weight decay (1-D).
+  a_log_ = register_parameter("A_log", torch::empty({heads}).uniform_(1e-4, 16.0).log());
+  auto dt = torch::exp(torch::empty({gates}).uniform_(std::log(1e-3), std::log(0.1))).clamp_min(1e-4);
+  dt_bias_ = register_parameter("dt_bias", dt + torch::log(-torch::expm1(-dt)));
+  out_norm_weight_ = register_parameter("out_norm_weight", torch::ones({head_dim}));
+}
+
+std::pair<torch::Tensor, torch::Tensor> GatedDeltaLayerImpl::causal_core(const torch::Tensor& x) {
+  const auto b = x.size(0), n = x.size(1);
+  const int64_t dim = spec().dim, heads = spec().heads, head_dim = dim / heads;
+  auto [q0, k0, v0] = project_qkv(x);
+  // Short causal conv over time on q, k, v together (depthwise: no channel mixing), then SiLU.
+  auto qkv = torch::cat({q0.reshape({b, n, dim}), k0.reshape({b, n, dim}), v0.reshape({b, n, dim})}, -1);
+  auto conv_in = torch::constant_pad_nd(qkv.transpose(1, 2), {kConvWidth - 1, 0}, 0.0);
+  auto mixed = torch::silu(conv_->forward(conv_in)).transpose(1, 2);  // [B, N, 3 dim]
+  auto parts = mixed.split(dim, -1);
+  auto l2 = torch::nn::functional::NormalizeFuncOptions().dim(-1).eps(1e-6);
+  auto q = torch::nn::functional::normalize(parts[0].reshape({b, n, heads, head_dim}), l2);
+  auto k = torch::nn::functional::normalize(parts[1].reshape({b, n, heads, head_dim}), l2);
+  auto v = parts[2].reshape({b, n, heads, head_dim});
+  OpArgs args;
+  args.causal = true;
+  args.beta = torch::sigmoid(beta_proj_->forward(x).to(torch::kFloat32));  // [B, N, H]
+  auto decay_in = decay_proj_->forward(x).to(torch::kFloat32) + dt_bias_;
+  auto rate = torch::exp(a_log_);
+  if (per_key_gate_) {
+    args.gate = -rate.view({heads, 1}) *
+                torch::softplus(decay_in).view({b, n, heads, head_dim});   // [B, N, H, Dk]
+  } else {
+    args.gate = -rate * torch::softplus(decay_in);                         // [B, N, H]
+  }
+  auto out = backend_for(x.device())(q, k, v, args);                       // [B, N, H, D]
+  // Output RMSNorm (per head, learned weight) times a swish gate.
+  out = at::rms_norm(out, {head_dim}, out_norm_weight_, 1e-6);
+  auto gate = torch::silu(out_gate_proj_->forward(x)).view({b, n, heads, head_dim});
+  return {(out * gate).reshape({b, n, dim}), v.reshape({b, n, dim})};
+}
+
+torch::Tensor GatedDeltaLayerImpl::forward(const torch::Tensor& x) {
+  auto [out, v] = causal_core(x);
+  if (!spec().causal) {
+    auto reversed = causal_core(x.flip({1}));
+    out = out + reversed.first.flip({1});
+  }
+  return finish(x, out, v);
+}
+
+namespace {
+
+torch::Tensor delta_rule_op(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                            const OpArgs& args) {
+  TORCH_CHECK(args.causal, "delta rule ops are causal; bidirectional layers run two scans");
+  TORCH_CHECK(args.beta.defined() && args.gate.defined(), "delta rule ops need beta and gate");
+  return delta_rule_chunked(q, k, v, args.beta, args.gate, /*initial_state=*/{},
+                            1.0 / std::sqrt(static_cast<double>(q.size(3))))
+      .out;
+}
+
+AttentionType delta_rule_type(bool per_key_gate) {
+  AttentionType type;
+  type.description = per_key_gate
+                         ? "KDA: gated delta rule with one decay per key dimension (chunk 64)"
+                         : "gated DeltaNet: delta rule with one decay per head and token (chunk 64)";
+  type.causal_modes = {true};
+  type.backends["reference"] = delta_rule_op;
+  type.make_layer = [per_key_gate](const AttentionSpec& spec, const AttentionType& t) {
+    return std::make_shared<GatedDeltaLayerImpl>(spec, t, per_key_gate);
+  };
+  type.make_args = [per_key_gate](const OpShape& s, const torch::TensorOptions& options) {
+    // The op sees L2-normalized q, k in the layer; the harness feeds raw normals, so keep the
+    // write strength moderate to stay well conditioned.
+    OpArgs args;
+    args.causal = true;
+    auto f32 = options.dtype(torch::kFloat32);
+    args.beta = 0.5 * torch::rand({s.batch, s.tokens, s.heads}, f32);
+    args.gate = per_key_gate ? -torch::rand({s.batch, s.tokens, s.heads, s.head_dim}, f32)
+                             : -torch::rand({s.batch, s.tokens, s.heads}, f32);
+    return args;
+  };
+  return type;
+}
+
+}  // namespace
+
+void register_gated_delta_attention(Registry<AttentionType>& registry) {
+  registry.add("gated_deltanet", delta_rule_type(/*per_key_gate=*/false));
+  registry.add("kda", delta_rule_type(/*per_key_gate=*/true));
+}
+
+}  // namespace mhla
