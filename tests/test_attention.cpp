@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "attention/attention_type.h"
+#include "attention/causal_linear.h"
 #include "attention/linear.h"
 #include "attention/mhla.h"
 #include "attention/softmax.h"
@@ -327,4 +328,70 @@ TEST_CASE("attention: causal layers ignore the future, bidirectional ones see bo
     auto a = layer->forward(x), b = layer->forward(changed);
     CHECK_FALSE(torch::allclose(a.narrow(1, 0, 10), b.narrow(1, 0, 10), 1e-4, 1e-4));
   }
+}
+
+namespace {
+
+// Dense masked O(N^2) form of causal linear / MHLA attention from an explicit block-weight matrix.
+torch::Tensor dense_causal(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                           const torch::Tensor& block_weights /* [nb, nb] */) {
+  const auto n = q.size(1);
+  auto block = torch::div(torch::arange(n, torch::kLong), kCausalBlock, "floor");
+  auto weights = block_weights.index({block.unsqueeze(1), block.unsqueeze(0)}) *
+                 torch::ones({n, n}, q.options()).tril();
+  return dense_weighted(q, k, v, weights);
+}
+
+}  // namespace
+
+TEST_CASE("attention: causal linear and MHLA references equal dense masked formulas (float64)", "[attention]") {
+  torch::manual_seed(41);
+  for (int64_t n : {40, 64, 150, 300}) {
+    INFO("N = " << n);
+    auto q = torch::randn({2, n, 2, 8}, f64()), k = torch::randn({2, n, 2, 8}, f64());
+    auto v = torch::randn({2, n, 2, 8}, f64()), up = torch::randn({2, n, 2, 8}, f64());
+    const int64_t nb = (n + kCausalBlock - 1) / kCausalBlock;
+    auto ours = run_with_grads([](auto q_, auto k_, auto v_, auto) {
+      return causal_linear_attention_reference(q_, k_, v_);
+    }, q, k, v, {}, up);
+    auto dense = run_with_grads([&](auto q_, auto k_, auto v_, auto) {
+      return dense_causal(q_, k_, v_, torch::ones({nb, nb}, f64()));
+    }, q, k, v, {}, up);
+    check_close(ours, dense, 1e-10);
+    // MHLA with a trained length of 3 blocks: N = 300 (5 blocks) exercises the long policy.
+    auto mixing = torch::rand({3, 3}, f64()).tril() + 0.1 * torch::eye(3, f64());
+    auto ours_mhla = run_with_grads([](auto q_, auto k_, auto v_, auto m_) {
+      return causal_mhla_reference(q_, k_, v_, m_);
+    }, q, k, v, mixing, up);
+    auto dense_mhla = run_with_grads([&](auto q_, auto k_, auto v_, auto m_) {
+      return dense_causal(q_, k_, v_, causal_mixing_matrix(m_, nb));
+    }, q, k, v, mixing, up);
+    check_close(ours_mhla, dense_mhla, 1e-9);  // d(mixing) sums many terms: float64 noise ~1e-10
+  }
+}
+
+TEST_CASE("attention: the long-sequence mixing policy", "[attention]") {
+  auto m = torch::tensor({{1.0, 0.0, 0.0}, {0.5, 0.9, 0.0}, {0.2, 0.3, 0.8}}, f64());
+  auto within = causal_mixing_matrix(m, 2);
+  CHECK(torch::equal(within, m.narrow(0, 0, 2).narrow(1, 0, 2)));
+  auto e = causal_mixing_matrix(m, 5);
+  auto expected = torch::tensor({{1.0, 0.0, 0.0, 0.0, 0.0},
+                                 {0.5, 0.9, 0.0, 0.0, 0.0},
+                                 {0.2, 0.3, 0.8, 0.0, 0.0},
+                                 {0.2, 0.2, 0.3, 0.8, 0.0},   // blocks 0-1 share m_{2,0}
+                                 {0.2, 0.2, 0.2, 0.3, 0.8}},
+                                f64());
+  CHECK(torch::equal(e, expected));
+  // The upper triangle of the learned matrix never leaks in.
+  auto noisy = m + torch::triu(torch::ones({3, 3}, f64()), 1);
+  CHECK(torch::equal(causal_mixing_matrix(noisy, 5), expected));
+}
+
+TEST_CASE("attention: causal MHLA with all-ones mixing is causal linear attention", "[attention]") {
+  torch::manual_seed(42);
+  auto q = torch::randn({1, 200, 2, 16}, f64()), k = torch::randn({1, 200, 2, 16}, f64());
+  auto v = torch::randn({1, 200, 2, 16}, f64());
+  auto ones = torch::ones({4, 4}, f64()).tril();
+  CHECK(test::relative_error(causal_mhla_reference(q, k, v, ones),
+                             causal_linear_attention_reference(q, k, v)) < 1e-12);
 }

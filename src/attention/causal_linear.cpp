@@ -1,0 +1,72 @@
+#include "attention/causal_linear.h"
+
+#include "attention/attention_op.h"
+
+namespace mhla {
+
+torch::Tensor causal_mixing_matrix(const torch::Tensor& mixing, int64_t blocks) {
+  const int64_t m = mixing.size(0);
+  auto lower = mixing.tril();
+  if (blocks <= m) return lower.narrow(0, 0, blocks).narrow(1, 0, blocks);
+  // Rows past the trained length, from the last row (see the header). Built with cat so the
+  // gradient reaches the learned entries.
+  const auto options = mixing.options();
+  auto last = lower[m - 1];
+  std::vector<torch::Tensor> rows = {torch::cat({lower, torch::zeros({m, blocks - m}, options)}, 1)};
+  for (int64_t i = m; i < blocks; ++i) {
+    const int64_t window_start = i - m + 1;  // blocks 0..window_start share m_{M-1,0}
+    rows.push_back(torch::cat({last.narrow(0, 0, 1).expand({window_start + 1}),
+                               last.narrow(0, 1, m - 1),
+                               torch::zeros({blocks - i - 1}, options)})
+                       .unsqueeze(0));
+  }
+  return torch::cat(rows, 0);
+}
+
+namespace {
+
+// Shared chunked computation: per-block states with the normalizer riding as a ones column,
+// prefix mixing over whole earlier blocks, masked intra-block products.
+torch::Tensor causal_block_attention(const torch::Tensor& q, const torch::Tensor& k,
+                                     const torch::Tensor& v, const torch::Tensor& mixing) {
+  const auto b = q.size(0), t = q.size(1), h = q.size(2), d = q.size(3), dv = v.size(3);
+  const auto dtype = reference_compute_dtype(v);
+  const int64_t c = kCausalBlock, nb = (t + c - 1) / c, padded = nb * c;
+  // Padding goes after the last token, so it never reaches a real one.
+  auto pad = [&](const torch::Tensor& x) {
+    return padded == t ? x : torch::constant_pad_nd(x, {0, 0, 0, 0, 0, padded - t}, 0.0);
+  };
+  auto to_blocks = [&](const torch::Tensor& x) {  // [B, T', H, E] -> [B, H, nb, C, E]
+    return x.view({b, nb, c, h, x.size(3)}).permute({0, 3, 1, 2, 4});
+  };
+  auto qf = to_blocks(pad(feature_map(q.to(dtype))));
+  auto kf = to_blocks(pad(feature_map(k.to(dtype))));
+  auto v1 = to_blocks(pad(torch::cat({v.to(dtype), torch::ones({b, t, h, 1}, v.options().dtype(dtype))}, -1)));
+  auto states = torch::matmul(kf.transpose(-1, -2), v1);            // [B, H, nb, D, Dv+1]
+  auto weights = mixing.defined() ? causal_mixing_matrix(mixing.to(dtype), nb)
+                                  : torch::ones({nb, nb}, v.options().dtype(dtype)).tril();
+  auto prefix_weights = weights.tril(-1);                            // whole earlier blocks
+  auto prefix = torch::matmul(prefix_weights, states.reshape({b, h, nb, d * (dv + 1)}))
+                    .view({b, h, nb, d, dv + 1});
+  auto causal = torch::ones({c, c}, torch::kBool).tril().to(q.device());
+  auto scores = torch::matmul(qf, kf.transpose(-1, -2)).masked_fill(~causal, 0.0);
+  scores = scores * weights.diagonal().view({1, 1, nb, 1, 1});       // E_ii inside block i
+  auto out = torch::matmul(qf, prefix) + torch::matmul(scores, v1);  // [B, H, nb, C, Dv+1]
+  auto result = out.narrow(-1, 0, dv) / (out.narrow(-1, dv, 1) + kNormalizerEps);
+  return result.permute({0, 2, 3, 1, 4}).reshape({b, padded, h, dv}).narrow(1, 0, t)
+      .to(v.scalar_type());
+}
+
+}  // namespace
+
+torch::Tensor causal_linear_attention_reference(const torch::Tensor& q, const torch::Tensor& k,
+                                                const torch::Tensor& v) {
+  return causal_block_attention(q, k, v, /*mixing=*/{});
+}
+
+torch::Tensor causal_mhla_reference(const torch::Tensor& q, const torch::Tensor& k,
+                                    const torch::Tensor& v, const torch::Tensor& mixing) {
+  return causal_block_attention(q, k, v, mixing);
+}
+
+}  // namespace mhla
