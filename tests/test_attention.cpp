@@ -395,3 +395,30 @@ TEST_CASE("attention: causal MHLA with all-ones mixing is causal linear attentio
   CHECK(test::relative_error(causal_mhla_reference(q, k, v, ones),
                              causal_linear_attention_reference(q, k, v)) < 1e-12);
 }
+
+TEST_CASE("attention: causal MHLA mixing starts uniform 1/(i+1) and stays lower-triangular in [1e-5, 1]", "[attention]") {
+  const auto& type = attention_registry().get("mhla");
+  AttentionSpec spec;
+  spec.dim = 16;
+  spec.heads = 2;
+  spec.layout = TokenLayout{1, 256, 1, 1};
+  spec.causal = true;
+  spec.config.blocks = 4;
+  auto layer = std::dynamic_pointer_cast<MhlaLayerImpl>(type.make_layer(spec, type));
+  REQUIRE(layer);
+  auto expected = torch::tensor({{1.0, 0.0, 0.0, 0.0},
+                                 {0.5, 0.5, 0.0, 0.0},
+                                 {1.0 / 3, 1.0 / 3, 1.0 / 3, 0.0},
+                                 {0.25, 0.25, 0.25, 0.25}});
+  CHECK(test::relative_error(layer->mixing(), expected) < 1e-7);
+  {
+    torch::NoGradGuard no_grad;
+    layer->mixing().copy_(torch::full({4, 4}, -2.0));
+    layer->mixing()[3][1] = 7.0;
+  }
+  layer->project_parameters();
+  CHECK(layer->mixing()[0][0].item<double>() == Approx(1e-5));
+  CHECK(layer->mixing()[3][1].item<double>() == 1.0);
+  CHECK(layer->mixing()[0][3].item<double>() == 0.0);
+  CHECK(layer->mixing().triu(1).abs().sum().item<double>() == 0.0);
+}

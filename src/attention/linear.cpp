@@ -1,5 +1,6 @@
 #include "attention/linear.h"
 
+#include "attention/causal_linear.h"
 #include "attention/registrations.h"
 #include "core/error.h"
 
@@ -7,7 +8,7 @@ namespace mhla {
 
 torch::Tensor linear_attention_reference(const torch::Tensor& q, const torch::Tensor& k,
                                          const torch::Tensor& v, const OpArgs& args) {
-  if (args.causal) fail("linear attention: the causal form is not available yet");
+  if (args.causal) return causal_linear_attention_reference(q, k, v);
   return block_linear_attention(q, k, v, /*mixing=*/{}, /*blocks=*/1);
 }
 
@@ -15,6 +16,7 @@ void register_linear_attention(Registry<AttentionType>& registry) {
   AttentionType type;
   type.description = "linear attention, phi = relu(RMSNorm(x)) + 1e-6, normalized output";
   type.normalizes_qk = true;
+  type.causal_modes = {false, true};
   type.backends["reference"] = linear_attention_reference;
   type.make_layer = [](const AttentionSpec& spec, const AttentionType& t) {
     return std::make_shared<AttentionLayerImpl>(spec, t);

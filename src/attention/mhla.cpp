@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "attention/causal_linear.h"
 #include "attention/registrations.h"
 #include "core/error.h"
 
@@ -9,7 +10,13 @@ namespace mhla {
 
 torch::Tensor mhla_reference(const torch::Tensor& q, const torch::Tensor& k,
                              const torch::Tensor& v, const OpArgs& args) {
-  if (args.causal) fail("mhla: the causal form is not available yet");
+  if (args.causal) {
+    // Blocks are 64-token chunks; args.mixing is the learned lower-triangular M x M matrix.
+    TORCH_CHECK(args.mixing.defined() && args.mixing.dim() == 2 &&
+                    args.mixing.size(0) == args.mixing.size(1),
+                "mhla: causal mixing must be square");
+    return causal_mhla_reference(q, k, v, args.mixing);
+  }
   const auto n = q.size(1), m = args.blocks;
   TORCH_CHECK(m >= 1 && n % m == 0, "mhla: N = ", n, " is not a multiple of blocks = ", m);
   TORCH_CHECK(args.mixing.defined() && args.mixing.size(0) == m && args.mixing.size(1) == m,
@@ -44,17 +51,42 @@ torch::Tensor mhla_initial_mixing(const std::string& init, int64_t tiles_h, int6
 
 MhlaLayerImpl::MhlaLayerImpl(const AttentionSpec& spec, const AttentionType& type)
     : AttentionLayerImpl(spec, type) {
-  if (spec.layout.blocks() != spec.config.blocks) {
+  if (!spec.causal && spec.layout.blocks() != spec.config.blocks) {
     fail("{}: attention.blocks = {} but the token layout has {} tiles", spec.where,
          spec.config.blocks, spec.layout.blocks());
   }
-  mixing_ = register_parameter(
-      "mixing", mhla_initial_mixing(spec.config.init, spec.layout.tiles_h, spec.layout.tiles_w));
+  if (spec.causal) {
+    // Causal: M blocks of 64 tokens, lower-triangular mixing, uniform rows 1/(i+1).
+    const int64_t m = spec.config.blocks;
+    auto rows = torch::arange(1, m + 1, torch::kFloat32).reciprocal().unsqueeze(1);
+    mixing_ = register_parameter("mixing", (rows * torch::ones({m, m})).tril());
+    out_norm_weight_ = register_parameter("out_norm_weight", torch::ones({spec.dim / spec.heads}));
+    out_gate_ = register_module("out_gate_proj", torch::nn::Linear(spec.dim, spec.dim));
+  } else {
+    mixing_ = register_parameter(
+        "mixing", mhla_initial_mixing(spec.config.init, spec.layout.tiles_h, spec.layout.tiles_w));
+  }
 }
 
 void MhlaLayerImpl::project_parameters() {
   torch::NoGradGuard no_grad;
-  mixing_.clamp_(0.0, 1.0);
+  if (spec().causal) {
+    mixing_.clamp_(1e-5, 1.0).tril_();  // the upper triangle stays exactly zero
+  } else {
+    mixing_.clamp_(0.0, 1.0);
+  }
+}
+
+torch::Tensor MhlaLayerImpl::forward(const torch::Tensor& x) {
+  if (!spec().causal) return AttentionLayerImpl::forward(x);
+  // Causal MHLA: the op, then an output RMSNorm (per head) times a swish gate.
+  const auto b = x.size(0), n = x.size(1);
+  const int64_t heads = spec().heads, head_dim = spec().dim / heads;
+  auto [q, k, v] = project_qkv(x);
+  auto out = backend_for(x.device())(q, k, v, op_args());
+  out = at::rms_norm(out, {head_dim}, out_norm_weight_, 1e-6);
+  auto gate = torch::silu(out_gate_->forward(x)).view({b, n, heads, head_dim});
+  return finish(x, (out * gate).reshape({b, n, spec().dim}), v.reshape({b, n, spec().dim}));
 }
 
 OpArgs MhlaLayerImpl::op_args() const {
@@ -70,6 +102,7 @@ void register_mhla_attention(Registry<AttentionType>& registry) {
       "multi-head linear attention: token blocks (2-D tiles) mixed by a learned M x M matrix";
   type.uses_blocks = true;
   type.normalizes_qk = true;
+  type.causal_modes = {false, true};
   type.backends["reference"] = mhla_reference;
   type.make_layer = [](const AttentionSpec& spec, const AttentionType& t) {
     return std::make_shared<MhlaLayerImpl>(spec, t);
@@ -79,6 +112,7 @@ void register_mhla_attention(Registry<AttentionType>& registry) {
     args.causal = shape.causal;
     args.blocks = shape.blocks;
     args.mixing = torch::rand({shape.blocks, shape.blocks}, options.dtype(torch::kFloat32));
+    if (shape.causal) args.mixing = args.mixing.tril() + 1e-5;
     return args;
   };
   registry.add("mhla", std::move(type));

@@ -20,7 +20,9 @@ torch::Tensor mhla_initial_mixing(const std::string& init, int64_t tiles_h, int6
 class MhlaLayerImpl : public AttentionLayerImpl {
  public:
   MhlaLayerImpl(const AttentionSpec& spec, const AttentionType& type);
-  // Keeps the mixing matrix in [0, 1] after every optimizer step.
+  torch::Tensor forward(const torch::Tensor& x) override;
+  // Keeps the mixing matrix in [0, 1] (bidirectional) or lower-triangular in [1e-5, 1]
+  // (causal) after every optimizer step.
   void project_parameters() override;
   const torch::Tensor& mixing() const { return mixing_; }
 
@@ -29,6 +31,8 @@ class MhlaLayerImpl : public AttentionLayerImpl {
 
  private:
   torch::Tensor mixing_;
+  torch::Tensor out_norm_weight_;               // causal only
+  torch::nn::Linear out_gate_{nullptr};         // causal only
 };
 
 }  // namespace mhla
