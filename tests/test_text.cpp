@@ -4,6 +4,7 @@
 #include "catch_compat.h"
 #include "core/atomic_file.h"
 #include "test_helpers.h"
+#include "data/token_shard.h"
 #include "text/bpe_tokenizer.h"
 #include "text/pretokenizer.h"
 
@@ -112,4 +113,35 @@ TEST_CASE("text: malformed tokenizer files are named with their line", "[text]")
   CHECK(contains(error_of([&] { BpeTokenizer::load(path.string()); }), "bad.bpe:2: byte table needs 256 ids"));
   CHECK(contains(error_of([&] { BpeTokenizer::train({"x"}, 100); }), "must be at least 257"));
   CHECK(contains(error_of([&] { t.decode({5000}); }), "id 5000 is outside the vocabulary"));
+}
+
+TEST_CASE("text: token shards round-trip and reject bad headers and truncation", "[text][data]") {
+  test::TempDir dir("shard");
+  const auto path = (dir.path() / "x.bin").string();
+  std::vector<int32_t> tokens = {0, 1, 65535, 300, 7, 8191};
+  write_token_shard(path, tokens, 65536);
+  {
+    TokenShard shard(path);
+    REQUIRE(shard.size() == 6);
+    CHECK(shard.vocab_size() == 65536);
+    for (size_t i = 0; i < tokens.size(); ++i) CHECK(shard.tokens()[i] == tokens[i]);
+  }
+  CHECK(std::filesystem::file_size(path) == 32 + 12);
+  CHECK(contains(error_of([&] { write_token_shard(path, {5, 9000}, 8192); }),
+                 "token 9000 at position 1 is outside the vocabulary of 8192"));
+  const std::string bytes = read_file(path);
+  auto rewrite = [&](std::string b) { test::write_text(path, b); };
+  rewrite(bytes.substr(0, bytes.size() - 3));
+  CHECK(contains(error_of([&] { TokenShard s(path); }), "byte offset 41: the header announces 6 tokens"));
+  CHECK(contains(error_of([&] { TokenShard s(path); }), "(truncated)"));
+  rewrite(bytes + "zz");
+  CHECK(contains(error_of([&] { TokenShard s(path); }), "(trailing bytes)"));
+  rewrite("NOTASHRD" + bytes.substr(8));
+  CHECK(contains(error_of([&] { TokenShard s(path); }), "byte offset 0: bad magic"));
+  std::string version = bytes;
+  version[8] = 2;
+  rewrite(version);
+  CHECK(contains(error_of([&] { TokenShard s(path); }), "byte offset 8: format version 2 is not supported"));
+  rewrite(bytes.substr(0, 10));
+  CHECK(contains(error_of([&] { TokenShard s(path); }), "too short"));
 }

@@ -8,6 +8,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/logging.h"
+#include "data/token_shard.h"
 #include "text/bpe_tokenizer.h"
 
 namespace mhla {
@@ -66,6 +67,28 @@ int run_encode(const TokenizerArgs& args) {
   return 0;
 }
 
+// Encodes each input file as one document followed by <|endoftext|> into a token shard.
+int run_shard(const TokenizerArgs& args) {
+  auto tokenizer = load_any(args.tokenizer);
+  const auto eot = tokenizer.special("<|endoftext|>");
+  if (!eot) fail("{}: the tokenizer has no <|endoftext|> token", args.tokenizer);
+  std::vector<int32_t> tokens;
+  int64_t bytes = 0;
+  for (const auto& path : args.inputs) {
+    const std::string text = read_file(path);
+    bytes += static_cast<int64_t>(text.size());
+    auto ids = tokenizer.encode(text);
+    tokens.insert(tokens.end(), ids.begin(), ids.end());
+    tokens.push_back(*eot);
+  }
+  write_token_shard(args.output, tokens, tokenizer.vocab_size());
+  nlohmann::json summary = {{"output", args.output}, {"documents", args.inputs.size()},
+                            {"bytes", bytes}, {"tokens", tokens.size()},
+                            {"vocab_size", tokenizer.vocab_size()}};
+  std::cout << summary.dump() << std::endl;
+  return 0;
+}
+
 }  // namespace
 
 Command add_tokenizer_command(CLI::App& parent) {
@@ -80,11 +103,17 @@ Command add_tokenizer_command(CLI::App& parent) {
   auto* encode = tokenizer->add_subcommand("encode", "print the ids of a text (JSON)");
   encode->add_option("--tokenizer", args->tokenizer, "a tokenizer file, or gpt2:FOLDER")->required();
   encode->add_option("--text", args->text, "text to encode")->required();
+  auto* shard = tokenizer->add_subcommand(
+      "shard", "tokenize text files (one document each, <|endoftext|> after each) into a shard");
+  shard->add_option("--tokenizer", args->tokenizer, "a tokenizer file, or gpt2:FOLDER")->required();
+  shard->add_option("--input", args->inputs, "text file(s)")->required()->check(CLI::ExistingFile);
+  shard->add_option("--output", args->output, "token shard to write")->required();
   // One Command: whichever leaf was parsed runs.
   Command command;
   command.app = tokenizer;
-  command.run = [args, train, encode] {
+  command.run = [args, train, encode, shard] {
     if (train->parsed()) return run_train(*args);
+    if (shard->parsed()) return run_shard(*args);
     if (encode->parsed()) return run_encode(*args);
     return 1;
   };
