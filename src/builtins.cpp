@@ -10,6 +10,7 @@
 #include "models/deit.h"
 #include "train/optimizer.h"
 #include "train/schedule.h"
+#include "train/task.h"
 
 namespace mhla {
 
@@ -31,6 +32,8 @@ void register_builtins() {
     register_sgd(optimizer_registry());
 
     register_schedules(schedule_registry());
+
+    register_classification_task(task_registry());
   });
 }
 

@@ -140,7 +140,7 @@ TEST_CASE("checkpoint: model, optimizer and trainer state round-trip; bad folder
   state.step = 17;
   state.epoch = 2;
   state.batch_in_epoch = 3;
-  state.best_accuracy = 0.5;
+  state.best_score = 0.5;
   state.cpu_rng = capture_rng_state(false);
   const auto ckpt = (dir.path() / "checkpoints" / "last").string();
   fs::create_directories(dir.path() / "checkpoints");

@@ -95,6 +95,7 @@ torch::Tensor Deit::forward(const torch::Tensor& images) {
 
 void register_deit(Registry<ModelEntry>& registry) {
   registry.add("deit", {"DeiT-style ViT classifier (patch embedding, pre-norm blocks, mean pool)",
+                        "classification",
                         [](const Config& c) { return std::make_shared<Deit>(c); }});
 }
 

@@ -22,6 +22,7 @@ class Model : public torch::nn::Module {
 
 struct ModelEntry {
   std::string description;
+  std::string task;  // the task registry entry that trains it ("classification", ...)
   std::function<std::shared_ptr<Model>(const Config&)> make;
 };
 

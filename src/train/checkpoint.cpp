@@ -103,7 +103,7 @@ void save_checkpoint(const std::string& dir, const Config& config, Model& model,
   nlohmann::json json = {{"step", state.step},
                          {"epoch", state.epoch},
                          {"batch_in_epoch", state.batch_in_epoch},
-                         {"best_accuracy", state.best_accuracy},
+                         {"best_score", state.best_score},
                          {"best_step", state.best_step},
                          {"train_seconds", state.train_seconds},
                          {"cpu_rng", state.cpu_rng},
@@ -143,7 +143,7 @@ Checkpoint read_checkpoint(const std::string& path, const std::vector<std::strin
       s.step = json.at("step").get<int64_t>();
       s.epoch = json.at("epoch").get<int64_t>();
       s.batch_in_epoch = json.at("batch_in_epoch").get<int64_t>();
-      s.best_accuracy = json.at("best_accuracy").get<double>();
+      s.best_score = json.at("best_score").get<double>();
       s.best_step = json.at("best_step").get<int64_t>();
       s.train_seconds = json.at("train_seconds").get<double>();
       s.cpu_rng = json.at("cpu_rng").get<std::string>();

@@ -16,7 +16,7 @@ struct TrainerState {
   int64_t step = 0;             // optimizer steps done
   int64_t epoch = 0;            // epoch in progress
   int64_t batch_in_epoch = 0;   // batches of that epoch done
-  double best_accuracy = -1.0;  // best test accuracy so far (-1: none)
+  double best_score = 0.0;      // best evaluation score so far (valid once best_step >= 0)
   int64_t best_step = -1;
   double train_seconds = 0.0;   // training time so far, evaluation excluded
   std::string cpu_rng;          // hex of the CPU generator state

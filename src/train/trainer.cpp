@@ -7,8 +7,6 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/logging.h"
-#include "data/batch_loader.h"
-#include "eval/classification_eval.h"
 #include "train/schedule.h"
 #include "train/stop_signal.h"
 
@@ -36,31 +34,12 @@ Trainer::Trainer(const Config& config, const std::string& run_dir, bool resume)
       metrics_(run_dir) {
   if (config.train.threads > 0) torch::set_num_threads(static_cast<int>(config.train.threads));
   torch::manual_seed(static_cast<uint64_t>(config.train.seed));
-  train_set_ = load_dataset(config, Split::kTrain);
-  test_set_ = load_dataset(config, Split::kTest);
-  if (train_set_.channels() != config.model.in_channels) {
-    fail("{}: model.in_channels = {} but {} images have {} channel(s)",
-         config.where("model.in_channels"), config.model.in_channels, train_set_.name,
-         train_set_.channels());
-  }
-  if (train_set_.height() > config.model.image_size || train_set_.width() > config.model.image_size) {
-    fail("{}: model.image_size = {} is smaller than the {}x{} images of {}",
-         config.where("model.image_size"), config.model.image_size, train_set_.height(),
-         train_set_.width(), train_set_.name);
-  }
-  if (train_set_.num_classes > config.model.num_classes) {
-    fail("{}: model.num_classes = {} but {} has {} classes", config.where("model.num_classes"),
-         config.model.num_classes, train_set_.name, train_set_.num_classes);
-  }
-  steps_per_epoch_ = BatchLoader::batches_per_epoch(train_set_.size(), config.data.batch_size,
-                                                    /*drop_last=*/true);
-  if (steps_per_epoch_ == 0) {
-    fail("{}: data.batch_size = {} exceeds the {} training images", config.where("data.batch_size"),
-         config.data.batch_size, train_set_.size());
-  }
+  const auto& entry = model_registry().get(config.model.name);
+  task_ = task_registry().get(entry.task).make(config, device_);
+  steps_per_epoch_ = task_->steps_per_epoch();
   total_steps_ = steps_per_epoch_ * config.train.epochs;
 
-  model_ = model_registry().get(config.model.name).make(config);
+  model_ = entry.make(config);
   model_->to(device_);
   auto groups = make_param_groups(*model_, config.optim.weight_decay);
   for (const auto& group : groups)
@@ -92,20 +71,16 @@ void Trainer::save(const std::string& name) {
 }
 
 void Trainer::evaluate_and_record(int64_t epoch) {
-  auto result = evaluate_classifier(*model_, test_set_, config_, device_);
-  last_accuracy_ = result.accuracy;
-  logger().info("eval epoch {}/{} step {}: test accuracy {:.2f}% ({} images), test loss {:.4f}, "
-                "{:.1f}s", epoch + 1, config_.train.epochs, state_.step, 100.0 * result.accuracy,
-                result.count, result.loss, result.seconds);
+  last_eval_ = task_->evaluate(*model_);
+  evaluated_ = true;
+  logger().info("eval epoch {}/{} step {}: {}", epoch + 1, config_.train.epochs, state_.step,
+                last_eval_.summary);
   metrics_.write({{"step", state_.step},
                   {"epoch", epoch + 1},
-                  {"eval", {{"accuracy", result.accuracy},
-                            {"loss", result.loss},
-                            {"count", result.count},
-                            {"split", "test"}}},
+                  {"eval", last_eval_.metrics},
                   {"train_seconds", state_.train_seconds}});
-  if (result.accuracy > state_.best_accuracy) {
-    state_.best_accuracy = result.accuracy;
+  if (state_.best_step < 0 || last_eval_.score > state_.best_score) {
+    state_.best_score = last_eval_.score;
     state_.best_step = state_.step;
     save("best");
   }
@@ -118,14 +93,11 @@ TrainOutcome Trainer::run() {
                                                           static_cast<double>(steps_per_epoch_))),
                         total_steps_};
   const auto& lr_at = schedule_registry().get(c.schedule.name).lr;
-  auto ce_options = torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(
-      c.train.label_smoothing);
 
-  logger().info("run {}: {} with {} attention ({} parameters) on {}{}, {} / {} images, {} "
-                "steps ({} epochs x {})", run_dir_, c.model.name, c.attention.type,
-                model_->parameter_count(), device_.str(), bf16_ ? " (bf16 autocast)" : "",
-                train_set_.size(), test_set_.size(), total_steps_, c.train.epochs,
-                steps_per_epoch_);
+  logger().info("run {}: {} with {} attention ({} parameters) on {}{}, {}, {} steps ({} epochs "
+                "x {})", run_dir_, c.model.name, c.attention.type, model_->parameter_count(),
+                device_.str(), bf16_ ? " (bf16 autocast)" : "", task_->describe(), total_steps_,
+                c.train.epochs, steps_per_epoch_);
   if (state_.step > 0) {
     logger().info("resuming at step {} (epoch {}, batch {})", state_.step, state_.epoch + 1,
                   state_.batch_in_epoch);
@@ -146,33 +118,17 @@ TrainOutcome Trainer::run() {
   double seconds_per_step = NAN;
 
   for (int64_t epoch = state_.epoch; epoch < c.train.epochs; ++epoch) {
-    LoaderOptions options;
-    options.batch_size = c.data.batch_size;
-    options.workers = c.data.workers;
-    options.prefetch = c.data.prefetch;
-    options.out_size = c.model.image_size;
-    options.crop_padding = c.data.crop_padding;
-    options.hflip = c.data.hflip;
-    options.shuffle = true;
-    options.drop_last = true;
-    options.seed = static_cast<uint64_t>(c.train.seed);
-    options.epoch = epoch;
-    options.start_batch = state_.epoch == epoch ? state_.batch_in_epoch : 0;
-    options.pin_memory = device_.is_cuda();
-    BatchLoader loader(train_set_, options);
+    auto batches = task_->epoch(epoch, state_.epoch == epoch ? state_.batch_in_epoch : 0);
     state_.epoch = epoch;
 
-    while (auto batch = loader.next()) {
-      auto images = batch->images.to(device_, /*non_blocking=*/true);
-      auto labels = batch->labels.to(device_, /*non_blocking=*/true);
+    while (auto batch = batches->next()) {
       const double lr = lr_at(schedule, state_.step);
-      torch::Tensor logits;
+      torch::Tensor output;
       {
         AutocastScope autocast(device_, bf16_);
-        logits = model_->forward(images);
+        output = model_->forward(batch->input);
       }
-      auto loss = torch::nn::functional::cross_entropy(logits.to(torch::kFloat32), labels,
-                                                       ce_options);
+      auto loss = task_->loss(output, batch->target);
       loss.backward();
       clip_grad_norm(params_, c.optim.grad_clip);
       optimizer_->step(lr);
@@ -197,18 +153,18 @@ TrainOutcome Trainer::run() {
         const double window = std::chrono::duration<double>(now - window_start).count();
         state_.train_seconds += window;
         seconds_per_step = window / static_cast<double>(window_steps);
-        const double images_per_second =
-            static_cast<double>(window_steps * c.data.batch_size) / window;
-        logger().info("epoch {}/{} step {}/{} loss {:.4f} lr {:.2e} | {:.0f} img/s | ETA {}",
+        const double rate =
+            static_cast<double>(window_steps * task_->samples_per_step()) / window;
+        logger().info("epoch {}/{} step {}/{} loss {:.4f} lr {:.2e} | {:.0f} {}/s | ETA {}",
                       epoch + 1, c.train.epochs, state_.step, total_steps_, mean_loss, lr,
-                      images_per_second,
+                      rate, task_->unit(),
                       format_duration(seconds_per_step *
                                       static_cast<double>(total_steps_ - state_.step)));
         metrics_.write({{"step", state_.step},
                         {"epoch", epoch + 1},
                         {"loss", mean_loss},
                         {"lr", lr},
-                        {"images_per_second", images_per_second},
+                        {std::string(task_->unit()) + "_per_second", rate},
                         {"train_seconds", state_.train_seconds}});
         loss_sum.zero_();
         loss_count = 0;
@@ -244,11 +200,14 @@ TrainOutcome Trainer::run() {
     window_steps = 0;
   }
   outcome.steps = state_.step;
-  outcome.final_accuracy = last_accuracy_;
+  if (evaluated_) {
+    outcome.final_eval = last_eval_.metrics;
+    outcome.final_score = last_eval_.score;
+  }
   outcome.train_seconds = state_.train_seconds;
-  logger().info("done: {} steps, {} of training, final test accuracy {:.2f}%, best {:.2f}% (step "
-                "{})", state_.step, format_duration(state_.train_seconds), 100.0 * last_accuracy_,
-                100.0 * state_.best_accuracy, state_.best_step);
+  logger().info("done: {} steps, {} of training; final {}; best checkpoint at step {}",
+                state_.step, format_duration(state_.train_seconds),
+                evaluated_ ? last_eval_.summary : std::string("(no evaluation)"), state_.best_step);
   return outcome;
 }
 

@@ -1,16 +1,17 @@
 #pragma once
-// The training loop for classifiers: config -> model, data, optimizer, schedule; one step is
-// load batch -> forward (bf16 autocast on CUDA) -> cross-entropy -> backward -> clip -> optimizer
-// -> projection of constrained parameters. Evaluates, logs and checkpoints into the run folder.
+// The training loop: config -> model, task (data, loss, evaluation), optimizer, schedule; one
+// step is next batch -> forward (bf16 autocast on CUDA) -> task loss -> backward -> clip ->
+// optimizer -> projection of constrained parameters. Evaluates, logs and checkpoints into the
+// run folder.
 #include <memory>
 #include <string>
 
 #include "core/config.h"
-#include "data/image_dataset.h"
 #include "models/model.h"
 #include "train/checkpoint.h"
 #include "train/optimizer.h"
 #include "train/run_folder.h"
+#include "train/task.h"
 
 namespace mhla {
 
@@ -18,7 +19,8 @@ struct TrainOutcome {
   bool interrupted = false;
   int signal = 0;                // the signal that stopped it (0 if stop_after_step did)
   int64_t steps = 0;
-  double final_accuracy = -1.0;  // last full evaluation, fraction
+  nlohmann::json final_eval;     // the last full evaluation's metrics (null if none)
+  double final_score = -1.0;     // its score (classification: accuracy)
   double train_seconds = 0.0;
   std::string run_dir;
 };
@@ -43,12 +45,13 @@ class Trainer {
   std::shared_ptr<Model> model_;
   std::unique_ptr<Optimizer> optimizer_;
   std::vector<torch::Tensor> params_;
-  ImageDataset train_set_, test_set_;
+  std::unique_ptr<Task> task_;
   TrainerState state_;
   MetricsLog metrics_;
   int64_t steps_per_epoch_ = 0, total_steps_ = 0;
   int64_t stop_after_ = 0;
-  double last_accuracy_ = -1.0;
+  EvalReport last_eval_;
+  bool evaluated_ = false;
 };
 
 }  // namespace mhla

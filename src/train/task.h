@@ -1,0 +1,56 @@
+#pragma once
+// What the trainer trains on: a task supplies the batches of each epoch, the loss of a model
+// output and the evaluation. Classification (images -> labels) and language modelling (tokens ->
+// next tokens) share the same trainer, checkpoints, schedule and logs.
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "core/config.h"
+#include "core/registry.h"
+#include "models/model.h"
+
+namespace mhla {
+
+struct TrainBatch {
+  torch::Tensor input, target;  // on the training device
+  int64_t index = 0;            // batch index in the epoch
+};
+
+class BatchStream {
+ public:
+  virtual ~BatchStream() = default;
+  virtual std::optional<TrainBatch> next() = 0;
+};
+
+struct EvalReport {
+  nlohmann::json metrics;  // written under "eval" in metrics.jsonl
+  double score = 0.0;      // higher is better: picks checkpoints/best
+  std::string summary;     // for the log line
+};
+
+class Task {
+ public:
+  virtual ~Task() = default;
+  virtual std::string describe() const = 0;  // data sizes, for the first log line
+  virtual const char* unit() const = 0;      // what the rate counts: "img", "tok"
+  virtual int64_t samples_per_step() const = 0;
+  virtual int64_t steps_per_epoch() const = 0;
+  virtual std::unique_ptr<BatchStream> epoch(int64_t epoch, int64_t start_batch) = 0;
+  virtual torch::Tensor loss(const torch::Tensor& output, const torch::Tensor& target) const = 0;
+  virtual EvalReport evaluate(Model& model) = 0;
+};
+
+struct TaskEntry {
+  std::string description;
+  std::function<std::unique_ptr<Task>(const Config&, const torch::Device&)> make;
+};
+
+Registry<TaskEntry>& task_registry();
+void register_classification_task(Registry<TaskEntry>& registry);
+
+}  // namespace mhla
