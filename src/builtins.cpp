@@ -8,6 +8,7 @@
 #include "core/registered_names.h"
 #include "data/image_dataset.h"
 #include "models/deit.h"
+#include "models/gpt.h"
 #include "train/optimizer.h"
 #include "train/schedule.h"
 #include "train/task.h"
@@ -24,6 +25,7 @@ void register_builtins() {
     register_gated_delta_attention(attention);
 
     register_deit(model_registry());
+    register_gpt(model_registry());
 
     register_fashion_mnist(dataset_registry());
     register_synthetic_images(dataset_registry());
@@ -34,6 +36,7 @@ void register_builtins() {
     register_schedules(schedule_registry());
 
     register_classification_task(task_registry());
+    register_language_model_task(task_registry());
   });
 }
 

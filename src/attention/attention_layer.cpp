@@ -1,6 +1,7 @@
 #include "attention/attention_layer.h"
 
 #include "attention/attention_type.h"
+#include "attention/rotary.h"
 
 namespace mhla {
 
@@ -41,7 +42,12 @@ std::array<torch::Tensor, 3> AttentionLayerImpl::project_qkv(const torch::Tensor
   const auto b = x.size(0), n = x.size(1);
   const auto h = spec_.heads, d = spec_.dim / spec_.heads;
   auto qkv = qkv_->forward(x).view({b, n, 3, h, d});
-  return {qkv.select(2, 0), qkv.select(2, 1), qkv.select(2, 2)};
+  auto q = qkv.select(2, 0), k = qkv.select(2, 1);
+  if (spec_.rotary && type_.uses_rotary) {
+    q = apply_rotary(q);
+    k = apply_rotary(k);
+  }
+  return {q, k, qkv.select(2, 2)};
 }
 
 torch::Tensor AttentionLayerImpl::finish(const torch::Tensor& x, torch::Tensor out,

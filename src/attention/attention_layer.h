@@ -22,6 +22,7 @@ struct AttentionSpec {
   int64_t heads = 1;
   TokenLayout layout;
   bool causal = false;
+  bool rotary = false;  // rotate q, k by position (types with uses_rotary)
   AttentionConfig config;
   std::string where;  // config location of attention.backend, for errors
 };

@@ -17,6 +17,7 @@ void register_softmax_attention(Registry<AttentionType>& registry) {
   AttentionType type;
   type.description = "softmax attention, O(N^2) (PyTorch SDPA: flash / cuDNN / math)";
   type.causal_modes = {false, true};
+  type.uses_rotary = true;
   type.backends["reference"] = softmax_attention_reference;
   type.make_layer = [](const AttentionSpec& spec, const AttentionType& t) {
     return std::make_shared<AttentionLayerImpl>(spec, t);

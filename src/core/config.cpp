@@ -178,6 +178,11 @@ class Schema {
     real("model.mlp_ratio", &m.mlp_ratio, 0.25, 16, "MLP hidden width / width");
     real("model.drop_path", &m.drop_path, 0, 0.9,
          "stochastic-depth rate of the last block (linear in depth)");
+    integer("model.vocab_size", &m.vocab_size, 2, 65536, "language models: vocabulary size");
+    integer("model.context", &m.context, 1, 1 << 20, "language models: context length in tokens");
+    text("model.positions", &m.positions, {"rope", "learned"}, "",
+         "language models: rotary (softmax layers) or learned absolute positions");
+    text("model.mlp", &m.mlp, {"gelu", "swiglu"}, "", "language models: MLP kind");
 
     auto& a = c_.attention;
     text("attention.type", &a.type, {}, "attention", "attention type from the registry");
@@ -191,6 +196,9 @@ class Schema {
     boolean("attention.cpe", &a.cpe, "add a depthwise conv of v (CPE) to the attention output");
     integer("attention.cpe_kernel", &a.cpe_kernel, 1, 15, "CPE kernel size (odd)");
     boolean("attention.gate", &a.gate, "multiply the attention output by sigmoid(W_g x)");
+    text("attention.pattern", &a.pattern, {}, "",
+         "per-layer types, comma-separated and cycled (e.g. mhla,mhla,mhla,softmax); empty: "
+         "attention.type in every layer");
 
     auto& d = c_.data;
     text("data.dataset", &d.dataset, {}, "dataset", "dataset from the registry");
@@ -207,6 +215,10 @@ class Schema {
             "use only the first N training images (0 = all)");
     integer("data.test_limit", &d.test_limit, 0, 1LL << 40,
             "evaluate on the first N test images only (0 = the full test split)");
+    text("data.train_shard", &d.train_shard, {}, "", "language models: training token shard");
+    text("data.val_shard", &d.val_shard, {}, "", "language models: validation token shard");
+    text("data.tokenizer", &d.tokenizer, {}, "",
+         "language models: the shards' tokenizer (bits per byte, generation)");
 
     auto& o = c_.optim;
     text("optim.name", &o.name, {}, "optimizer", "optimizer from the registry");
@@ -298,7 +310,18 @@ void validate(const Config& c) {
   if (c.model.width % c.model.heads != 0)
     fail("{}: model.heads = {} must divide model.width = {}", c.where("model.heads"),
          c.model.heads, c.model.width);
-  if (c.attention.type == "mhla" && !is_square(c.attention.blocks))
+  if (!c.attention.pattern.empty()) {
+    const auto names = registered_names("attention");
+    std::string item;
+    std::stringstream list(c.attention.pattern);
+    while (std::getline(list, item, ',')) {
+      if (std::find(names.begin(), names.end(), item) == names.end()) {
+        fail("{}: attention.pattern names '{}', not a registered attention", c.where("attention.pattern"), item);
+      }
+    }
+  }
+  // Image models tile the patch grid into sqrt(M) x sqrt(M) tiles; GPT blocks are 1-D.
+  if (c.model.name != "gpt" && c.attention.type == "mhla" && !is_square(c.attention.blocks))
     fail("{}: attention.blocks = {} must be a square number (2-D tiles of the patch grid)",
          c.where("attention.blocks"), c.attention.blocks);
   if (c.attention.cpe_kernel % 2 == 0)

@@ -21,6 +21,11 @@ struct ModelConfig {
   int64_t heads = 3;
   double mlp_ratio = 4.0;
   double drop_path = 0.1;
+  // Language models (gpt)
+  int64_t vocab_size = 8192;
+  int64_t context = 1024;
+  std::string positions = "rope";
+  std::string mlp = "gelu";
 };
 
 struct AttentionConfig {
@@ -32,6 +37,7 @@ struct AttentionConfig {
   bool cpe = false;
   int64_t cpe_kernel = 3;
   bool gate = false;
+  std::string pattern;  // comma-separated types cycled over layers; empty: `type` everywhere
 };
 
 struct DataConfig {
@@ -45,6 +51,10 @@ struct DataConfig {
   bool hflip = true;
   int64_t train_limit = 0;
   int64_t test_limit = 0;
+  // Language models: token shards and the tokenizer that made them
+  std::string train_shard = "data/text/train.bin";
+  std::string val_shard = "data/text/val.bin";
+  std::string tokenizer = "data/text/tokenizer-8192.bpe";
 };
 
 struct OptimConfig {

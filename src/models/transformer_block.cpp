@@ -20,18 +20,37 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
   return fc2_->forward(torch::gelu(fc1_->forward(x)));
 }
 
+SwiGluMlpImpl::SwiGluMlpImpl(int64_t dim, int64_t hidden) {
+  w1_ = register_module("w1", torch::nn::Linear(torch::nn::LinearOptions(dim, hidden).bias(false)));
+  w2_ = register_module("w2", torch::nn::Linear(torch::nn::LinearOptions(hidden, dim).bias(false)));
+  w3_ = register_module("w3", torch::nn::Linear(torch::nn::LinearOptions(dim, hidden).bias(false)));
+}
+
+torch::Tensor SwiGluMlpImpl::forward(const torch::Tensor& x) {
+  return w2_->forward(torch::silu(w1_->forward(x)) * w3_->forward(x));
+}
+
 TransformerBlockImpl::TransformerBlockImpl(std::shared_ptr<AttentionLayerImpl> attention,
-                                           int64_t dim, int64_t mlp_hidden, double drop_path_rate)
+                                           int64_t dim, int64_t mlp_hidden, double drop_path_rate,
+                                           bool swiglu)
     : drop_path_rate_(drop_path_rate) {
   norm1_ = register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})));
   attention_ = register_module("attn", std::move(attention));
   norm2_ = register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})));
-  mlp_ = register_module("mlp", Mlp(dim, mlp_hidden));
+  if (swiglu) {
+    SwiGluMlp mlp(dim, mlp_hidden);
+    register_module("mlp", mlp.ptr());
+    mlp_ = torch::nn::AnyModule(mlp);
+  } else {
+    Mlp mlp(dim, mlp_hidden);
+    register_module("mlp", mlp.ptr());
+    mlp_ = torch::nn::AnyModule(mlp);
+  }
 }
 
 torch::Tensor TransformerBlockImpl::forward(const torch::Tensor& x) {
   auto y = x + drop_path(attention_->forward(norm1_->forward(x)), drop_path_rate_, is_training());
-  return y + drop_path(mlp_->forward(norm2_->forward(y)), drop_path_rate_, is_training());
+  return y + drop_path(mlp_.forward(norm2_->forward(y)), drop_path_rate_, is_training());
 }
 
 }  // namespace mhla

@@ -21,16 +21,28 @@ class MlpImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Mlp);
 
+// SwiGLU MLP: w2(silu(w1 x) * w3 x).
+class SwiGluMlpImpl : public torch::nn::Module {
+ public:
+  SwiGluMlpImpl(int64_t dim, int64_t hidden);
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  torch::nn::Linear w1_{nullptr}, w2_{nullptr}, w3_{nullptr};
+};
+TORCH_MODULE(SwiGluMlp);
+
 class TransformerBlockImpl : public torch::nn::Module {
  public:
   TransformerBlockImpl(std::shared_ptr<AttentionLayerImpl> attention, int64_t dim,
-                       int64_t mlp_hidden, double drop_path_rate);
+                       int64_t mlp_hidden, double drop_path_rate, bool swiglu = false);
+  AttentionLayerImpl& attention() { return *attention_; }
   torch::Tensor forward(const torch::Tensor& x);
 
  private:
   torch::nn::LayerNorm norm1_{nullptr}, norm2_{nullptr};
   std::shared_ptr<AttentionLayerImpl> attention_;
-  Mlp mlp_{nullptr};
+  torch::nn::AnyModule mlp_;
   double drop_path_rate_;
 };
 TORCH_MODULE(TransformerBlock);

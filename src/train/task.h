@@ -52,5 +52,6 @@ struct TaskEntry {
 
 Registry<TaskEntry>& task_registry();
 void register_classification_task(Registry<TaskEntry>& registry);
+void register_language_model_task(Registry<TaskEntry>& registry);
 
 }  // namespace mhla

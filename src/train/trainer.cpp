@@ -95,7 +95,9 @@ TrainOutcome Trainer::run() {
   const auto& lr_at = schedule_registry().get(c.schedule.name).lr;
 
   logger().info("run {}: {} with {} attention ({} parameters) on {}{}, {}, {} steps ({} epochs "
-                "x {})", run_dir_, c.model.name, c.attention.type, model_->parameter_count(),
+                "x {})", run_dir_, c.model.name,
+                c.attention.pattern.empty() ? c.attention.type : "[" + c.attention.pattern + "]",
+                model_->parameter_count(),
                 device_.str(), bf16_ ? " (bf16 autocast)" : "", task_->describe(), total_steps_,
                 c.train.epochs, steps_per_epoch_);
   if (state_.step > 0) {

@@ -1,0 +1,127 @@
+#include <cmath>
+#include <filesystem>
+
+#include "attention/attention_type.h"
+#include "catch_compat.h"
+#include "core/config.h"
+#include "data/token_shard.h"
+#include "models/gpt.h"
+#include "test_helpers.h"
+#include "text/bpe_tokenizer.h"
+#include "train/run_folder.h"
+#include "train/task.h"
+#include "train/trainer.h"
+
+using namespace mhla;
+namespace fs = std::filesystem;
+
+namespace {
+
+Config tiny_gpt(const std::string& attention, std::vector<std::string> extra = {}) {
+  std::vector<std::string> o = {"model.name=gpt", "model.vocab_size=300", "model.context=80",
+                                "model.width=32", "model.depth=2", "model.heads=2",
+                                "attention.blocks=2", "attention.type=" + attention};
+  o.insert(o.end(), extra.begin(), extra.end());
+  return parse_config("", "gpt.yaml", o);
+}
+
+// A small corpus with a learnable pattern, its tokenizer and shards in `dir`.
+std::vector<std::string> write_corpus(const fs::path& dir) {
+  std::string text;
+  for (int i = 0; i < 400; ++i) text += "the cat sat on the mat. the dog sat on the log. ";
+  auto tokenizer = BpeTokenizer::train({text}, 300);
+  tokenizer.save((dir / "tok.bpe").string());
+  auto ids = tokenizer.encode(text);
+  std::vector<int32_t> train(ids.begin(), ids.begin() + ids.size() * 9 / 10);
+  std::vector<int32_t> val(ids.begin() + ids.size() * 9 / 10, ids.end());
+  write_token_shard((dir / "train.bin").string(), train, tokenizer.vocab_size());
+  write_token_shard((dir / "val.bin").string(), val, tokenizer.vocab_size());
+  return {"data.train_shard=" + (dir / "train.bin").string(),
+          "data.val_shard=" + (dir / "val.bin").string(), "data.tokenizer=" + (dir / "tok.bpe").string()};
+}
+
+}  // namespace
+
+TEST_CASE("gpt: every causal attention type (and a hybrid) gives a causal model", "[model]") {
+  std::vector<std::string> configs;
+  for (const auto& name : attention_registry().names()) {
+    const auto& modes = attention_registry().get(name).causal_modes;
+    if (std::find(modes.begin(), modes.end(), true) != modes.end()) configs.push_back(name);
+  }
+  REQUIRE(configs.size() >= 5);
+  configs.push_back("pattern");
+  for (const auto& name : configs) {
+    INFO(name);
+    Config c = name == "pattern" ? tiny_gpt("softmax", {"attention.pattern=mhla,softmax"}) : tiny_gpt(name);
+    if (name == "pattern") CHECK(layer_attention_types(c) == std::vector<std::string>{"mhla", "softmax"});
+    torch::manual_seed(3);
+    auto model = model_registry().get("gpt").make(c);
+    model->eval();
+    auto tokens = torch::randint(0, 300, {2, 80}, torch::kLong);
+    auto changed = tokens.clone();
+    changed.narrow(1, 50, 30).random_(0, 300);
+    auto a = model->forward(tokens), b = model->forward(changed);
+    CHECK(a.sizes() == std::vector<int64_t>{2, 80, 300});
+    CHECK(torch::allclose(a.narrow(1, 0, 50), b.narrow(1, 0, 50), 1e-5, 1e-5));
+    CHECK_FALSE(torch::allclose(a.narrow(1, 50, 30), b.narrow(1, 50, 30), 1e-3, 1e-3));
+    a.sum().backward();
+    for (const auto& item : model->named_parameters()) {
+      INFO(item.key());
+      CHECK(item.value().grad().defined());
+    }
+  }
+}
+
+TEST_CASE("gpt: the head is tied to the token embedding; positions by option", "[model]") {
+  auto model = model_registry().get("gpt").make(tiny_gpt("softmax"));
+  for (const auto& item : model->named_parameters()) CHECK(item.key().find("head") == std::string::npos);
+  auto learned = model_registry().get("gpt").make(tiny_gpt("softmax", {"model.positions=learned"}));
+  CHECK(learned->named_parameters().contains("position_embedding.weight"));
+  CHECK_FALSE(model->named_parameters().contains("position_embedding.weight"));
+  auto swiglu = model_registry().get("gpt").make(tiny_gpt("softmax", {"model.mlp=swiglu"}));
+  CHECK(swiglu->named_parameters().contains("blocks.0.mlp.w3.weight"));
+  CHECK_THROWS(learned->forward(torch::zeros({1, 81}, torch::kLong)));  // beyond learned positions
+}
+
+TEST_CASE("gpt: evaluation gives the exact loss, perplexity and bits per byte of a uniform model", "[train]") {
+  test::TempDir dir("lm-eval");
+  auto data = write_corpus(dir.path());
+  data.push_back("data.batch_size=8");
+  Config c = tiny_gpt("softmax", data);
+  auto task = task_registry().get("language_model").make(c, torch::kCPU);
+  auto model = model_registry().get("gpt").make(c);
+  {
+    torch::NoGradGuard no_grad;
+    model->named_parameters()["norm.weight"].zero_();  // final norm outputs 0: uniform logits
+  }
+  auto report = task->evaluate(*model);
+  const double ln_v = std::log(300.0);
+  CHECK(report.metrics["loss"].get<double>() == Approx(ln_v).epsilon(1e-6));
+  CHECK(report.metrics["perplexity"].get<double>() == Approx(300.0).epsilon(1e-5));
+  // Bytes of every predicted token, from the tokenizer independently.
+  auto tokenizer = BpeTokenizer::load((dir.path() / "tok.bpe").string());
+  TokenShard val((dir.path() / "val.bin").string());
+  int64_t bytes = 0;
+  for (int64_t i = 1; i < val.size(); ++i) bytes += static_cast<int64_t>(tokenizer.token_bytes(val.tokens()[i]).size());
+  CHECK(report.metrics["tokens"].get<int64_t>() == val.size() - 1);
+  CHECK(report.metrics["bytes"].get<int64_t>() == bytes);
+  CHECK(report.metrics["bits_per_byte"].get<double>() ==
+        Approx(ln_v * (val.size() - 1) / std::log(2.0) / bytes).epsilon(1e-6));
+}
+
+TEST_CASE("gpt: a tiny model learns a repetitive corpus; bad shard paths are named", "[train]") {
+  test::TempDir dir("lm-train");
+  auto data = write_corpus(dir.path());
+  data.insert(data.end(), {"data.batch_size=8", "train.epochs=40", "optim.lr=3e-3", "train.log_every=50",
+                           "train.eval_every=0",
+                           "run.root=" + dir.str(), "run.name=lm", "schedule.warmup_epochs=0.2"});
+  Config c = tiny_gpt("mhla", data);
+  auto run_dir = create_run_folder(c);
+  Trainer trainer(c, run_dir, false);
+  auto outcome = trainer.run();
+  INFO(outcome.final_eval.dump());
+  CHECK(outcome.final_eval["loss"].get<double>() < 1.0);  // uniform would be ln 300 = 5.7
+  Config missing = tiny_gpt("softmax", {"data.train_shard=/nowhere/train.bin", "data.batch_size=8"});
+  CHECK(test::contains(test::error_of([&] { task_registry().get("language_model").make(missing, torch::kCPU); }),
+                       "data.train_shard = '/nowhere/train.bin' does not exist"));
+}
