@@ -5,8 +5,7 @@
 #include "cli/commands.h"
 #include "core/device.h"
 #include "core/logging.h"
-#include "data/image_dataset.h"
-#include "eval/classification_eval.h"
+#include "train/task.h"
 #include "train/checkpoint.h"
 
 namespace mhla {
@@ -26,18 +25,17 @@ int run_eval(const EvalArgs& args) {
   const Config& config = checkpoint.config;
   const torch::Device device = resolve_device(config);
   if (config.train.threads > 0) torch::set_num_threads(static_cast<int>(config.train.threads));
-  auto model = model_registry().get(config.model.name).make(config);
+  const auto& entry = model_registry().get(config.model.name);
+  auto model = entry.make(config);
   load_model_weights(*model, checkpoint.weights, checkpoint.dir + "/model.safetensors");
   model->to(device);
-  ImageDataset test_set = load_dataset(config, Split::kTest);
-  auto result = evaluate_classifier(*model, test_set, config, device);
-  logger().info("{}: test accuracy {:.2f}% on {} images of {} (step {}), loss {:.4f}, {:.1f}s",
-                checkpoint.dir, 100.0 * result.accuracy, result.count, test_set.name,
-                checkpoint.state.step, result.loss, result.seconds);
-  nlohmann::json out = {{"checkpoint", checkpoint.dir},  {"step", checkpoint.state.step},
-                        {"dataset", test_set.name},      {"split", "test"},
-                        {"count", result.count},         {"accuracy", result.accuracy},
-                        {"loss", result.loss},           {"device", device.str()}};
+  auto task = task_registry().get(entry.task).make(config, device);
+  auto report = task->evaluate(*model);
+  logger().info("{} (step {}): {}", checkpoint.dir, checkpoint.state.step, report.summary);
+  nlohmann::json out = report.metrics;
+  out["checkpoint"] = checkpoint.dir;
+  out["step"] = checkpoint.state.step;
+  out["device"] = device.str();
   std::cout << out.dump() << std::endl;
   return 0;
 }
@@ -47,7 +45,8 @@ int run_eval(const EvalArgs& args) {
 Command add_eval_command(CLI::App& parent) {
   auto args = std::make_shared<EvalArgs>();
   auto* app = parent.add_subcommand(
-      "eval", "top-1 accuracy of a checkpoint on the full test split (prints one JSON line)");
+      "eval", "evaluate a checkpoint on its task's full evaluation split: test accuracy for "
+              "classifiers, val loss / perplexity / bits per byte for language models (one JSON line)");
   app->add_option("checkpoint", args->checkpoint,
                   "checkpoint folder, or a run folder (uses checkpoints/best, else last)")
       ->required();
