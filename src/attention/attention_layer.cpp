@@ -38,14 +38,15 @@ OpArgs AttentionLayerImpl::op_args() const {
   return args;
 }
 
-std::array<torch::Tensor, 3> AttentionLayerImpl::project_qkv(const torch::Tensor& x) {
+std::array<torch::Tensor, 3> AttentionLayerImpl::project_qkv(const torch::Tensor& x,
+                                                             int64_t first_position) {
   const auto b = x.size(0), n = x.size(1);
   const auto h = spec_.heads, d = spec_.dim / spec_.heads;
   auto qkv = qkv_->forward(x).view({b, n, 3, h, d});
   auto q = qkv.select(2, 0), k = qkv.select(2, 1);
   if (spec_.rotary && type_.uses_rotary) {
-    q = apply_rotary(q);
-    k = apply_rotary(k);
+    q = apply_rotary(q, first_position);
+    k = apply_rotary(k, first_position);
   }
   return {q, k, qkv.select(2, 2)};
 }
@@ -65,6 +66,21 @@ torch::Tensor AttentionLayerImpl::forward(const torch::Tensor& x) {
   auto [q, k, v] = project_qkv(x);
   auto out = backend_for(x.device())(q, k, v, op_args()).reshape({b, n, spec_.dim});
   return finish(x, out, v.reshape({b, n, spec_.dim}));
+}
+
+torch::Tensor AttentionLayerImpl::decode_op(const torch::Tensor& q, const torch::Tensor& k,
+                                            const torch::Tensor& v, DecodeState& state) const {
+  if (!spec_.causal) fail("attention type '{}': decoding needs a causal layer", spec_.config.type);
+  if (!type_.decode) fail("attention type '{}' has no decoding step", spec_.config.type);
+  return type_.decode(q, k, v, op_args(), state);
+}
+
+torch::Tensor AttentionLayerImpl::step(const torch::Tensor& x, DecodeState& state) {
+  const auto b = x.size(0);
+  auto [q, k, v] = project_qkv(x, state.position);
+  auto out = decode_op(q, k, v, state).reshape({b, 1, spec_.dim});
+  ++state.position;
+  return finish(x, out, v.reshape({b, 1, spec_.dim}));
 }
 
 }  // namespace mhla

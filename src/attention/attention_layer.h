@@ -41,6 +41,9 @@ class AttentionLayerImpl : public torch::nn::Module, public ProjectedModule {
 
   // x: [B, N, dim] -> [B, N, dim]
   virtual torch::Tensor forward(const torch::Tensor& x);
+  // Causal decoding: x [B, 1, dim] is the token at state.position; returns [B, 1, dim] and
+  // advances the state. Equals forward() on the whole sequence, one position at a time.
+  virtual torch::Tensor step(const torch::Tensor& x, DecodeState& state);
   void project_parameters() override {}
 
   const AttentionSpec& spec() const { return spec_; }
@@ -49,7 +52,10 @@ class AttentionLayerImpl : public torch::nn::Module, public ProjectedModule {
   // Per-type arguments for the op (mixing matrix, blocks, ...).
   virtual OpArgs op_args() const;
   // x [B, N, dim] -> q, k, v, each [B, N, H, D] (views of one projection).
-  std::array<torch::Tensor, 3> project_qkv(const torch::Tensor& x);
+  std::array<torch::Tensor, 3> project_qkv(const torch::Tensor& x, int64_t first_position = 0);
+  // The op's one-token step (the type's decode function), for step() implementations.
+  torch::Tensor decode_op(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                          DecodeState& state) const;
   // The optional CPE (from v, [B, N, dim]) and output gate, then the output projection.
   torch::Tensor finish(const torch::Tensor& x, torch::Tensor out, const torch::Tensor& v);
   const OpFn& backend_for(const torch::Device& device);

@@ -5,6 +5,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -27,6 +28,19 @@ struct OpShape {
 
 using OpFn = std::function<torch::Tensor(const torch::Tensor& q, const torch::Tensor& k,
                                          const torch::Tensor& v, const OpArgs& args)>;
+
+// What a causal layer keeps between decoded tokens: the count of tokens seen and layer-specific
+// tensors (softmax: the KV cache; linear: the running state; MHLA: the finished block summaries
+// and the current block's; gated DeltaNet: the conv window and the delta-rule state).
+struct DecodeState {
+  int64_t position = 0;
+  std::vector<torch::Tensor> tensors;
+};
+
+// One decoding step of an op: q, k, v [B, 1, H, D] at position state.position -> [B, 1, H, Dv].
+using DecodeFn = std::function<torch::Tensor(const torch::Tensor& q, const torch::Tensor& k,
+                                             const torch::Tensor& v, const OpArgs& args,
+                                             DecodeState& state)>;
 
 // Shared by the linear-attention family: phi(x) = relu(RMSNorm(x)) + 1e-6 (RMSNorm without
 // weight, over the head dimension) and the normalizer's epsilon.

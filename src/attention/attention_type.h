@@ -17,6 +17,7 @@ struct AttentionType {
   bool uses_rotary = false;                // with model.positions = rope, q and k are rotated
   std::map<std::string, OpFn> backends;    // "reference" always; "cuda", "cudnn" where built
   std::vector<std::string> gpu_preference; // backends auto tries on CUDA, best first
+  DecodeFn decode;                         // one-token step for causal decoding (if any)
   std::function<std::shared_ptr<AttentionLayerImpl>(const AttentionSpec&, const AttentionType&)>
       make_layer;
   std::vector<bool> causal_modes = {false};  // op modes the backends implement (causal or not)

@@ -69,4 +69,52 @@ torch::Tensor causal_mhla_reference(const torch::Tensor& q, const torch::Tensor&
   return causal_block_attention(q, k, v, mixing);
 }
 
+namespace {
+
+// phi(k)^T [v, 1] for one token: [B, H, D, Dv + 1] in the compute dtype.
+torch::Tensor token_state(const torch::Tensor& k, const torch::Tensor& v) {
+  const auto dtype = reference_compute_dtype(v);
+  auto kf = feature_map(k.to(dtype)).squeeze(1);                     // [B, H, D]
+  auto v1 = torch::cat({v.to(dtype), torch::ones_like(v.narrow(-1, 0, 1), v.options().dtype(dtype))}, -1)
+                .squeeze(1);                                         // [B, H, Dv + 1]
+  return kf.unsqueeze(-1) * v1.unsqueeze(-2);
+}
+
+torch::Tensor read_state(const torch::Tensor& q, const torch::Tensor& state, const torch::Tensor& v) {
+  const auto dv = v.size(3);
+  auto qf = feature_map(q.to(state.scalar_type())).squeeze(1);       // [B, H, D]
+  auto out = torch::einsum("bhd,bhde->bhe", {qf, state});
+  auto result = out.narrow(-1, 0, dv) / (out.narrow(-1, dv, 1) + kNormalizerEps);
+  return result.unsqueeze(1).to(v.scalar_type());                    // [B, 1, H, Dv]
+}
+
+}  // namespace
+
+torch::Tensor causal_linear_decode(const torch::Tensor& q, const torch::Tensor& k,
+                                   const torch::Tensor& v, DecodeState& state) {
+  auto update = token_state(k, v);
+  if (state.tensors.empty()) state.tensors = {torch::zeros_like(update)};
+  state.tensors[0] = state.tensors[0] + update;
+  return read_state(q, state.tensors[0], v);
+}
+
+torch::Tensor causal_mhla_decode(const torch::Tensor& q, const torch::Tensor& k,
+                                 const torch::Tensor& v, const torch::Tensor& mixing,
+                                 DecodeState& state) {
+  // tensors[0]: the current block's running summary; tensors[1..]: finished blocks, in order.
+  auto update = token_state(k, v);
+  if (state.tensors.empty()) {
+    state.tensors = {torch::zeros_like(update)};
+  } else if (state.position % kCausalBlock == 0) {
+    state.tensors.push_back(state.tensors[0]);  // the previous block is complete
+    state.tensors[0] = torch::zeros_like(update);
+  }
+  state.tensors[0] = state.tensors[0] + update;
+  const int64_t block = state.position / kCausalBlock;
+  auto weights = causal_mixing_matrix(mixing.to(update.scalar_type()), block + 1)[block];
+  auto mixed = weights[block] * state.tensors[0];
+  for (int64_t b = 0; b < block; ++b) mixed = mixed + weights[b] * state.tensors[1 + b];
+  return read_state(q, mixed, v);
+}
+
 }  // namespace mhla

@@ -6,6 +6,8 @@
 //           normalized the same way (E = the causal mixing matrix below).
 #include <torch/torch.h>
 
+#include "attention/attention_op.h"
+
 namespace mhla {
 
 constexpr int64_t kCausalBlock = 64;
@@ -24,5 +26,14 @@ torch::Tensor causal_linear_attention_reference(const torch::Tensor& q, const to
                                                 const torch::Tensor& v);
 torch::Tensor causal_mhla_reference(const torch::Tensor& q, const torch::Tensor& k,
                                     const torch::Tensor& v, const torch::Tensor& mixing);
+
+// One-token decoding steps (q, k, v [B, 1, H, D]) that equal the references position by position.
+// Linear keeps one running state; MHLA keeps its finished block summaries and the current
+// block's, and mixes them with the row of causal_mixing_matrix for the current block.
+torch::Tensor causal_linear_decode(const torch::Tensor& q, const torch::Tensor& k,
+                                   const torch::Tensor& v, DecodeState& state);
+torch::Tensor causal_mhla_decode(const torch::Tensor& q, const torch::Tensor& k,
+                                 const torch::Tensor& v, const torch::Tensor& mixing,
+                                 DecodeState& state);
 
 }  // namespace mhla

@@ -29,15 +29,11 @@ GatedDeltaLayerImpl::GatedDeltaLayerImpl(const AttentionSpec& spec, const Attent
   out_norm_weight_ = register_parameter("out_norm_weight", torch::ones({head_dim}));
 }
 
-std::pair<torch::Tensor, torch::Tensor> GatedDeltaLayerImpl::causal_core(const torch::Tensor& x) {
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, OpArgs> GatedDeltaLayerImpl::prepare(
+    const torch::Tensor& x, const torch::Tensor& conv_out) {
   const auto b = x.size(0), n = x.size(1);
   const int64_t dim = spec().dim, heads = spec().heads, head_dim = dim / heads;
-  auto [q0, k0, v0] = project_qkv(x);
-  // Short causal conv over time on q, k, v together (depthwise: no channel mixing), then SiLU.
-  auto qkv = torch::cat({q0.reshape({b, n, dim}), k0.reshape({b, n, dim}), v0.reshape({b, n, dim})}, -1);
-  auto conv_in = torch::constant_pad_nd(qkv.transpose(1, 2), {kConvWidth - 1, 0}, 0.0);
-  auto mixed = torch::silu(conv_->forward(conv_in)).transpose(1, 2);  // [B, N, 3 dim]
-  auto parts = mixed.split(dim, -1);
+  auto parts = torch::silu(conv_out).split(dim, -1);
   auto l2 = torch::nn::functional::NormalizeFuncOptions().dim(-1).eps(1e-6);
   auto q = torch::nn::functional::normalize(parts[0].reshape({b, n, heads, head_dim}), l2);
   auto k = torch::nn::functional::normalize(parts[1].reshape({b, n, heads, head_dim}), l2);
@@ -53,11 +49,52 @@ std::pair<torch::Tensor, torch::Tensor> GatedDeltaLayerImpl::causal_core(const t
   } else {
     args.gate = -rate * torch::softplus(decay_in);                         // [B, N, H]
   }
-  auto out = backend_for(x.device())(q, k, v, args);                       // [B, N, H, D]
-  // Output RMSNorm (per head, learned weight) times a swish gate.
-  out = at::rms_norm(out, {head_dim}, out_norm_weight_, 1e-6);
+  return {q, k, v, args};
+}
+
+torch::Tensor GatedDeltaLayerImpl::gated_output(const torch::Tensor& x, const torch::Tensor& out) {
+  const auto b = x.size(0), n = x.size(1);
+  const int64_t dim = spec().dim, heads = spec().heads, head_dim = dim / heads;
+  auto normed = at::rms_norm(out, {head_dim}, out_norm_weight_, 1e-6);
   auto gate = torch::silu(out_gate_proj_->forward(x)).view({b, n, heads, head_dim});
-  return {(out * gate).reshape({b, n, dim}), v.reshape({b, n, dim})};
+  return (normed * gate).reshape({b, n, dim});
+}
+
+std::pair<torch::Tensor, torch::Tensor> GatedDeltaLayerImpl::causal_core(const torch::Tensor& x) {
+  const auto b = x.size(0), n = x.size(1);
+  const int64_t dim = spec().dim;
+  auto [q0, k0, v0] = project_qkv(x);
+  // Short causal conv over time on q, k, v together (depthwise: no channel mixing).
+  auto qkv = torch::cat({q0.reshape({b, n, dim}), k0.reshape({b, n, dim}), v0.reshape({b, n, dim})}, -1);
+  auto conv_in = torch::constant_pad_nd(qkv.transpose(1, 2), {kConvWidth - 1, 0}, 0.0);
+  auto [q, k, v, args] = prepare(x, conv_->forward(conv_in).transpose(1, 2));
+  auto out = backend_for(x.device())(q, k, v, args);
+  return {gated_output(x, out), v.reshape({b, n, dim})};
+}
+
+torch::Tensor GatedDeltaLayerImpl::step(const torch::Tensor& x, DecodeState& state) {
+  if (!spec().causal) fail("gated DeltaNet: decoding needs a causal layer");
+  const auto b = x.size(0);
+  const int64_t dim = spec().dim, heads = spec().heads, head_dim = dim / heads;
+  auto [q0, k0, v0] = project_qkv(x);
+  auto row = torch::cat({q0.reshape({b, 1, dim}), k0.reshape({b, 1, dim}), v0.reshape({b, 1, dim})}, -1);
+  if (state.tensors.empty()) {
+    state.tensors = {torch::zeros({b, kConvWidth - 1, 3 * dim}, row.options()),
+                     torch::zeros({b, heads, head_dim, head_dim},
+                                  row.options().dtype(row.scalar_type() == torch::kFloat64
+                                                          ? torch::kFloat64
+                                                          : torch::kFloat32))};
+  }
+  auto window = torch::cat({state.tensors[0], row}, 1);                 // [B, width, 3 dim]
+  // The depthwise conv at the newest position: sum over the window of weight[c, 0, j] x[j, c].
+  auto conv_out = (window * conv_->weight.squeeze(1).t().unsqueeze(0)).sum(1, /*keepdim=*/true);
+  state.tensors[0] = window.narrow(1, 1, kConvWidth - 1);
+  auto [q, k, v, args] = prepare(x, conv_out);
+  auto o = delta_rule_step(state.tensors[1], q.squeeze(1), k.squeeze(1), v.squeeze(1),
+                           args.beta.squeeze(1), args.gate.squeeze(1),
+                           1.0 / std::sqrt(static_cast<double>(head_dim)));
+  ++state.position;
+  return finish(x, gated_output(x, o.unsqueeze(1)), v.reshape({b, 1, dim}));
 }
 
 torch::Tensor GatedDeltaLayerImpl::forward(const torch::Tensor& x) {

@@ -15,10 +15,17 @@ class GatedDeltaLayerImpl : public AttentionLayerImpl {
 
   GatedDeltaLayerImpl(const AttentionSpec& spec, const AttentionType& type, bool per_key_gate);
   torch::Tensor forward(const torch::Tensor& x) override;
+  // Decoding keeps the last kConvWidth - 1 projected rows (the conv window) and the fp32 state.
+  torch::Tensor step(const torch::Tensor& x, DecodeState& state) override;
 
  private:
   // One causal pass: x [B, N, dim] -> (gated, normalized attention output [B, N, dim], v).
   std::pair<torch::Tensor, torch::Tensor> causal_core(const torch::Tensor& x);
+  // From the conv output [B, N, 3 dim]: q, k (L2-normalized), v as [B, N, H, D], and the op args.
+  std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, OpArgs> prepare(
+      const torch::Tensor& x, const torch::Tensor& conv_out);
+  // Output RMSNorm x swish gate: [B, N, H, D] -> [B, N, dim].
+  torch::Tensor gated_output(const torch::Tensor& x, const torch::Tensor& out);
 
   bool per_key_gate_;
   torch::nn::Conv1d conv_{nullptr};

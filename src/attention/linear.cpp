@@ -17,6 +17,8 @@ void register_linear_attention(Registry<AttentionType>& registry) {
   type.description = "linear attention, phi = relu(RMSNorm(x)) + 1e-6, normalized output";
   type.normalizes_qk = true;
   type.causal_modes = {false, true};
+  type.decode = [](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                   const OpArgs&, DecodeState& state) { return causal_linear_decode(q, k, v, state); };
   type.backends["reference"] = linear_attention_reference;
   type.make_layer = [](const AttentionSpec& spec, const AttentionType& t) {
     return std::make_shared<AttentionLayerImpl>(spec, t);

@@ -77,16 +77,27 @@ void MhlaLayerImpl::project_parameters() {
   }
 }
 
-torch::Tensor MhlaLayerImpl::forward(const torch::Tensor& x) {
-  if (!spec().causal) return AttentionLayerImpl::forward(x);
-  // Causal MHLA: the op, then an output RMSNorm (per head) times a swish gate.
+torch::Tensor MhlaLayerImpl::causal_output(const torch::Tensor& x, const torch::Tensor& out,
+                                           const torch::Tensor& v) {
+  // Causal MHLA: an output RMSNorm (per head) times a swish gate after the op.
   const auto b = x.size(0), n = x.size(1);
   const int64_t heads = spec().heads, head_dim = spec().dim / heads;
-  auto [q, k, v] = project_qkv(x);
-  auto out = backend_for(x.device())(q, k, v, op_args());
-  out = at::rms_norm(out, {head_dim}, out_norm_weight_, 1e-6);
+  auto normed = at::rms_norm(out, {head_dim}, out_norm_weight_, 1e-6);
   auto gate = torch::silu(out_gate_->forward(x)).view({b, n, heads, head_dim});
-  return finish(x, (out * gate).reshape({b, n, spec().dim}), v.reshape({b, n, spec().dim}));
+  return finish(x, (normed * gate).reshape({b, n, spec().dim}), v.reshape({b, n, spec().dim}));
+}
+
+torch::Tensor MhlaLayerImpl::forward(const torch::Tensor& x) {
+  if (!spec().causal) return AttentionLayerImpl::forward(x);
+  auto [q, k, v] = project_qkv(x);
+  return causal_output(x, backend_for(x.device())(q, k, v, op_args()), v);
+}
+
+torch::Tensor MhlaLayerImpl::step(const torch::Tensor& x, DecodeState& state) {
+  auto [q, k, v] = project_qkv(x, state.position);
+  auto out = decode_op(q, k, v, state);
+  ++state.position;
+  return causal_output(x, out, v);
 }
 
 OpArgs MhlaLayerImpl::op_args() const {
@@ -103,6 +114,10 @@ void register_mhla_attention(Registry<AttentionType>& registry) {
   type.uses_blocks = true;
   type.normalizes_qk = true;
   type.causal_modes = {false, true};
+  type.decode = [](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                   const OpArgs& args, DecodeState& state) {
+    return causal_mhla_decode(q, k, v, args.mixing, state);
+  };
   type.backends["reference"] = mhla_reference;
   type.make_layer = [](const AttentionSpec& spec, const AttentionType& t) {
     return std::make_shared<MhlaLayerImpl>(spec, t);

@@ -21,6 +21,7 @@ class MhlaLayerImpl : public AttentionLayerImpl {
  public:
   MhlaLayerImpl(const AttentionSpec& spec, const AttentionType& type);
   torch::Tensor forward(const torch::Tensor& x) override;
+  torch::Tensor step(const torch::Tensor& x, DecodeState& state) override;
   // Keeps the mixing matrix in [0, 1] (bidirectional) or lower-triangular in [1e-5, 1]
   // (causal) after every optimizer step.
   void project_parameters() override;
@@ -30,6 +31,9 @@ class MhlaLayerImpl : public AttentionLayerImpl {
   OpArgs op_args() const override;
 
  private:
+  torch::Tensor causal_output(const torch::Tensor& x, const torch::Tensor& out,
+                              const torch::Tensor& v);
+
   torch::Tensor mixing_;
   torch::Tensor out_norm_weight_;               // causal only
   torch::nn::Linear out_gate_{nullptr};         // causal only

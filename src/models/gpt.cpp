@@ -88,6 +88,24 @@ torch::Tensor Gpt::forward(const torch::Tensor& tokens) {
   return torch::matmul(x, token_embedding_->weight.t());  // tied head
 }
 
+std::vector<DecodeState> Gpt::new_decode_states() const {
+  return std::vector<DecodeState>(blocks_.size());
+}
+
+torch::Tensor Gpt::step(const torch::Tensor& token, std::vector<DecodeState>& states) {
+  TORCH_CHECK(token.dim() == 2 && token.size(1) == 1, "gpt: step takes tokens [B, 1]");
+  TORCH_CHECK(states.size() == blocks_.size(), "gpt: one decode state per layer");
+  const int64_t position = states.front().position;
+  auto x = token_embedding_->forward(token);
+  if (!position_embedding_.is_empty()) {
+    TORCH_CHECK(position < config_.model.context, "gpt: position ", position,
+                " is beyond the learned positions (model.context = ", config_.model.context, ")");
+    x = x + position_embedding_->forward(torch::full({1}, position, token.options()));
+  }
+  for (size_t i = 0; i < blocks_.size(); ++i) x = blocks_[i]->step(x, states[i]);
+  return torch::matmul(norm_->forward(x), token_embedding_->weight.t());
+}
+
 void register_gpt(Registry<ModelEntry>& registry) {
   registry.add("gpt", {"GPT-style causal language model (tied embeddings, RoPE or learned positions)",
                        "language_model", [](const Config& c) { return std::make_shared<Gpt>(c); }});

@@ -20,6 +20,11 @@ class Gpt : public Model {
   torch::Tensor forward(const torch::Tensor& tokens) override;
   const std::vector<TransformerBlock>& blocks() const { return blocks_; }
 
+  // Decoding: one state per layer; step() feeds one token [B, 1] at states[0].position and
+  // returns its logits [B, 1, vocab].
+  std::vector<DecodeState> new_decode_states() const;
+  torch::Tensor step(const torch::Tensor& token, std::vector<DecodeState>& states);
+
  private:
   Config config_;
   torch::nn::Embedding token_embedding_{nullptr}, position_embedding_{nullptr};

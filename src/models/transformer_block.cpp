@@ -50,7 +50,12 @@ TransformerBlockImpl::TransformerBlockImpl(std::shared_ptr<AttentionLayerImpl> a
 
 torch::Tensor TransformerBlockImpl::forward(const torch::Tensor& x) {
   auto y = x + drop_path(attention_->forward(norm1_->forward(x)), drop_path_rate_, is_training());
-  return y + drop_path(mlp_.forward(norm2_->forward(y)), drop_path_rate_, is_training());
+  return y + drop_path(mlp_.forward<torch::Tensor>(norm2_->forward(y)), drop_path_rate_, is_training());
+}
+
+torch::Tensor TransformerBlockImpl::step(const torch::Tensor& x, DecodeState& state) {
+  auto y = x + attention_->step(norm1_->forward(x), state);
+  return y + mlp_.forward<torch::Tensor>(norm2_->forward(y));
 }
 
 }  // namespace mhla

@@ -38,6 +38,8 @@ class TransformerBlockImpl : public torch::nn::Module {
                        int64_t mlp_hidden, double drop_path_rate, bool swiglu = false);
   AttentionLayerImpl& attention() { return *attention_; }
   torch::Tensor forward(const torch::Tensor& x);
+  // One decoded token, x [B, 1, dim] (causal attention layers only).
+  torch::Tensor step(const torch::Tensor& x, DecodeState& state);
 
  private:
   torch::nn::LayerNorm norm1_{nullptr}, norm2_{nullptr};
