@@ -233,3 +233,43 @@ TEST_CASE("cli: bench attention prints one JSON line per case and rejects bad sh
   CHECK(not_divisible.exit_code != 0);
   CHECK(contains(error_line(not_divisible.output), "multiple of --blocks 16"));
 }
+
+TEST_CASE("cli: tokenizer, shards, a tiny GPT, eval and generate end to end", "[cli]") {
+  test::TempDir dir("cli-lm");
+  std::string text;
+  for (int i = 0; i < 300; ++i) text += "the cat sat on the mat. the dog sat on the log. ";
+  test::write_text(dir.path() / "corpus.txt", text);
+  test::write_text(dir.path() / "val.txt", text.substr(0, 2000));
+  auto tok = test::run_mhla("tokenizer train --vocab 300 --input corpus.txt --output tok.bpe", dir.str());
+  INFO(tok.output);
+  REQUIRE(tok.exit_code == 0);
+  REQUIRE(test::run_mhla("tokenizer shard --tokenizer tok.bpe --input corpus.txt --output train.bin", dir.str()).exit_code == 0);
+  REQUIRE(test::run_mhla("tokenizer shard --tokenizer tok.bpe --input val.txt --output val.bin", dir.str()).exit_code == 0);
+  test::write_text(dir.path() / "gpt.yaml",
+                   "model:\n  name: gpt\n  vocab_size: 300\n  context: 64\n  width: 32\n  depth: 2\n"
+                   "  heads: 2\nattention:\n  type: linear\n  blocks: 1\ndata:\n  train_shard: train.bin\n"
+                   "  val_shard: val.bin\n  tokenizer: tok.bpe\n  batch_size: 4\noptim:\n  lr: 0.003\n"
+                   "train:\n  epochs: 8\n  log_every: 20\nrun:\n  name: lm\n");
+  auto train = test::run_mhla("train gpt.yaml", dir.str());
+  INFO(train.output);
+  REQUIRE(train.exit_code == 0);
+  CHECK(contains(train.output, "tok/s"));
+  CHECK(contains(train.output, "bits/byte"));
+  auto eval = test::run_mhla("eval runs/lm", dir.str());
+  REQUIRE(eval.exit_code == 0);
+  auto json = nlohmann::json::parse(eval.output.substr(eval.output.rfind("{\"")));
+  CHECK(json["bits_per_byte"].get<double>() > 0);
+  CHECK(json["perplexity"].get<double>() < 300);
+  auto greedy = test::run_mhla("generate runs/lm --prompt 'the cat' --tokens 12 --temperature 0", dir.str());
+  INFO(greedy.output);
+  REQUIRE(greedy.exit_code == 0);
+  CHECK(greedy.output.rfind("the cat", 0) == 0);
+  CHECK(greedy.output.size() > std::string("the cat\n").size());
+  auto again = test::run_mhla("generate runs/lm --prompt 'the cat' --tokens 12 --temperature 0", dir.str());
+  CHECK(again.output == greedy.output);
+  auto sampled = test::run_mhla("generate runs/lm --prompt 'the' --tokens 12 --temperature 1 --top-k 5 --seed 3", dir.str());
+  CHECK(sampled.exit_code == 0);
+  auto bad = test::run_mhla("generate runs/lm --temperature -1", dir.str());
+  CHECK(bad.exit_code != 0);
+  CHECK(contains(error_line(bad.output), "--temperature -1 must be >= 0"));
+}
