@@ -44,6 +44,20 @@ std::string utf8(uint32_t cp) {
   return out;
 }
 
+// Replaces every non-overlapping (left, right), scanning left to right, by `merged`.
+void merge_pair(std::vector<int32_t>& word, int32_t left, int32_t right, int32_t merged) {
+  size_t out = 0;
+  for (size_t i = 0; i < word.size(); ++i) {
+    if (i + 1 < word.size() && word[i] == left && word[i + 1] == right) {
+      word[out++] = merged;
+      ++i;
+    } else {
+      word[out++] = word[i];
+    }
+  }
+  word.resize(out);
+}
+
 }  // namespace
 
 void BpeTokenizer::index_tokens() {
@@ -75,18 +89,7 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& ou
     }
     if (best_rank == std::numeric_limits<int32_t>::max()) break;
     const int32_t left = word[best_at], right = word[best_at + 1];
-    const int32_t merged = merges_.at(pair_key(left, right)).result;
-    std::vector<int32_t> next;
-    next.reserve(word.size());
-    for (size_t i = 0; i < word.size(); ++i) {
-      if (i + 1 < word.size() && word[i] == left && word[i + 1] == right) {
-        next.push_back(merged);
-        ++i;
-      } else {
-        next.push_back(word[i]);
-      }
-    }
-    word.swap(next);
+    merge_pair(word, left, right, merges_.at(pair_key(left, right)).result);
   }
   if (cache_.size() < 1000000) cache_.emplace(std::string(piece), word);
   out.insert(out.end(), word.begin(), word.end());
@@ -175,17 +178,8 @@ BpeTokenizer BpeTokenizer::train(const std::vector<std::string>& texts, int64_t 
         pair_counts[k] -= c;
         touched.insert(k);
       }
-      std::vector<int32_t> next;
-      for (size_t i = 0; i < word.size(); ++i) {
-        if (i + 1 < word.size() && word[i] == left && word[i + 1] == right) {
-          next.push_back(merged);
-          ++i;
-        } else {
-          next.push_back(word[i]);
-        }
-      }
       for (size_t i = 0; i + 1 < word.size(); ++i) pair_words[pair_key(word[i], word[i + 1])].erase(w);
-      word.swap(next);
+      merge_pair(word, left, right, merged);
       for (size_t i = 0; i + 1 < word.size(); ++i) {
         const uint64_t k = pair_key(word[i], word[i + 1]);
         pair_counts[k] += c;
