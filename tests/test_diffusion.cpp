@@ -2,6 +2,7 @@
 
 #include "catch_compat.h"
 #include "diffusion/noise_schedule.h"
+#include "diffusion/samplers.h"
 #include "test_helpers.h"
 
 using namespace mhla;
@@ -61,4 +62,51 @@ TEST_CASE("diffusion: the posterior is the Gaussian conditional of the forward p
   }
   CHECK(s.posterior_variance(torch::zeros({1}, torch::kLong)).item<double>() == 0.0);
   CHECK(std::isfinite(s.posterior_log_variance_clipped(torch::zeros({1}, torch::kLong)).item<double>()));
+}
+
+namespace {
+
+// The exact epsilon predictor when the data are N(mu, s^2): x_t ~ N(sqrt(ab) mu, ab s^2 + 1 - ab)
+// and E[eps | x_t] = sqrt(1 - ab) (x_t - sqrt(ab) mu) / (ab s^2 + 1 - ab).
+EpsilonFn gaussian_oracle(const NoiseSchedule& s, double mu, double sd) {
+  return [&s, mu, sd](const torch::Tensor& x, const torch::Tensor& t) {
+    auto ab = s.gather(s.alpha_bars(), t, x);
+    return (1 - ab).sqrt() * (x - ab.sqrt() * mu) / (ab * sd * sd + 1 - ab);
+  };
+}
+
+}  // namespace
+
+TEST_CASE("diffusion: samplers with the exact predictor reproduce a Gaussian; DDIM eta=0 is deterministic", "[diffusion]") {
+  NoiseSchedule s("linear", 1000);
+  const double mu = 0.3, sd = 0.2;
+  auto oracle = gaussian_oracle(s, mu, sd);
+  torch::manual_seed(4);
+  auto noise = torch::randn({20000, 1}, f64());
+  SamplerOptions options;
+  options.clip_x0 = false;
+  auto g1 = at::detail::createCPUGenerator(1);
+  auto ddpm = ddpm_sample(s, oracle, noise, options, g1);
+  CHECK(ddpm.mean().item<double>() == Approx(mu).margin(0.01));
+  CHECK(ddpm.std().item<double>() == Approx(sd).margin(0.01));
+  options.steps = 100;
+  auto g2 = at::detail::createCPUGenerator(2), g3 = at::detail::createCPUGenerator(3);
+  auto ddim_a = ddim_sample(s, oracle, noise, options, g2);
+  auto ddim_b = ddim_sample(s, oracle, noise, options, g3);
+  CHECK(torch::equal(ddim_a, ddim_b));  // eta = 0: the generator is never used
+  CHECK(ddim_a.mean().item<double>() == Approx(mu).margin(0.01));
+  CHECK(ddim_a.std().item<double>() == Approx(sd).margin(0.02));
+  // eta = 1 over all T steps is DDPM's ancestral sampler.
+  options.eta = 1.0;
+  options.steps = 1000;
+  auto g4 = at::detail::createCPUGenerator(4), g5 = at::detail::createCPUGenerator(5);
+  auto stochastic_a = ddim_sample(s, oracle, noise, options, g4);
+  auto stochastic_b = ddim_sample(s, oracle, noise, options, g5);
+  CHECK_FALSE(torch::equal(stochastic_a, stochastic_b));
+  CHECK(stochastic_a.mean().item<double>() == Approx(mu).margin(0.01));
+  CHECK(stochastic_a.std().item<double>() == Approx(sd).margin(0.02));
+  auto times = ddim_timesteps(1000, 50);
+  CHECK(times.size() == 50);
+  CHECK(times.front() == 999);
+  CHECK(times.back() == 0);
 }
