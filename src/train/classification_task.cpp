@@ -102,6 +102,10 @@ class ClassificationTask : public Task {
 
 }  // namespace
 
+torch::Tensor Task::training_loss(Model& model, const TrainBatch& batch) {
+  return loss(model.forward(batch.input), batch.target);
+}
+
 Registry<TaskEntry>& task_registry() {
   static Registry<TaskEntry> registry("task");
   return registry;

@@ -41,6 +41,9 @@ class Task {
   virtual int64_t samples_per_step() const = 0;
   virtual int64_t steps_per_epoch() const = 0;
   virtual std::unique_ptr<BatchStream> epoch(int64_t epoch, int64_t start_batch) = 0;
+  // The loss of one batch (the trainer runs it under autocast). Default: the loss of
+  // model.forward(input) against target; tasks that drive the model differently override it.
+  virtual torch::Tensor training_loss(Model& model, const TrainBatch& batch);
   virtual torch::Tensor loss(const torch::Tensor& output, const torch::Tensor& target) const = 0;
   virtual EvalReport evaluate(Model& model) = 0;
 };

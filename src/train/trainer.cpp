@@ -125,12 +125,11 @@ TrainOutcome Trainer::run() {
 
     while (auto batch = batches->next()) {
       const double lr = lr_at(schedule, state_.step);
-      torch::Tensor output;
+      torch::Tensor loss;
       {
         AutocastScope autocast(device_, bf16_);
-        output = model_->forward(batch->input);
+        loss = task_->training_loss(*model_, *batch);
       }
-      auto loss = task_->loss(output, batch->target);
       loss.backward();
       clip_grad_norm(params_, c.optim.grad_clip);
       optimizer_->step(lr);
