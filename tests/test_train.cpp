@@ -4,6 +4,7 @@
 #include "core/config.h"
 #include "test_helpers.h"
 #include "train/checkpoint.h"
+#include "train/ema.h"
 #include "train/optimizer.h"
 #include "train/run_folder.h"
 #include "train/schedule.h"
@@ -77,11 +78,25 @@ TEST_CASE("train: gradient clipping bounds the global norm", "[train]") {
   CHECK(after == Approx(1.0).margin(1e-5));
 }
 
+TEST_CASE("train: the EMA follows its update rule", "[train]") {
+  Config c = parse_config("", "t", {"model.width=16", "model.depth=1", "model.heads=2"});
+  auto model = model_registry().get("deit").make(c);
+  Ema ema(*model, 0.9);
+  auto before = model->named_parameters()["head.weight"].detach().clone();
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->parameters()) p.add_(1.0);
+  }
+  ema.update(*model);
+  auto expected = 0.9 * before + 0.1 * (before + 1.0);
+  CHECK(test::relative_error(ema.tensors().at("head.weight"), expected) < 1e-6);
+}
+
 TEST_CASE("train: 20 steps straight equal 10 + resume + 10, bit for bit", "[train]") {
   test::TempDir dir("resume");
   // 512 images / batch 32 = 16 steps per epoch: the stop falls inside epoch 1 and the 20 steps
-  // cross an epoch boundary with its evaluation and checkpoint.
-  Config straight_config = tiny_config(dir.str(), "straight");
+  // cross an epoch boundary with its evaluation and checkpoint. The EMA must resume too.
+  Config straight_config = tiny_config(dir.str(), "straight", {"train.ema_decay=0.9"});
   auto straight_dir = create_run_folder(straight_config);
   Trainer straight(straight_config, straight_dir, false);
   straight.stop_after_step(20);
@@ -89,7 +104,7 @@ TEST_CASE("train: 20 steps straight equal 10 + resume + 10, bit for bit", "[trai
   CHECK(a.interrupted);
   CHECK(a.steps == 20);
 
-  Config split_config = tiny_config(dir.str(), "split");
+  Config split_config = tiny_config(dir.str(), "split", {"train.ema_decay=0.9"});
   auto split_dir = create_run_folder(split_config);
   {
     Trainer first(split_config, split_dir, false);
@@ -111,6 +126,8 @@ TEST_CASE("train: 20 steps straight equal 10 + resume + 10, bit for bit", "[trai
   auto state_b = read_checkpoint(split_dir + "/checkpoints/last");
   for (const auto& [name, t] : state_a.optimizer) CHECK(torch::equal(t, state_b.optimizer.at(name)));
   CHECK(state_a.state.cpu_rng == state_b.state.cpu_rng);
+  REQUIRE_FALSE(state_a.ema.empty());
+  for (const auto& [name, t] : state_a.ema) CHECK(torch::equal(t, state_b.ema.at(name)));
 }
 
 TEST_CASE("train: a small DeiT learns Fashion-MNIST and writes its run folder", "[train]") {

@@ -249,6 +249,8 @@ class Schema {
     text("train.precision", &t.precision, {"auto", "fp32", "bf16"}, "",
          "auto = bf16 autocast on CUDA, fp32 on CPU");
     integer("train.threads", &t.threads, 0, 1024, "CPU intra-op threads (0 = all cores)");
+    real("train.ema_decay", &t.ema_decay, 0, 0.999999,
+         "EMA of the weights after every step (0 = off); saved as ema.safetensors");
 
     auto& r = c_.run;
     text("run.name", &r.name, {}, "",

@@ -84,6 +84,7 @@ struct TrainConfig {
   std::string device = "auto";
   std::string precision = "auto";
   int64_t threads = 0;
+  double ema_decay = 0.0;  // 0: no EMA of the weights
 };
 
 struct RunConfig {

@@ -84,7 +84,7 @@ void load_model_weights(Model& model, const TensorMap& weights, const std::strin
 }
 
 void save_checkpoint(const std::string& dir, const Config& config, Model& model,
-                     const Optimizer* optimizer, const TrainerState& state) {
+                     const Optimizer* optimizer, const TrainerState& state, const TensorMap& ema) {
   const fs::path target(dir);
   const fs::path staging =
       target.parent_path() / ("." + target.filename().string() + ".staging-" +
@@ -99,6 +99,9 @@ void save_checkpoint(const std::string& dir, const Config& config, Model& model,
   if (optimizer) {
     save_safetensors((staging / "optimizer.safetensors").string(), optimizer->state(),
                      {{"optimizer", config.optim.name}});
+  }
+  if (!ema.empty()) {
+    save_safetensors((staging / "ema.safetensors").string(), ema, {{"format", "mhla-ema"}});
   }
   nlohmann::json json = {{"step", state.step},
                          {"epoch", state.epoch},
@@ -135,6 +138,8 @@ Checkpoint read_checkpoint(const std::string& path, const std::vector<std::strin
   checkpoint.weights = load_safetensors((dir / "model.safetensors").string());
   const auto optimizer_path = dir / "optimizer.safetensors";
   if (fs::exists(optimizer_path)) checkpoint.optimizer = load_safetensors(optimizer_path.string());
+  const auto ema_path = dir / "ema.safetensors";
+  if (fs::exists(ema_path)) checkpoint.ema = load_safetensors(ema_path.string());
   const std::string state_path = (dir / "trainer.json").string();
   if (fs::exists(state_path)) {
     try {

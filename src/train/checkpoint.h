@@ -28,11 +28,13 @@ struct Checkpoint {
   Config config;
   TensorMap weights;
   TensorMap optimizer;
+  TensorMap ema;  // empty when the run keeps no EMA
   TrainerState state;
 };
 
 void save_checkpoint(const std::string& dir, const Config& config, Model& model,
-                     const Optimizer* optimizer, const TrainerState& state);
+                     const Optimizer* optimizer, const TrainerState& state,
+                     const TensorMap& ema = {});
 // `path` is a checkpoint folder or a run folder (then checkpoints/best, else checkpoints/last).
 std::string resolve_checkpoint_dir(const std::string& path);
 Checkpoint read_checkpoint(const std::string& path, const std::vector<std::string>& overrides = {});

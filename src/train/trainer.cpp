@@ -45,6 +45,7 @@ Trainer::Trainer(const Config& config, const std::string& run_dir, bool resume)
   for (const auto& group : groups)
     for (const auto& p : group.params) params_.push_back(p);
   optimizer_ = optimizer_registry().get(config.optim.name).make(std::move(groups), config.optim);
+  if (config.train.ema_decay > 0) ema_ = std::make_unique<Ema>(*model_, config.train.ema_decay);
 
   if (resume) {
     Checkpoint checkpoint = read_checkpoint((fs::path(run_dir) / "checkpoints" / "last").string());
@@ -55,6 +56,10 @@ Trainer::Trainer(const Config& config, const std::string& run_dir, bool resume)
     }
     optimizer_->load_state(checkpoint.optimizer, checkpoint.dir + "/optimizer.safetensors");
     state_ = checkpoint.state;
+    if (ema_) {
+      if (checkpoint.ema.empty()) fail("{}/ema.safetensors: missing; cannot resume exactly", checkpoint.dir);
+      ema_->load(checkpoint.ema, checkpoint.dir + "/ema.safetensors");
+    }
     restore_rng_state(state_.cpu_rng, false, checkpoint.dir + "/trainer.json");
     if (device_.is_cuda() && !state_.cuda_rng.empty()) {
       restore_rng_state(state_.cuda_rng, true, checkpoint.dir + "/trainer.json");
@@ -67,7 +72,7 @@ void Trainer::save(const std::string& name) {
   state_.cpu_rng = capture_rng_state(false);
   state_.cuda_rng = device_.is_cuda() ? capture_rng_state(true) : "";
   save_checkpoint((fs::path(run_dir_) / "checkpoints" / name).string(), config_, *model_,
-                  optimizer_.get(), state_);
+                  optimizer_.get(), state_, ema_ ? ema_->tensors() : TensorMap{});
 }
 
 void Trainer::evaluate_and_record(int64_t epoch) {
@@ -134,6 +139,7 @@ TrainOutcome Trainer::run() {
       clip_grad_norm(params_, c.optim.grad_clip);
       optimizer_->step(lr);
       model_->project_parameters();
+      if (ema_) ema_->update(*model_);
       optimizer_->zero_grad();
       loss_sum += loss.detach();
       ++loss_count;

@@ -9,6 +9,7 @@
 #include "core/config.h"
 #include "models/model.h"
 #include "train/checkpoint.h"
+#include "train/ema.h"
 #include "train/optimizer.h"
 #include "train/run_folder.h"
 #include "train/task.h"
@@ -44,6 +45,7 @@ class Trainer {
   bool bf16_;
   std::shared_ptr<Model> model_;
   std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<Ema> ema_;
   std::vector<torch::Tensor> params_;
   std::unique_ptr<Task> task_;
   TrainerState state_;

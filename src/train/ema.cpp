@@ -1,0 +1,39 @@
+#include "train/ema.h"
+
+#include "core/error.h"
+
+namespace mhla {
+
+Ema::Ema(Model& model, double decay) : decay_(decay) {
+  torch::NoGradGuard no_grad;
+  for (const auto& item : model.named_parameters()) {
+    names_.push_back(item.key());
+    shadow_.push_back(item.value().detach().clone());
+  }
+}
+
+void Ema::update(Model& model) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> params;
+  for (const auto& item : model.named_parameters()) params.push_back(item.value());
+  // ema += (1 - decay) (param - ema)
+  at::_foreach_lerp_(shadow_, params, 1.0 - decay_);
+}
+
+TensorMap Ema::tensors() const {
+  TensorMap out;
+  for (size_t i = 0; i < names_.size(); ++i) out[names_[i]] = shadow_[i];
+  return out;
+}
+
+void Ema::load(const TensorMap& tensors, const std::string& file) {
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < names_.size(); ++i) {
+    auto it = tensors.find(names_[i]);
+    if (it == tensors.end()) fail("{}: EMA tensor '{}' is missing", file, names_[i]);
+    if (it->second.sizes() != shadow_[i].sizes()) fail("{}: EMA tensor '{}' has the wrong shape", file, names_[i]);
+    shadow_[i].copy_(it->second);
+  }
+}
+
+}  // namespace mhla
