@@ -8,6 +8,7 @@
 #include "core/registered_names.h"
 #include "data/image_dataset.h"
 #include "models/deit.h"
+#include "models/dit.h"
 #include "models/gpt.h"
 #include "train/optimizer.h"
 #include "train/schedule.h"
@@ -26,6 +27,7 @@ void register_builtins() {
 
     register_deit(model_registry());
     register_gpt(model_registry());
+    register_dit(model_registry());
 
     register_fashion_mnist(dataset_registry());
     register_synthetic_images(dataset_registry());
@@ -37,6 +39,7 @@ void register_builtins() {
 
     register_classification_task(task_registry());
     register_language_model_task(task_registry());
+    register_diffusion_task(task_registry());
   });
 }
 

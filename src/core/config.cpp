@@ -252,6 +252,15 @@ class Schema {
     real("train.ema_decay", &t.ema_decay, 0, 0.999999,
          "EMA of the weights after every step (0 = off); saved as ema.safetensors");
 
+    auto& f = c_.diffusion;
+    text("diffusion.schedule", &f.schedule, {"linear", "cosine"}, "", "DDPM beta schedule");
+    integer("diffusion.steps", &f.steps, 2, 100000, "diffusion timesteps T");
+    real("diffusion.label_dropout", &f.label_dropout, 0, 1,
+         "share of training labels replaced by the null class (classifier-free guidance)");
+    integer("diffusion.sample_steps", &f.sample_steps, 1, 100000, "DDIM steps when sampling");
+    real("diffusion.eta", &f.eta, 0, 1, "DDIM stochasticity (0 = deterministic)");
+    real("diffusion.cfg_scale", &f.cfg_scale, 0, 100, "classifier-free guidance scale (1 = none)");
+
     auto& r = c_.run;
     text("run.name", &r.name, {}, "",
          "run folder name under run.root (empty: the config file's name, made unique)");

@@ -87,6 +87,15 @@ struct TrainConfig {
   double ema_decay = 0.0;  // 0: no EMA of the weights
 };
 
+struct DiffusionConfig {
+  std::string schedule = "linear";
+  int64_t steps = 1000;
+  double label_dropout = 0.1;  // classifier-free guidance: labels replaced by the null class
+  int64_t sample_steps = 50;   // DDIM steps for evaluation samples
+  double eta = 0.0;
+  double cfg_scale = 1.0;      // guidance scale for evaluation samples (1 = none)
+};
+
 struct RunConfig {
   std::string name;  // empty: derived from the config file's name
   std::string root = "runs";
@@ -99,6 +108,7 @@ struct Config {
   OptimConfig optim;
   ScheduleConfig schedule;
   TrainConfig train;
+  DiffusionConfig diffusion;
   RunConfig run;
 
   std::string source_file;                    // the YAML file it was read from ("" if none)

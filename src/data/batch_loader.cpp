@@ -105,9 +105,10 @@ Batch BatchLoader::build(int64_t batch_index) const {
   const uint8_t* pixels = dataset_.images.data_ptr<uint8_t>();
   const int64_t* labels = dataset_.labels.data_ptr<int64_t>();
 
-  // Pixel p in [0, 255] -> (p / 255 - mean) / std; canvas background is pixel 0.
-  const float scale = static_cast<float>(1.0 / (255.0 * dataset_.stddev));
-  const float shift = static_cast<float>(-dataset_.mean / dataset_.stddev);
+  // Pixel p in [0, 255] -> (p / 255 - mean) / std, or 2 p / 255 - 1; canvas background is pixel 0.
+  const float scale = options_.unit_range ? 2.0f / 255.0f
+                                          : static_cast<float>(1.0 / (255.0 * dataset_.stddev));
+  const float shift = options_.unit_range ? -1.0f : static_cast<float>(-dataset_.mean / dataset_.stddev);
   const int64_t p = options_.crop_padding;
   for (int64_t i = 0; i < count; ++i) {
     const int64_t position = begin + i;

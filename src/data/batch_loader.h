@@ -31,10 +31,11 @@ struct LoaderOptions {
   int64_t epoch = 0;
   int64_t start_batch = 0;    // resume inside an epoch
   bool pin_memory = false;
+  bool unit_range = false;    // pixels to [-1, 1] (diffusion) instead of (p - mean) / std
 };
 
 struct Batch {
-  torch::Tensor images;  // float32 [B, C, out_size, out_size], normalized
+  torch::Tensor images;  // float32 [B, C, out_size, out_size], normalized (or in [-1, 1])
   torch::Tensor labels;  // int64 [B]
   int64_t index = 0;     // batch index in the epoch
 };

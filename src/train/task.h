@@ -56,5 +56,6 @@ struct TaskEntry {
 Registry<TaskEntry>& task_registry();
 void register_classification_task(Registry<TaskEntry>& registry);
 void register_language_model_task(Registry<TaskEntry>& registry);
+void register_diffusion_task(Registry<TaskEntry>& registry);
 
 }  // namespace mhla

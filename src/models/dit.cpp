@@ -1,0 +1,154 @@
+#include "models/dit.h"
+
+#include <cmath>
+
+#include "attention/attention_type.h"
+#include "core/error.h"
+#include "models/deit.h"
+
+namespace mhla {
+namespace {
+
+constexpr int64_t kFrequencyDim = 256;
+
+// x * (1 + scale) + shift, with per-sample [B, dim] scale and shift.
+torch::Tensor modulate(const torch::Tensor& x, const torch::Tensor& shift, const torch::Tensor& scale) {
+  return x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1);
+}
+
+torch::nn::LayerNorm plain_norm(int64_t dim) {
+  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).elementwise_affine(false).eps(1e-6));
+}
+
+}  // namespace
+
+torch::Tensor timestep_embedding(const torch::Tensor& t, int64_t dim) {
+  const int64_t half = dim / 2;
+  auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(t.device());
+  auto frequencies = torch::exp(-std::log(10000.0) * torch::arange(half, f32) / static_cast<double>(half));
+  auto args = t.to(torch::kFloat32).unsqueeze(1) * frequencies.unsqueeze(0);
+  return torch::cat({torch::cos(args), torch::sin(args)}, 1);
+}
+
+torch::Tensor sincos_position_embedding(int64_t grid_h, int64_t grid_w, int64_t dim) {
+  // Half the channels encode the row, half the column; each half is [sin, cos] of pos * omega.
+  auto one_axis = [](const torch::Tensor& positions, int64_t d) {
+    auto omega = 1.0 / torch::pow(10000.0, torch::arange(d / 2, torch::kFloat64) / (d / 2.0));
+    auto out = positions.to(torch::kFloat64).unsqueeze(1) * omega.unsqueeze(0);
+    return torch::cat({torch::sin(out), torch::cos(out)}, 1);
+  };
+  auto rows = torch::arange(grid_h, torch::kLong).repeat_interleave(grid_w);
+  auto cols = torch::arange(grid_w, torch::kLong).repeat({grid_h});
+  return torch::cat({one_axis(rows, dim / 2), one_axis(cols, dim / 2)}, 1).to(torch::kFloat32);
+}
+
+DitBlockImpl::DitBlockImpl(std::shared_ptr<AttentionLayerImpl> attention, int64_t dim, int64_t mlp_hidden) {
+  norm1_ = register_module("norm1", plain_norm(dim));
+  attention_ = register_module("attn", std::move(attention));
+  norm2_ = register_module("norm2", plain_norm(dim));
+  mlp_ = register_module("mlp", Mlp(dim, mlp_hidden));
+  modulation_ = register_module("modulation", torch::nn::Linear(dim, 6 * dim));
+}
+
+torch::Tensor DitBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& condition) {
+  auto m = modulation_->forward(torch::silu(condition)).chunk(6, 1);
+  auto y = x + m[2].unsqueeze(1) * attention_->forward(modulate(norm1_->forward(x), m[0], m[1]));
+  return y + m[5].unsqueeze(1) * mlp_->forward(modulate(norm2_->forward(y), m[3], m[4]));
+}
+
+Dit::Dit(const Config& config) : config_(config), layout_(image_token_layout(config)) {
+  const auto& m = config.model;
+  const int64_t padded = layout_.grid_h * m.patch_size;
+  pad_before_ = (padded - m.image_size) / 2;
+  pad_after_ = padded - m.image_size - pad_before_;
+  patch_embed_ = register_module(
+      "patch_embed",
+      torch::nn::Conv2d(torch::nn::Conv2dOptions(m.in_channels, m.width, m.patch_size).stride(m.patch_size)));
+  // Fixed (not learned) position embedding, laid out block-major like the tokens.
+  auto raster = sincos_position_embedding(layout_.grid_h, layout_.grid_w, m.width);
+  auto grid = raster.t().reshape({1, m.width, layout_.grid_h, layout_.grid_w});
+  pos_embed_ = register_buffer("pos_embed", layout_.to_tokens(grid));
+  time_fc1_ = register_module("time_fc1", torch::nn::Linear(kFrequencyDim, m.width));
+  time_fc2_ = register_module("time_fc2", torch::nn::Linear(m.width, m.width));
+  class_embedding_ = register_module("class_embedding", torch::nn::Embedding(m.num_classes + 1, m.width));
+
+  const auto& type = attention_registry().get(config.attention.type);
+  AttentionSpec spec;
+  spec.dim = m.width;
+  spec.heads = m.heads;
+  spec.layout = layout_;
+  spec.config = config.attention;
+  spec.where = config.where("attention.backend");
+  const int64_t hidden = static_cast<int64_t>(std::llround(m.width * m.mlp_ratio));
+  auto block_list = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t i = 0; i < m.depth; ++i) {
+    blocks_.push_back(DitBlock(type.make_layer(spec, type), m.width, hidden));
+    block_list->push_back(blocks_.back());
+  }
+  final_norm_ = register_module("final_norm", plain_norm(m.width));
+  final_modulation_ = register_module("final_modulation", torch::nn::Linear(m.width, 2 * m.width));
+  final_linear_ = register_module(
+      "final_linear", torch::nn::Linear(m.width, m.patch_size * m.patch_size * m.in_channels));
+
+  // DiT's init: Xavier-uniform linears, N(0, 0.02) class and time MLP weights, patch embedding
+  // like a linear; adaLN modulations and the final layer zero (each block starts as identity).
+  torch::NoGradGuard no_grad;
+  for (auto& item : named_parameters()) {
+    const std::string& name = item.key();
+    auto& p = item.value();
+    const auto leaf = name.substr(name.rfind('.') + 1);
+    if (leaf == "mixing" || leaf == "A_log" || leaf == "dt_bias" || name.find("norm") != std::string::npos) continue;
+    if (leaf == "bias") {
+      p.zero_();
+    } else if (name.rfind("class_embedding", 0) == 0 || name.rfind("time_fc", 0) == 0) {
+      p.normal_(0.0, 0.02);
+    } else if (p.dim() >= 2 && name.find("conv") == std::string::npos && name.find("cpe") == std::string::npos) {
+      auto flat = p.view({p.size(0), -1});
+      torch::nn::init::xavier_uniform_(flat);
+    }
+  }
+  for (auto& block : blocks_) {
+    for (auto& item : block->named_parameters()) {
+      if (item.key().rfind("modulation", 0) == 0) item.value().zero_();
+    }
+  }
+  final_modulation_->weight.zero_();
+  final_modulation_->bias.zero_();
+  final_linear_->weight.zero_();
+  final_linear_->bias.zero_();
+}
+
+torch::Tensor Dit::forward(const torch::Tensor&) {
+  fail("dit: a diffusion model is called through denoise(x_t, t, y)");
+}
+
+torch::Tensor Dit::denoise(const torch::Tensor& x, const torch::Tensor& t, const torch::Tensor& y) {
+  const auto& m = config_.model;
+  TORCH_CHECK(x.dim() == 4 && x.size(1) == m.in_channels && x.size(2) == m.image_size &&
+                  x.size(3) == m.image_size,
+              "dit: expected images [B, ", m.in_channels, ", ", m.image_size, ", ", m.image_size, "]");
+  auto input = x;
+  if (pad_before_ + pad_after_ > 0) {
+    input = torch::constant_pad_nd(input, {pad_before_, pad_after_, pad_before_, pad_after_}, 0.0);
+  }
+  auto tokens = layout_.to_tokens(patch_embed_->forward(input)) + pos_embed_;
+  auto time = time_fc2_->forward(torch::silu(time_fc1_->forward(timestep_embedding(t, kFrequencyDim))));
+  auto condition = time + class_embedding_->forward(y);
+  for (auto& block : blocks_) tokens = block->forward(tokens, condition);
+  auto fm = final_modulation_->forward(torch::silu(condition)).chunk(2, 1);
+  auto out = final_linear_->forward(modulate(final_norm_->forward(tokens), fm[0], fm[1]));
+  // Unpatchify: [B, N, p*p*C] (block-major) -> [B, C, S', S'], then drop the padding.
+  const int64_t p = m.patch_size, c = m.in_channels, b = x.size(0);
+  auto grid = layout_.to_grid(out);  // [B, p*p*C, gh, gw]
+  auto image = grid.view({b, p, p, c, layout_.grid_h, layout_.grid_w})
+                   .permute({0, 3, 4, 1, 5, 2})
+                   .reshape({b, c, layout_.grid_h * p, layout_.grid_w * p});
+  return image.narrow(2, pad_before_, m.image_size).narrow(3, pad_before_, m.image_size);
+}
+
+void register_dit(Registry<ModelEntry>& registry) {
+  registry.add("dit", {"DiT class-conditional diffusion transformer (adaLN-Zero, patchify 2)",
+                       "diffusion", [](const Config& c) { return std::make_shared<Dit>(c); }});
+}
+
+}  // namespace mhla
