@@ -273,3 +273,40 @@ TEST_CASE("cli: tokenizer, shards, a tiny GPT, eval and generate end to end", "[
   CHECK(bad.exit_code != 0);
   CHECK(contains(error_line(bad.output), "--temperature -1 must be >= 0"));
 }
+
+TEST_CASE("cli: a tiny DiT trains, and sample writes PNGs and a grid", "[cli]") {
+  test::TempDir dir("cli-dit");
+  test::write_text(dir.path() / "dit.yaml",
+                   "model:\n  name: dit\n  image_size: 28\n  patch_size: 7\n  width: 32\n  depth: 1\n"
+                   "  heads: 2\nattention:\n  type: mhla\n  blocks: 4\ndata:\n  train_limit: 256\n"
+                   "  test_limit: 64\n  batch_size: 64\ntrain:\n  epochs: 1\n  ema_decay: 0.9\n"
+                   "diffusion:\n  steps: 100\nrun:\n  name: d\n");
+  auto train = test::run_mhla("train dit.yaml", dir.str());
+  INFO(train.output);
+  REQUIRE(train.exit_code == 0);
+  CHECK(contains(train.output, "test diffusion loss"));
+  auto sample = test::run_mhla("sample runs/d --n 5 --steps 4 --cfg 2 --out samples --seed 7", dir.str());
+  INFO(sample.output);
+  REQUIRE(sample.exit_code == 0);
+  const auto grid = dir.path() / "samples" / "grid.png";
+  REQUIRE(std::filesystem::exists(grid));
+  int pngs = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path() / "samples")) pngs += entry.path().extension() == ".png";
+  CHECK(pngs == 6);
+  auto first = read_file((dir.path() / "samples" / "sample_00000_class0.png").string());
+  CHECK(first.substr(1, 3) == "PNG");
+  auto be32 = [&](size_t at) {
+    return (static_cast<uint8_t>(first[at]) << 24) | (static_cast<uint8_t>(first[at + 1]) << 16) |
+           (static_cast<uint8_t>(first[at + 2]) << 8) | static_cast<uint8_t>(first[at + 3]);
+  };
+  CHECK(be32(16) == 28);  // IHDR width
+  CHECK(be32(20) == 28);  // IHDR height
+  auto again = test::run_mhla("sample runs/d --n 5 --steps 4 --cfg 2 --out again --seed 7", dir.str());
+  REQUIRE(again.exit_code == 0);
+  CHECK(read_file((dir.path() / "again" / "grid.png").string()) == read_file(grid.string()));  // DDIM eta = 0
+  auto bad = test::run_mhla("sample runs/d --class 12 --out x", dir.str());
+  CHECK(bad.exit_code != 0);
+  CHECK(contains(error_line(bad.output), "--class 12: the model has classes 0..9"));
+  auto wrong = test::run_mhla("sample runs/d --sampler euler --out x", dir.str());
+  CHECK(wrong.exit_code != 0);
+}

@@ -17,5 +17,6 @@ Command add_info_command(CLI::App& parent);
 Command add_bench_command(CLI::App& parent);
 Command add_tokenizer_command(CLI::App& parent);
 Command add_generate_command(CLI::App& parent);
+Command add_sample_command(CLI::App& parent);
 
 }  // namespace mhla

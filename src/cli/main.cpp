@@ -16,7 +16,8 @@ int main(int argc, char** argv) {
     mhla::register_builtins();
     commands = {mhla::add_train_command(app), mhla::add_eval_command(app),
                 mhla::add_info_command(app), mhla::add_bench_command(app),
-                mhla::add_tokenizer_command(app), mhla::add_generate_command(app)};
+                mhla::add_tokenizer_command(app), mhla::add_generate_command(app),
+                mhla::add_sample_command(app)};
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);

@@ -1,0 +1,128 @@
+#include <cmath>
+#include <filesystem>
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "core/device.h"
+#include "core/error.h"
+#include "core/logging.h"
+#include "diffusion/samplers.h"
+#include "image/png_writer.h"
+#include "models/dit.h"
+#include "train/checkpoint.h"
+
+namespace mhla {
+namespace {
+
+struct SampleArgs {
+  std::string checkpoint;
+  int64_t label = -1;
+  int64_t count = 16;
+  int64_t steps = 50;
+  double cfg = 1.0;
+  double eta = 0.0;
+  std::string sampler = "ddim";
+  std::string out;
+  int64_t seed = 0;
+  int64_t batch = 256;
+  bool raw_weights = false;
+  std::vector<std::string> overrides;
+};
+
+int run_sample(const SampleArgs& args) {
+  Checkpoint checkpoint = read_checkpoint(args.checkpoint, args.overrides);
+  const Config& config = checkpoint.config;
+  if (config.model.name != "dit") {
+    fail("{}: model '{}' is not a diffusion model; sample needs a dit checkpoint", checkpoint.dir,
+         config.model.name);
+  }
+  if (args.label >= config.model.num_classes) {
+    fail("--class {}: the model has classes 0..{}", args.label, config.model.num_classes - 1);
+  }
+  if (args.cfg < 0) fail("--cfg {} must be >= 0", args.cfg);
+  const torch::Device device = resolve_device(config);
+  auto base = model_registry().get("dit").make(config);
+  // EMA weights when the run kept them (DiT samples with the EMA), unless --raw-weights.
+  const bool use_ema = !checkpoint.ema.empty() && !args.raw_weights;
+  TensorMap weights = checkpoint.weights;
+  if (use_ema) {
+    for (const auto& [name, tensor] : checkpoint.ema) weights[name] = tensor;
+  }
+  load_model_weights(*base, weights, checkpoint.dir + (use_ema ? "/ema.safetensors" : "/model.safetensors"));
+  auto& dit = dynamic_cast<Dit&>(*base);
+  base->to(device);
+  base->eval();
+  torch::NoGradGuard no_grad;
+  NoiseSchedule schedule(config.diffusion.schedule, config.diffusion.steps);
+  SamplerOptions options;
+  options.steps = args.steps;
+  options.eta = args.eta;
+  torch::Generator generator = at::detail::createCPUGenerator(static_cast<uint64_t>(args.seed));
+  std::filesystem::create_directories(args.out);
+  const bool bf16 = uses_bf16_autocast(config, device);
+  std::vector<torch::Tensor> all;
+  for (int64_t begin = 0; begin < args.count; begin += args.batch) {
+    const int64_t b = std::min(args.batch, args.count - begin);
+    auto labels = args.label >= 0 ? torch::full({b}, args.label, torch::kLong)
+                                  : torch::remainder(torch::arange(begin, begin + b, torch::kLong),
+                                                     config.model.num_classes);
+    labels = labels.to(device);
+    auto null = torch::full_like(labels, dit.null_class());
+    EpsilonFn eps = [&](const torch::Tensor& x, const torch::Tensor& t) {
+      AutocastScope autocast(device, bf16);
+      if (args.cfg == 1.0) return dit.denoise(x, t, labels).to(torch::kFloat32);
+      // Classifier-free guidance: eps_u + w (eps_c - eps_u), both halves in one batch.
+      auto both = dit.denoise(torch::cat({x, x}), torch::cat({t, t}), torch::cat({labels, null}))
+                      .to(torch::kFloat32);
+      auto conditional = both.narrow(0, 0, b), unconditional = both.narrow(0, b, b);
+      return unconditional + args.cfg * (conditional - unconditional);
+    };
+    auto noise = at::normal(0.0, 1.0, {b, config.model.in_channels, config.model.image_size,
+                                       config.model.image_size},
+                            generator, torch::TensorOptions().dtype(torch::kFloat32))
+                     .to(device);
+    auto images = args.sampler == "ddpm" ? ddpm_sample(schedule, eps, noise, options, generator)
+                                         : ddim_sample(schedule, eps, noise, options, generator);
+    images = images.cpu();
+    for (int64_t i = 0; i < b; ++i) {
+      write_png(fmt::format("{}/sample_{:05d}_class{}.png", args.out, begin + i, labels[i].item<int64_t>()),
+                images[i]);
+    }
+    all.push_back(images);
+    logger().info("sampled {}/{}", begin + b, args.count);
+  }
+  auto stacked = torch::cat(all);
+  const auto columns = static_cast<int64_t>(std::ceil(std::sqrt(static_cast<double>(stacked.size(0)))));
+  write_png(args.out + "/grid.png", image_grid(stacked.narrow(0, 0, std::min<int64_t>(stacked.size(0), 256)), columns));
+  nlohmann::json summary = {{"out", args.out}, {"count", args.count}, {"sampler", args.sampler},
+                            {"steps", args.sampler == "ddpm" ? config.diffusion.steps : args.steps},
+                            {"cfg", args.cfg}, {"eta", args.eta}, {"ema", use_ema},
+                            {"checkpoint", checkpoint.dir}};
+  std::cout << summary.dump() << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+Command add_sample_command(CLI::App& parent) {
+  auto args = std::make_shared<SampleArgs>();
+  auto* app = parent.add_subcommand("sample", "draw images from a diffusion (dit) checkpoint");
+  app->add_option("checkpoint", args->checkpoint, "checkpoint folder or run folder")->required();
+  app->add_option("--class", args->label, "class to draw (-1: cycle through the classes)")->capture_default_str();
+  app->add_option("--n", args->count, "number of images")->check(CLI::Range(int64_t{1}, int64_t{1} << 24))->capture_default_str();
+  app->add_option("--steps", args->steps, "DDIM steps")->check(CLI::Range(int64_t{1}, int64_t{100000}))->capture_default_str();
+  app->add_option("--cfg", args->cfg, "classifier-free guidance scale (1 = none)")->capture_default_str();
+  app->add_option("--eta", args->eta, "DDIM stochasticity")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  app->add_option("--sampler", args->sampler, "ddim or ddpm (all steps, ancestral)")
+      ->check(CLI::IsMember({"ddim", "ddpm"}))->capture_default_str();
+  app->add_option("--out", args->out, "folder for the PNGs and grid.png")->required();
+  app->add_option("--seed", args->seed, "noise seed")->capture_default_str();
+  app->add_option("--batch", args->batch, "images per batch")->check(CLI::Range(int64_t{1}, int64_t{1} << 16))->capture_default_str();
+  app->add_flag("--raw-weights", args->raw_weights, "use the trained weights, not the EMA");
+  app->add_option("--set", args->overrides, "override a config key")->type_name("KEY=VALUE");
+  return {app, [args] { return run_sample(*args); }};
+}
+
+}  // namespace mhla
