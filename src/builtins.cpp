@@ -8,6 +8,7 @@
 #include "core/registered_names.h"
 #include "data/image_dataset.h"
 #include "models/deit.h"
+#include "models/cnn.h"
 #include "models/dit.h"
 #include "models/gpt.h"
 #include "train/optimizer.h"
@@ -28,6 +29,7 @@ void register_builtins() {
     register_deit(model_registry());
     register_gpt(model_registry());
     register_dit(model_registry());
+    register_cnn(model_registry());
 
     register_fashion_mnist(dataset_registry());
     register_synthetic_images(dataset_registry());

@@ -25,6 +25,7 @@ const OpShape kShapes[] = {
     {"64 blocks", 1, 1, 256, 32, 64},
     {"large magnitude", 2, 2, 64, 64, 4, 30.0},
     {"large B*H", 16, 16, 32, 32, 4},
+    {"long blocks (several GPU chunks per block)", 1, 2, 1200, 64, 2},
 };
 
 struct Result {
@@ -57,8 +58,10 @@ Result run(const OpFn& op, const torch::Tensor& q, const torch::Tensor& k, const
 void check_backend(const std::string& name, const AttentionType& type, const std::string& backend,
                    const torch::Device& device, torch::ScalarType dtype) {
   for (bool causal : type.causal_modes) {
+    if (causal && type.bidirectional_only.count(backend)) continue;
     for (const auto& shape : kShapes) {
-      INFO(name << " / " << backend << " on " << device.str() << (causal ? ", causal: " : ": ")
+      INFO(name << " / " << backend << " on " << device.str() << " in " << c10::toString(dtype)
+                << (causal ? ", causal: " : ": ")
                 << shape.what << " (B=" << shape.batch << " H=" << shape.heads << " N="
                 << shape.tokens << " D=" << shape.head_dim << " M=" << shape.blocks << ")");
       const std::vector<int64_t> dims = {shape.batch, shape.tokens, shape.heads, shape.head_dim};
@@ -75,7 +78,8 @@ void check_backend(const std::string& name, const AttentionType& type, const std
                                    torch::TensorOptions());
       auto expected = run(type.backends.at("reference"), q, k, v, args, grad_out, torch::kCPU,
                           torch::kFloat32);
-      auto got = run(select_backend(name, type, backend, device, "test"), q, k, v, args, grad_out,
+      auto got = run(select_backend(name, type, backend, device, "test", causal), q, k, v, args,
+                     grad_out,
                      device, dtype);
       REQUIRE(got.out.sizes() == expected.out.sizes());
       CHECK(got.out.isfinite().all().item<bool>());
@@ -105,15 +109,17 @@ TEST_CASE("ops: every op and CPU backend on bf16 inputs matches the float32 refe
   }
 }
 
-TEST_CASE("ops: every op and GPU backend on bf16 inputs matches the float32 reference", "[attention][gpu]") {
+TEST_CASE("ops: every op and GPU backend on bf16, fp16 and fp32 inputs matches the float32 reference", "[attention][gpu]") {
   if (!torch::cuda::is_available()) {
     WARN("no CUDA device: skipped");
     return;
   }
   torch::manual_seed(12);
-  for (const auto& [name, type] : attention_registry().entries()) {
-    for (const auto& [backend, fn] : type.backends) {
-      check_backend(name, type, backend, torch::Device(torch::kCUDA, 0), torch::kBFloat16);
+  for (auto dtype : {torch::kBFloat16, torch::kFloat16, torch::kFloat32}) {
+    for (const auto& [name, type] : attention_registry().entries()) {
+      for (const auto& [backend, fn] : type.backends) {
+        check_backend(name, type, backend, torch::Device(torch::kCUDA, 0), dtype);
+      }
     }
   }
 }

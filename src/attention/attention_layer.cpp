@@ -20,14 +20,16 @@ AttentionLayerImpl::AttentionLayerImpl(const AttentionSpec& spec, const Attentio
   }
   // A backend this build lacks is an error at build time, not mid-run.
   if (spec.config.backend != "auto" && !type.backends.count(spec.config.backend)) {
-    select_backend(spec.config.type, type, spec.config.backend, torch::kCUDA, spec.where);
+    select_backend(spec.config.type, type, spec.config.backend, torch::kCUDA, spec.where,
+                   spec.causal);
   }
 }
 
 const OpFn& AttentionLayerImpl::backend_for(const torch::Device& device) {
   const OpFn*& cached = device.is_cuda() ? cuda_backend_ : cpu_backend_;
   if (!cached) {
-    cached = &select_backend(spec_.config.type, type_, spec_.config.backend, device, spec_.where);
+    cached = &select_backend(spec_.config.type, type_, spec_.config.backend, device, spec_.where,
+                             spec_.causal);
   }
   return *cached;
 }

@@ -3,6 +3,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "attention/attention_layer.h"
@@ -17,6 +18,7 @@ struct AttentionType {
   bool uses_rotary = false;                // with model.positions = rope, q and k are rotated
   std::map<std::string, OpFn> backends;    // "reference" always; "cuda", "cudnn" where built
   std::vector<std::string> gpu_preference; // backends auto tries on CUDA, best first
+  std::set<std::string> bidirectional_only; // backends without a causal mode (auto skips them)
   DecodeFn decode;                         // one-token step for causal decoding (if any)
   std::function<std::shared_ptr<AttentionLayerImpl>(const AttentionSpec&, const AttentionType&)>
       make_layer;
@@ -29,9 +31,9 @@ struct AttentionType {
 Registry<AttentionType>& attention_registry();
 
 // Picks the op for a device: an explicit backend must exist and suit the device; auto takes the
-// first of gpu_preference that exists on CUDA, else reference.
+// first of gpu_preference that exists on CUDA (and has the causal mode asked for), else reference.
 const OpFn& select_backend(const std::string& type_name, const AttentionType& type,
                            const std::string& backend, const torch::Device& device,
-                           const std::string& where);
+                           const std::string& where, bool causal = false);
 
 }  // namespace mhla

@@ -1,6 +1,7 @@
 #include "attention/linear.h"
 
 #include "attention/causal_linear.h"
+#include "attention/block_linear_cuda.h"
 #include "attention/registrations.h"
 #include "core/error.h"
 
@@ -19,6 +20,11 @@ void register_linear_attention(Registry<AttentionType>& registry) {
   type.causal_modes = {false, true};
   type.decode = [](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                    const OpArgs&, DecodeState& state) { return causal_linear_decode(q, k, v, state); };
+#ifdef MHLA_WITH_CUDA_KERNELS
+  type.backends["cuda"] = linear_attention_cuda;  // fused kernels, bidirectional
+  type.gpu_preference = {"cuda"};
+  type.bidirectional_only = {"cuda"};
+#endif
   type.backends["reference"] = linear_attention_reference;
   type.make_layer = [](const AttentionSpec& spec, const AttentionType& t) {
     return std::make_shared<AttentionLayerImpl>(spec, t);

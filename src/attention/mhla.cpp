@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "attention/causal_linear.h"
+#include "attention/block_linear_cuda.h"
 #include "attention/registrations.h"
 #include "core/error.h"
 
@@ -118,6 +119,11 @@ void register_mhla_attention(Registry<AttentionType>& registry) {
                    const OpArgs& args, DecodeState& state) {
     return causal_mhla_decode(q, k, v, args.mixing, state);
   };
+#ifdef MHLA_WITH_CUDA_KERNELS
+  type.backends["cuda"] = mhla_cuda;  // fused kernels, bidirectional
+  type.gpu_preference = {"cuda"};
+  type.bidirectional_only = {"cuda"};
+#endif
   type.backends["reference"] = mhla_reference;
   type.make_layer = [](const AttentionSpec& spec, const AttentionType& t) {
     return std::make_shared<MhlaLayerImpl>(spec, t);

@@ -39,7 +39,7 @@ double measure_copy_bandwidth(const torch::Device& device) {
 nlohmann::json bench_attention(const AttentionBenchCase& c, const torch::Device& device,
                                double copy_bandwidth) {
   const auto& type = attention_registry().get(c.op);
-  const OpFn& op = select_backend(c.op, type, c.backend, device, "bench");
+  const OpFn& op = select_backend(c.op, type, c.backend, device, "bench", c.causal);
   auto options = torch::TensorOptions().dtype(c.dtype).device(device);
   const std::vector<int64_t> shape = {c.batch, c.tokens, c.heads, c.head_dim};
   auto q = torch::randn(shape, options).requires_grad_(true);

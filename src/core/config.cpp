@@ -318,7 +318,8 @@ bool is_square(int64_t n) {
 }
 
 void validate(const Config& c) {
-  if (c.model.width % c.model.heads != 0)
+  // (The CNN has no attention heads.)
+  if (c.model.name != "cnn" && c.model.width % c.model.heads != 0)
     fail("{}: model.heads = {} must divide model.width = {}", c.where("model.heads"),
          c.model.heads, c.model.width);
   if (!c.attention.pattern.empty()) {

@@ -1,6 +1,7 @@
 #include "models/model.h"
 
 #include "attention/attention_layer.h"
+#include "core/error.h"
 
 namespace mhla {
 
@@ -10,6 +11,10 @@ void Model::project_parameters() {
       projected->project_parameters();
     }
   }
+}
+
+torch::Tensor Model::features(const torch::Tensor&) {
+  throw Error("this model has no feature representation");
 }
 
 int64_t Model::parameter_count() {

@@ -15,6 +15,8 @@ class Model : public torch::nn::Module {
  public:
   // images [B, C, H, W] -> logits [B, classes] (classifiers).
   virtual torch::Tensor forward(const torch::Tensor& input) = 0;
+  // Classifiers: the pooled representation before the head (FID feature space).
+  virtual torch::Tensor features(const torch::Tensor& input);
   // Applies every submodule's parameter projection (e.g. MHLA mixing into [0, 1]).
   void project_parameters();
   int64_t parameter_count();

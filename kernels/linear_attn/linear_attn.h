@@ -1,0 +1,35 @@
+#pragma once
+// Bidirectional linear attention on the GPU, forward and backward:
+//   o_t = phi(q_t) S / (phi(q_t) z + 1e-6),  S = sum_t phi(k_t) v_t^T,  z = sum_t phi(k_t),
+//   phi(x) = relu(x / rms(x)) + 1e-6.
+// It is the one-block, no-mixing case of block linear attention (kernels/mhla): the same fused
+// kernels run with M = 1 and the mixing passes skipped. Same conventions (raw pointers, strides in
+// elements, [B, N, H, D], D in {32, 64, 128}, fp32/fp16/bf16).
+#include "mhla/block_linear_attention.h"
+
+namespace mhla_kernels {
+
+struct LinearAttentionForward {
+  int batch = 0, tokens = 0, heads = 0, head_dim = 0;
+  DType dtype = DType::bf16;
+  TokenTensor q, k, v;
+  void* out = nullptr;     // [B, N, H, D] contiguous
+  float* state = nullptr;  // linear_attention_state_floats(): S and z per batch and head
+};
+
+struct LinearAttentionBackward {
+  int batch = 0, tokens = 0, heads = 0, head_dim = 0;
+  DType dtype = DType::bf16;
+  TokenTensor q, k, v, out, grad_out;
+  const float* state = nullptr;  // from the forward pass
+  void* grad_q = nullptr;
+  void* grad_k = nullptr;
+  void* grad_v = nullptr;
+  float* grad_state = nullptr;   // workspace, linear_attention_state_floats()
+};
+
+size_t linear_attention_state_floats(int batch, int heads, int head_dim);
+cudaError_t linear_attention_forward(const LinearAttentionForward& args, cudaStream_t stream);
+cudaError_t linear_attention_backward(const LinearAttentionBackward& args, cudaStream_t stream);
+
+}  // namespace mhla_kernels

@@ -1,0 +1,769 @@
+// Block linear attention (linear attention and bidirectional MHLA), forward and backward.
+//
+// Five kernels, each reading its token tensors once:
+//   forward   states  : S_j += phi(K)^T [V, 1] per (batch*head, block, chunk of 256 tokens)
+//             mix     : S'_i = sum_j m_ij S_j                     (MHLA only)
+//             output  : o = phi(Q) S'_i / (phi(Q) z'_i + eps)      per (batch*head, block, chunk)
+//   backward  query   : dq, dS'_i = phi(Q)^T dO/den, dz'_i         per (batch*head, block, chunk)
+//             mix     : dS_j = sum_i m_ij dS'_i, dm_ij = sum <dS'_i, S_j>   (MHLA only)
+//             key     : dk, dv from dS_j, dz_j                     per (batch*head, block, chunk)
+// The feature map (RMSNorm without weight, relu, floor), the normalizer and their backward passes
+// are applied while tiles are loaded or written; products run on tensor cores (WMMA; tf32 for
+// fp32 inputs) from shared memory with fp32 accumulation. States stay fp32 in global memory.
+#include <mma.h>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+#include "mhla/block_linear_attention.h"
+
+namespace mhla_kernels {
+namespace {
+
+using namespace nvcuda;
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kTile = 64;              // tokens per shared-memory tile
+constexpr int kChunk = 4 * kTile;      // tokens per CTA along a block
+constexpr int kMixColumns = 64;        // state elements per step of the mixing backward
+constexpr float kFeatureFloor = 1e-6f;
+constexpr float kNormEps = 1e-6f;
+constexpr float kDenominatorEps = 1e-6f;
+
+// Shared-memory element type and tensor-core precision for an input type.
+template <typename T>
+struct Mma;
+template <>
+struct Mma<__nv_bfloat16> {
+  using elem = __nv_bfloat16;
+  using precision = __nv_bfloat16;
+  static constexpr int k = 16;
+};
+template <>
+struct Mma<__half> {
+  using elem = __half;
+  using precision = __half;
+  static constexpr int k = 16;
+};
+template <>
+struct Mma<float> {
+  using elem = float;
+  using precision = wmma::precision::tf32;
+  static constexpr int k = 8;
+};
+
+template <typename T>
+__device__ __forceinline__ float to_float(T x) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat162float(x);
+  else if constexpr (std::is_same_v<T, __half>) return __half2float(x);
+  else return x;
+}
+template <typename T>
+__device__ __forceinline__ T from_float(float x) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16(x);
+  else if constexpr (std::is_same_v<T, __half>) return __float2half(x);
+  else return x;
+}
+
+template <typename T, typename Layout>
+using FragA = wmma::fragment<wmma::matrix_a, 16, 16, Mma<T>::k, typename Mma<T>::precision, Layout>;
+template <typename T, typename Layout>
+using FragB = wmma::fragment<wmma::matrix_b, 16, 16, Mma<T>::k, typename Mma<T>::precision, Layout>;
+template <typename T>
+using FragC = wmma::fragment<wmma::accumulator, 16, 16, Mma<T>::k, float>;
+
+template <typename T, typename Frag>
+__device__ __forceinline__ void load_fragment(Frag& f, const typename Mma<T>::elem* p, unsigned ld) {
+  wmma::load_matrix_sync(f, p, ld);
+  if constexpr (std::is_same_v<T, float>) {
+    for (int i = 0; i < f.num_elements; ++i) f.x[i] = wmma::__float_to_tf32(f.x[i]);
+  }
+}
+
+// Compile-time layout of one head dimension: padded leading dimensions (against bank conflicts,
+// keeping every 16-row fragment 32-byte aligned) and the vector loads of one token row.
+template <typename T, int D>
+struct Layout {
+  using E = typename Mma<T>::elem;
+  static constexpr int lde = D + 8;              // elements, tiles of E
+  static constexpr int ldf = D + 4;              // floats, fp32 tiles
+  static constexpr int vec = 16 / sizeof(T);     // elements per 16-byte load
+  static constexpr int lanes = D / vec;          // threads per token row (4 to 32)
+  static constexpr int rows_per_pass = kThreads / lanes;
+  static constexpr int frags = (D / 16) * (D / 16);                  // D x D accumulators
+  static constexpr int frags_per_warp = (frags + kWarps - 1) / kWarps;
+  static constexpr int state = D * D + D;        // floats of S_j followed by z_j
+};
+
+struct Vec {
+  float x[8];
+};
+
+template <typename T, int D>
+__device__ __forceinline__ const T* token_row(const TokenTensor& t, int b, int n, int h) {
+  return static_cast<const T*>(t.data) + b * t.batch_stride + n * t.token_stride + h * t.head_stride;
+}
+
+template <typename T, int D>
+__device__ __forceinline__ void load_vector(const T* p, float* x) {
+  constexpr int vec = Layout<T, D>::vec;
+  uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const T* values = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < vec; ++i) x[i] = to_float(values[i]);
+}
+
+template <typename T, int D>
+__device__ __forceinline__ void store_vector(T* p, const float* x) {
+  constexpr int vec = Layout<T, D>::vec;
+  uint4 raw;
+  T* values = reinterpret_cast<T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < vec; ++i) values[i] = from_float<T>(x[i]);
+  *reinterpret_cast<uint4*>(p) = raw;
+}
+
+// Sum over the threads of one token row (a power-of-two group inside a warp).
+template <int Lanes>
+__device__ __forceinline__ float row_sum(float x) {
+#pragma unroll
+  for (int offset = Lanes / 2; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+
+// phi(x) of `valid` token rows starting at token n0 into dst (rows up to `rows` zero-filled; the
+// padding must be zero, not the feature floor); 1/rms per row into inv_rms when asked.
+template <typename T, int D>
+__device__ void load_features(const TokenTensor& src, int b, int h, int n0, int valid, int rows,
+                              typename Mma<T>::elem* dst, float* inv_rms) {
+  using L = Layout<T, D>;
+  const int lane = threadIdx.x % L::lanes;
+  for (int r = threadIdx.x / L::lanes; r < rows; r += L::rows_per_pass) {
+    float x[L::vec];
+    if (r < valid) {
+      load_vector<T, D>(token_row<T, D>(src, b, n0 + r, h) + lane * L::vec, x);
+    } else {
+#pragma unroll
+      for (int i = 0; i < L::vec; ++i) x[i] = 0.f;
+    }
+    float squares = 0.f;
+#pragma unroll
+    for (int i = 0; i < L::vec; ++i) squares += x[i] * x[i];
+    const float scale = rsqrtf(row_sum<L::lanes>(squares) / D + kNormEps);
+#pragma unroll
+    for (int i = 0; i < L::vec; ++i) {
+      const float phi = r < valid ? fmaxf(x[i] * scale, 0.f) + kFeatureFloor : 0.f;
+      dst[r * L::lde + lane * L::vec + i] = from_float<typename Mma<T>::elem>(phi);
+    }
+    if (inv_rms != nullptr && lane == 0) inv_rms[r] = scale;
+  }
+}
+
+template <typename T, int D>
+__device__ void load_plain(const TokenTensor& src, int b, int h, int n0, int valid, int rows,
+                           typename Mma<T>::elem* dst) {
+  using L = Layout<T, D>;
+  const int lane = threadIdx.x % L::lanes;
+  for (int r = threadIdx.x / L::lanes; r < rows; r += L::rows_per_pass) {
+    float x[L::vec];
+    if (r < valid) {
+      load_vector<T, D>(token_row<T, D>(src, b, n0 + r, h) + lane * L::vec, x);
+    } else {
+#pragma unroll
+      for (int i = 0; i < L::vec; ++i) x[i] = 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < L::vec; ++i) dst[r * L::lde + lane * L::vec + i] = from_float<typename Mma<T>::elem>(x[i]);
+  }
+}
+
+// Backward of phi = relu(x / rms(x)) + floor for one token row held by L::lanes threads:
+// g is d(loss)/d(phi) for this thread's elements; returns d(loss)/dx in place.
+template <typename T, int D>
+__device__ __forceinline__ void feature_backward(const float* x, float scale, float* g) {
+  using L = Layout<T, D>;
+  float dot = 0.f;
+#pragma unroll
+  for (int i = 0; i < L::vec; ++i) {
+    const float y = x[i] * scale;
+    g[i] = y > 0.f ? g[i] : 0.f;
+    dot += g[i] * y;
+  }
+  dot = row_sum<L::lanes>(dot) / D;
+#pragma unroll
+  for (int i = 0; i < L::vec; ++i) g[i] = scale * (g[i] - x[i] * scale * dot);
+}
+
+// acc (D x D, fragments spread over the warps) += A^T B for A, B tiles [rows][D].
+template <typename T, int D>
+__device__ __forceinline__ void accumulate_at_b(FragC<T> (&acc)[Layout<T, D>::frags_per_warp],
+                                                const typename Mma<T>::elem* a,
+                                                const typename Mma<T>::elem* b, int rows) {
+  using L = Layout<T, D>;
+  const int warp = threadIdx.x / 32;
+  for (int kk = 0; kk < rows; kk += Mma<T>::k) {
+#pragma unroll
+    for (int u = 0; u < L::frags_per_warp; ++u) {
+      const int f = warp + u * kWarps;
+      if (f < L::frags) {
+        const int fm = f / (D / 16), fn = f % (D / 16);
+        FragA<T, wmma::col_major> fa;
+        FragB<T, wmma::row_major> fb;
+        load_fragment<T>(fa, a + kk * L::lde + fm * 16, L::lde);
+        load_fragment<T>(fb, b + kk * L::lde + fn * 16, L::lde);
+        wmma::mma_sync(acc[u], fa, fb, acc[u]);
+      }
+    }
+  }
+}
+
+// out [rows][D] (fp32, ldf) = A [rows][D] x B (D x D), with B transposed when Transposed.
+template <typename T, int D, bool Transposed>
+__device__ __forceinline__ void multiply_tile(const typename Mma<T>::elem* a,
+                                              const typename Mma<T>::elem* b, float* out, int rows) {
+  using L = Layout<T, D>;
+  using BLayout = std::conditional_t<Transposed, wmma::col_major, wmma::row_major>;
+  const int warp = threadIdx.x / 32;
+  const int count = (rows / 16) * (D / 16);
+  for (int f = warp; f < count; f += kWarps) {
+    const int fm = f / (D / 16), fn = f % (D / 16);
+    FragC<T> acc;
+    wmma::fill_fragment(acc, 0.f);
+    for (int kk = 0; kk < D; kk += Mma<T>::k) {
+      FragA<T, wmma::row_major> fa;
+      FragB<T, BLayout> fb;
+      load_fragment<T>(fa, a + fm * 16 * L::lde + kk, L::lde);
+      if constexpr (Transposed) {
+        load_fragment<T>(fb, b + fn * 16 * L::lde + kk, L::lde);
+      } else {
+        load_fragment<T>(fb, b + kk * L::lde + fn * 16, L::lde);
+      }
+      wmma::mma_sync(acc, fa, fb, acc);
+    }
+    wmma::store_matrix_sync(out + fm * 16 * L::ldf + fn * 16, acc, L::ldf, wmma::mem_row_major);
+  }
+}
+
+// Writes the D x D accumulators to a state in global memory: stored when one CTA owns it,
+// added atomically (through a per-warp staging tile) when several chunks share it.
+template <typename T, int D>
+__device__ void write_state(FragC<T> (&acc)[Layout<T, D>::frags_per_warp], float* state,
+                            bool atomic, float* staging) {
+  using L = Layout<T, D>;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* tile = staging + warp * 256;
+#pragma unroll
+  for (int u = 0; u < L::frags_per_warp; ++u) {
+    const int f = warp + u * kWarps;
+    if (f >= L::frags) continue;
+    const int fm = f / (D / 16), fn = f % (D / 16);
+    float* dst = state + fm * 16 * D + fn * 16;
+    if (!atomic) {
+      wmma::store_matrix_sync(dst, acc[u], D, wmma::mem_row_major);
+    } else {
+      wmma::store_matrix_sync(tile, acc[u], 16, wmma::mem_row_major);
+      __syncwarp();
+      for (int e = lane; e < 256; e += 32) atomicAdd(dst + (e / 16) * D + e % 16, tile[e]);
+      __syncwarp();
+    }
+  }
+}
+
+// Loads a D x (D + 1) state (S, then z) into shared memory: S as tensor-core elements, z in fp32.
+template <typename T, int D>
+__device__ void load_state(const float* state, typename Mma<T>::elem* s, float* z) {
+  using L = Layout<T, D>;
+  for (int e = threadIdx.x; e < D * D; e += kThreads) {
+    s[(e / D) * L::lde + e % D] = from_float<typename Mma<T>::elem>(state[e]);
+  }
+  for (int e = threadIdx.x; e < D; e += kThreads) z[e] = state[D * D + e];
+}
+
+__host__ __device__ constexpr size_t align128(size_t bytes) { return (bytes + 127) / 128 * 128; }
+
+struct Work {  // the token range of one CTA: block j, chunk c, [begin, end)
+  int bh, b, h, block, begin, end;
+};
+
+__device__ __forceinline__ Work work_of(const BlockLinearShape& s, int chunks) {
+  Work w;
+  w.bh = blockIdx.y;
+  w.b = w.bh / s.heads;
+  w.h = w.bh % s.heads;
+  w.block = blockIdx.x / chunks;
+  const int chunk = blockIdx.x % chunks, length = s.tokens / s.blocks;
+  w.begin = w.block * length + chunk * kChunk;
+  w.end = min(w.begin + kChunk, (w.block + 1) * length);
+  return w;
+}
+
+template <typename T, int D>
+__host__ __device__ constexpr size_t states_smem() {
+  using L = Layout<T, D>;
+  return 2 * align128(kTile * L::lde * sizeof(typename Mma<T>::elem)) + kWarps * 256 * 4;
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) states_kernel(BlockLinearForward p, int chunks) {
+  using L = Layout<T, D>;
+  using E = typename Mma<T>::elem;
+  extern __shared__ __align__(128) unsigned char smem[];
+  E* kf = reinterpret_cast<E*>(smem);
+  E* vt = reinterpret_cast<E*>(smem + align128(kTile * L::lde * sizeof(E)));
+  float* staging = reinterpret_cast<float*>(smem + 2 * align128(kTile * L::lde * sizeof(E)));
+  const Work w = work_of(p.shape, chunks);
+
+  FragC<T> acc[L::frags_per_warp];
+#pragma unroll
+  for (int u = 0; u < L::frags_per_warp; ++u) wmma::fill_fragment(acc[u], 0.f);
+  float z = 0.f;  // thread d < D: sum of phi(k)[d]
+  for (int n0 = w.begin; n0 < w.end; n0 += kTile) {
+    const int valid = min(kTile, w.end - n0), rows = (valid + 15) / 16 * 16;
+    __syncthreads();
+    load_features<T, D>(p.k, w.b, w.h, n0, valid, rows, kf, nullptr);
+    load_plain<T, D>(p.v, w.b, w.h, n0, valid, rows, vt);
+    __syncthreads();
+    if (threadIdx.x < D) {
+      for (int r = 0; r < valid; ++r) z += to_float(kf[r * L::lde + threadIdx.x]);
+    }
+    accumulate_at_b<T, D>(acc, kf, vt, rows);
+  }
+  float* state = p.states + (static_cast<size_t>(w.bh) * p.shape.blocks + w.block) * L::state;
+  const bool atomic = chunks > 1;
+  write_state<T, D>(acc, state, atomic, staging);
+  if (threadIdx.x < D) {
+    if (atomic) atomicAdd(state + D * D + threadIdx.x, z);
+    else state[D * D + threadIdx.x] = z;
+  }
+}
+
+template <typename T, int D>
+__host__ __device__ constexpr size_t output_smem() {
+  using L = Layout<T, D>;
+  using E = typename Mma<T>::elem;
+  return align128(D * L::lde * sizeof(E)) + align128(kTile * L::lde * sizeof(E)) +
+         align128(kTile * L::ldf * 4) + align128(D * 4) + align128(kTile * 4);
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) output_kernel(BlockLinearForward p, int chunks) {
+  using L = Layout<T, D>;
+  using E = typename Mma<T>::elem;
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* cursor = smem;
+  auto take = [&](size_t bytes) {
+    unsigned char* at = cursor;
+    cursor += align128(bytes);
+    return at;
+  };
+  E* s = reinterpret_cast<E*>(take(D * L::lde * sizeof(E)));
+  E* qf = reinterpret_cast<E*>(take(kTile * L::lde * sizeof(E)));
+  float* numerator = reinterpret_cast<float*>(take(kTile * L::ldf * 4));
+  float* z = reinterpret_cast<float*>(take(D * 4));
+  float* denominator = reinterpret_cast<float*>(take(kTile * 4));
+  const Work w = work_of(p.shape, chunks);
+  load_state<T, D>(p.mixed + (static_cast<size_t>(w.bh) * p.shape.blocks + w.block) * L::state, s, z);
+  T* out = static_cast<T*>(p.out);
+  const int lane = threadIdx.x % L::lanes;
+  for (int n0 = w.begin; n0 < w.end; n0 += kTile) {
+    const int valid = min(kTile, w.end - n0), rows = (valid + 15) / 16 * 16;
+    __syncthreads();
+    load_features<T, D>(p.q, w.b, w.h, n0, valid, rows, qf, nullptr);
+    __syncthreads();
+    for (int r = threadIdx.x; r < valid; r += kThreads) {
+      float dot = 0.f;
+      for (int d = 0; d < D; ++d) dot += to_float(qf[r * L::lde + d]) * z[d];
+      denominator[r] = dot + kDenominatorEps;
+    }
+    multiply_tile<T, D, false>(qf, s, numerator, rows);
+    __syncthreads();
+    for (int r = threadIdx.x / L::lanes; r < valid; r += L::rows_per_pass) {
+      float x[L::vec];
+      const float inv = 1.f / denominator[r];
+#pragma unroll
+      for (int i = 0; i < L::vec; ++i) x[i] = numerator[r * L::ldf + lane * L::vec + i] * inv;
+      const size_t row = (static_cast<size_t>(w.b) * p.shape.tokens + n0 + r) * p.shape.heads + w.h;
+      store_vector<T, D>(out + row * D + lane * L::vec, x);
+    }
+  }
+}
+
+// S'_i = sum_j m_ij S_j over the state elements of one batch*head, 256 elements per CTA.
+__global__ void __launch_bounds__(kThreads) mix_kernel(const float* states, const float* mixing,
+                                                       float* mixed, int blocks, int state) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  float* m = reinterpret_cast<float*>(smem);
+  float* x = m + blocks * blocks;
+  const int e = blockIdx.x * kThreads + threadIdx.x;
+  const size_t base = static_cast<size_t>(blockIdx.y) * blocks * state;
+  for (int i = threadIdx.x; i < blocks * blocks; i += kThreads) m[i] = mixing[i];
+  for (int j = 0; j < blocks; ++j) x[j * kThreads + threadIdx.x] = e < state ? states[base + static_cast<size_t>(j) * state + e] : 0.f;
+  __syncthreads();
+  if (e >= state) return;
+  for (int i = 0; i < blocks; ++i) {
+    float sum = 0.f;
+    for (int j = 0; j < blocks; ++j) sum += m[i * blocks + j] * x[j * kThreads + threadIdx.x];
+    mixed[base + static_cast<size_t>(i) * state + e] = sum;
+  }
+}
+
+template <typename T, int D>
+__host__ __device__ constexpr size_t query_backward_smem() {
+  using L = Layout<T, D>;
+  using E = typename Mma<T>::elem;
+  return align128(D * L::lde * sizeof(E)) + 2 * align128(kTile * L::lde * sizeof(E)) +
+         align128(kTile * L::ldf * 4) + align128(D * 4) + 3 * align128(kTile * 4) +
+         kWarps * 256 * 4;
+}
+
+// dq and dS'_i, dz'_i for the tokens of one chunk of block i.
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) query_backward_kernel(BlockLinearBackward p, int chunks) {
+  using L = Layout<T, D>;
+  using E = typename Mma<T>::elem;
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* cursor = smem;
+  auto take = [&](size_t bytes) {
+    unsigned char* at = cursor;
+    cursor += align128(bytes);
+    return at;
+  };
+  E* s = reinterpret_cast<E*>(take(D * L::lde * sizeof(E)));
+  E* qf = reinterpret_cast<E*>(take(kTile * L::lde * sizeof(E)));
+  E* dnum = reinterpret_cast<E*>(take(kTile * L::lde * sizeof(E)));
+  float* dphi = reinterpret_cast<float*>(take(kTile * L::ldf * 4));
+  float* z = reinterpret_cast<float*>(take(D * 4));
+  float* inv_rms = reinterpret_cast<float*>(take(kTile * 4));
+  float* denominator = reinterpret_cast<float*>(take(kTile * 4));
+  float* dden = reinterpret_cast<float*>(take(kTile * 4));
+  float* staging = reinterpret_cast<float*>(cursor);
+  const Work w = work_of(p.shape, chunks);
+  const size_t state_offset = (static_cast<size_t>(w.bh) * p.shape.blocks + w.block) * L::state;
+  load_state<T, D>(p.mixed + state_offset, s, z);
+
+  FragC<T> acc[L::frags_per_warp];
+#pragma unroll
+  for (int u = 0; u < L::frags_per_warp; ++u) wmma::fill_fragment(acc[u], 0.f);
+  float dz = 0.f;
+  T* grad_q = static_cast<T*>(p.grad_q);
+  const int lane = threadIdx.x % L::lanes;
+  for (int n0 = w.begin; n0 < w.end; n0 += kTile) {
+    const int valid = min(kTile, w.end - n0), rows = (valid + 15) / 16 * 16;
+    __syncthreads();
+    load_features<T, D>(p.q, w.b, w.h, n0, valid, rows, qf, inv_rms);
+    __syncthreads();
+    for (int r = threadIdx.x; r < valid; r += kThreads) {
+      float dot = 0.f;
+      for (int d = 0; d < D; ++d) dot += to_float(qf[r * L::lde + d]) * z[d];
+      denominator[r] = dot + kDenominatorEps;
+    }
+    __syncthreads();
+    // d(numerator) = dO / den; d(den) = -(dO . o) / den.
+    for (int r = threadIdx.x / L::lanes; r < rows; r += L::rows_per_pass) {
+      float g[L::vec], o[L::vec];
+      float dot = 0.f;
+      if (r < valid) {
+        load_vector<T, D>(token_row<T, D>(p.grad_out, w.b, n0 + r, w.h) + lane * L::vec, g);
+        load_vector<T, D>(token_row<T, D>(p.out, w.b, n0 + r, w.h) + lane * L::vec, o);
+        const float inv = 1.f / denominator[r];
+#pragma unroll
+        for (int i = 0; i < L::vec; ++i) {
+          dot += g[i] * o[i];
+          g[i] *= inv;
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < L::vec; ++i) g[i] = 0.f;
+      }
+      dot = row_sum<L::lanes>(dot);
+#pragma unroll
+      for (int i = 0; i < L::vec; ++i) dnum[r * L::lde + lane * L::vec + i] = from_float<E>(g[i]);
+      if (lane == 0) dden[r] = r < valid ? -dot / denominator[r] : 0.f;
+    }
+    __syncthreads();
+    if (threadIdx.x < D) {
+      for (int r = 0; r < valid; ++r) dz += to_float(qf[r * L::lde + threadIdx.x]) * dden[r];
+    }
+    accumulate_at_b<T, D>(acc, qf, dnum, rows);
+    multiply_tile<T, D, true>(dnum, s, dphi, rows);  // d(phi(q)) = dnum S'^T (+ dden z' below)
+    __syncthreads();
+    for (int r = threadIdx.x / L::lanes; r < valid; r += L::rows_per_pass) {
+      float x[L::vec], g[L::vec];
+      load_vector<T, D>(token_row<T, D>(p.q, w.b, n0 + r, w.h) + lane * L::vec, x);
+#pragma unroll
+      for (int i = 0; i < L::vec; ++i) {
+        const int d = lane * L::vec + i;
+        g[i] = dphi[r * L::ldf + d] + dden[r] * z[d];
+      }
+      feature_backward<T, D>(x, inv_rms[r], g);
+      const size_t row = (static_cast<size_t>(w.b) * p.shape.tokens + n0 + r) * p.shape.heads + w.h;
+      store_vector<T, D>(grad_q + row * D + lane * L::vec, g);
+    }
+  }
+  const bool atomic = chunks > 1;
+  write_state<T, D>(acc, p.grad_mixed + state_offset, atomic, staging);
+  if (threadIdx.x < D) {
+    if (atomic) atomicAdd(p.grad_mixed + state_offset + D * D + threadIdx.x, dz);
+    else p.grad_mixed[state_offset + D * D + threadIdx.x] = dz;
+  }
+}
+
+// dS_j = sum_i m_ij dS'_i and dm_ij = sum over batch, heads and elements of dS'_i * S_j.
+// Persistent CTAs walk (batch*head, 64-element column) items; each thread keeps its (i, j) pairs
+// of dm in registers and adds them to the result once.
+__global__ void __launch_bounds__(kThreads) mix_backward_kernel(const float* grad_mixed,
+                                                                const float* states,
+                                                                const float* mixing,
+                                                                float* grad_states,
+                                                                float* grad_mixing, int batch_heads,
+                                                                int blocks, int state) {
+  constexpr int kPairs = 4096 / kThreads;  // blocks <= 64
+  constexpr int ld = kMixColumns + 1;
+  extern __shared__ __align__(128) unsigned char smem[];
+  float* m = reinterpret_cast<float*>(smem);
+  float* x = m + blocks * blocks;
+  float* y = x + blocks * ld;
+  for (int i = threadIdx.x; i < blocks * blocks; i += kThreads) m[i] = mixing[i];
+  float pair_sum[kPairs];
+#pragma unroll
+  for (int u = 0; u < kPairs; ++u) pair_sum[u] = 0.f;
+  const int columns = (state + kMixColumns - 1) / kMixColumns;
+  for (int item = blockIdx.x; item < batch_heads * columns; item += gridDim.x) {
+    const size_t base = static_cast<size_t>(item / columns) * blocks * state;
+    const int e0 = (item % columns) * kMixColumns;
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < blocks * kMixColumns; idx += kThreads) {
+      const int j = idx / kMixColumns, c = idx % kMixColumns, e = e0 + c;
+      const size_t at = base + static_cast<size_t>(j) * state + e;
+      x[j * ld + c] = e < state ? grad_mixed[at] : 0.f;
+      y[j * ld + c] = e < state ? states[at] : 0.f;
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < blocks * kMixColumns; idx += kThreads) {
+      const int j = idx / kMixColumns, c = idx % kMixColumns, e = e0 + c;
+      if (e >= state) continue;
+      float sum = 0.f;
+      for (int i = 0; i < blocks; ++i) sum += m[i * blocks + j] * x[i * ld + c];
+      grad_states[base + static_cast<size_t>(j) * state + e] = sum;
+    }
+#pragma unroll
+    for (int u = 0; u < kPairs; ++u) {
+      const int pair = threadIdx.x + u * kThreads;
+      if (pair < blocks * blocks) {
+        const int i = pair / blocks, j = pair % blocks;
+        float sum = 0.f;
+        for (int c = 0; c < kMixColumns; ++c) sum += x[i * ld + c] * y[j * ld + c];
+        pair_sum[u] += sum;
+      }
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kPairs; ++u) {
+    const int pair = threadIdx.x + u * kThreads;
+    if (pair < blocks * blocks) atomicAdd(grad_mixing + pair, pair_sum[u]);
+  }
+}
+
+template <typename T, int D>
+__host__ __device__ constexpr size_t key_backward_smem() {
+  using L = Layout<T, D>;
+  using E = typename Mma<T>::elem;
+  return align128(D * L::lde * sizeof(E)) + 2 * align128(kTile * L::lde * sizeof(E)) +
+         2 * align128(kTile * L::ldf * 4) + align128(D * 4) + align128(kTile * 4);
+}
+
+// dk and dv for the tokens of one chunk of block j, from dS_j and dz_j.
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) key_backward_kernel(BlockLinearBackward p, int chunks) {
+  using L = Layout<T, D>;
+  using E = typename Mma<T>::elem;
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* cursor = smem;
+  auto take = [&](size_t bytes) {
+    unsigned char* at = cursor;
+    cursor += align128(bytes);
+    return at;
+  };
+  E* ds = reinterpret_cast<E*>(take(D * L::lde * sizeof(E)));
+  E* kf = reinterpret_cast<E*>(take(kTile * L::lde * sizeof(E)));
+  E* vt = reinterpret_cast<E*>(take(kTile * L::lde * sizeof(E)));
+  float* dphi = reinterpret_cast<float*>(take(kTile * L::ldf * 4));
+  float* dv = reinterpret_cast<float*>(take(kTile * L::ldf * 4));
+  float* dz = reinterpret_cast<float*>(take(D * 4));
+  float* inv_rms = reinterpret_cast<float*>(take(kTile * 4));
+  const Work w = work_of(p.shape, chunks);
+  load_state<T, D>(p.grad_states + (static_cast<size_t>(w.bh) * p.shape.blocks + w.block) * L::state, ds, dz);
+  T* grad_k = static_cast<T*>(p.grad_k);
+  T* grad_v = static_cast<T*>(p.grad_v);
+  const int lane = threadIdx.x % L::lanes;
+  for (int n0 = w.begin; n0 < w.end; n0 += kTile) {
+    const int valid = min(kTile, w.end - n0), rows = (valid + 15) / 16 * 16;
+    __syncthreads();
+    load_features<T, D>(p.k, w.b, w.h, n0, valid, rows, kf, inv_rms);
+    load_plain<T, D>(p.v, w.b, w.h, n0, valid, rows, vt);
+    __syncthreads();
+    multiply_tile<T, D, true>(vt, ds, dphi, rows);  // d(phi(k)) = V dS^T (+ dz below)
+    multiply_tile<T, D, false>(kf, ds, dv, rows);   // dV = phi(K) dS
+    __syncthreads();
+    for (int r = threadIdx.x / L::lanes; r < valid; r += L::rows_per_pass) {
+      float x[L::vec], g[L::vec];
+      const size_t row = (static_cast<size_t>(w.b) * p.shape.tokens + n0 + r) * p.shape.heads + w.h;
+#pragma unroll
+      for (int i = 0; i < L::vec; ++i) g[i] = dv[r * L::ldf + lane * L::vec + i];
+      store_vector<T, D>(grad_v + row * D + lane * L::vec, g);
+      load_vector<T, D>(token_row<T, D>(p.k, w.b, n0 + r, w.h) + lane * L::vec, x);
+#pragma unroll
+      for (int i = 0; i < L::vec; ++i) {
+        const int d = lane * L::vec + i;
+        g[i] = dphi[r * L::ldf + d] + dz[d];
+      }
+      feature_backward<T, D>(x, inv_rms[r], g);
+      store_vector<T, D>(grad_k + row * D + lane * L::vec, g);
+    }
+  }
+}
+
+}  // namespace
+
+namespace {
+
+int chunks_per_block(const BlockLinearShape& s) {
+  const int length = s.tokens / s.blocks;
+  return (length + kChunk - 1) / kChunk;
+}
+
+int multiprocessors() {
+  static const int count = [] {
+    int device = 0, value = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device);
+    return value > 0 ? value : 1;
+  }();
+  return count;
+}
+
+// Opts a kernel into the shared memory it needs (above the default 48 KiB), once.
+template <typename Kernel>
+cudaError_t allow_smem(Kernel kernel, size_t bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+}
+
+template <typename T, int D>
+cudaError_t forward_for(const BlockLinearForward& a, cudaStream_t stream) {
+  const auto& s = a.shape;
+  const int chunks = chunks_per_block(s);
+  const dim3 grid(s.blocks * chunks, s.batch * s.heads);
+  const size_t state_bytes = block_linear_state_floats(s) * sizeof(float);
+  cudaError_t err = cudaSuccess;
+  if (chunks > 1 && (err = cudaMemsetAsync(a.states, 0, state_bytes, stream)) != cudaSuccess) return err;
+  constexpr size_t states_bytes = states_smem<T, D>();
+  if ((err = allow_smem(states_kernel<T, D>, states_bytes)) != cudaSuccess) return err;
+  states_kernel<T, D><<<grid, kThreads, states_bytes, stream>>>(a, chunks);
+  if (a.mixing != nullptr) {
+    const int state = Layout<T, D>::state;
+    const size_t mix_bytes = (static_cast<size_t>(s.blocks) * s.blocks + static_cast<size_t>(s.blocks) * kThreads) * 4;
+    if ((err = allow_smem(mix_kernel, mix_bytes)) != cudaSuccess) return err;
+    mix_kernel<<<dim3((state + kThreads - 1) / kThreads, s.batch * s.heads), kThreads, mix_bytes, stream>>>(
+        a.states, a.mixing, a.mixed, s.blocks, state);
+  } else if (a.mixed != a.states) {
+    if ((err = cudaMemcpyAsync(a.mixed, a.states, state_bytes, cudaMemcpyDeviceToDevice, stream)) != cudaSuccess) return err;
+  }
+  constexpr size_t output_bytes = output_smem<T, D>();
+  if ((err = allow_smem(output_kernel<T, D>, output_bytes)) != cudaSuccess) return err;
+  output_kernel<T, D><<<grid, kThreads, output_bytes, stream>>>(a, chunks);
+  return cudaGetLastError();
+}
+
+template <typename T, int D>
+cudaError_t backward_for(const BlockLinearBackward& a, cudaStream_t stream) {
+  const auto& s = a.shape;
+  const int chunks = chunks_per_block(s);
+  const dim3 grid(s.blocks * chunks, s.batch * s.heads);
+  const size_t state_bytes = block_linear_state_floats(s) * sizeof(float);
+  cudaError_t err = cudaSuccess;
+  if (chunks > 1 && (err = cudaMemsetAsync(a.grad_mixed, 0, state_bytes, stream)) != cudaSuccess) return err;
+  constexpr size_t query_bytes = query_backward_smem<T, D>();
+  if ((err = allow_smem(query_backward_kernel<T, D>, query_bytes)) != cudaSuccess) return err;
+  query_backward_kernel<T, D><<<grid, kThreads, query_bytes, stream>>>(a, chunks);
+  if (a.mixing != nullptr) {
+    const int state = Layout<T, D>::state;
+    if ((err = cudaMemsetAsync(a.grad_mixing, 0, sizeof(float) * s.blocks * s.blocks, stream)) != cudaSuccess) return err;
+    const size_t mix_bytes = (static_cast<size_t>(s.blocks) * s.blocks + 2 * static_cast<size_t>(s.blocks) * (kMixColumns + 1)) * 4;
+    if ((err = allow_smem(mix_backward_kernel, mix_bytes)) != cudaSuccess) return err;
+    const int items = s.batch * s.heads * ((state + kMixColumns - 1) / kMixColumns);
+    const int ctas = items < 2 * multiprocessors() ? items : 2 * multiprocessors();
+    mix_backward_kernel<<<ctas, kThreads, mix_bytes, stream>>>(a.grad_mixed, a.states, a.mixing, a.grad_states,
+                                                               a.grad_mixing, s.batch * s.heads, s.blocks, state);
+  } else if (a.grad_states != a.grad_mixed) {
+    if ((err = cudaMemcpyAsync(a.grad_states, a.grad_mixed, state_bytes, cudaMemcpyDeviceToDevice, stream)) != cudaSuccess) return err;
+  }
+  constexpr size_t key_bytes = key_backward_smem<T, D>();
+  if ((err = allow_smem(key_backward_kernel<T, D>, key_bytes)) != cudaSuccess) return err;
+  key_backward_kernel<T, D><<<grid, kThreads, key_bytes, stream>>>(a, chunks);
+  return cudaGetLastError();
+}
+
+bool supported(const BlockLinearShape& s, bool has_mixing) {
+  const bool dim_ok = s.head_dim == 32 || s.head_dim == 64 || s.head_dim == 128;
+  return dim_ok && s.batch > 0 && s.heads > 0 && s.tokens > 0 && s.blocks >= 1 && s.blocks <= 64 &&
+         s.tokens % s.blocks == 0 && static_cast<int64_t>(s.batch) * s.heads <= 65535 &&
+         static_cast<int64_t>(s.blocks) * ((s.tokens / s.blocks + kChunk - 1) / kChunk) <= 0x7fffffff &&
+         (has_mixing || s.blocks == 1);
+}
+
+// Picks the instantiation for the runtime dtype and head dimension.
+template <typename Args>
+using Launcher = cudaError_t (*)(const Args&, cudaStream_t);
+
+template <typename Args, template <typename, int> class Pass>
+Launcher<Args> launcher_for(DType dtype, int head_dim) {
+  auto by_dim = [&](auto tag) -> Launcher<Args> {
+    using T = decltype(tag);
+    switch (head_dim) {
+      case 32: return &Pass<T, 32>::run;
+      case 64: return &Pass<T, 64>::run;
+      case 128: return &Pass<T, 128>::run;
+      default: return nullptr;
+    }
+  };
+  switch (dtype) {
+    case DType::f32: return by_dim(float{});
+    case DType::f16: return by_dim(__half{});
+    case DType::bf16: return by_dim(__nv_bfloat16{});
+  }
+  return nullptr;
+}
+
+template <typename T, int D>
+struct ForwardPass {
+  static cudaError_t run(const BlockLinearForward& a, cudaStream_t s) { return forward_for<T, D>(a, s); }
+};
+template <typename T, int D>
+struct BackwardPass {
+  static cudaError_t run(const BlockLinearBackward& a, cudaStream_t s) { return backward_for<T, D>(a, s); }
+};
+
+}  // namespace
+
+size_t block_linear_state_floats(const BlockLinearShape& s) {
+  return static_cast<size_t>(s.batch) * s.heads * s.blocks *
+         (static_cast<size_t>(s.head_dim) * s.head_dim + s.head_dim);
+}
+
+cudaError_t block_linear_forward(const BlockLinearForward& args, cudaStream_t stream) {
+  if (!supported(args.shape, args.mixing != nullptr)) return cudaErrorInvalidValue;
+  auto run = launcher_for<BlockLinearForward, ForwardPass>(args.dtype, args.shape.head_dim);
+  return run != nullptr ? run(args, stream) : cudaErrorInvalidValue;
+}
+
+cudaError_t block_linear_backward(const BlockLinearBackward& args, cudaStream_t stream) {
+  if (!supported(args.shape, args.mixing != nullptr)) return cudaErrorInvalidValue;
+  auto run = launcher_for<BlockLinearBackward, BackwardPass>(args.dtype, args.shape.head_dim);
+  return run != nullptr ? run(args, stream) : cudaErrorInvalidValue;
+}
+
+}  // namespace mhla_kernels

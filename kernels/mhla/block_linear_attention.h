@@ -1,0 +1,66 @@
+#pragma once
+// Bidirectional block linear attention on the GPU: linear attention (one block, no mixing) and
+// MHLA (M contiguous token blocks mixed by an M x M matrix), forward and backward.
+//
+//   phi(x) = relu(x / rms(x)) + 1e-6                     (per token and head, over D)
+//   S_j    = sum_{t in block j} phi(k_t) [v_t, 1]^T      (fp32, D x (D + 1): state and normalizer)
+//   S'_i   = sum_j m_ij S_j                              (skipped when there is no mixing)
+//   o_t    = (phi(q_t) S'_i)[:D] / ((phi(q_t) S'_i)[D] + 1e-6)   for t in block i
+//
+// Plain CUDA: raw device pointers, sizes, strides (in elements) and a stream. q, k, v are
+// [B, N, H, D] views whose last dimension is contiguous and whose rows start 16-byte aligned;
+// outputs and gradients are written contiguous [B, N, H, D]. Inputs fp32, fp16 or bf16; tensor-core
+// products (tf32 for fp32 inputs) with fp32 accumulation; D in {32, 64, 128}; N % blocks == 0.
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace mhla_kernels {
+
+enum class DType { f32, f16, bf16 };
+
+struct TokenTensor {  // a [B, N, H, D] view
+  const void* data = nullptr;
+  int64_t batch_stride = 0, token_stride = 0, head_stride = 0;
+};
+
+struct BlockLinearShape {
+  int batch = 0, tokens = 0, heads = 0, head_dim = 0;
+  int blocks = 1;  // M; 1 with mixing == nullptr is plain linear attention
+};
+
+// Floats of one set of states (S and z for every batch, head and block): B * H * M * (D*D + D).
+size_t block_linear_state_floats(const BlockLinearShape& shape);
+
+struct BlockLinearForward {
+  BlockLinearShape shape;
+  DType dtype = DType::bf16;
+  TokenTensor q, k, v;
+  const float* mixing = nullptr;  // [M, M] fp32, or nullptr (identity; requires M == 1)
+  void* out = nullptr;            // [B, N, H, D] contiguous
+  float* states = nullptr;        // state_floats: S_j, kept for the backward pass
+  float* mixed = nullptr;         // state_floats: S'_i (may equal states when mixing is null)
+};
+
+struct BlockLinearBackward {
+  BlockLinearShape shape;
+  DType dtype = DType::bf16;
+  TokenTensor q, k, v, out, grad_out;
+  const float* mixing = nullptr;
+  const float* states = nullptr;  // from the forward pass
+  const float* mixed = nullptr;
+  void* grad_q = nullptr;  // [B, N, H, D] contiguous each
+  void* grad_k = nullptr;
+  void* grad_v = nullptr;
+  float* grad_mixing = nullptr;   // [M, M] fp32, overwritten (summed over batch and heads)
+  float* grad_mixed = nullptr;    // workspace, state_floats
+  float* grad_states = nullptr;   // workspace, state_floats (may equal grad_mixed without mixing)
+};
+
+// Return cudaSuccess or the first launch error; a shape the kernels do not cover returns
+// cudaErrorInvalidValue (the binding checks shapes first and reports them in words).
+cudaError_t block_linear_forward(const BlockLinearForward& args, cudaStream_t stream);
+cudaError_t block_linear_backward(const BlockLinearBackward& args, cudaStream_t stream);
+
+}  // namespace mhla_kernels

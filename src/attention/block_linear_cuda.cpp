@@ -1,0 +1,176 @@
+#include "attention/block_linear_cuda.h"
+
+#ifdef MHLA_WITH_CUDA_KERNELS
+
+#include <c10/cuda/CUDAStream.h>
+
+#include "core/error.h"
+#include "linear_attn/linear_attn.h"
+#include "mhla/block_linear_attention.h"
+
+namespace mhla {
+namespace {
+
+namespace kernels = mhla_kernels;
+
+kernels::DType kernel_dtype(torch::ScalarType type) {
+  switch (type) {
+    case torch::kFloat32: return kernels::DType::f32;
+    case torch::kFloat16: return kernels::DType::f16;
+    case torch::kBFloat16: return kernels::DType::bf16;
+    default: fail("cuda attention: unsupported dtype {} (float32, float16, bfloat16)", c10::toString(type));
+  }
+}
+
+// A [B, N, H, D] view the kernels can read in 16-byte vectors: last dimension contiguous, every
+// row aligned. The q/k/v slices of the fused QKV projection qualify as they are.
+torch::Tensor readable(const torch::Tensor& t, torch::ScalarType dtype) {
+  auto x = t.scalar_type() == dtype ? t : t.to(dtype);
+  const int64_t vector = 16 / static_cast<int64_t>(x.element_size());
+  bool ok = x.stride(3) == 1 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
+  for (int i = 0; i < 3; ++i) ok = ok && x.stride(i) % vector == 0;
+  return ok ? x : x.contiguous();
+}
+
+kernels::TokenTensor view_of(const torch::Tensor& t) {
+  return {t.data_ptr(), t.stride(0), t.stride(1), t.stride(2)};
+}
+
+void check_launch(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) fail("{}: CUDA error: {}", what, cudaGetErrorString(err));
+}
+
+void check_inputs(const char* op, const torch::Tensor& q, const torch::Tensor& k,
+                  const torch::Tensor& v, int64_t blocks) {
+  if (q.dim() != 4 || !q.sizes().equals(k.sizes()) || !q.sizes().equals(v.sizes())) {
+    fail("{} (cuda): q, k, v must have the same shape [B, N, H, D]; got {}, {}, {}", op,
+         c10::str(q.sizes()), c10::str(k.sizes()), c10::str(v.sizes()));
+  }
+  if (!q.is_cuda() || !k.is_cuda() || !v.is_cuda()) fail("{} (cuda): inputs must be on a CUDA device", op);
+  const auto d = q.size(3);
+  if (d != 32 && d != 64 && d != 128) fail("{} (cuda): head dim {} is not one of 32, 64, 128", op, d);
+  if (blocks < 1 || blocks > 64 || q.size(1) % blocks != 0) {
+    fail("{} (cuda): {} blocks for N = {} (blocks in [1, 64] dividing N)", op, blocks, q.size(1));
+  }
+  if (q.size(0) * q.size(2) > 65535) fail("{} (cuda): B*H = {} exceeds 65535", op, q.size(0) * q.size(2));
+}
+
+kernels::BlockLinearShape shape_of(const torch::Tensor& q, int64_t blocks) {
+  return {static_cast<int>(q.size(0)), static_cast<int>(q.size(1)), static_cast<int>(q.size(2)),
+          static_cast<int>(q.size(3)), static_cast<int>(blocks)};
+}
+
+// One autograd function for both ops: without a mixing matrix it calls the linear-attention
+// kernels, with one the MHLA kernels. Saves q, k, v, the output and the fp32 block states.
+class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q_in,
+                               const torch::Tensor& k_in, const torch::Tensor& v_in,
+                               const torch::Tensor& mixing_in, int64_t blocks) {
+    const auto dtype = v_in.scalar_type();
+    auto q = readable(q_in, dtype), k = readable(k_in, dtype), v = readable(v_in, dtype);
+    const bool mixes = mixing_in.defined();
+    auto mixing = mixes ? mixing_in.detach().to(torch::kFloat32).contiguous() : torch::Tensor();
+    const auto shape = shape_of(q, blocks);
+    auto floats = q.options().dtype(torch::kFloat32);
+    auto states = torch::empty({static_cast<int64_t>(kernels::block_linear_state_floats(shape))}, floats);
+    auto mixed = mixes ? torch::empty_like(states) : states;
+    auto out = torch::empty(q.sizes(), v.options().memory_format(torch::MemoryFormat::Contiguous));
+    auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+    if (mixes) {
+      kernels::BlockLinearForward a;
+      a.shape = shape;
+      a.dtype = kernel_dtype(dtype);
+      a.q = view_of(q), a.k = view_of(k), a.v = view_of(v);
+      a.mixing = mixing.data_ptr<float>();
+      a.out = out.data_ptr();
+      a.states = states.data_ptr<float>();
+      a.mixed = mixed.data_ptr<float>();
+      check_launch(kernels::block_linear_forward(a, stream), "mhla forward");
+    } else {
+      kernels::LinearAttentionForward a;
+      a.batch = shape.batch, a.tokens = shape.tokens, a.heads = shape.heads, a.head_dim = shape.head_dim;
+      a.dtype = kernel_dtype(dtype);
+      a.q = view_of(q), a.k = view_of(k), a.v = view_of(v);
+      a.out = out.data_ptr();
+      a.state = states.data_ptr<float>();
+      check_launch(kernels::linear_attention_forward(a, stream), "linear attention forward");
+    }
+    ctx->save_for_backward({q, k, v, out, mixing, states, mixed});
+    ctx->saved_data["blocks"] = blocks;
+    ctx->saved_data["input_dtype_q"] = static_cast<int64_t>(q_in.scalar_type());
+    ctx->saved_data["input_dtype_k"] = static_cast<int64_t>(k_in.scalar_type());
+    return out;
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    auto saved = ctx->get_saved_variables();
+    auto q = saved[0], k = saved[1], v = saved[2], out = saved[3], mixing = saved[4];
+    auto states = saved[5], mixed = saved[6];
+    const int64_t blocks = ctx->saved_data["blocks"].toInt();
+    const bool mixes = mixing.defined();
+    auto grad_out = readable(grads[0], v.scalar_type());
+    const auto shape = shape_of(q, blocks);
+    auto contiguous = v.options().memory_format(torch::MemoryFormat::Contiguous);
+    auto dq = torch::empty(q.sizes(), contiguous), dk = torch::empty(q.sizes(), contiguous);
+    auto dv = torch::empty(q.sizes(), contiguous);
+    auto grad_mixed = torch::empty_like(states);
+    auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+    torch::Tensor dmixing;
+    if (mixes) {
+      auto grad_states = torch::empty_like(states);
+      dmixing = torch::empty({blocks, blocks}, states.options());
+      kernels::BlockLinearBackward a;
+      a.shape = shape;
+      a.dtype = kernel_dtype(v.scalar_type());
+      a.q = view_of(q), a.k = view_of(k), a.v = view_of(v), a.out = view_of(out);
+      a.grad_out = view_of(grad_out);
+      a.mixing = mixing.data_ptr<float>();
+      a.states = states.data_ptr<float>();
+      a.mixed = mixed.data_ptr<float>();
+      a.grad_q = dq.data_ptr(), a.grad_k = dk.data_ptr(), a.grad_v = dv.data_ptr();
+      a.grad_mixing = dmixing.data_ptr<float>();
+      a.grad_mixed = grad_mixed.data_ptr<float>();
+      a.grad_states = grad_states.data_ptr<float>();
+      check_launch(kernels::block_linear_backward(a, stream), "mhla backward");
+    } else {
+      kernels::LinearAttentionBackward a;
+      a.batch = shape.batch, a.tokens = shape.tokens, a.heads = shape.heads, a.head_dim = shape.head_dim;
+      a.dtype = kernel_dtype(v.scalar_type());
+      a.q = view_of(q), a.k = view_of(k), a.v = view_of(v), a.out = view_of(out);
+      a.grad_out = view_of(grad_out);
+      a.state = states.data_ptr<float>();
+      a.grad_q = dq.data_ptr(), a.grad_k = dk.data_ptr(), a.grad_v = dv.data_ptr();
+      a.grad_state = grad_mixed.data_ptr<float>();
+      check_launch(kernels::linear_attention_backward(a, stream), "linear attention backward");
+    }
+    const auto q_type = static_cast<torch::ScalarType>(ctx->saved_data["input_dtype_q"].toInt());
+    const auto k_type = static_cast<torch::ScalarType>(ctx->saved_data["input_dtype_k"].toInt());
+    return {dq.to(q_type), dk.to(k_type), dv, dmixing, torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor linear_attention_cuda(const torch::Tensor& q, const torch::Tensor& k,
+                                    const torch::Tensor& v, const OpArgs& args) {
+  if (args.causal) fail("linear (cuda): the kernels implement the bidirectional op only");
+  check_inputs("linear", q, k, v, 1);
+  return BlockLinearFunction::apply(q, k, v, torch::Tensor(), 1);
+}
+
+torch::Tensor mhla_cuda(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const OpArgs& args) {
+  if (args.causal) fail("mhla (cuda): the kernels implement the bidirectional op only");
+  check_inputs("mhla", q, k, v, args.blocks);
+  if (!args.mixing.defined() || args.mixing.dim() != 2 || args.mixing.size(0) != args.blocks ||
+      args.mixing.size(1) != args.blocks) {
+    fail("mhla (cuda): mixing must be [blocks, blocks] = [{}, {}]", args.blocks, args.blocks);
+  }
+  return BlockLinearFunction::apply(q, k, v, args.mixing, args.blocks);
+}
+
+}  // namespace mhla
+
+#endif  // MHLA_WITH_CUDA_KERNELS
