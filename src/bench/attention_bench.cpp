@@ -60,11 +60,11 @@ nlohmann::json bench_attention(const AttentionBenchCase& c, const torch::Device&
     auto out = op(q, k, v, args);
     out.backward(grad_out);
   });
-  // Floor traffic: forward reads q, k, v and writes o (4 tensors); backward reads q, k, v, dO and
-  // writes dq, dk, dv (7 more).
+  // Floor traffic: forward reads q, k, v and writes o (4 tensors); backward reads q, k, v, o, dO
+  // (o for the normalizer's gradient) and writes dq, dk, dv (8 more).
   const double tensor_bytes =
       static_cast<double>(c.batch * c.tokens * c.heads * c.head_dim) * torch::elementSize(c.dtype);
-  const double fwd_bytes = 4 * tensor_bytes, fwd_bwd_bytes = 11 * tensor_bytes;
+  const double fwd_bytes = 4 * tensor_bytes, fwd_bwd_bytes = 12 * tensor_bytes;
   const double tokens = static_cast<double>(c.batch * c.tokens);
   return {{"op", c.op},
           {"backend", c.backend},

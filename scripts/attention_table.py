@@ -1,0 +1,43 @@
+#!/usr/bin/env python3
+"""Markdown table of attention timings: our `mhla bench attention` lines beside the peers'
+(peers_attention.py) from the same GPU run, with the ratios the issues ask for.
+Usage: attention_table.py OURS.jsonl PEERS.jsonl"""
+import json
+import sys
+
+
+def load(path):
+    rows = []
+    for line in open(path):
+        line = line.strip()
+        if line.startswith("{"):
+            rows.append(json.loads(line))
+    return rows
+
+
+ours, peers = load(sys.argv[1]), load(sys.argv[2])
+mine = {(r["op"], r["backend"], r["N"]): r for r in ours}
+theirs = {(r["op"], r["N"]): r for r in peers if "error" not in r and r.get("kind") == "vision"}
+copy_gbs = next((r["copy_bandwidth_gbs"] for r in ours), float("nan"))
+
+print("Forward+backward ms (forward ms), bf16, H = 6, D = 64, B·N = 65,536, MHLA M = 16.\n")
+print("| N (B) | MHLA cuda | linear cuda | MHLA reference | plain-PyTorch MHLA | plain-PyTorch linear "
+      "| SDPA cuDNN | SDPA FA2 | PyTorch MHLA / ours | cuDNN / ours MHLA | ours MHLA / ours linear "
+      "| MHLA bandwidth share | linear bandwidth share |")
+print("|" + "---|" * 13)
+for n in sorted({r["N"] for r in ours}):
+    def cell(r, fb="fwd_bwd_ms", f="fwd_ms"):
+        return f"{r[fb]:.3f} ({r[f]:.3f})" if r else "—"
+    m, l, ref = mine.get(("mhla", "cuda", n)), mine.get(("linear", "cuda", n)), mine.get(("mhla", "reference", n))
+    pm, pl = theirs.get(("mhla_torch_M16", n)), theirs.get(("linear_torch", n))
+    cu, fa = theirs.get(("sdpa_cudnn", n)), theirs.get(("sdpa_flash", n))
+    b = m["B"] if m else "?"
+    ratio = lambda a, c: f"{a / c:.2f}×" if a and c else "—"
+    print(f"| {n} ({b}) | {cell(m)} | {cell(l)} | {cell(ref)} | {cell(pm, 'fwdbwd_ms')} | {cell(pl, 'fwdbwd_ms')} "
+          f"| {cell(cu, 'fwdbwd_ms')} | {cell(fa, 'fwdbwd_ms')} "
+          f"| {ratio(pm and pm['fwdbwd_ms'], m and m['fwd_bwd_ms'])} "
+          f"| {ratio(cu and cu['fwdbwd_ms'], m and m['fwd_bwd_ms'])} "
+          f"| {ratio(m and m['fwd_bwd_ms'], l and l['fwd_bwd_ms'])} "
+          f"| {m['fwd_bwd_bandwidth_share']:.0%} | {l['fwd_bwd_bandwidth_share']:.0%} |" if m and l else "| — | — |")
+print(f"\nCopy bandwidth measured in the same process: {copy_gbs:.0f} GB/s. Bandwidth share = 12 tensors "
+      "of B·N·H·D bf16 (forward q, k, v, o; backward q, k, v, o, dO, dq, dk, dv) over the fwd+bwd time.")
