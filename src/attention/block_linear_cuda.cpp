@@ -69,8 +69,8 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
                                const torch::Tensor& mixing_in, int64_t blocks) {
     const auto dtype = v_in.scalar_type();
     auto q = readable(q_in, dtype), k = readable(k_in, dtype), v = readable(v_in, dtype);
-    const bool mixes = mixing_in.defined();
-    auto mixing = mixes ? mixing_in.detach().to(torch::kFloat32).contiguous() : torch::Tensor();
+    const bool mixes = mixing_in.numel() > 0;  // an empty tensor stands for "no mixing"
+    auto mixing = mixes ? mixing_in.detach().to(torch::kFloat32).contiguous() : mixing_in;
     const auto shape = shape_of(q, blocks);
     auto floats = q.options().dtype(torch::kFloat32);
     auto states = torch::empty({static_cast<int64_t>(kernels::block_linear_state_floats(shape))}, floats);
@@ -109,7 +109,7 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
     auto q = saved[0], k = saved[1], v = saved[2], out = saved[3], mixing = saved[4];
     auto states = saved[5], mixed = saved[6];
     const int64_t blocks = ctx->saved_data["blocks"].toInt();
-    const bool mixes = mixing.defined();
+    const bool mixes = mixing.numel() > 0;
     auto grad_out = readable(grads[0], v.scalar_type());
     const auto shape = shape_of(q, blocks);
     auto contiguous = v.options().memory_format(torch::MemoryFormat::Contiguous);
@@ -157,7 +157,8 @@ torch::Tensor linear_attention_cuda(const torch::Tensor& q, const torch::Tensor&
                                     const torch::Tensor& v, const OpArgs& args) {
   if (args.causal) fail("linear (cuda): the kernels implement the bidirectional op only");
   check_inputs("linear", q, k, v, 1);
-  return BlockLinearFunction::apply(q, k, v, torch::Tensor(), 1);
+  // Autograd functions take defined tensors only: an empty one means "no mixing".
+  return BlockLinearFunction::apply(q, k, v, torch::empty({0}, q.options().dtype(torch::kFloat32)), 1);
 }
 
 torch::Tensor mhla_cuda(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
