@@ -69,8 +69,13 @@ void check_backend(const std::string& name, const AttentionType& type, const std
       // magnitudes go into q and k only where the op normalizes them (softmax would saturate and
       // its gradients vanish into rounding), and into v everywhere.
       const double qk_scale = type.normalizes_qk ? shape.scale : 1.0;
-      auto q = (torch::randn(dims) * qk_scale).to(dtype).to(torch::kFloat32);
-      auto k = (torch::randn(dims) * qk_scale).to(dtype).to(torch::kFloat32);
+      // Delta-rule ops get unit q and k, as their layers give them: with raw normals
+      // (I - beta k k^T) has eigenvalues far below -1 and long sequences overflow.
+      auto unit = [&](torch::Tensor x) {
+        return type.unit_qk ? x / x.norm(2, {-1}, /*keepdim=*/true) : x;
+      };
+      auto q = unit(torch::randn(dims) * qk_scale).to(dtype).to(torch::kFloat32);
+      auto k = unit(torch::randn(dims) * qk_scale).to(dtype).to(torch::kFloat32);
       auto v = (torch::randn(dims) * shape.scale).to(dtype).to(torch::kFloat32);
       auto grad_out = torch::randn(dims).to(dtype).to(torch::kFloat32);
       OpArgs args = type.make_args({shape.batch, shape.tokens, shape.heads, shape.head_dim,

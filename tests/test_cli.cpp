@@ -14,6 +14,7 @@
 
 #include "catch_compat.h"
 #include "core/atomic_file.h"
+#include "core/sha256.h"
 #include "test_helpers.h"
 
 using namespace mhla;
@@ -309,4 +310,61 @@ TEST_CASE("cli: a tiny DiT trains, and sample writes PNGs and a grid", "[cli]") 
   CHECK(contains(error_line(bad.output), "--class 12: the model has classes 0..9"));
   auto wrong = test::run_mhla("sample runs/d --sampler euler --out x", dir.str());
   CHECK(wrong.exit_code != 0);
+}
+
+TEST_CASE("cli: FID-FMNIST from a trained feature network: hooks, cache, eval --fid", "[cli][eval]") {
+  test::TempDir dir("cli-fid");
+  test::write_text(dir.path() / "net.yaml",
+                   "model:\n  name: cnn\n  image_size: 32\n  width: 8\ndata:\n  train_limit: 512\n"
+                   "  test_limit: 200\n  batch_size: 128\ntrain:\n  epochs: 1\nrun:\n  name: net\n");
+  auto net = test::run_mhla("train net.yaml", dir.str());
+  INFO(net.output);
+  REQUIRE(net.exit_code == 0);
+  const auto weights = dir.path() / "runs" / "net" / "checkpoints" / "best" / "model.safetensors";
+  REQUIRE(fs::exists(weights));
+  const std::string hash = sha256_file(weights.string());
+
+  test::write_text(dir.path() / "dit.yaml",
+                   "model:\n  name: dit\n  image_size: 32\n  patch_size: 8\n  width: 32\n  depth: 1\n"
+                   "  heads: 2\nattention:\n  type: mhla\n  blocks: 4\ndata:\n  train_limit: 256\n"
+                   "  test_limit: 64\n  batch_size: 64\ntrain:\n  epochs: 1\n  ema_decay: 0.9\n"
+                   "diffusion:\n  steps: 100\n  sample_steps: 3\n  fid_samples: 40\n"
+                   "  fid_network: runs/net\n  grid_samples: 10\nrun:\n  name: d\n");
+  auto train = test::run_mhla("train dit.yaml", dir.str());
+  INFO(train.output);
+  REQUIRE(train.exit_code == 0);
+  CHECK(contains(train.output, "FID-FMNIST (own feature network)"));
+  CHECK(fs::exists(dir.path() / "runs" / "d" / "samples" / "eval_001.png"));
+  const auto cache = dir.path() / "runs" / "net" / "checkpoints" / "best" / "fid_reference_train_s32_u1.safetensors";
+  CHECK(fs::exists(cache));
+  // The hook's result in metrics.jsonl names the metric and the network's hash.
+  std::ifstream metrics(dir.path() / "runs" / "d" / "metrics.jsonl");
+  std::string line, eval_line;
+  while (std::getline(metrics, line)) {
+    if (contains(line, "\"fid\"")) eval_line = line;
+  }
+  REQUIRE(!eval_line.empty());
+  auto fid = nlohmann::json::parse(eval_line)["eval"]["fid"];
+  CHECK(fid["metric"] == "FID-FMNIST (own feature network)");
+  CHECK(fid["feature_network_sha256"] == hash);
+  CHECK(fid["samples"] == 40);
+  CHECK(fid["fid_fmnist"].get<double>() > 0.0);
+
+  auto eval = test::run_mhla("eval runs/d --fid --n 30 --steps 2 --cfg 1.5", dir.str());
+  INFO(eval.output);
+  REQUIRE(eval.exit_code == 0);
+  CHECK(contains(eval.output, "FID reference statistics from"));  // the cache, not recomputed
+  auto result = nlohmann::json::parse(eval.output.substr(eval.output.rfind("{\"")));
+  CHECK(result["metric"] == "FID-FMNIST (own feature network)");
+  CHECK(result["feature_network_sha256"] == hash);
+  CHECK(result["samples"] == 30);
+  CHECK(result["cfg"] == 1.5);
+  CHECK(std::isfinite(result["kid_fmnist"].get<double>()));
+
+  auto not_dit = test::run_mhla("eval runs/net --fid", dir.str());
+  CHECK(not_dit.exit_code != 0);
+  CHECK(contains(error_line(not_dit.output), "--fid needs a diffusion (dit) checkpoint"));
+  auto no_net = test::run_mhla("eval runs/d --fid --n 10 --fid-network nowhere", dir.str());
+  CHECK(no_net.exit_code != 0);
+  CHECK(contains(error_line(no_net.output), "nowhere: FID feature network not found"));
 }

@@ -490,17 +490,21 @@ __global__ void __launch_bounds__(kThreads) query_backward_kernel(BlockLinearBac
     accumulate_at_b<T, D>(acc, qf, dnum, rows);
     multiply_tile<T, D, true>(dnum, s, dphi, rows);  // d(phi(q)) = dnum S'^T (+ dden z' below)
     __syncthreads();
-    for (int r = threadIdx.x / L::lanes; r < valid; r += L::rows_per_pass) {
+    // Whole warps run the row loop (feature_backward shuffles across a row's lanes); rows past
+    // `valid` compute on zeros and store nothing.
+    for (int r = threadIdx.x / L::lanes; r < rows; r += L::rows_per_pass) {
       float x[L::vec], g[L::vec];
-      load_vector<T, D>(token_row<T, D>(p.q, w.b, n0 + r, w.h) + lane * L::vec, x);
+      const bool live = r < valid;
+      if (live) load_vector<T, D>(token_row<T, D>(p.q, w.b, n0 + r, w.h) + lane * L::vec, x);
 #pragma unroll
       for (int i = 0; i < L::vec; ++i) {
         const int d = lane * L::vec + i;
-        g[i] = dphi[r * L::ldf + d] + dden[r] * z[d];
+        if (!live) x[i] = 0.f;
+        g[i] = live ? dphi[r * L::ldf + d] + dden[r] * z[d] : 0.f;
       }
-      feature_backward<T, D>(x, inv_rms[r], g);
+      feature_backward<T, D>(x, live ? inv_rms[r] : 0.f, g);
       const size_t row = (static_cast<size_t>(w.b) * p.shape.tokens + n0 + r) * p.shape.heads + w.h;
-      store_vector<T, D>(grad_q + row * D + lane * L::vec, g);
+      if (live) store_vector<T, D>(grad_q + row * D + lane * L::vec, g);
     }
   }
   const bool atomic = chunks > 1;
@@ -608,20 +612,24 @@ __global__ void __launch_bounds__(kThreads) key_backward_kernel(BlockLinearBackw
     multiply_tile<T, D, true>(vt, ds, dphi, rows);  // d(phi(k)) = V dS^T (+ dz below)
     multiply_tile<T, D, false>(kf, ds, dv, rows);   // dV = phi(K) dS
     __syncthreads();
-    for (int r = threadIdx.x / L::lanes; r < valid; r += L::rows_per_pass) {
+    for (int r = threadIdx.x / L::lanes; r < rows; r += L::rows_per_pass) {  // whole warps, as above
       float x[L::vec], g[L::vec];
+      const bool live = r < valid;
       const size_t row = (static_cast<size_t>(w.b) * p.shape.tokens + n0 + r) * p.shape.heads + w.h;
+      if (live) {
 #pragma unroll
-      for (int i = 0; i < L::vec; ++i) g[i] = dv[r * L::ldf + lane * L::vec + i];
-      store_vector<T, D>(grad_v + row * D + lane * L::vec, g);
-      load_vector<T, D>(token_row<T, D>(p.k, w.b, n0 + r, w.h) + lane * L::vec, x);
+        for (int i = 0; i < L::vec; ++i) g[i] = dv[r * L::ldf + lane * L::vec + i];
+        store_vector<T, D>(grad_v + row * D + lane * L::vec, g);
+        load_vector<T, D>(token_row<T, D>(p.k, w.b, n0 + r, w.h) + lane * L::vec, x);
+      }
 #pragma unroll
       for (int i = 0; i < L::vec; ++i) {
         const int d = lane * L::vec + i;
-        g[i] = dphi[r * L::ldf + d] + dz[d];
+        if (!live) x[i] = 0.f;
+        g[i] = live ? dphi[r * L::ldf + d] + dz[d] : 0.f;
       }
-      feature_backward<T, D>(x, inv_rms[r], g);
-      store_vector<T, D>(grad_k + row * D + lane * L::vec, g);
+      feature_backward<T, D>(x, live ? inv_rms[r] : 0.f, g);
+      if (live) store_vector<T, D>(grad_k + row * D + lane * L::vec, g);
     }
   }
 }

@@ -15,6 +15,7 @@ struct AttentionType {
   std::string description;
   bool uses_blocks = false;                // the op takes OpArgs::blocks/mixing (2-D tiles)
   bool normalizes_qk = false;              // q, k pass an RMSNorm first: any magnitude is fine
+  bool unit_qk = false;                    // the op expects L2-normalized q, k (delta rule)
   bool uses_rotary = false;                // with model.positions = rope, q and k are rotated
   std::map<std::string, OpFn> backends;    // "reference" always; "cuda", "cudnn" where built
   std::vector<std::string> gpu_preference; // backends auto tries on CUDA, best first

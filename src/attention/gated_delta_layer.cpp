@@ -119,6 +119,7 @@ torch::Tensor delta_rule_op(const torch::Tensor& q, const torch::Tensor& k, cons
 
 AttentionType delta_rule_type(bool per_key_gate) {
   AttentionType type;
+  type.unit_qk = true;  // the layer L2-normalizes q and k before the op
   type.description = per_key_gate
                          ? "KDA: gated delta rule with one decay per key dimension (chunk 64)"
                          : "gated DeltaNet: delta rule with one decay per head and token (chunk 64)";
@@ -128,12 +129,11 @@ AttentionType delta_rule_type(bool per_key_gate) {
     return std::make_shared<GatedDeltaLayerImpl>(spec, t, per_key_gate);
   };
   type.make_args = [per_key_gate](const OpShape& s, const torch::TensorOptions& options) {
-    // The op sees L2-normalized q, k in the layer; the harness feeds raw normals, so keep the
-    // write strength moderate to stay well conditioned.
+    // q and k arrive L2-normalized (unit_qk), as from the layer; beta anywhere in (0, 1).
     OpArgs args;
     args.causal = true;
     auto f32 = options.dtype(torch::kFloat32);
-    args.beta = 0.5 * torch::rand({s.batch, s.tokens, s.heads}, f32);
+    args.beta = torch::rand({s.batch, s.tokens, s.heads}, f32);
     args.gate = per_key_gate ? -torch::rand({s.batch, s.tokens, s.heads, s.head_dim}, f32)
                              : -torch::rand({s.batch, s.tokens, s.heads}, f32);
     return args;

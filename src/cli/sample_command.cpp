@@ -8,7 +8,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/logging.h"
-#include "diffusion/samplers.h"
+#include "diffusion/generate.h"
 #include "image/png_writer.h"
 #include "models/dit.h"
 #include "train/checkpoint.h"
@@ -55,45 +55,23 @@ int run_sample(const SampleArgs& args) {
   base->to(device);
   base->eval();
   torch::NoGradGuard no_grad;
-  NoiseSchedule schedule(config.diffusion.schedule, config.diffusion.steps);
-  SamplerOptions options;
-  options.steps = args.steps;
-  options.eta = args.eta;
-  torch::Generator generator = at::detail::createCPUGenerator(static_cast<uint64_t>(args.seed));
   std::filesystem::create_directories(args.out);
-  const bool bf16 = uses_bf16_autocast(config, device);
-  std::vector<torch::Tensor> all;
-  for (int64_t begin = 0; begin < args.count; begin += args.batch) {
-    const int64_t b = std::min(args.batch, args.count - begin);
-    auto labels = args.label >= 0 ? torch::full({b}, args.label, torch::kLong)
-                                  : torch::remainder(torch::arange(begin, begin + b, torch::kLong),
-                                                     config.model.num_classes);
-    labels = labels.to(device);
-    auto null = torch::full_like(labels, dit.null_class());
-    EpsilonFn eps = [&](const torch::Tensor& x, const torch::Tensor& t) {
-      AutocastScope autocast(device, bf16);
-      if (args.cfg == 1.0) return dit.denoise(x, t, labels).to(torch::kFloat32);
-      // Classifier-free guidance: eps_u + w (eps_c - eps_u), both halves in one batch.
-      auto both = dit.denoise(torch::cat({x, x}), torch::cat({t, t}), torch::cat({labels, null}))
-                      .to(torch::kFloat32);
-      auto conditional = both.narrow(0, 0, b), unconditional = both.narrow(0, b, b);
-      return unconditional + args.cfg * (conditional - unconditional);
-    };
-    auto noise = at::normal(0.0, 1.0, {b, config.model.in_channels, config.model.image_size,
-                                       config.model.image_size},
-                            generator, torch::TensorOptions().dtype(torch::kFloat32))
-                     .to(device);
-    auto images = args.sampler == "ddpm" ? ddpm_sample(schedule, eps, noise, options, generator)
-                                         : ddim_sample(schedule, eps, noise, options, generator);
-    images = images.cpu();
-    for (int64_t i = 0; i < b; ++i) {
-      write_png(fmt::format("{}/sample_{:05d}_class{}.png", args.out, begin + i, labels[i].item<int64_t>()),
-                images[i]);
-    }
-    all.push_back(images);
-    logger().info("sampled {}/{}", begin + b, args.count);
+  GenerateOptions options;
+  options.count = args.count;
+  options.label = args.label;
+  options.steps = args.steps;
+  options.cfg = args.cfg;
+  options.eta = args.eta;
+  options.sampler = args.sampler;
+  options.seed = static_cast<uint64_t>(args.seed);
+  options.batch = args.batch;
+  options.log_progress = true;
+  auto generated = generate_images(dit, config, device, options);
+  for (int64_t i = 0; i < args.count; ++i) {
+    write_png(fmt::format("{}/sample_{:05d}_class{}.png", args.out, i, generated.labels[i].item<int64_t>()),
+              generated.images[i]);
   }
-  auto stacked = torch::cat(all);
+  auto& stacked = generated.images;
   const auto columns = static_cast<int64_t>(std::ceil(std::sqrt(static_cast<double>(stacked.size(0)))));
   write_png(args.out + "/grid.png", image_grid(stacked.narrow(0, 0, std::min<int64_t>(stacked.size(0), 256)), columns));
   nlohmann::json summary = {{"out", args.out}, {"count", args.count}, {"sampler", args.sampler},

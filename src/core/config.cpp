@@ -211,6 +211,8 @@ class Schema {
     integer("data.crop_padding", &d.crop_padding, 0, 64,
             "random-crop padding in pixels (0 disables random crops)");
     boolean("data.hflip", &d.hflip, "random horizontal flips");
+    integer("data.upscale", &d.upscale, 1, 16,
+            "diffusion: centre images on model.image_size / upscale, then upsample bilinearly");
     integer("data.train_limit", &d.train_limit, 0, 1LL << 40,
             "use only the first N training images (0 = all)");
     integer("data.test_limit", &d.test_limit, 0, 1LL << 40,
@@ -260,6 +262,12 @@ class Schema {
     integer("diffusion.sample_steps", &f.sample_steps, 1, 100000, "DDIM steps when sampling");
     real("diffusion.eta", &f.eta, 0, 1, "DDIM stochasticity (0 = deterministic)");
     real("diffusion.cfg_scale", &f.cfg_scale, 0, 100, "classifier-free guidance scale (1 = none)");
+    integer("diffusion.fid_samples", &f.fid_samples, 0, 1 << 24,
+            "FID-FMNIST and KID on this many DDIM samples at every evaluation (0 = off)");
+    text("diffusion.fid_network", &f.fid_network, {}, "",
+         "run or checkpoint folder of the FID feature network (configs/fid_net_fmnist.yaml)");
+    integer("diffusion.grid_samples", &f.grid_samples, 0, 1024,
+            "write a grid of this many samples to samples/ in the run folder at every evaluation");
 
     auto& r = c_.run;
     text("run.name", &r.name, {}, "",
@@ -318,6 +326,10 @@ bool is_square(int64_t n) {
 }
 
 void validate(const Config& c) {
+  if (c.model.image_size % c.data.upscale != 0) {
+    fail("{}: data.upscale = {} must divide model.image_size = {}", c.where("data.upscale"),
+         c.data.upscale, c.model.image_size);
+  }
   // (The CNN has no attention heads.)
   if (c.model.name != "cnn" && c.model.width % c.model.heads != 0)
     fail("{}: model.heads = {} must divide model.width = {}", c.where("model.heads"),

@@ -50,6 +50,7 @@ struct DataConfig {
   int64_t crop_padding = 2;
   bool hflip = true;
   int64_t train_limit = 0;
+  int64_t upscale = 1;  // diffusion: images centred on image_size / upscale, then upsampled
   int64_t test_limit = 0;
   // Language models: token shards and the tokenizer that made them
   std::string train_shard = "data/text/train.bin";
@@ -94,6 +95,9 @@ struct DiffusionConfig {
   int64_t sample_steps = 50;   // DDIM steps for evaluation samples
   double eta = 0.0;
   double cfg_scale = 1.0;      // guidance scale for evaluation samples (1 = none)
+  int64_t fid_samples = 0;     // FID-FMNIST at every evaluation on this many samples (0 = off)
+  std::string fid_network = "runs/fid_net_fmnist";
+  int64_t grid_samples = 0;    // sample grid (PNG) into the run folder at every evaluation
 };
 
 struct RunConfig {

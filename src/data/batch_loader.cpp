@@ -4,6 +4,15 @@
 
 namespace mhla {
 
+torch::Tensor upscale_images(const torch::Tensor& images, int64_t factor) {
+  if (factor == 1) return images;
+  const double f = static_cast<double>(factor);
+  return torch::nn::functional::interpolate(images, torch::nn::functional::InterpolateFuncOptions()
+                                                        .scale_factor(std::vector<double>{f, f})
+                                                        .mode(torch::kBilinear)
+                                                        .align_corners(false));
+}
+
 int64_t BatchLoader::batches_per_epoch(int64_t samples, int64_t batch_size, bool drop_last) {
   return drop_last ? samples / batch_size : (samples + batch_size - 1) / batch_size;
 }

@@ -40,6 +40,9 @@ struct Batch {
   int64_t index = 0;     // batch index in the epoch
 };
 
+// Bilinear upsampling of a batch by an integer factor (data.upscale); factor 1 returns it as is.
+torch::Tensor upscale_images(const torch::Tensor& images, int64_t factor);
+
 class BatchLoader {
  public:
   BatchLoader(const ImageDataset& dataset, const LoaderOptions& options);

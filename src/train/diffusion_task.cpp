@@ -2,7 +2,13 @@
 // random timestep and noise per image, MSE between predicted and true noise, labels dropped to
 // the null class for classifier-free guidance. Evaluation: the same loss on the full test split
 // with fixed timesteps and noise (comparable across runs and resumes).
+#include <filesystem>
+
 #include "core/error.h"
+#include "diffusion/generate.h"
+#include "eval/fid.h"
+#include "image/png_writer.h"
+#include "train/checkpoint.h"
 #include "data/batch_loader.h"
 #include "data/image_dataset.h"
 #include "diffusion/noise_schedule.h"
@@ -15,17 +21,20 @@ namespace {
 
 class ImageStream : public BatchStream {
  public:
-  ImageStream(const ImageDataset& data, const LoaderOptions& options, torch::Device device)
-      : loader_(data, options), device_(device) {}
+  ImageStream(const ImageDataset& data, const LoaderOptions& options, torch::Device device,
+              int64_t upscale)
+      : loader_(data, options), device_(device), upscale_(upscale) {}
   std::optional<TrainBatch> next() override {
     auto batch = loader_.next();
     if (!batch) return std::nullopt;
-    return TrainBatch{batch->images.to(device_, true), batch->labels.to(device_, true), batch->index};
+    return TrainBatch{upscale_images(batch->images.to(device_, true), upscale_),
+                      batch->labels.to(device_, true), batch->index};
   }
 
  private:
   BatchLoader loader_;
   torch::Device device_;
+  int64_t upscale_;
 };
 
 Dit& as_dit(Model& model) {
@@ -70,7 +79,7 @@ class DiffusionTask : public Task {
     o.batch_size = train ? config_.data.batch_size : config_.data.eval_batch_size;
     o.workers = config_.data.workers;
     o.prefetch = config_.data.prefetch;
-    o.out_size = config_.model.image_size;
+    o.out_size = config_.model.image_size / config_.data.upscale;
     o.crop_padding = train ? config_.data.crop_padding : 0;
     o.hflip = train && config_.data.hflip;
     o.shuffle = train;
@@ -85,7 +94,7 @@ class DiffusionTask : public Task {
     auto o = loader_options(true);
     o.epoch = epoch;
     o.start_batch = start_batch;
-    return std::make_unique<ImageStream>(train_, o, device_);
+    return std::make_unique<ImageStream>(train_, o, device_, config_.data.upscale);
   }
 
   torch::Tensor loss(const torch::Tensor& predicted, const torch::Tensor& noise) const override {
@@ -118,7 +127,7 @@ class DiffusionTask : public Task {
     int64_t count = 0;
     const bool bf16 = uses_bf16_autocast(config_, device_);
     while (auto batch = loader.next()) {
-      auto x0 = batch->images.to(device_);
+      auto x0 = upscale_images(batch->images.to(device_), config_.data.upscale);
       const auto b = x0.size(0);
       auto t = torch::randint(0, schedule_.steps(), {b}, generator, torch::kLong).to(device_);
       auto noise = at::normal(0.0, 1.0, x0.sizes(), generator, torch::TensorOptions().dtype(torch::kFloat32)).to(device_);
@@ -131,14 +140,67 @@ class DiffusionTask : public Task {
                static_cast<double>(noise[0].numel());
       count += b;
     }
-    if (was_training) model.train();
     const double value = total / static_cast<double>(count);
+    EvalReport report{{{"diffusion_loss", value}, {"count", count}, {"split", "test"}},
+                      -value,
+                      fmt::format("test diffusion loss {:.5f} ({} images, fixed t and noise)", value, count)};
+    if (config_.diffusion.grid_samples > 0 || config_.diffusion.fid_samples > 0) sample_hooks(model, report);
+    if (was_training) model.train();
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    return {{{"diffusion_loss", value}, {"count", count}, {"split", "test"}},
-            -value,
-            fmt::format("test diffusion loss {:.5f} ({} images, fixed t and noise), {:.1f}s", value,
-                        count, seconds)};
+    report.summary += fmt::format(", {:.1f}s", seconds);
+    ++evaluations_;
+    return report;
   }
+
+  void attach_run(const std::string& run_dir, std::function<TensorMap()> sampling_weights) override {
+    run_dir_ = run_dir;
+    sampling_weights_ = std::move(sampling_weights);
+  }
+
+ private:
+  // Samples with the EMA weights when the run keeps them: a sample grid into samples/ and
+  // FID-FMNIST / KID against the training set on diffusion.fid_samples images.
+  void sample_hooks(Model& model, EvalReport& report) {
+    std::shared_ptr<Model> ema_model;
+    Model* sampler = &model;
+    if (sampling_weights_) {
+      ema_model = model_registry().get(config_.model.name).make(config_);
+      // The EMA covers the parameters and buffers it tracks; the rest (fixed buffers) as trained.
+      TensorMap weights = model_tensors(model);
+      for (auto& [name, tensor] : sampling_weights_()) weights[name] = tensor;
+      load_model_weights(*ema_model, weights, "EMA weights");
+      ema_model->to(device_);
+      ema_model->eval();
+      sampler = ema_model.get();
+    }
+    GenerateOptions options;
+    options.steps = config_.diffusion.sample_steps;
+    options.cfg = config_.diffusion.cfg_scale;
+    options.eta = config_.diffusion.eta;
+    if (config_.diffusion.grid_samples > 0 && !run_dir_.empty()) {
+      options.count = config_.diffusion.grid_samples;
+      auto grid = generate_images(as_dit(*sampler), config_, device_, options);
+      std::filesystem::create_directories(run_dir_ + "/samples");
+      const std::string path = fmt::format("{}/samples/eval_{:03d}.png", run_dir_, evaluations_ + 1);
+      write_png(path, image_grid(grid.images, config_.model.num_classes));
+      report.metrics["sample_grid"] = path;
+    }
+    if (config_.diffusion.fid_samples > 0) {
+      if (!fid_) fid_ = std::make_unique<FidScorer>(config_.diffusion.fid_network, device_);
+      options.count = config_.diffusion.fid_samples;
+      options.seed = 1;
+      auto generated = generate_images(as_dit(*sampler), config_, device_, options);
+      auto result = fid_->score(generated.images, config_);
+      auto described = result.describe();
+      described["steps"] = options.steps;
+      described["cfg"] = options.cfg;
+      report.metrics["fid"] = described;
+      report.summary += fmt::format(", {} {:.2f}, KID {:.4f} ({} samples, {} DDIM steps, cfg {})",
+                                    kFidLabel, result.fid, result.kid.mean, result.samples,
+                                    options.steps, options.cfg);
+    }
+  }
+
 
  private:
   Config config_;
@@ -146,6 +208,10 @@ class DiffusionTask : public Task {
   NoiseSchedule schedule_;
   ImageDataset train_, test_;
   int64_t steps_ = 0;
+  int64_t evaluations_ = 0;
+  std::string run_dir_;
+  std::function<TensorMap()> sampling_weights_;
+  std::unique_ptr<FidScorer> fid_;
 };
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "core/config.h"
 #include "core/registry.h"
 #include "models/model.h"
+#include "train/safetensors.h"
 
 namespace mhla {
 
@@ -46,6 +47,9 @@ class Task {
   virtual torch::Tensor training_loss(Model& model, const TrainBatch& batch);
   virtual torch::Tensor loss(const torch::Tensor& output, const torch::Tensor& target) const = 0;
   virtual EvalReport evaluate(Model& model) = 0;
+  // The run folder and, when the run keeps an EMA, its weights (generators sample with them);
+  // called once by the trainer before training.
+  virtual void attach_run(const std::string& run_dir, std::function<TensorMap()> sampling_weights) {}
 };
 
 struct TaskEntry {

@@ -46,6 +46,9 @@ Trainer::Trainer(const Config& config, const std::string& run_dir, bool resume)
     for (const auto& p : group.params) params_.push_back(p);
   optimizer_ = optimizer_registry().get(config.optim.name).make(std::move(groups), config.optim);
   if (config.train.ema_decay > 0) ema_ = std::make_unique<Ema>(*model_, config.train.ema_decay);
+  std::function<TensorMap()> ema_weights;
+  if (ema_) ema_weights = [this] { return ema_->tensors(); };
+  task_->attach_run(run_dir_, ema_weights);
 
   if (resume) {
     Checkpoint checkpoint = read_checkpoint((fs::path(run_dir) / "checkpoints" / "last").string());

@@ -1,0 +1,49 @@
+#include "diffusion/generate.h"
+
+#include "core/device.h"
+#include "core/logging.h"
+#include "diffusion/samplers.h"
+#include "models/dit.h"
+
+namespace mhla {
+
+Generated generate_images(Dit& dit, const Config& config, const torch::Device& device,
+                          const GenerateOptions& options) {
+  torch::NoGradGuard no_grad;
+  NoiseSchedule schedule(config.diffusion.schedule, config.diffusion.steps);
+  SamplerOptions sampler;
+  sampler.steps = options.steps;
+  sampler.eta = options.eta;
+  torch::Generator generator = at::detail::createCPUGenerator(options.seed);
+  const bool bf16 = uses_bf16_autocast(config, device);
+  std::vector<torch::Tensor> images, labels;
+  for (int64_t begin = 0; begin < options.count; begin += options.batch) {
+    const int64_t b = std::min(options.batch, options.count - begin);
+    auto y = options.label >= 0 ? torch::full({b}, options.label, torch::kLong)
+                                : torch::remainder(torch::arange(begin, begin + b, torch::kLong),
+                                                   config.model.num_classes);
+    auto y_device = y.to(device);
+    auto null = torch::full_like(y_device, dit.null_class());
+    EpsilonFn eps = [&](const torch::Tensor& x, const torch::Tensor& t) {
+      AutocastScope autocast(device, bf16);
+      if (options.cfg == 1.0) return dit.denoise(x, t, y_device).to(torch::kFloat32);
+      // Classifier-free guidance: eps_u + w (eps_c - eps_u), both halves in one batch.
+      auto both = dit.denoise(torch::cat({x, x}), torch::cat({t, t}), torch::cat({y_device, null}))
+                      .to(torch::kFloat32);
+      auto conditional = both.narrow(0, 0, b), unconditional = both.narrow(0, b, b);
+      return unconditional + options.cfg * (conditional - unconditional);
+    };
+    auto noise = at::normal(0.0, 1.0,
+                            {b, config.model.in_channels, config.model.image_size, config.model.image_size},
+                            generator, torch::TensorOptions().dtype(torch::kFloat32))
+                     .to(device);
+    auto x = options.sampler == "ddpm" ? ddpm_sample(schedule, eps, noise, sampler, generator)
+                                       : ddim_sample(schedule, eps, noise, sampler, generator);
+    images.push_back(x.cpu());
+    labels.push_back(y);
+    if (options.log_progress) logger().info("sampled {}/{}", begin + b, options.count);
+  }
+  return {torch::cat(images), torch::cat(labels)};
+}
+
+}  // namespace mhla
