@@ -95,7 +95,19 @@ void check_backend(const std::string& name, const AttentionType& type, const std
       REQUIRE(got.extra.size() == expected.extra.size());
       for (size_t i = 0; i < got.extra.size(); ++i) {
         INFO("d" << got.extra[i].first);
-        CHECK(test::relative_error(got.extra[i].second, expected.extra[i].second) < 2e-2);
+        auto g = got.extra[i].second, e = expected.extra[i].second;
+        if (got.extra[i].first == "mixing") {
+          // The normalized output does not change when a row of the mixing matrix is scaled, so
+          // the gradient along each row's own direction is zero up to rounding; compare the rest.
+          // With one block in use (M = 1, one causal chunk) nothing is left to compare.
+          auto m = args.mixing.to(torch::kFloat32);
+          auto project = [&](const torch::Tensor& x) {
+            return x - (x * m).sum(1, true) / (m * m).sum(1, true) * m;
+          };
+          g = project(g), e = project(e);
+          if (e.norm().item<double>() <= 1e-4 * expected.extra[i].second.norm().item<double>() + 1e-12) continue;
+        }
+        CHECK(test::relative_error(g, e) < 2e-2);
       }
     }
   }
