@@ -90,6 +90,19 @@ TEST_CASE("train: the EMA follows its update rule", "[train]") {
   ema.update(*model);
   auto expected = 0.9 * before + 0.1 * (before + 1.0);
   CHECK(test::relative_error(ema.tensors().at("head.weight"), expected) < 1e-6);
+
+  // With warmup the decay ramps (1 + n) / (10 + n) up to its ceiling.
+  Ema ramped(*model, 0.999, /*warmup=*/true);
+  CHECK(ramped.decay_at(0) == Approx(0.1));
+  CHECK(ramped.decay_at(90) == Approx(91.0 / 100.0));
+  CHECK(ramped.decay_at(1000000) == Approx(0.999));
+  auto start = model->named_parameters()["head.weight"].detach().clone();
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->parameters()) p.add_(1.0);
+  }
+  ramped.update(*model, 0);
+  CHECK(test::relative_error(ramped.tensors().at("head.weight"), 0.1 * start + 0.9 * (start + 1.0)) < 1e-6);
 }
 
 TEST_CASE("train: 20 steps straight equal 10 + resume + 10, bit for bit", "[train]") {

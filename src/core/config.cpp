@@ -175,6 +175,8 @@ class Schema {
     integer("model.width", &m.width, 8, 8192, "embedding width");
     integer("model.depth", &m.depth, 1, 256, "number of transformer blocks");
     integer("model.heads", &m.heads, 1, 256, "attention heads (must divide width)");
+    boolean("model.learn_sigma", &m.learn_sigma,
+            "DiT: predict the variance too (2C outputs; loss adds the variational-bound term)");
     real("model.mlp_ratio", &m.mlp_ratio, 0.25, 16, "MLP hidden width / width");
     real("model.drop_path", &m.drop_path, 0, 0.9,
          "stochastic-depth rate of the last block (linear in depth)");
@@ -243,6 +245,8 @@ class Schema {
     real("train.label_smoothing", &t.label_smoothing, 0, 0.99, "cross-entropy label smoothing");
     integer("train.eval_every", &t.eval_every, 0, 1000000,
             "evaluate on the full test split every N epochs (0 = only at the end)");
+    integer("train.eval_every_steps", &t.eval_every_steps, 0, 1LL << 40,
+            "also evaluate every N optimizer steps (0 = off); e.g. FID-FMNIST during long runs");
     integer("train.log_every", &t.log_every, 1, 1000000, "progress line every N steps");
     integer("train.checkpoint_every", &t.checkpoint_every, 0, 1000000,
             "write checkpoints/last every N epochs (0 = only at the end)");
@@ -251,6 +255,8 @@ class Schema {
     text("train.precision", &t.precision, {"auto", "fp32", "bf16"}, "",
          "auto = bf16 autocast on CUDA, fp32 on CPU");
     integer("train.threads", &t.threads, 0, 1024, "CPU intra-op threads (0 = all cores)");
+    boolean("train.ema_warmup", &t.ema_warmup,
+            "ramp the EMA decay as min(ema_decay, (1 + n) / (10 + n)) over the first n updates");
     real("train.ema_decay", &t.ema_decay, 0, 0.999999,
          "EMA of the weights after every step (0 = off); saved as ema.safetensors");
 

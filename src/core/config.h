@@ -19,6 +19,7 @@ struct ModelConfig {
   int64_t width = 192;
   int64_t depth = 12;
   int64_t heads = 3;
+  bool learn_sigma = false;  // DiT: also predict the variance (improved-DDPM bound term)
   double mlp_ratio = 4.0;
   double drop_path = 0.1;
   // Language models (gpt)
@@ -79,6 +80,7 @@ struct TrainConfig {
   int64_t epochs = 10;
   double label_smoothing = 0.1;
   int64_t eval_every = 1;
+  int64_t eval_every_steps = 0;  // also evaluate every N steps (0 = off)
   int64_t log_every = 50;
   int64_t checkpoint_every = 1;
   int64_t seed = 0;
@@ -86,6 +88,7 @@ struct TrainConfig {
   std::string precision = "auto";
   int64_t threads = 0;
   double ema_decay = 0.0;  // 0: no EMA of the weights
+  bool ema_warmup = true;  // decay ramps as min(decay, (1 + n) / (10 + n))
 };
 
 struct DiffusionConfig {

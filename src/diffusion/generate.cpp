@@ -31,7 +31,12 @@ Generated generate_images(Dit& dit, const Config& config, const torch::Device& d
       auto both = dit.denoise(torch::cat({x, x}), torch::cat({t, t}), torch::cat({y_device, null}))
                       .to(torch::kFloat32);
       auto conditional = both.narrow(0, 0, b), unconditional = both.narrow(0, b, b);
-      return unconditional + options.cfg * (conditional - unconditional);
+      const int64_t c = x.size(1);
+      auto guided = unconditional.narrow(1, 0, c) +
+                    options.cfg * (conditional.narrow(1, 0, c) - unconditional.narrow(1, 0, c));
+      // A learned variance comes from the conditional half, as in DiT.
+      if (conditional.size(1) > c) return torch::cat({guided, conditional.narrow(1, c, c)}, 1);
+      return guided;
     };
     auto noise = at::normal(0.0, 1.0,
                             {b, config.model.in_channels, config.model.image_size, config.model.image_size},

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "diffusion/variational_bound.h"
 
 namespace mhla {
 
@@ -26,15 +27,21 @@ torch::Tensor ddpm_sample(const NoiseSchedule& schedule, const EpsilonFn& eps,
   const auto b = x.size(0);
   for (int64_t step = schedule.steps() - 1; step >= 0; --step) {
     auto t = torch::full({b}, step, torch::TensorOptions().dtype(torch::kLong).device(x.device()));
-    auto x0 = schedule.predict_x0(x, eps(x, t), t);
+    auto out = eps(x, t);
+    const int64_t channels = x.size(1);
+    auto x0 = schedule.predict_x0(x, out.narrow(1, 0, channels), t);
     if (options.clip_x0) x0 = x0.clamp(-1.0, 1.0);
     auto mean = schedule.posterior_mean(x0, x, t);
     if (step == 0) {
       x = mean;
     } else {
-      const double sd = std::sqrt(schedule.posterior_variance(t.narrow(0, 0, 1)).item<double>());
       auto z = at::normal(0.0, 1.0, x.sizes(), generator, x.options().device(torch::kCPU)).to(x.device());
-      x = mean + sd * z;
+      if (out.size(1) == 2 * channels) {  // learned variance
+        x = mean + torch::exp(0.5 * learned_log_variance(schedule, out.narrow(1, channels, channels), t)) * z;
+      } else {
+        const double sd = std::sqrt(schedule.posterior_variance(t.narrow(0, 0, 1)).item<double>());
+        x = mean + sd * z;
+      }
     }
   }
   return x;
@@ -51,7 +58,7 @@ torch::Tensor ddim_sample(const NoiseSchedule& schedule, const EpsilonFn& eps,
     const double ab = schedule.alpha_bars()[step].item<double>();
     const double ab_prev = i + 1 < times.size() ? schedule.alpha_bars()[times[i + 1]].item<double>() : 1.0;
     auto t = torch::full({b}, step, torch::TensorOptions().dtype(torch::kLong).device(x.device()));
-    auto e = eps(x, t);
+    auto e = eps(x, t).narrow(1, 0, x.size(1));  // epsilon (a learned variance is unused)
     auto x0 = (x - std::sqrt(1 - ab) * e) / std::sqrt(ab);
     if (options.clip_x0) {
       x0 = x0.clamp(-1.0, 1.0);

@@ -7,7 +7,9 @@
 
 namespace mhla {
 
-// eps_theta(x_t, t) for a batch; t [B] int64.
+// eps_theta(x_t, t) for a batch; t [B] int64. A model that learns its variance returns 2C
+// channels, epsilon then v (see variational_bound.h): DDPM samples with that variance, DDIM
+// ignores it.
 using EpsilonFn = std::function<torch::Tensor(const torch::Tensor& x, const torch::Tensor& t)>;
 
 struct SamplerOptions {

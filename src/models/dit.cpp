@@ -88,7 +88,7 @@ Dit::Dit(const Config& config) : config_(config), layout_(image_token_layout(con
   final_norm_ = register_module("final_norm", plain_norm(m.width));
   final_modulation_ = register_module("final_modulation", torch::nn::Linear(m.width, 2 * m.width));
   final_linear_ = register_module(
-      "final_linear", torch::nn::Linear(m.width, m.patch_size * m.patch_size * m.in_channels));
+      "final_linear", torch::nn::Linear(m.width, m.patch_size * m.patch_size * output_channels()));
 
   // DiT's init: Xavier-uniform linears, N(0, 0.02) class and time MLP weights, patch embedding
   // like a linear; adaLN modulations and the final layer zero (each block starts as identity).
@@ -138,7 +138,7 @@ torch::Tensor Dit::denoise(const torch::Tensor& x, const torch::Tensor& t, const
   auto fm = final_modulation_->forward(torch::silu(condition)).chunk(2, 1);
   auto out = final_linear_->forward(modulate(final_norm_->forward(tokens), fm[0], fm[1]));
   // Unpatchify: [B, N, p*p*C] (block-major) -> [B, C, S', S'], then drop the padding.
-  const int64_t p = m.patch_size, c = m.in_channels, b = x.size(0);
+  const int64_t p = m.patch_size, c = output_channels(), b = x.size(0);
   auto grid = layout_.to_grid(out);  // [B, p*p*C, gh, gw]
   auto image = grid.view({b, p, p, c, layout_.grid_h, layout_.grid_w})
                    .permute({0, 3, 4, 1, 5, 2})

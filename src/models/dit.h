@@ -2,7 +2,8 @@
 // DiT (Peebles & Xie): patchify (patch 2) with a fixed 2-D sin-cos position embedding, timestep
 // embedding (sinusoidal + MLP), class embedding with a null class for classifier-free guidance,
 // adaLN-Zero blocks with registry attention (bidirectional; MHLA on 2-D tiles), final adaLN
-// layer, unpatchify. Predicts the noise epsilon of x_t.
+// layer, unpatchify. Predicts the noise epsilon of x_t (and, with model.learn_sigma, the
+// interpolation v between the log-variances beta_t and beta~_t).
 #include <vector>
 
 #include "attention/token_layout.h"
@@ -34,8 +35,11 @@ class Dit : public Model {
   explicit Dit(const Config& config);
   // Not used: a DiT denoises (x_t, t, y); see denoise().
   torch::Tensor forward(const torch::Tensor& input) override;
-  // x_t [B, C, S, S], t [B] int64, y [B] int64 (num_classes = the null class) -> eps [B, C, S, S].
+  // x_t [B, C, S, S], t [B] int64, y [B] int64 (num_classes = the null class) -> eps [B, C, S, S],
+  // followed by the variance output v [B, C, S, S] when the model learns its variance.
   torch::Tensor denoise(const torch::Tensor& x, const torch::Tensor& t, const torch::Tensor& y);
+  bool learns_variance() const { return config_.model.learn_sigma; }
+  int64_t output_channels() const { return config_.model.in_channels * (learns_variance() ? 2 : 1); }
   int64_t null_class() const { return config_.model.num_classes; }
   const TokenLayout& layout() const { return layout_; }
 

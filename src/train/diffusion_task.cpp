@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "diffusion/generate.h"
+#include "diffusion/variational_bound.h"
 #include "eval/fid.h"
 #include "image/png_writer.h"
 #include "train/checkpoint.h"
@@ -111,7 +112,12 @@ class DiffusionTask : public Task {
     auto xt = schedule_.add_noise(x0, noise, t);
     auto drop = torch::rand({b}, x0.options()).lt(config_.diffusion.label_dropout);
     auto y = torch::where(drop, torch::full_like(batch.target, dit.null_class()), batch.target);
-    return loss(dit.denoise(xt, t, y), noise);
+    auto out = dit.denoise(xt, t, y);
+    if (!dit.learns_variance()) return loss(out, noise);
+    // Learned variance: the MSE trains epsilon, the bound term (on a detached epsilon) trains v.
+    const int64_t c = x0.size(1);
+    auto eps = out.narrow(1, 0, c), v = out.narrow(1, c, c);
+    return loss(eps, noise) + variational_bound_term(schedule_, x0, xt, t, eps, v).mean();
   }
 
   EvalReport evaluate(Model& model) override {
@@ -134,7 +140,7 @@ class DiffusionTask : public Task {
       torch::Tensor eps;
       {
         AutocastScope autocast(device_, bf16);
-        eps = dit.denoise(schedule_.add_noise(x0, noise, t), t, batch->labels.to(device_));
+        eps = dit.denoise(schedule_.add_noise(x0, noise, t), t, batch->labels.to(device_)).narrow(1, 0, x0.size(1));
       }
       total += torch::mse_loss(eps.to(torch::kFloat32), noise, torch::Reduction::Sum).item<double>() /
                static_cast<double>(noise[0].numel());

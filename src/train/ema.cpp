@@ -1,10 +1,12 @@
 #include "train/ema.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace mhla {
 
-Ema::Ema(Model& model, double decay) : decay_(decay) {
+Ema::Ema(Model& model, double decay, bool warmup) : decay_(decay), warmup_(warmup) {
   torch::NoGradGuard no_grad;
   for (const auto& item : model.named_parameters()) {
     names_.push_back(item.key());
@@ -12,12 +14,18 @@ Ema::Ema(Model& model, double decay) : decay_(decay) {
   }
 }
 
-void Ema::update(Model& model) {
+double Ema::decay_at(int64_t updates_done) const {
+  if (!warmup_) return decay_;
+  const double n = static_cast<double>(updates_done);
+  return std::min(decay_, (1.0 + n) / (10.0 + n));
+}
+
+void Ema::update(Model& model, int64_t updates_done) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> params;
   for (const auto& item : model.named_parameters()) params.push_back(item.value());
   // ema += (1 - decay) (param - ema)
-  at::_foreach_lerp_(shadow_, params, 1.0 - decay_);
+  at::_foreach_lerp_(shadow_, params, 1.0 - decay_at(updates_done));
 }
 
 TensorMap Ema::tensors() const {

@@ -13,14 +13,19 @@ namespace mhla {
 
 class Ema {
  public:
-  Ema(Model& model, double decay);
-  void update(Model& model);
+  // warmup: the decay ramps as min(decay, (1 + n) / (10 + n)) over the first updates (n = updates
+  // before this one), so a short run averages trained weights rather than the initialization.
+  Ema(Model& model, double decay, bool warmup = false);
+  // `updates_done` is the number of earlier updates (the trainer's step count, so resumes agree).
+  void update(Model& model, int64_t updates_done = 0);
+  double decay_at(int64_t updates_done) const;
   TensorMap tensors() const;  // named like the model's tensors
   void load(const TensorMap& tensors, const std::string& file);
   double decay() const { return decay_; }
 
  private:
   double decay_;
+  bool warmup_;
   std::vector<std::string> names_;
   std::vector<torch::Tensor> shadow_;
 };

@@ -45,7 +45,9 @@ Trainer::Trainer(const Config& config, const std::string& run_dir, bool resume)
   for (const auto& group : groups)
     for (const auto& p : group.params) params_.push_back(p);
   optimizer_ = optimizer_registry().get(config.optim.name).make(std::move(groups), config.optim);
-  if (config.train.ema_decay > 0) ema_ = std::make_unique<Ema>(*model_, config.train.ema_decay);
+  if (config.train.ema_decay > 0) {
+    ema_ = std::make_unique<Ema>(*model_, config.train.ema_decay, config.train.ema_warmup);
+  }
   std::function<TensorMap()> ema_weights;
   if (ema_) ema_weights = [this] { return ema_->tensors(); };
   task_->attach_run(run_dir_, ema_weights);
@@ -142,7 +144,7 @@ TrainOutcome Trainer::run() {
       clip_grad_norm(params_, c.optim.grad_clip);
       optimizer_->step(lr);
       model_->project_parameters();
-      if (ema_) ema_->update(*model_);
+      if (ema_) ema_->update(*model_, state_.step);  // step counts the updates before this one
       optimizer_->zero_grad();
       loss_sum += loss.detach();
       ++loss_count;
@@ -192,6 +194,16 @@ TrainOutcome Trainer::run() {
                       outcome.signal ? fmt::format(" (signal {})", outcome.signal) : "", run_dir_,
                       run_dir_);
         return outcome;
+      }
+      if (c.train.eval_every_steps > 0 && state_.step % c.train.eval_every_steps == 0 &&
+          state_.step != total_steps_) {
+        const auto now = std::chrono::steady_clock::now();
+        state_.train_seconds += std::chrono::duration<double>(now - window_start).count();
+        evaluate_and_record(epoch);
+        model_->train();
+        // The next rate covers training steps only (the window restarts); losses keep accumulating.
+        window_start = std::chrono::steady_clock::now();
+        window_steps = 0;
       }
     }
     // Time since the last progress line belongs to training, not to the evaluation below.
