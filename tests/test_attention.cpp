@@ -256,9 +256,23 @@ TEST_CASE("attention: layers build from the registry; MHLA mixing is projected t
 
 TEST_CASE("attention: backends are checked by name and device", "[attention][registry]") {
   const auto& type = attention_registry().get("linear");
+  std::string available;  // "cuda, reference" where the kernels are built, else "reference"
+  for (const auto& [name, fn] : type.backends) available += (available.empty() ? "" : ", ") + name;
   CHECK_THROWS_WITH(select_backend("linear", type, "cudnn", torch::kCPU, "c.yaml:4"),
-                    "c.yaml:4: attention type 'linear' has no backend 'cudnn' in this build; available: reference");
+                    "c.yaml:4: attention type 'linear' has no backend 'cudnn' in this build; available: " + available);
   CHECK_NOTHROW(select_backend("linear", type, "auto", torch::kCPU, "x"));
+  // auto on the CPU is the reference; a bidirectional-only backend refuses causal layers.
+  CHECK(&select_backend("linear", type, "auto", torch::kCPU, "x", true) == &type.backends.at("reference"));
+  if (type.backends.count("cuda")) {
+    CHECK_THROWS_WITH(select_backend("linear", type, "cuda", torch::kCPU, "c.yaml:5"),
+                      "c.yaml:5: backend 'cuda' of attention type 'linear' needs a CUDA device, the run is on cpu");
+    CHECK_THROWS_WITH(select_backend("mhla", attention_registry().get("mhla"), "cuda", torch::kCUDA, "c.yaml:6", true),
+                      "c.yaml:6: backend 'cuda' of attention type 'mhla' implements the bidirectional op only; "
+                      "causal layers run on 'reference' (or say backend: auto)");
+    // auto on a GPU skips it for causal layers.
+    CHECK(&select_backend("linear", type, "auto", torch::kCUDA, "x", true) == &type.backends.at("reference"));
+    CHECK(&select_backend("linear", type, "auto", torch::kCUDA, "x", false) == &type.backends.at("cuda"));
+  }
   CHECK_THROWS_WITH(attention_registry().get("flash"),
                     "unknown attention type 'flash'; registered: gated_deltanet, kda, linear, mhla, softmax");
 }

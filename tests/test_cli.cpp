@@ -312,7 +312,7 @@ TEST_CASE("cli: a tiny DiT trains, and sample writes PNGs and a grid", "[cli]") 
   CHECK(wrong.exit_code != 0);
 }
 
-TEST_CASE("cli: FID-FMNIST from a trained feature network: hooks, cache, eval --fid", "[cli][eval]") {
+TEST_CASE("cli: FID-FMNIST from a trained feature network: hooks, cache, eval --fid", "[cli]") {
   test::TempDir dir("cli-fid");
   test::write_text(dir.path() / "net.yaml",
                    "model:\n  name: cnn\n  image_size: 32\n  width: 8\ndata:\n  train_limit: 512\n"

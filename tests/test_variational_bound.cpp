@@ -18,20 +18,22 @@ using namespace mhla;
 TEST_CASE("bound: Gaussian KL and the discretized likelihood match closed forms", "[diffusion]") {
   auto d = torch::TensorOptions().dtype(torch::kFloat64);
   auto scalar = [&](double x) { return torch::tensor({x}, d); };
-  CHECK(normal_kl(scalar(0.3), scalar(0.1), scalar(0.3), scalar(0.1)).item<double>() == Approx(0.0).margin(1e-15));
+  CHECK(normal_kl(scalar(0.3), scalar(0.1), scalar(0.3), scalar(0.1)).item<double>() ==
+        Approx(0.0).margin(1e-15));
   // KL(N(0.5, 2) || N(-0.3, 0.5)) = 0.5 (-1 + ln 0.25 + 4 + 0.64 / 0.5)
   const double expected = 0.5 * (-1.0 + std::log(0.25) + 4.0 + 0.64 / 0.5);
-  CHECK(normal_kl(scalar(0.5), scalar(std::log(2.0)), scalar(-0.3), scalar(std::log(0.5))).item<double>() ==
-        Approx(expected).epsilon(1e-12));
+  CHECK(normal_kl(scalar(0.5), scalar(std::log(2.0)), scalar(-0.3), scalar(std::log(0.5)))
+            .item<double>() == Approx(expected).epsilon(1e-12));
   // The 256 bins of [-1, 1] (outer bins open) carry all the probability.
   auto centers = torch::linspace(-1.0, 1.0, 256, d);
   auto probability = torch::exp(discretized_gaussian_log_likelihood(
       centers, torch::full_like(centers, 0.1), torch::full_like(centers, std::log(0.3))));
   CHECK(probability.sum().item<double>() == Approx(1.0).epsilon(1e-9));
   // A Gaussian centred on an inner bin: its mass there is erf(half bin / (sigma sqrt 2)).
-  auto sharp = discretized_gaussian_log_likelihood(centers.narrow(0, 100, 1), centers.narrow(0, 100, 1),
-                                                   torch::full({1}, std::log(1e-3), d));
-  CHECK(std::exp(sharp.item<double>()) == Approx(std::erf((1.0 / 255.0) / (1e-3 * std::sqrt(2.0)))).epsilon(1e-9));
+  auto sharp = discretized_gaussian_log_likelihood(
+      centers.narrow(0, 100, 1), centers.narrow(0, 100, 1), torch::full({1}, std::log(1e-3), d));
+  CHECK(std::exp(sharp.item<double>()) ==
+        Approx(std::erf((1.0 / 255.0) / (1e-3 * std::sqrt(2.0)))).epsilon(1e-9));
 }
 
 TEST_CASE("bound: zero at the true posterior; trains v only", "[diffusion]") {
@@ -62,12 +64,13 @@ TEST_CASE("bound: zero at the true posterior; trains v only", "[diffusion]") {
 
 TEST_CASE("bound: a learned-variance DiT trains and samples with DDPM and DDIM", "[train]") {
   test::TempDir dir("dit-sigma");
-  Config c = parse_config("", "dit.yaml",
-                          {"model.name=dit", "model.image_size=28", "model.patch_size=4", "model.width=32",
-                           "model.depth=1", "model.heads=2", "model.learn_sigma=true", "attention.blocks=4",
-                           "data.train_limit=1024", "data.test_limit=128", "data.batch_size=64",
-                           "train.epochs=4", "optim.lr=2e-3", "optim.weight_decay=0", "train.eval_every=0",
-                           "diffusion.steps=50", "run.root=" + dir.str(), "run.name=sigma"});
+  Config c = parse_config(
+      "", "dit.yaml",
+      {"model.name=dit", "model.image_size=28", "model.patch_size=4", "model.width=32",
+       "model.depth=1", "model.heads=2", "model.learn_sigma=true", "attention.blocks=4",
+       "data.train_limit=1024", "data.test_limit=128", "data.batch_size=64", "train.epochs=4",
+       "optim.lr=2e-3", "optim.weight_decay=0", "train.eval_every=0", "diffusion.steps=50",
+       "run.root=" + dir.str(), "run.name=sigma"});
   auto task = task_registry().get("diffusion").make(c, torch::kCPU);
   auto fresh = model_registry().get("dit").make(c);
   const double before = -task->evaluate(*fresh).score;

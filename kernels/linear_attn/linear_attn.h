@@ -25,7 +25,7 @@ struct LinearAttentionBackward {
   void* grad_q = nullptr;
   void* grad_k = nullptr;
   void* grad_v = nullptr;
-  float* grad_state = nullptr;   // workspace, linear_attention_state_floats()
+  float* grad_state = nullptr;  // workspace, linear_attention_state_floats()
 };
 
 size_t linear_attention_state_floats(int batch, int heads, int head_dim);

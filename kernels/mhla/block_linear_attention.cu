@@ -26,9 +26,9 @@ using namespace nvcuda;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kTile = 64;              // tokens per shared-memory tile
-constexpr int kChunk = 4 * kTile;      // tokens per CTA along a block
-constexpr int kMixColumns = 64;        // state elements per step of the mixing backward
+constexpr int kTile = 64;          // tokens per shared-memory tile
+constexpr int kChunk = 4 * kTile;  // tokens per CTA along a block
+constexpr int kMixColumns = 64;    // state elements per step of the mixing backward
 constexpr float kFeatureFloor = 1e-6f;
 constexpr float kNormEps = 1e-6f;
 constexpr float kDenominatorEps = 1e-6f;
@@ -57,15 +57,21 @@ struct Mma<float> {
 
 template <typename T>
 __device__ __forceinline__ float to_float(T x) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat162float(x);
-  else if constexpr (std::is_same_v<T, __half>) return __half2float(x);
-  else return x;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __bfloat162float(x);
+  else if constexpr (std::is_same_v<T, __half>)
+    return __half2float(x);
+  else
+    return x;
 }
 template <typename T>
 __device__ __forceinline__ T from_float(float x) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16(x);
-  else if constexpr (std::is_same_v<T, __half>) return __float2half(x);
-  else return x;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __float2bfloat16(x);
+  else if constexpr (std::is_same_v<T, __half>)
+    return __float2half(x);
+  else
+    return x;
 }
 
 template <typename T, typename Layout>
@@ -76,7 +82,8 @@ template <typename T>
 using FragC = wmma::fragment<wmma::accumulator, 16, 16, Mma<T>::k, float>;
 
 template <typename T, typename Frag>
-__device__ __forceinline__ void load_fragment(Frag& f, const typename Mma<T>::elem* p, unsigned ld) {
+__device__ __forceinline__ void load_fragment(Frag& f, const typename Mma<T>::elem* p,
+                                              unsigned ld) {
   wmma::load_matrix_sync(f, p, ld);
   if constexpr (std::is_same_v<T, float>) {
     for (int i = 0; i < f.num_elements; ++i) f.x[i] = wmma::__float_to_tf32(f.x[i]);
@@ -88,14 +95,14 @@ __device__ __forceinline__ void load_fragment(Frag& f, const typename Mma<T>::el
 template <typename T, int D>
 struct Layout {
   using E = typename Mma<T>::elem;
-  static constexpr int lde = D + 8;              // elements, tiles of E
-  static constexpr int ldf = D + 4;              // floats, fp32 tiles
-  static constexpr int vec = 16 / sizeof(T);     // elements per 16-byte load
-  static constexpr int lanes = D / vec;          // threads per token row (4 to 32)
+  static constexpr int lde = D + 8;           // elements, tiles of E
+  static constexpr int ldf = D + 4;           // floats, fp32 tiles
+  static constexpr int vec = 16 / sizeof(T);  // elements per 16-byte load
+  static constexpr int lanes = D / vec;       // threads per token row (4 to 32)
   static constexpr int rows_per_pass = kThreads / lanes;
-  static constexpr int frags = (D / 16) * (D / 16);                  // D x D accumulators
+  static constexpr int frags = (D / 16) * (D / 16);  // D x D accumulators
   static constexpr int frags_per_warp = (frags + kWarps - 1) / kWarps;
-  static constexpr int state = D * D + D;        // floats of S_j followed by z_j
+  static constexpr int state = D * D + D;  // floats of S_j followed by z_j
 };
 
 struct Vec {
@@ -104,7 +111,8 @@ struct Vec {
 
 template <typename T, int D>
 __device__ __forceinline__ const T* token_row(const TokenTensor& t, int b, int n, int h) {
-  return static_cast<const T*>(t.data) + b * t.batch_stride + n * t.token_stride + h * t.head_stride;
+  return static_cast<const T*>(t.data) + b * t.batch_stride + n * t.token_stride +
+         h * t.head_stride;
 }
 
 template <typename T, int D>
@@ -130,7 +138,8 @@ __device__ __forceinline__ void store_vector(T* p, const float* x) {
 template <int Lanes>
 __device__ __forceinline__ float row_sum(float x) {
 #pragma unroll
-  for (int offset = Lanes / 2; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  for (int offset = Lanes / 2; offset > 0; offset /= 2)
+    x += __shfl_xor_sync(0xffffffffu, x, offset);
   return x;
 }
 
@@ -176,7 +185,8 @@ __device__ void load_plain(const TokenTensor& src, int b, int h, int n0, int val
       for (int i = 0; i < L::vec; ++i) x[i] = 0.f;
     }
 #pragma unroll
-    for (int i = 0; i < L::vec; ++i) dst[r * L::lde + lane * L::vec + i] = from_float<typename Mma<T>::elem>(x[i]);
+    for (int i = 0; i < L::vec; ++i)
+      dst[r * L::lde + lane * L::vec + i] = from_float<typename Mma<T>::elem>(x[i]);
   }
 }
 
@@ -223,7 +233,8 @@ __device__ __forceinline__ void accumulate_at_b(FragC<T> (&acc)[Layout<T, D>::fr
 // out [rows][D] (fp32, ldf) = A [rows][D] x B (D x D), with B transposed when Transposed.
 template <typename T, int D, bool Transposed>
 __device__ __forceinline__ void multiply_tile(const typename Mma<T>::elem* a,
-                                              const typename Mma<T>::elem* b, float* out, int rows) {
+                                              const typename Mma<T>::elem* b, float* out,
+                                              int rows) {
   using L = Layout<T, D>;
   using BLayout = std::conditional_t<Transposed, wmma::col_major, wmma::row_major>;
   const int warp = threadIdx.x / 32;
@@ -282,7 +293,9 @@ __device__ void load_state(const float* state, typename Mma<T>::elem* s, float* 
   for (int e = threadIdx.x; e < D; e += kThreads) z[e] = state[D * D + e];
 }
 
-__host__ __device__ constexpr size_t align128(size_t bytes) { return (bytes + 127) / 128 * 128; }
+__host__ __device__ constexpr size_t align128(size_t bytes) {
+  return (bytes + 127) / 128 * 128;
+}
 
 struct Work {  // the token range of one CTA: block j, chunk c, [begin, end)
   int bh, b, h, block, begin, end;
@@ -335,8 +348,10 @@ __global__ void __launch_bounds__(kThreads) states_kernel(BlockLinearForward p, 
   const bool atomic = chunks > 1;
   write_state<T, D>(acc, state, atomic, staging);
   if (threadIdx.x < D) {
-    if (atomic) atomicAdd(state + D * D + threadIdx.x, z);
-    else state[D * D + threadIdx.x] = z;
+    if (atomic)
+      atomicAdd(state + D * D + threadIdx.x, z);
+    else
+      state[D * D + threadIdx.x] = z;
   }
 }
 
@@ -365,7 +380,8 @@ __global__ void __launch_bounds__(kThreads) output_kernel(BlockLinearForward p, 
   float* z = reinterpret_cast<float*>(take(D * 4));
   float* denominator = reinterpret_cast<float*>(take(kTile * 4));
   const Work w = work_of(p.shape, chunks);
-  load_state<T, D>(p.mixed + (static_cast<size_t>(w.bh) * p.shape.blocks + w.block) * L::state, s, z);
+  load_state<T, D>(p.mixed + (static_cast<size_t>(w.bh) * p.shape.blocks + w.block) * L::state, s,
+                   z);
   T* out = static_cast<T*>(p.out);
   const int lane = threadIdx.x % L::lanes;
   for (int n0 = w.begin; n0 < w.end; n0 += kTile) {
@@ -392,15 +408,17 @@ __global__ void __launch_bounds__(kThreads) output_kernel(BlockLinearForward p, 
 }
 
 // S'_i = sum_j m_ij S_j over the state elements of one batch*head, 256 elements per CTA.
-__global__ void __launch_bounds__(kThreads) mix_kernel(const float* states, const float* mixing,
-                                                       float* mixed, int blocks, int state) {
+__global__ void __launch_bounds__(kThreads)
+    mix_kernel(const float* states, const float* mixing, float* mixed, int blocks, int state) {
   extern __shared__ __align__(128) unsigned char smem[];
   float* m = reinterpret_cast<float*>(smem);
   float* x = m + blocks * blocks;
   const int e = blockIdx.x * kThreads + threadIdx.x;
   const size_t base = static_cast<size_t>(blockIdx.y) * blocks * state;
   for (int i = threadIdx.x; i < blocks * blocks; i += kThreads) m[i] = mixing[i];
-  for (int j = 0; j < blocks; ++j) x[j * kThreads + threadIdx.x] = e < state ? states[base + static_cast<size_t>(j) * state + e] : 0.f;
+  for (int j = 0; j < blocks; ++j)
+    x[j * kThreads + threadIdx.x] =
+        e < state ? states[base + static_cast<size_t>(j) * state + e] : 0.f;
   __syncthreads();
   if (e >= state) return;
   for (int i = 0; i < blocks; ++i) {
@@ -421,7 +439,8 @@ __host__ __device__ constexpr size_t query_backward_smem() {
 
 // dq and dS'_i, dz'_i for the tokens of one chunk of block i.
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) query_backward_kernel(BlockLinearBackward p, int chunks) {
+__global__ void __launch_bounds__(kThreads)
+    query_backward_kernel(BlockLinearBackward p, int chunks) {
   using L = Layout<T, D>;
   using E = typename Mma<T>::elem;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -510,20 +529,20 @@ __global__ void __launch_bounds__(kThreads) query_backward_kernel(BlockLinearBac
   const bool atomic = chunks > 1;
   write_state<T, D>(acc, p.grad_mixed + state_offset, atomic, staging);
   if (threadIdx.x < D) {
-    if (atomic) atomicAdd(p.grad_mixed + state_offset + D * D + threadIdx.x, dz);
-    else p.grad_mixed[state_offset + D * D + threadIdx.x] = dz;
+    if (atomic)
+      atomicAdd(p.grad_mixed + state_offset + D * D + threadIdx.x, dz);
+    else
+      p.grad_mixed[state_offset + D * D + threadIdx.x] = dz;
   }
 }
 
 // dS_j = sum_i m_ij dS'_i and dm_ij = sum over batch, heads and elements of dS'_i * S_j.
 // Persistent CTAs walk (batch*head, 64-element column) items; each thread keeps its (i, j) pairs
 // of dm in registers and adds them to the result once.
-__global__ void __launch_bounds__(kThreads) mix_backward_kernel(const float* grad_mixed,
-                                                                const float* states,
-                                                                const float* mixing,
-                                                                float* grad_states,
-                                                                float* grad_mixing, int batch_heads,
-                                                                int blocks, int state) {
+__global__ void __launch_bounds__(kThreads)
+    mix_backward_kernel(const float* grad_mixed, const float* states, const float* mixing,
+                        float* grad_states, float* grad_mixing, int batch_heads, int blocks,
+                        int state) {
   constexpr int kPairs = 4096 / kThreads;  // blocks <= 64
   constexpr int ld = kMixColumns + 1;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -599,7 +618,8 @@ __global__ void __launch_bounds__(kThreads) key_backward_kernel(BlockLinearBackw
   float* dz = reinterpret_cast<float*>(take(D * 4));
   float* inv_rms = reinterpret_cast<float*>(take(kTile * 4));
   const Work w = work_of(p.shape, chunks);
-  load_state<T, D>(p.grad_states + (static_cast<size_t>(w.bh) * p.shape.blocks + w.block) * L::state, ds, dz);
+  load_state<T, D>(
+      p.grad_states + (static_cast<size_t>(w.bh) * p.shape.blocks + w.block) * L::state, ds, dz);
   T* grad_k = static_cast<T*>(p.grad_k);
   T* grad_v = static_cast<T*>(p.grad_v);
   const int lane = threadIdx.x % L::lanes;
@@ -612,7 +632,8 @@ __global__ void __launch_bounds__(kThreads) key_backward_kernel(BlockLinearBackw
     multiply_tile<T, D, true>(vt, ds, dphi, rows);  // d(phi(k)) = V dS^T (+ dz below)
     multiply_tile<T, D, false>(kf, ds, dv, rows);   // dV = phi(K) dS
     __syncthreads();
-    for (int r = threadIdx.x / L::lanes; r < rows; r += L::rows_per_pass) {  // whole warps, as above
+    for (int r = threadIdx.x / L::lanes; r < rows;
+         r += L::rows_per_pass) {  // whole warps, as above
       float x[L::vec], g[L::vec];
       const bool live = r < valid;
       const size_t row = (static_cast<size_t>(w.b) * p.shape.tokens + n0 + r) * p.shape.heads + w.h;
@@ -657,7 +678,8 @@ int multiprocessors() {
 template <typename Kernel>
 cudaError_t allow_smem(Kernel kernel, size_t bytes) {
   if (bytes <= 48 * 1024) return cudaSuccess;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(bytes));
 }
 
 template <typename T, int D>
@@ -667,18 +689,22 @@ cudaError_t forward_for(const BlockLinearForward& a, cudaStream_t stream) {
   const dim3 grid(s.blocks * chunks, s.batch * s.heads);
   const size_t state_bytes = block_linear_state_floats(s) * sizeof(float);
   cudaError_t err = cudaSuccess;
-  if (chunks > 1 && (err = cudaMemsetAsync(a.states, 0, state_bytes, stream)) != cudaSuccess) return err;
+  if (chunks > 1 && (err = cudaMemsetAsync(a.states, 0, state_bytes, stream)) != cudaSuccess)
+    return err;
   constexpr size_t states_bytes = states_smem<T, D>();
   if ((err = allow_smem(states_kernel<T, D>, states_bytes)) != cudaSuccess) return err;
   states_kernel<T, D><<<grid, kThreads, states_bytes, stream>>>(a, chunks);
   if (a.mixing != nullptr) {
     const int state = Layout<T, D>::state;
-    const size_t mix_bytes = (static_cast<size_t>(s.blocks) * s.blocks + static_cast<size_t>(s.blocks) * kThreads) * 4;
+    const size_t mix_bytes =
+        (static_cast<size_t>(s.blocks) * s.blocks + static_cast<size_t>(s.blocks) * kThreads) * 4;
     if ((err = allow_smem(mix_kernel, mix_bytes)) != cudaSuccess) return err;
-    mix_kernel<<<dim3((state + kThreads - 1) / kThreads, s.batch * s.heads), kThreads, mix_bytes, stream>>>(
-        a.states, a.mixing, a.mixed, s.blocks, state);
+    mix_kernel<<<dim3((state + kThreads - 1) / kThreads, s.batch * s.heads), kThreads, mix_bytes,
+                 stream>>>(a.states, a.mixing, a.mixed, s.blocks, state);
   } else if (a.mixed != a.states) {
-    if ((err = cudaMemcpyAsync(a.mixed, a.states, state_bytes, cudaMemcpyDeviceToDevice, stream)) != cudaSuccess) return err;
+    if ((err = cudaMemcpyAsync(a.mixed, a.states, state_bytes, cudaMemcpyDeviceToDevice, stream)) !=
+        cudaSuccess)
+      return err;
   }
   constexpr size_t output_bytes = output_smem<T, D>();
   if ((err = allow_smem(output_kernel<T, D>, output_bytes)) != cudaSuccess) return err;
@@ -693,21 +719,29 @@ cudaError_t backward_for(const BlockLinearBackward& a, cudaStream_t stream) {
   const dim3 grid(s.blocks * chunks, s.batch * s.heads);
   const size_t state_bytes = block_linear_state_floats(s) * sizeof(float);
   cudaError_t err = cudaSuccess;
-  if (chunks > 1 && (err = cudaMemsetAsync(a.grad_mixed, 0, state_bytes, stream)) != cudaSuccess) return err;
+  if (chunks > 1 && (err = cudaMemsetAsync(a.grad_mixed, 0, state_bytes, stream)) != cudaSuccess)
+    return err;
   constexpr size_t query_bytes = query_backward_smem<T, D>();
   if ((err = allow_smem(query_backward_kernel<T, D>, query_bytes)) != cudaSuccess) return err;
   query_backward_kernel<T, D><<<grid, kThreads, query_bytes, stream>>>(a, chunks);
   if (a.mixing != nullptr) {
     const int state = Layout<T, D>::state;
-    if ((err = cudaMemsetAsync(a.grad_mixing, 0, sizeof(float) * s.blocks * s.blocks, stream)) != cudaSuccess) return err;
-    const size_t mix_bytes = (static_cast<size_t>(s.blocks) * s.blocks + 2 * static_cast<size_t>(s.blocks) * (kMixColumns + 1)) * 4;
+    if ((err = cudaMemsetAsync(a.grad_mixing, 0, sizeof(float) * s.blocks * s.blocks, stream)) !=
+        cudaSuccess)
+      return err;
+    const size_t mix_bytes = (static_cast<size_t>(s.blocks) * s.blocks +
+                              2 * static_cast<size_t>(s.blocks) * (kMixColumns + 1)) *
+                             4;
     if ((err = allow_smem(mix_backward_kernel, mix_bytes)) != cudaSuccess) return err;
     const int items = s.batch * s.heads * ((state + kMixColumns - 1) / kMixColumns);
     const int ctas = items < 2 * multiprocessors() ? items : 2 * multiprocessors();
-    mix_backward_kernel<<<ctas, kThreads, mix_bytes, stream>>>(a.grad_mixed, a.states, a.mixing, a.grad_states,
-                                                               a.grad_mixing, s.batch * s.heads, s.blocks, state);
+    mix_backward_kernel<<<ctas, kThreads, mix_bytes, stream>>>(a.grad_mixed, a.states, a.mixing,
+                                                               a.grad_states, a.grad_mixing,
+                                                               s.batch * s.heads, s.blocks, state);
   } else if (a.grad_states != a.grad_mixed) {
-    if ((err = cudaMemcpyAsync(a.grad_states, a.grad_mixed, state_bytes, cudaMemcpyDeviceToDevice, stream)) != cudaSuccess) return err;
+    if ((err = cudaMemcpyAsync(a.grad_states, a.grad_mixed, state_bytes, cudaMemcpyDeviceToDevice,
+                               stream)) != cudaSuccess)
+      return err;
   }
   constexpr size_t key_bytes = key_backward_smem<T, D>();
   if ((err = allow_smem(key_backward_kernel<T, D>, key_bytes)) != cudaSuccess) return err;
@@ -719,7 +753,8 @@ bool supported(const BlockLinearShape& s, bool has_mixing) {
   const bool dim_ok = s.head_dim == 32 || s.head_dim == 64 || s.head_dim == 128;
   return dim_ok && s.batch > 0 && s.heads > 0 && s.tokens > 0 && s.blocks >= 1 && s.blocks <= 64 &&
          s.tokens % s.blocks == 0 && static_cast<int64_t>(s.batch) * s.heads <= 65535 &&
-         static_cast<int64_t>(s.blocks) * ((s.tokens / s.blocks + kChunk - 1) / kChunk) <= 0x7fffffff &&
+         static_cast<int64_t>(s.blocks) * ((s.tokens / s.blocks + kChunk - 1) / kChunk) <=
+             0x7fffffff &&
          (has_mixing || s.blocks == 1);
 }
 
@@ -732,27 +767,38 @@ Launcher<Args> launcher_for(DType dtype, int head_dim) {
   auto by_dim = [&](auto tag) -> Launcher<Args> {
     using T = decltype(tag);
     switch (head_dim) {
-      case 32: return &Pass<T, 32>::run;
-      case 64: return &Pass<T, 64>::run;
-      case 128: return &Pass<T, 128>::run;
-      default: return nullptr;
+      case 32:
+        return &Pass<T, 32>::run;
+      case 64:
+        return &Pass<T, 64>::run;
+      case 128:
+        return &Pass<T, 128>::run;
+      default:
+        return nullptr;
     }
   };
   switch (dtype) {
-    case DType::f32: return by_dim(float{});
-    case DType::f16: return by_dim(__half{});
-    case DType::bf16: return by_dim(__nv_bfloat16{});
+    case DType::f32:
+      return by_dim(float{});
+    case DType::f16:
+      return by_dim(__half{});
+    case DType::bf16:
+      return by_dim(__nv_bfloat16{});
   }
   return nullptr;
 }
 
 template <typename T, int D>
 struct ForwardPass {
-  static cudaError_t run(const BlockLinearForward& a, cudaStream_t s) { return forward_for<T, D>(a, s); }
+  static cudaError_t run(const BlockLinearForward& a, cudaStream_t s) {
+    return forward_for<T, D>(a, s);
+  }
 };
 template <typename T, int D>
 struct BackwardPass {
-  static cudaError_t run(const BlockLinearBackward& a, cudaStream_t s) { return backward_for<T, D>(a, s); }
+  static cudaError_t run(const BlockLinearBackward& a, cudaStream_t s) {
+    return backward_for<T, D>(a, s);
+  }
 };
 
 }  // namespace

@@ -53,9 +53,9 @@ struct BlockLinearBackward {
   void* grad_q = nullptr;  // [B, N, H, D] contiguous each
   void* grad_k = nullptr;
   void* grad_v = nullptr;
-  float* grad_mixing = nullptr;   // [M, M] fp32, overwritten (summed over batch and heads)
-  float* grad_mixed = nullptr;    // workspace, state_floats
-  float* grad_states = nullptr;   // workspace, state_floats (may equal grad_mixed without mixing)
+  float* grad_mixing = nullptr;  // [M, M] fp32, overwritten (summed over batch and heads)
+  float* grad_mixed = nullptr;   // workspace, state_floats
+  float* grad_states = nullptr;  // workspace, state_floats (may equal grad_mixed without mixing)
 };
 
 // Return cudaSuccess or the first launch error; a shape the kernels do not cover returns

@@ -15,13 +15,13 @@ using namespace mhla_kernels;
 
 namespace {
 
-#define CHECK_CUDA(call)                                                              \
-  do {                                                                                \
-    cudaError_t err_ = (call);                                                        \
-    if (err_ != cudaSuccess) {                                                        \
+#define CHECK_CUDA(call)                                                                 \
+  do {                                                                                   \
+    cudaError_t err_ = (call);                                                           \
+    if (err_ != cudaSuccess) {                                                           \
       std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(err_)); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
+      std::exit(1);                                                                      \
+    }                                                                                    \
   } while (0)
 
 template <typename T>
@@ -30,7 +30,8 @@ T* upload(const std::vector<float>& host) {
   for (size_t i = 0; i < host.size(); ++i) converted[i] = T(host[i]);
   T* device = nullptr;
   CHECK_CUDA(cudaMalloc(&device, converted.size() * sizeof(T)));
-  CHECK_CUDA(cudaMemcpy(device, converted.data(), converted.size() * sizeof(T), cudaMemcpyHostToDevice));
+  CHECK_CUDA(
+      cudaMemcpy(device, converted.data(), converted.size() * sizeof(T), cudaMemcpyHostToDevice));
   return device;
 }
 
@@ -71,7 +72,9 @@ bool run_case(DType dtype, int batch, int heads, int tokens, int dim, int blocks
   CHECK_CUDA(cudaMalloc(&grad_mixing, static_cast<size_t>(blocks) * blocks * 4));
   for (void** p : {&out, &dq, &dk, &dv}) CHECK_CUDA(cudaMalloc(p, count * sizeof(T)));
   const int64_t token_stride = static_cast<int64_t>(heads) * dim;
-  auto view = [&](const void* p) { return TokenTensor{p, tokens * token_stride, token_stride, dim}; };
+  auto view = [&](const void* p) {
+    return TokenTensor{p, tokens * token_stride, token_stride, dim};
+  };
 
   BlockLinearForward f;
   f.shape = shape;
@@ -100,8 +103,9 @@ bool run_case(DType dtype, int batch, int heads, int tokens, int dim, int blocks
   if (mixes) ok = ok && all_finite<float>(grad_mixing, static_cast<size_t>(blocks) * blocks);
   std::printf("B=%d H=%d N=%d D=%d M=%d mixing=%d: %s\n", batch, heads, tokens, dim, blocks, mixes,
               ok ? "ok" : "NON-FINITE");
-  for (void* p : {(void*)q, (void*)k, (void*)v, (void*)grad_out, (void*)mixing, (void*)states, (void*)mixed,
-                  (void*)grad_mixed, (void*)grad_states, (void*)grad_mixing, out, dq, dk, dv}) {
+  for (void* p :
+       {(void*)q, (void*)k, (void*)v, (void*)grad_out, (void*)mixing, (void*)states, (void*)mixed,
+        (void*)grad_mixed, (void*)grad_states, (void*)grad_mixing, out, dq, dk, dv}) {
     cudaFree(p);
   }
   return ok;

@@ -15,10 +15,15 @@ namespace kernels = mhla_kernels;
 
 kernels::DType kernel_dtype(torch::ScalarType type) {
   switch (type) {
-    case torch::kFloat32: return kernels::DType::f32;
-    case torch::kFloat16: return kernels::DType::f16;
-    case torch::kBFloat16: return kernels::DType::bf16;
-    default: fail("cuda attention: unsupported dtype {} (float32, float16, bfloat16)", c10::toString(type));
+    case torch::kFloat32:
+      return kernels::DType::f32;
+    case torch::kFloat16:
+      return kernels::DType::f16;
+    case torch::kBFloat16:
+      return kernels::DType::bf16;
+    default:
+      fail("cuda attention: unsupported dtype {} (float32, float16, bfloat16)",
+           c10::toString(type));
   }
 }
 
@@ -46,13 +51,16 @@ void check_inputs(const char* op, const torch::Tensor& q, const torch::Tensor& k
     fail("{} (cuda): q, k, v must have the same shape [B, N, H, D]; got {}, {}, {}", op,
          c10::str(q.sizes()), c10::str(k.sizes()), c10::str(v.sizes()));
   }
-  if (!q.is_cuda() || !k.is_cuda() || !v.is_cuda()) fail("{} (cuda): inputs must be on a CUDA device", op);
+  if (!q.is_cuda() || !k.is_cuda() || !v.is_cuda())
+    fail("{} (cuda): inputs must be on a CUDA device", op);
   const auto d = q.size(3);
-  if (d != 32 && d != 64 && d != 128) fail("{} (cuda): head dim {} is not one of 32, 64, 128", op, d);
+  if (d != 32 && d != 64 && d != 128)
+    fail("{} (cuda): head dim {} is not one of 32, 64, 128", op, d);
   if (blocks < 1 || blocks > 64 || q.size(1) % blocks != 0) {
     fail("{} (cuda): {} blocks for N = {} (blocks in [1, 64] dividing N)", op, blocks, q.size(1));
   }
-  if (q.size(0) * q.size(2) > 65535) fail("{} (cuda): B*H = {} exceeds 65535", op, q.size(0) * q.size(2));
+  if (q.size(0) * q.size(2) > 65535)
+    fail("{} (cuda): B*H = {} exceeds 65535", op, q.size(0) * q.size(2));
 }
 
 kernels::BlockLinearShape shape_of(const torch::Tensor& q, int64_t blocks) {
@@ -73,7 +81,8 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
     auto mixing = mixes ? mixing_in.detach().to(torch::kFloat32).contiguous() : mixing_in;
     const auto shape = shape_of(q, blocks);
     auto floats = q.options().dtype(torch::kFloat32);
-    auto states = torch::empty({static_cast<int64_t>(kernels::block_linear_state_floats(shape))}, floats);
+    auto states =
+        torch::empty({static_cast<int64_t>(kernels::block_linear_state_floats(shape))}, floats);
     auto mixed = mixes ? torch::empty_like(states) : states;
     auto out = torch::empty(q.sizes(), v.options().memory_format(torch::MemoryFormat::Contiguous));
     auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
@@ -89,7 +98,8 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
       check_launch(kernels::block_linear_forward(a, stream), "mhla forward");
     } else {
       kernels::LinearAttentionForward a;
-      a.batch = shape.batch, a.tokens = shape.tokens, a.heads = shape.heads, a.head_dim = shape.head_dim;
+      a.batch = shape.batch, a.tokens = shape.tokens, a.heads = shape.heads,
+      a.head_dim = shape.head_dim;
       a.dtype = kernel_dtype(dtype);
       a.q = view_of(q), a.k = view_of(k), a.v = view_of(v);
       a.out = out.data_ptr();
@@ -136,7 +146,8 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
       check_launch(kernels::block_linear_backward(a, stream), "mhla backward");
     } else {
       kernels::LinearAttentionBackward a;
-      a.batch = shape.batch, a.tokens = shape.tokens, a.heads = shape.heads, a.head_dim = shape.head_dim;
+      a.batch = shape.batch, a.tokens = shape.tokens, a.heads = shape.heads,
+      a.head_dim = shape.head_dim;
       a.dtype = kernel_dtype(v.scalar_type());
       a.q = view_of(q), a.k = view_of(k), a.v = view_of(v), a.out = view_of(out);
       a.grad_out = view_of(grad_out);
@@ -158,7 +169,8 @@ torch::Tensor linear_attention_cuda(const torch::Tensor& q, const torch::Tensor&
   if (args.causal) fail("linear (cuda): the kernels implement the bidirectional op only");
   check_inputs("linear", q, k, v, 1);
   // Autograd functions take defined tensors only: an empty one means "no mixing".
-  return BlockLinearFunction::apply(q, k, v, torch::empty({0}, q.options().dtype(torch::kFloat32)), 1);
+  return BlockLinearFunction::apply(q, k, v, torch::empty({0}, q.options().dtype(torch::kFloat32)),
+                                    1);
 }
 
 torch::Tensor mhla_cuda(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,

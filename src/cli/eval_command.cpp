@@ -5,13 +5,13 @@
 
 #include "cli/commands.h"
 #include "core/device.h"
-#include "core/logging.h"
-#include "train/task.h"
-#include "train/checkpoint.h"
 #include "core/error.h"
+#include "core/logging.h"
 #include "diffusion/generate.h"
 #include "eval/fid.h"
 #include "models/dit.h"
+#include "train/checkpoint.h"
+#include "train/task.h"
 
 namespace mhla {
 namespace {
@@ -34,21 +34,12 @@ struct EvalArgs {
 int run_fid(const EvalArgs& args) {
   Checkpoint checkpoint = read_checkpoint(args.checkpoint, args.overrides);
   const Config& config = checkpoint.config;
-  if (config.model.name != "dit") {
-    fail("{}: --fid needs a diffusion (dit) checkpoint, this one is '{}'", checkpoint.dir, config.model.name);
-  }
   if (args.cfg < 0) fail("--cfg {} must be >= 0", args.cfg);
   const torch::Device device = resolve_device(config);
-  auto model = model_registry().get("dit").make(config);
-  const bool use_ema = !checkpoint.ema.empty() && !args.raw_weights;
-  TensorMap weights = checkpoint.weights;
-  if (use_ema) {
-    for (const auto& [name, tensor] : checkpoint.ema) weights[name] = tensor;
-  }
-  load_model_weights(*model, weights, checkpoint.dir + (use_ema ? "/ema.safetensors" : "/model.safetensors"));
-  model->to(device);
-  model->eval();
-  const std::string network = args.fid_network.empty() ? config.diffusion.fid_network : args.fid_network;
+  auto sampling = load_sampling_model(checkpoint, device, args.raw_weights, "--fid");
+  const bool use_ema = sampling.ema;
+  const std::string network =
+      args.fid_network.empty() ? config.diffusion.fid_network : args.fid_network;
   FidScorer scorer(network, device);
   GenerateOptions options;
   options.count = args.count;
@@ -58,8 +49,9 @@ int run_fid(const EvalArgs& args) {
   options.batch = args.batch;
   options.log_progress = true;
   const auto start = std::chrono::steady_clock::now();
-  auto generated = generate_images(dynamic_cast<Dit&>(*model), config, device, options);
-  const double sample_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  auto generated = generate_images(*sampling.dit, config, device, options);
+  const double sample_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   auto result = scorer.score(generated.images, config);
   nlohmann::json out = result.describe();
   out["checkpoint"] = checkpoint.dir;
@@ -71,9 +63,10 @@ int run_fid(const EvalArgs& args) {
   out["seed"] = args.seed;
   out["ema"] = use_ema;
   out["sample_seconds"] = sample_seconds;
-  logger().info("{} {:.3f}, KID {:.5f} +- {:.5f} ({} samples, {} DDIM steps, cfg {}; network sha256 {})",
-                kFidLabel, result.fid, result.kid.mean, result.kid.stddev, result.samples, args.steps,
-                args.cfg, result.network_sha256.substr(0, 16));
+  logger().info(
+      "{} {:.3f}, KID {:.5f} +- {:.5f} ({} samples, {} DDIM steps, cfg {}; network sha256 {})",
+      kFidLabel, result.fid, result.kid.mean, result.kid.stddev, result.samples, args.steps,
+      args.cfg, result.network_sha256.substr(0, 16));
   std::cout << out.dump() << std::endl;
   return 0;
 }
@@ -108,8 +101,9 @@ int run_eval(const EvalArgs& args) {
 Command add_eval_command(CLI::App& parent) {
   auto args = std::make_shared<EvalArgs>();
   auto* app = parent.add_subcommand(
-      "eval", "evaluate a checkpoint on its task's full evaluation split: test accuracy for "
-              "classifiers, val loss / perplexity / bits per byte for language models (one JSON line)");
+      "eval",
+      "evaluate a checkpoint on its task's full evaluation split: test accuracy for "
+      "classifiers, val loss / perplexity / bits per byte for language models (one JSON line)");
   app->add_option("checkpoint", args->checkpoint,
                   "checkpoint folder, or a run folder (uses checkpoints/best, else last)")
       ->required();
@@ -119,16 +113,22 @@ Command add_eval_command(CLI::App& parent) {
                 "diffusion models: sample and report FID-FMNIST (own feature network) and KID "
                 "against the training set");
   app->add_option("--n", args->count, "--fid: number of samples")
-      ->check(CLI::Range(int64_t{2}, int64_t{1} << 24))->capture_default_str();
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 24))
+      ->capture_default_str();
   app->add_option("--steps", args->steps, "--fid: DDIM steps")
-      ->check(CLI::Range(int64_t{1}, int64_t{100000}))->capture_default_str();
-  app->add_option("--cfg", args->cfg, "--fid: classifier-free guidance scale (1 = none)")->capture_default_str();
+      ->check(CLI::Range(int64_t{1}, int64_t{100000}))
+      ->capture_default_str();
+  app->add_option("--cfg", args->cfg, "--fid: classifier-free guidance scale (1 = none)")
+      ->capture_default_str();
   app->add_option("--seed", args->seed, "--fid: noise seed")->capture_default_str();
   app->add_option("--batch", args->batch, "--fid: samples per batch")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 16))->capture_default_str();
-  app->add_option("--fid-network", args->fid_network,
-                  "--fid: feature network run folder (default: the config's diffusion.fid_network)");
-  app->add_flag("--raw-weights", args->raw_weights, "--fid: sample with the trained weights, not the EMA");
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 16))
+      ->capture_default_str();
+  app->add_option(
+      "--fid-network", args->fid_network,
+      "--fid: feature network run folder (default: the config's diffusion.fid_network)");
+  app->add_flag("--raw-weights", args->raw_weights,
+                "--fid: sample with the trained weights, not the EMA");
   return {app, [args] { return run_eval(*args); }};
 }
 

@@ -34,26 +34,15 @@ struct SampleArgs {
 int run_sample(const SampleArgs& args) {
   Checkpoint checkpoint = read_checkpoint(args.checkpoint, args.overrides);
   const Config& config = checkpoint.config;
-  if (config.model.name != "dit") {
-    fail("{}: model '{}' is not a diffusion model; sample needs a dit checkpoint", checkpoint.dir,
-         config.model.name);
-  }
   if (args.label >= config.model.num_classes) {
     fail("--class {}: the model has classes 0..{}", args.label, config.model.num_classes - 1);
   }
   if (args.cfg < 0) fail("--cfg {} must be >= 0", args.cfg);
   const torch::Device device = resolve_device(config);
-  auto base = model_registry().get("dit").make(config);
   // EMA weights when the run kept them (DiT samples with the EMA), unless --raw-weights.
-  const bool use_ema = !checkpoint.ema.empty() && !args.raw_weights;
-  TensorMap weights = checkpoint.weights;
-  if (use_ema) {
-    for (const auto& [name, tensor] : checkpoint.ema) weights[name] = tensor;
-  }
-  load_model_weights(*base, weights, checkpoint.dir + (use_ema ? "/ema.safetensors" : "/model.safetensors"));
-  auto& dit = dynamic_cast<Dit&>(*base);
-  base->to(device);
-  base->eval();
+  auto sampling = load_sampling_model(checkpoint, device, args.raw_weights, "sample");
+  const bool use_ema = sampling.ema;
+  auto& dit = *sampling.dit;
   torch::NoGradGuard no_grad;
   std::filesystem::create_directories(args.out);
   GenerateOptions options;

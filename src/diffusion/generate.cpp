@@ -1,11 +1,35 @@
 #include "diffusion/generate.h"
 
 #include "core/device.h"
+#include "core/error.h"
+#include "train/checkpoint.h"
 #include "core/logging.h"
 #include "diffusion/samplers.h"
 #include "models/dit.h"
 
 namespace mhla {
+
+SamplingModel load_sampling_model(const Checkpoint& checkpoint, const torch::Device& device,
+                                  bool raw_weights, const std::string& what) {
+  const Config& config = checkpoint.config;
+  if (config.model.name != "dit") {
+    fail("{}: {} needs a diffusion (dit) checkpoint, this one is '{}'", checkpoint.dir, what,
+         config.model.name);
+  }
+  SamplingModel out;
+  out.model = model_registry().get("dit").make(config);
+  out.ema = !checkpoint.ema.empty() && !raw_weights;
+  TensorMap weights = checkpoint.weights;
+  if (out.ema) {
+    for (const auto& [name, tensor] : checkpoint.ema) weights[name] = tensor;
+  }
+  load_model_weights(*out.model, weights,
+                     checkpoint.dir + (out.ema ? "/ema.safetensors" : "/model.safetensors"));
+  out.model->to(device);
+  out.model->eval();
+  out.dit = &dynamic_cast<Dit&>(*out.model);
+  return out;
+}
 
 Generated generate_images(Dit& dit, const Config& config, const torch::Device& device,
                           const GenerateOptions& options) {
@@ -38,10 +62,11 @@ Generated generate_images(Dit& dit, const Config& config, const torch::Device& d
       if (conditional.size(1) > c) return torch::cat({guided, conditional.narrow(1, c, c)}, 1);
       return guided;
     };
-    auto noise = at::normal(0.0, 1.0,
-                            {b, config.model.in_channels, config.model.image_size, config.model.image_size},
-                            generator, torch::TensorOptions().dtype(torch::kFloat32))
-                     .to(device);
+    auto noise =
+        at::normal(0.0, 1.0,
+                   {b, config.model.in_channels, config.model.image_size, config.model.image_size},
+                   generator, torch::TensorOptions().dtype(torch::kFloat32))
+            .to(device);
     auto x = options.sampler == "ddpm" ? ddpm_sample(schedule, eps, noise, sampler, generator)
                                        : ddim_sample(schedule, eps, noise, sampler, generator);
     images.push_back(x.cpu());

@@ -21,12 +21,14 @@ torch::Tensor discretized_gaussian_log_likelihood(const torch::Tensor& x, const 
   auto log_cdf_plus = torch::log(cdf_plus.clamp_min(1e-12));
   auto log_one_minus_cdf_min = torch::log((1.0 - cdf_min).clamp_min(1e-12));
   auto log_bin = torch::log((cdf_plus - cdf_min).clamp_min(1e-12));
-  return torch::where(x < -0.999, log_cdf_plus, torch::where(x > 0.999, log_one_minus_cdf_min, log_bin));
+  return torch::where(x < -0.999, log_cdf_plus,
+                      torch::where(x > 0.999, log_one_minus_cdf_min, log_bin));
 }
 
 torch::Tensor learned_log_variance(const NoiseSchedule& schedule, const torch::Tensor& v,
                                    const torch::Tensor& t) {
-  auto min_log = schedule.gather(schedule.posterior_log_variance_clipped(t.cpu()), torch::arange(t.size(0)), v);
+  auto min_log = schedule.gather(schedule.posterior_log_variance_clipped(t.cpu()),
+                                 torch::arange(t.size(0)), v);
   auto max_log = schedule.gather(torch::log(schedule.betas()), t, v);
   auto fraction = (v + 1.0) * 0.5;
   return fraction * max_log + (1.0 - fraction) * min_log;
@@ -40,8 +42,11 @@ torch::Tensor variational_bound_term(const NoiseSchedule& schedule, const torch:
   auto model_x0 = schedule.predict_x0(xtf, eps.detach().to(torch::kFloat32), t).clamp(-1.0, 1.0);
   auto model_mean = schedule.posterior_mean(model_x0, xtf, t);
   auto true_mean = schedule.posterior_mean(x0f, xtf, t);
-  auto true_log_var = schedule.gather(schedule.posterior_log_variance_clipped(t.cpu()), torch::arange(t.size(0)), xtf);
-  const auto per_image = [](const torch::Tensor& x) { return x.flatten(1).mean(1) / std::log(2.0); };
+  auto true_log_var = schedule.gather(schedule.posterior_log_variance_clipped(t.cpu()),
+                                      torch::arange(t.size(0)), xtf);
+  const auto per_image = [](const torch::Tensor& x) {
+    return x.flatten(1).mean(1) / std::log(2.0);
+  };
   auto kl = per_image(normal_kl(true_mean, true_log_var, model_mean, model_log_var));
   auto nll = per_image(-discretized_gaussian_log_likelihood(x0f, model_mean, 0.5 * model_log_var));
   return torch::where(t == 0, nll, kl);

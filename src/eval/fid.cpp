@@ -18,21 +18,18 @@ constexpr int64_t kKidReferenceImages = 10000;
 }  // namespace
 
 nlohmann::json FidResult::describe() const {
-  return {{"metric", kFidLabel},
-          {"fid_fmnist", fid},
-          {"kid_fmnist", kid.mean},
-          {"kid_fmnist_std", kid.stddev},
-          {"samples", samples},
-          {"reference", reference},
-          {"feature_network", network},
-          {"feature_network_sha256", network_sha256}};
+  return {{"metric", kFidLabel},        {"fid_fmnist", fid},
+          {"kid_fmnist", kid.mean},     {"kid_fmnist_std", kid.stddev},
+          {"samples", samples},         {"reference", reference},
+          {"feature_network", network}, {"feature_network_sha256", network_sha256}};
 }
 
 FidScorer::FidScorer(const std::string& network, const torch::Device& device) : device_(device) {
   if (!std::filesystem::exists(network)) {
-    fail("{}: FID feature network not found; train it with `mhla train configs/fid_net_fmnist.yaml` "
-         "(or point diffusion.fid_network / --fid-network at its run folder)",
-         network);
+    fail(
+        "{}: FID feature network not found; train it with `mhla train configs/fid_net_fmnist.yaml` "
+        "(or point diffusion.fid_network / --fid-network at its run folder)",
+        network);
   }
   Checkpoint checkpoint = read_checkpoint(network);
   dir_ = checkpoint.dir;
@@ -48,7 +45,8 @@ FidScorer::FidScorer(const std::string& network, const torch::Device& device) : 
   const auto channels = config_.model.in_channels, size = config_.model.image_size;
   {
     torch::NoGradGuard no_grad;
-    model_->features(torch::zeros({1, channels, size, size}, torch::TensorOptions().device(device_)));
+    model_->features(
+        torch::zeros({1, channels, size, size}, torch::TensorOptions().device(device_)));
   }
   auto dataset = load_dataset(config_, Split::kTest);
   mean_ = dataset.mean;
@@ -60,7 +58,8 @@ torch::Tensor FidScorer::features(const torch::Tensor& images) {
   const int64_t size = config_.model.image_size;
   std::vector<torch::Tensor> out;
   for (int64_t begin = 0; begin < images.size(0); begin += 500) {
-    auto x = images.narrow(0, begin, std::min<int64_t>(500, images.size(0) - begin)).to(device_, torch::kFloat32);
+    auto x = images.narrow(0, begin, std::min<int64_t>(500, images.size(0) - begin))
+                 .to(device_, torch::kFloat32);
     if (x.size(-1) != size || x.size(-2) != size) x = torch::adaptive_avg_pool2d(x, {size, size});
     x = ((x + 1.0) * 0.5 - mean_) / stddev_;
     out.push_back(model_->features(x).to(torch::kFloat32).cpu());
@@ -77,8 +76,8 @@ const FidScorer::Reference& FidScorer::reference(const Config& generator) {
   if (std::filesystem::exists(cache)) {
     Metadata metadata;
     auto tensors = load_safetensors(cache, &metadata);
-    if (metadata["feature_network_sha256"] == sha256_ && tensors.count("mean") && tensors.count("covariance") &&
-        tensors.count("kid_features")) {
+    if (metadata["feature_network_sha256"] == sha256_ && tensors.count("mean") &&
+        tensors.count("covariance") && tensors.count("kid_features")) {
       ref.fit.mean = tensors.at("mean");
       ref.fit.covariance = tensors.at("covariance");
       ref.count = ref.fit.count = std::stoll(metadata["count"]);
@@ -98,14 +97,21 @@ const FidScorer::Reference& FidScorer::reference(const Config& generator) {
   options.unit_range = true;
   BatchLoader loader(dataset, options);
   std::vector<torch::Tensor> all;
-  while (auto batch = loader.next()) all.push_back(features(upscale_images(batch->images, upscale)));
+  while (auto batch = loader.next())
+    all.push_back(features(upscale_images(batch->images, upscale)));
   auto features_all = torch::cat(all);
   ref.fit = fit_gaussian(features_all);
   ref.count = features_all.size(0);
-  ref.kid_features = features_all.narrow(0, 0, std::min(kKidReferenceImages, ref.count)).contiguous();
-  save_safetensors(cache, {{"mean", ref.fit.mean}, {"covariance", ref.fit.covariance}, {"kid_features", ref.kid_features}},
-                   {{"feature_network_sha256", sha256_}, {"count", std::to_string(ref.count)},
-                    {"dataset", dataset.name}, {"image_size", std::to_string(size)},
+  ref.kid_features =
+      features_all.narrow(0, 0, std::min(kKidReferenceImages, ref.count)).contiguous();
+  save_safetensors(cache,
+                   {{"mean", ref.fit.mean},
+                    {"covariance", ref.fit.covariance},
+                    {"kid_features", ref.kid_features}},
+                   {{"feature_network_sha256", sha256_},
+                    {"count", std::to_string(ref.count)},
+                    {"dataset", dataset.name},
+                    {"image_size", std::to_string(size)},
                     {"upscale", std::to_string(upscale)}});
   logger().info("FID reference statistics of {} training images cached in {}", ref.count, cache);
   return references_.emplace(key, std::move(ref)).first->second;
@@ -122,9 +128,10 @@ FidResult FidScorer::score(const torch::Tensor& images, const Config& generator)
   result.samples = images.size(0);
   result.network = dir_;
   result.network_sha256 = sha256_;
-  result.reference = fmt::format("{} training images ({}x{}{})", ref.count, generator.model.image_size,
-                                 generator.model.image_size,
-                                 generator.data.upscale > 1 ? fmt::format(", upsampled x{}", generator.data.upscale) : "");
+  result.reference = fmt::format(
+      "{} training images ({}x{}{})", ref.count, generator.model.image_size,
+      generator.model.image_size,
+      generator.data.upscale > 1 ? fmt::format(", upsampled x{}", generator.data.upscale) : "");
   return result;
 }
 

@@ -4,17 +4,17 @@
 // with fixed timesteps and noise (comparable across runs and resumes).
 #include <filesystem>
 
+#include "core/device.h"
 #include "core/error.h"
+#include "data/batch_loader.h"
+#include "data/image_dataset.h"
 #include "diffusion/generate.h"
+#include "diffusion/noise_schedule.h"
 #include "diffusion/variational_bound.h"
 #include "eval/fid.h"
 #include "image/png_writer.h"
-#include "train/checkpoint.h"
-#include "data/batch_loader.h"
-#include "data/image_dataset.h"
-#include "diffusion/noise_schedule.h"
 #include "models/dit.h"
-#include "core/device.h"
+#include "train/checkpoint.h"
 #include "train/task.h"
 
 namespace mhla {
@@ -47,23 +47,25 @@ Dit& as_dit(Model& model) {
 class DiffusionTask : public Task {
  public:
   DiffusionTask(const Config& config, const torch::Device& device)
-      : config_(config), device_(device),
+      : config_(config),
+        device_(device),
         schedule_(config.diffusion.schedule, config.diffusion.steps) {
     train_ = load_dataset(config, Split::kTrain);
     test_ = load_dataset(config, Split::kTest);
     if (train_.channels() != config.model.in_channels) {
       fail("{}: model.in_channels = {} but {} images have {} channel(s)",
-           config.where("model.in_channels"), config.model.in_channels, train_.name, train_.channels());
+           config.where("model.in_channels"), config.model.in_channels, train_.name,
+           train_.channels());
     }
     if (train_.height() > config.model.image_size) {
       fail("{}: model.image_size = {} is smaller than the {}x{} images of {}",
-           config.where("model.image_size"), config.model.image_size, train_.height(), train_.width(),
-           train_.name);
+           config.where("model.image_size"), config.model.image_size, train_.height(),
+           train_.width(), train_.name);
     }
     steps_ = BatchLoader::batches_per_epoch(train_.size(), config.data.batch_size, true);
     if (steps_ == 0) {
-      fail("{}: data.batch_size = {} exceeds the {} training images", config.where("data.batch_size"),
-           config.data.batch_size, train_.size());
+      fail("{}: data.batch_size = {} exceeds the {} training images",
+           config.where("data.batch_size"), config.data.batch_size, train_.size());
     }
   }
 
@@ -136,29 +138,37 @@ class DiffusionTask : public Task {
       auto x0 = upscale_images(batch->images.to(device_), config_.data.upscale);
       const auto b = x0.size(0);
       auto t = torch::randint(0, schedule_.steps(), {b}, generator, torch::kLong).to(device_);
-      auto noise = at::normal(0.0, 1.0, x0.sizes(), generator, torch::TensorOptions().dtype(torch::kFloat32)).to(device_);
+      auto noise =
+          at::normal(0.0, 1.0, x0.sizes(), generator, torch::TensorOptions().dtype(torch::kFloat32))
+              .to(device_);
       torch::Tensor eps;
       {
         AutocastScope autocast(device_, bf16);
-        eps = dit.denoise(schedule_.add_noise(x0, noise, t), t, batch->labels.to(device_)).narrow(1, 0, x0.size(1));
+        eps = dit.denoise(schedule_.add_noise(x0, noise, t), t, batch->labels.to(device_))
+                  .narrow(1, 0, x0.size(1));
       }
-      total += torch::mse_loss(eps.to(torch::kFloat32), noise, torch::Reduction::Sum).item<double>() /
-               static_cast<double>(noise[0].numel());
+      total +=
+          torch::mse_loss(eps.to(torch::kFloat32), noise, torch::Reduction::Sum).item<double>() /
+          static_cast<double>(noise[0].numel());
       count += b;
     }
     const double value = total / static_cast<double>(count);
-    EvalReport report{{{"diffusion_loss", value}, {"count", count}, {"split", "test"}},
-                      -value,
-                      fmt::format("test diffusion loss {:.5f} ({} images, fixed t and noise)", value, count)};
-    if (config_.diffusion.grid_samples > 0 || config_.diffusion.fid_samples > 0) sample_hooks(model, report);
+    EvalReport report{
+        {{"diffusion_loss", value}, {"count", count}, {"split", "test"}},
+        -value,
+        fmt::format("test diffusion loss {:.5f} ({} images, fixed t and noise)", value, count)};
+    if (config_.diffusion.grid_samples > 0 || config_.diffusion.fid_samples > 0)
+      sample_hooks(model, report);
     if (was_training) model.train();
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     report.summary += fmt::format(", {:.1f}s", seconds);
     ++evaluations_;
     return report;
   }
 
-  void attach_run(const std::string& run_dir, std::function<TensorMap()> sampling_weights) override {
+  void attach_run(const std::string& run_dir,
+                  std::function<TensorMap()> sampling_weights) override {
     run_dir_ = run_dir;
     sampling_weights_ = std::move(sampling_weights);
   }
@@ -187,7 +197,8 @@ class DiffusionTask : public Task {
       options.count = config_.diffusion.grid_samples;
       auto grid = generate_images(as_dit(*sampler), config_, device_, options);
       std::filesystem::create_directories(run_dir_ + "/samples");
-      const std::string path = fmt::format("{}/samples/eval_{:03d}.png", run_dir_, evaluations_ + 1);
+      const std::string path =
+          fmt::format("{}/samples/eval_{:03d}.png", run_dir_, evaluations_ + 1);
       write_png(path, image_grid(grid.images, config_.model.num_classes));
       report.metrics["sample_grid"] = path;
     }
@@ -201,12 +212,11 @@ class DiffusionTask : public Task {
       described["steps"] = options.steps;
       described["cfg"] = options.cfg;
       report.metrics["fid"] = described;
-      report.summary += fmt::format(", {} {:.2f}, KID {:.4f} ({} samples, {} DDIM steps, cfg {})",
-                                    kFidLabel, result.fid, result.kid.mean, result.samples,
-                                    options.steps, options.cfg);
+      report.summary +=
+          fmt::format(", {} {:.2f}, KID {:.4f} ({} samples, {} DDIM steps, cfg {})", kFidLabel,
+                      result.fid, result.kid.mean, result.samples, options.steps, options.cfg);
     }
   }
-
 
  private:
   Config config_;
