@@ -71,6 +71,8 @@ TEST_CASE("config: cross-key checks name the key", "[config]") {
                  "c.yaml:3: model.heads = 3 must divide model.width = 100"));
   CHECK(contains(error_of([] { parse_config("attention:\n  blocks: 12\n", "c.yaml", {}); }),
                  "c.yaml:2: attention.blocks = 12 must be a square number"));
+  CHECK(contains(error_of([] { parse_config("model:\n  image_size: 30\ndata:\n  upscale: 4\n", "c.yaml", {}); }),
+                 "c.yaml:4: data.upscale = 4 must divide model.image_size = 30"));
 }
 
 TEST_CASE("config: the resolved dump parses back to the same config", "[config]") {

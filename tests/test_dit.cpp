@@ -1,6 +1,7 @@
 #include "attention/attention_type.h"
 #include "catch_compat.h"
 #include "core/config.h"
+#include "data/batch_loader.h"
 #include "models/dit.h"
 #include "test_helpers.h"
 #include "train/run_folder.h"
@@ -52,6 +53,23 @@ TEST_CASE("dit: tokens are block-major and the unpatchify inverts patchify's lay
   auto& dit = dynamic_cast<Dit&>(*model);
   CHECK(dit.layout().grid_h == 8);  // 28 px / patch 4 = 7, rounded up to whole 2x2 tiles
   CHECK(dit.null_class() == 10);
+}
+
+TEST_CASE("dit: data.upscale centres the images on a smaller canvas and upsamples them", "[diffusion]") {
+  Config c = tiny_dit("mhla", {"model.image_size=56", "data.upscale=2", "data.train_limit=64",
+                               "data.batch_size=16"});
+  auto task = task_registry().get("diffusion").make(c, torch::kCPU);
+  auto batch = task->epoch(0, 0)->next();
+  REQUIRE(batch.has_value());
+  CHECK(batch->input.sizes() == torch::IntArrayRef({16, 1, 56, 56}));
+  CHECK(batch->input.min().item<double>() >= -1.0 - 1e-6);
+  CHECK(batch->input.max().item<double>() <= 1.0 + 1e-6);
+  // A 28x28 image centred on 28x28 and doubled: 2x2 blocks of (nearly) equal pixels in flat areas,
+  // and the corners, far from the garment, stay at the background value -1.
+  CHECK(batch->input[0][0][0][0].item<double>() == Approx(-1.0));
+  auto direct = upscale_images(torch::ones({1, 1, 4, 4}), 2);
+  CHECK(direct.sizes() == torch::IntArrayRef({1, 1, 8, 8}));
+  CHECK(direct.min().item<double>() == Approx(1.0));
 }
 
 TEST_CASE("dit: a tiny DiT's diffusion loss falls on real Fashion-MNIST", "[train]") {

@@ -1,4 +1,7 @@
 #include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "catch_compat.h"
 #include "core/config.h"
@@ -108,8 +111,10 @@ TEST_CASE("train: the EMA follows its update rule", "[train]") {
 TEST_CASE("train: 20 steps straight equal 10 + resume + 10, bit for bit", "[train]") {
   test::TempDir dir("resume");
   // 512 images / batch 32 = 16 steps per epoch: the stop falls inside epoch 1 and the 20 steps
-  // cross an epoch boundary with its evaluation and checkpoint. The EMA must resume too.
-  Config straight_config = tiny_config(dir.str(), "straight", {"train.ema_decay=0.9"});
+  // cross an epoch boundary with its evaluation and checkpoint. The EMA (with its decay warm-up)
+  // must resume too, and evaluations every 7 steps must not disturb anything.
+  const std::vector<std::string> extra = {"train.ema_decay=0.9", "train.eval_every_steps=7"};
+  Config straight_config = tiny_config(dir.str(), "straight", extra);
   auto straight_dir = create_run_folder(straight_config);
   Trainer straight(straight_config, straight_dir, false);
   straight.stop_after_step(20);
@@ -117,7 +122,7 @@ TEST_CASE("train: 20 steps straight equal 10 + resume + 10, bit for bit", "[trai
   CHECK(a.interrupted);
   CHECK(a.steps == 20);
 
-  Config split_config = tiny_config(dir.str(), "split", {"train.ema_decay=0.9"});
+  Config split_config = tiny_config(dir.str(), "split", extra);
   auto split_dir = create_run_folder(split_config);
   {
     Trainer first(split_config, split_dir, false);
@@ -141,6 +146,14 @@ TEST_CASE("train: 20 steps straight equal 10 + resume + 10, bit for bit", "[trai
   CHECK(state_a.state.cpu_rng == state_b.state.cpu_rng);
   REQUIRE_FALSE(state_a.ema.empty());
   for (const auto& [name, t] : state_a.ema) CHECK(torch::equal(t, state_b.ema.at(name)));
+  // Step-based evaluations at 7 and 14, the epoch-end one at 16.
+  std::ifstream metrics(straight_dir + "/metrics.jsonl");
+  std::vector<int64_t> eval_steps;
+  for (std::string line; std::getline(metrics, line);) {
+    auto record = nlohmann::json::parse(line);
+    if (record.contains("eval")) eval_steps.push_back(record["step"].get<int64_t>());
+  }
+  CHECK(eval_steps == std::vector<int64_t>{7, 14, 16});
 }
 
 TEST_CASE("train: a small DeiT learns Fashion-MNIST and writes its run folder", "[train]") {
