@@ -140,3 +140,31 @@ TEST_CASE("ops: every op and GPU backend on bf16, fp16 and fp32 inputs matches t
     }
   }
 }
+
+TEST_CASE("ops: GPU backends read strided q/k/v views (the fused QKV layout) exactly like copies", "[attention][gpu]") {
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device: skipped");
+    return;
+  }
+  torch::manual_seed(13);
+  auto options = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  for (const char* name : {"linear", "mhla"}) {
+    const auto& type = attention_registry().get(name);
+    for (const auto& [backend, fn] : type.backends) {
+      if (backend == "reference") continue;  // it copies its inputs first; the kernels read views
+      INFO(name << " / " << backend);
+      const int64_t b = 3, n = 96, h = 2, d = 64;
+      OpArgs args = type.make_args({b, n, h, d, 4, false}, torch::TensorOptions().device(torch::kCUDA));
+      auto qkv = torch::randn({b, n, 3, h, d}, options).requires_grad_(true);  // [B, N, 3, H, D]
+      auto grad_out = torch::randn({b, n, h, d}, options);
+      auto strided = fn(qkv.select(2, 0), qkv.select(2, 1), qkv.select(2, 2), args);
+      strided.backward(grad_out);
+      std::vector<torch::Tensor> copies;
+      for (int i = 0; i < 3; ++i) copies.push_back(qkv.select(2, i).detach().contiguous().requires_grad_(true));
+      auto dense = fn(copies[0], copies[1], copies[2], args);
+      dense.backward(grad_out);
+      CHECK(torch::equal(strided, dense));
+      for (int i = 0; i < 3; ++i) CHECK(torch::equal(qkv.grad().select(2, i), copies[i].grad()));
+    }
+  }
+}

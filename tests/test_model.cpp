@@ -79,3 +79,40 @@ TEST_CASE("model: gated DeltaNet's A_log and dt_bias get no weight decay", "[mod
     CHECK(in(groups[0], "blocks.0.attn.decay_proj.weight"));
   }
 }
+
+TEST_CASE("model: DeiT with the cuda attention backend matches the reference backend", "[model][gpu]") {
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device: skipped");
+    return;
+  }
+  for (const char* attention : {"linear", "mhla"}) {
+    if (!attention_registry().get(attention).backends.count("cuda")) continue;
+    INFO(attention);
+    auto make = [&](const std::string& backend) {
+      Config c = parse_config("", "t", {"model.width=64", "model.depth=2", "model.heads=2", "model.drop_path=0",
+                                        "attention.type=" + std::string(attention), "attention.backend=" + backend});
+      torch::manual_seed(5);
+      auto model = model_registry().get("deit").make(c);
+      model->to(torch::kCUDA);
+      return model;
+    };
+    auto reference = make("reference"), cuda = make("cuda");
+    torch::manual_seed(6);
+    auto images = torch::randn({8, 1, 32, 32}, torch::TensorOptions().device(torch::kCUDA));
+    auto labels = torch::randint(0, 10, {8}, torch::TensorOptions().device(torch::kCUDA).dtype(torch::kLong));
+    auto loss_of = [&](Model& model) {
+      auto loss = torch::nn::functional::cross_entropy(model.forward(images), labels);
+      loss.backward();
+      return loss.item<double>();
+    };
+    // fp32 inputs: the kernels multiply in tf32, the reference in fp32.
+    CHECK(loss_of(*cuda) == Approx(loss_of(*reference)).epsilon(2e-3));
+    auto grads_ref = reference->named_parameters(), grads_cuda = cuda->named_parameters();
+    for (const auto& item : grads_ref) {
+      INFO(item.key());
+      // The mixing gradient's row-scale component is rounding noise (see the op tests): looser.
+      const double tolerance = item.key().find("mixing") != std::string::npos ? 5e-2 : 2e-2;
+      CHECK(test::relative_error(grads_cuda[item.key()].grad().cpu(), item.value().grad().cpu()) < tolerance);
+    }
+  }
+}
