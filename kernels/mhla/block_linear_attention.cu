@@ -1,6 +1,7 @@
 // Block linear attention (linear attention and bidirectional MHLA), forward and backward.
 //
-// Five kernels, each reading its token tensors once:
+// Six kernels (the two mixing passes only for MHLA); each reads its token tensors once (the
+// backward epilogues read a tile's q or k rows again, from cache):
 //   forward   states  : S_j += phi(K)^T [V, 1] per (batch*head, block, chunk of 256 tokens)
 //             mix     : S'_i = sum_j m_ij S_j                     (MHLA only)
 //             output  : o = phi(Q) S'_i / (phi(Q) z'_i + eps)      per (batch*head, block, chunk)
