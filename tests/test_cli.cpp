@@ -361,6 +361,14 @@ TEST_CASE("cli: FID-FMNIST from a trained feature network: hooks, cache, eval --
   CHECK(result["cfg"] == 1.5);
   CHECK(std::isfinite(result["kid_fmnist"].get<double>()));
 
+  // A damaged cache is recomputed (and rewritten), not fatal.
+  test::write_text(cache, "garbage");
+  auto again = test::run_mhla("eval runs/d --fid --n 10 --steps 2", dir.str());
+  INFO(again.output);
+  REQUIRE(again.exit_code == 0);
+  CHECK(contains(again.output, "recomputing the reference statistics"));
+  CHECK(fs::file_size(cache) > 1000);
+
   auto not_dit = test::run_mhla("eval runs/net --fid", dir.str());
   CHECK(not_dit.exit_code != 0);
   CHECK(contains(error_line(not_dit.output), "--fid needs a diffusion (dit) checkpoint"));

@@ -75,7 +75,14 @@ const FidScorer::Reference& FidScorer::reference(const Config& generator) {
   Reference ref;
   if (std::filesystem::exists(cache)) {
     Metadata metadata;
-    auto tensors = load_safetensors(cache, &metadata);
+    TensorMap tensors;
+    try {
+      tensors = load_safetensors(cache, &metadata);
+    } catch (const std::exception& e) {
+      // A damaged cache costs a recomputation, never a result.
+      logger().info("{}; recomputing the reference statistics", e.what());
+      metadata.clear();
+    }
     if (metadata["feature_network_sha256"] == sha256_ && tensors.count("mean") &&
         tensors.count("covariance") && tensors.count("kid_features")) {
       ref.fit.mean = tensors.at("mean");
