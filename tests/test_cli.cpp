@@ -369,6 +369,12 @@ TEST_CASE("cli: FID-FMNIST from a trained feature network: hooks, cache, eval --
   CHECK(contains(again.output, "recomputing the reference statistics"));
   CHECK(fs::file_size(cache) > 1000);
 
+  // A run that would need a missing feature network stops before training.
+  auto early = test::run_mhla("train dit.yaml --set run.name=e --set diffusion.fid_network=nowhere", dir.str());
+  CHECK(early.exit_code != 0);
+  CHECK(contains(error_line(early.output), "diffusion.fid_network = 'nowhere' does not exist"));
+  CHECK(!contains(early.output, "step 1/"));
+
   auto not_dit = test::run_mhla("eval runs/net --fid", dir.str());
   CHECK(not_dit.exit_code != 0);
   CHECK(contains(error_line(not_dit.output), "--fid needs a diffusion (dit) checkpoint"));

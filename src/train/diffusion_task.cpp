@@ -62,6 +62,12 @@ class DiffusionTask : public Task {
            config.where("model.image_size"), config.model.image_size, train_.height(),
            train_.width(), train_.name);
     }
+    // A missing feature network would only surface at the first evaluation, after training.
+    if (config.diffusion.fid_samples > 0 && !std::filesystem::exists(config.diffusion.fid_network)) {
+      fail("{}: diffusion.fid_network = '{}' does not exist; train it with `mhla train "
+           "configs/fid_net_fmnist.yaml` or set diffusion.fid_samples=0",
+           config.where("diffusion.fid_network"), config.diffusion.fid_network);
+    }
     steps_ = BatchLoader::batches_per_epoch(train_.size(), config.data.batch_size, true);
     if (steps_ == 0) {
       fail("{}: data.batch_size = {} exceeds the {} training images",
