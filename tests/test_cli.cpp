@@ -39,7 +39,8 @@ const std::string kTiny =
 }  // namespace
 
 TEST_CASE("cli: --help works on every command", "[cli]") {
-  for (const char* args : {"--help", "train --help", "eval --help", "info --help"}) {
+  for (const char* args : {"--help", "train --help", "eval --help", "info --help", "bench --help",
+                           "tokenizer --help", "generate --help", "sample --help", "sweep --help"}) {
     INFO(args);
     auto r = test::run_mhla(args);
     CHECK(r.exit_code == 0);
@@ -381,4 +382,52 @@ TEST_CASE("cli: FID-FMNIST from a trained feature network: hooks, cache, eval --
   auto no_net = test::run_mhla("eval runs/d --fid --n 10 --fid-network nowhere", dir.str());
   CHECK(no_net.exit_code != 0);
   CHECK(contains(error_line(no_net.output), "nowhere: FID feature network not found"));
+}
+
+TEST_CASE("cli: sweep trains every combination, keeps finished runs and writes a summary", "[cli]") {
+  test::TempDir dir("cli-sweep");
+  test::write_text(dir.path() / "tiny.yaml", kTiny);
+  auto dry = test::run_mhla("sweep tiny.yaml --vary attention.type=softmax,mhla --vary model.depth=1,2 --dry-run",
+                            dir.str());
+  INFO(dry.output);
+  REQUIRE(dry.exit_code == 0);
+  CHECK(contains(dry.output, "runs/tiny-type=softmax-depth=1  attention.type=softmax model.depth=1"));
+  CHECK(contains(dry.output, "runs/tiny-type=mhla-depth=2"));
+  CHECK(!fs::exists(dir.path() / "runs" / "tiny-type=softmax-depth=1"));
+
+  // A bad value in any combination stops the sweep before anything trains.
+  auto bad = test::run_mhla("sweep tiny.yaml --vary attention.type=softmax,flash", dir.str());
+  CHECK(bad.exit_code != 0);
+  CHECK(contains(error_line(bad.output), "sweep run tiny-type=flash (attention.type=flash)"));
+  CHECK(contains(error_line(bad.output), "flash"));
+  CHECK(!fs::exists(dir.path() / "runs" / "tiny-type=softmax"));
+  auto malformed = test::run_mhla("sweep tiny.yaml --vary attention.type", dir.str());
+  CHECK(malformed.exit_code != 0);
+  CHECK(contains(error_line(malformed.output), "--vary attention.type: expected KEY=V1,V2,..."));
+
+  const std::string command = "sweep tiny.yaml --vary attention.type=softmax,mhla --set data.test_limit=50";
+  auto sweep = test::run_mhla(command, dir.str());
+  INFO(sweep.output);
+  REQUIRE(sweep.exit_code == 0);
+  CHECK(fs::exists(dir.path() / "runs" / "tiny-type=softmax" / "checkpoints" / "best"));
+  CHECK(fs::exists(dir.path() / "runs" / "tiny-type=mhla" / "checkpoints" / "best"));
+  const auto summary = read_file((dir.path() / "runs" / "tiny.sweep.md").string());
+  CHECK(contains(summary, "| tiny-type=mhla | mhla |"));
+  CHECK(contains(summary, "accuracy"));
+  std::ifstream jsonl(dir.path() / "runs" / "tiny.sweep.jsonl");
+  int rows = 0;
+  for (std::string line; std::getline(jsonl, line);) {
+    auto row = nlohmann::json::parse(line);
+    CHECK(row["eval"]["accuracy"].get<double>() >= 0.0);
+    ++rows;
+  }
+  CHECK(rows == 2);
+
+  // Running it again keeps the finished runs; changed settings are refused, not overwritten.
+  auto again = test::run_mhla(command, dir.str());
+  REQUIRE(again.exit_code == 0);
+  CHECK(contains(again.output, "nothing to do"));
+  auto other = test::run_mhla("sweep tiny.yaml --vary attention.type=softmax --set data.test_limit=60", dir.str());
+  CHECK(other.exit_code != 0);
+  CHECK(contains(error_line(other.output), "trained with other settings (data.test_limit)"));
 }

@@ -18,5 +18,6 @@ Command add_bench_command(CLI::App& parent);
 Command add_tokenizer_command(CLI::App& parent);
 Command add_generate_command(CLI::App& parent);
 Command add_sample_command(CLI::App& parent);
+Command add_sweep_command(CLI::App& parent);
 
 }  // namespace mhla

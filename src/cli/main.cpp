@@ -17,7 +17,7 @@ int main(int argc, char** argv) {
     commands = {mhla::add_train_command(app), mhla::add_eval_command(app),
                 mhla::add_info_command(app), mhla::add_bench_command(app),
                 mhla::add_tokenizer_command(app), mhla::add_generate_command(app),
-                mhla::add_sample_command(app)};
+                mhla::add_sample_command(app), mhla::add_sweep_command(app)};
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
