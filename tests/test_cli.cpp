@@ -431,3 +431,45 @@ TEST_CASE("cli: sweep trains every combination, keeps finished runs and writes a
   CHECK(other.exit_code != 0);
   CHECK(contains(error_line(other.output), "trained with other settings (data.test_limit)"));
 }
+
+TEST_CASE("cli: a sweep stopped by SIGTERM continues where it stopped when run again", "[cli]") {
+  test::TempDir dir("cli-sweep-signal");
+  test::write_text(dir.path() / "long.yaml",
+                   "model:\n  width: 32\n  depth: 1\n  heads: 2\n  patch_size: 4\n"
+                   "attention:\n  blocks: 4\ndata:\n  train_limit: 3200\n  test_limit: 100\n"
+                   "  batch_size: 32\ntrain:\n  epochs: 2\n  log_every: 5\n");
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    if (::chdir(dir.str().c_str()) != 0) ::_exit(99);
+    if (!::freopen("sweep.out", "w", stdout) || !::freopen("sweep.out", "a", stderr)) ::_exit(97);
+    ::execl(MHLA_BINARY, MHLA_BINARY, "sweep", "long.yaml", "--vary", "attention.type=softmax,mhla",
+            static_cast<char*>(nullptr));
+    ::_exit(98);
+  }
+  const auto metrics = dir.path() / "runs" / "long-type=softmax" / "metrics.jsonl";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!(fs::exists(metrics) && fs::file_size(metrics) > 0) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  REQUIRE(fs::exists(metrics));
+  ::kill(child, SIGTERM);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  const auto first = read_file((dir.path() / "sweep.out").string());
+  INFO(first);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 128 + SIGTERM);
+  CHECK(contains(first, "the same command continues it"));
+  CHECK(!fs::exists(dir.path() / "runs" / "long-type=mhla"));  // the sweep stopped with its run
+
+  auto resumed = test::run_mhla("sweep long.yaml --vary attention.type=softmax,mhla", dir.str());
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK(contains(resumed.output, "resuming at step"));
+  for (const char* run : {"long-type=softmax", "long-type=mhla"}) {
+    auto state = nlohmann::json::parse(
+        read_file((dir.path() / "runs" / run / "checkpoints" / "last" / "trainer.json").string()));
+    CHECK(state["step"] == 200);  // 2 epochs x 100 steps
+  }
+}
