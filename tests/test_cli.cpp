@@ -36,6 +36,32 @@ const std::string kTiny =
     "  blocks: 4\ndata:\n  train_limit: 256\n  test_limit: 100\n  batch_size: 32\n"
     "train:\n  epochs: 1\n  log_every: 2\n";
 
+// Starts `mhla ARGS...` in `dir` with its output in dir/`log`, waits until `ready` has content,
+// sends SIGTERM and returns the wait status.
+int terminate_when_ready(const fs::path& dir, const std::vector<std::string>& args, const fs::path& ready,
+                         const std::string& log) {
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    if (::chdir(dir.c_str()) != 0) ::_exit(99);
+    if (!::freopen(log.c_str(), "w", stdout) || !::freopen(log.c_str(), "a", stderr)) ::_exit(97);
+    std::vector<char*> argv = {const_cast<char*>(MHLA_BINARY)};
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(MHLA_BINARY, argv.data());
+    ::_exit(98);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!(fs::exists(ready) && fs::file_size(ready) > 0) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ::kill(child, SIGTERM);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  REQUIRE(fs::exists(ready));
+  return status;
+}
+
 }  // namespace
 
 TEST_CASE("cli: --help works on every command", "[cli]") {
@@ -168,24 +194,8 @@ TEST_CASE("cli: SIGTERM writes a checkpoint and exits; --resume finishes the run
                    "model:\n  width: 32\n  depth: 1\n  heads: 2\n  patch_size: 4\n"
                    "attention:\n  blocks: 4\ndata:\n  train_limit: 3200\n  test_limit: 100\n"
                    "  batch_size: 32\ntrain:\n  epochs: 3\n  log_every: 5\nrun:\n  name: sig\n");
-  const pid_t child = ::fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {
-    if (::chdir(dir.str().c_str()) != 0) ::_exit(99);
-    if (!::freopen("train.out", "w", stdout) || !::freopen("train.out", "a", stderr)) ::_exit(97);
-    ::execl(MHLA_BINARY, MHLA_BINARY, "train", "long.yaml", static_cast<char*>(nullptr));
-    ::_exit(98);
-  }
-  const auto metrics = dir.path() / "runs" / "sig" / "metrics.jsonl";
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (!(fs::exists(metrics) && fs::file_size(metrics) > 0) &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  REQUIRE(fs::exists(metrics));
-  ::kill(child, SIGTERM);
-  int status = 0;
-  ::waitpid(child, &status, 0);
+  const int status = terminate_when_ready(dir.path(), {"train", "long.yaml"},
+                                         dir.path() / "runs" / "sig" / "metrics.jsonl", "train.out");
   INFO(read_file((dir.path() / "train.out").string()));
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 128 + SIGTERM);
@@ -438,24 +448,9 @@ TEST_CASE("cli: a sweep stopped by SIGTERM continues where it stopped when run a
                    "model:\n  width: 32\n  depth: 1\n  heads: 2\n  patch_size: 4\n"
                    "attention:\n  blocks: 4\ndata:\n  train_limit: 3200\n  test_limit: 100\n"
                    "  batch_size: 32\ntrain:\n  epochs: 2\n  log_every: 5\n");
-  const pid_t child = ::fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {
-    if (::chdir(dir.str().c_str()) != 0) ::_exit(99);
-    if (!::freopen("sweep.out", "w", stdout) || !::freopen("sweep.out", "a", stderr)) ::_exit(97);
-    ::execl(MHLA_BINARY, MHLA_BINARY, "sweep", "long.yaml", "--vary", "attention.type=softmax,mhla",
-            static_cast<char*>(nullptr));
-    ::_exit(98);
-  }
-  const auto metrics = dir.path() / "runs" / "long-type=softmax" / "metrics.jsonl";
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (!(fs::exists(metrics) && fs::file_size(metrics) > 0) && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  REQUIRE(fs::exists(metrics));
-  ::kill(child, SIGTERM);
-  int status = 0;
-  ::waitpid(child, &status, 0);
+  const int status =
+      terminate_when_ready(dir.path(), {"sweep", "long.yaml", "--vary", "attention.type=softmax,mhla"},
+                           dir.path() / "runs" / "long-type=softmax" / "metrics.jsonl", "sweep.out");
   const auto first = read_file((dir.path() / "sweep.out").string());
   INFO(first);
   REQUIRE(WIFEXITED(status));
