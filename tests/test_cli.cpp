@@ -411,6 +411,9 @@ TEST_CASE("cli: sweep trains every combination, keeps finished runs and writes a
   CHECK(contains(error_line(bad.output), "sweep run tiny-type=flash (attention.type=flash)"));
   CHECK(contains(error_line(bad.output), "flash"));
   CHECK(!fs::exists(dir.path() / "runs" / "tiny-type=softmax"));
+  auto named = test::run_mhla("sweep tiny.yaml --vary run.name=a,b", dir.str());
+  CHECK(named.exit_code != 0);
+  CHECK(contains(error_line(named.output), "--vary run.name=a,b: a sweep names its runs itself"));
   auto malformed = test::run_mhla("sweep tiny.yaml --vary attention.type", dir.str());
   CHECK(malformed.exit_code != 0);
   CHECK(contains(error_line(malformed.output), "--vary attention.type: expected KEY=V1,V2,..."));

@@ -1,5 +1,6 @@
 #include "attention/attention_type.h"
 #include "catch_compat.h"
+#include "core/atomic_file.h"
 #include "core/config.h"
 #include "data/batch_loader.h"
 #include "models/dit.h"
@@ -70,6 +71,23 @@ TEST_CASE("dit: data.upscale centres the images on a smaller canvas and upsample
   auto direct = upscale_images(torch::ones({1, 1, 4, 4}), 2);
   CHECK(direct.sizes() == torch::IntArrayRef({1, 1, 8, 8}));
   CHECK(direct.min().item<double>() == Approx(1.0));
+}
+
+TEST_CASE("dit: evaluation grids go to samples/ and never overwrite earlier ones", "[diffusion]") {
+  test::TempDir dir("dit-grid");
+  Config c = tiny_dit("mhla", {"data.test_limit=32", "diffusion.steps=20", "diffusion.sample_steps=2",
+                               "diffusion.grid_samples=4"});
+  auto task = task_registry().get("diffusion").make(c, torch::kCPU);
+  task->attach_run(dir.str(), nullptr);
+  auto model = model_registry().get("dit").make(c);
+  std::filesystem::create_directories(dir.path() / "samples");
+  test::write_text(dir.path() / "samples" / "eval_001.png", "from before a resume");
+  auto report = task->evaluate(*model);
+  CHECK(report.metrics["sample_grid"] == (dir.path() / "samples" / "eval_002.png").string());
+  CHECK(std::filesystem::exists(dir.path() / "samples" / "eval_002.png"));
+  CHECK(read_file((dir.path() / "samples" / "eval_001.png").string()) == "from before a resume");
+  task->evaluate(*model);
+  CHECK(std::filesystem::exists(dir.path() / "samples" / "eval_003.png"));
 }
 
 TEST_CASE("dit: a tiny DiT's diffusion loss falls on real Fashion-MNIST", "[train]") {

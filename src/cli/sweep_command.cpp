@@ -32,7 +32,12 @@ std::string describe(const SweepRun& run) {
 
 int run_sweep(const SweepArgs& args) {
   std::vector<SweepAxis> axes;
-  for (const auto& text : args.vary) axes.push_back(parse_sweep_axis(text));
+  for (const auto& text : args.vary) {
+    axes.push_back(parse_sweep_axis(text));
+    if (axes.back().key == "run.name" || axes.back().key == "run.root") {
+      fail("--vary {}: a sweep names its runs itself (use --name, or --set run.root)", text);
+    }
+  }
   if (axes.empty()) fail("sweep: give at least one --vary KEY=V1,V2,...");
   for (const auto& o : args.overrides) {
     if (o.rfind("run.name=", 0) == 0)

@@ -203,8 +203,12 @@ class DiffusionTask : public Task {
       options.count = config_.diffusion.grid_samples;
       auto grid = generate_images(as_dit(*sampler), config_, device_, options);
       std::filesystem::create_directories(run_dir_ + "/samples");
-      const std::string path =
-          fmt::format("{}/samples/eval_{:03d}.png", run_dir_, evaluations_ + 1);
+      // Numbered after the grids already there, so a resumed run never overwrites one.
+      int64_t index = evaluations_ + 1;
+      auto path_of = [&](int64_t n) { return fmt::format("{}/samples/eval_{:03d}.png", run_dir_, n); };
+      while (std::filesystem::exists(path_of(index))) ++index;
+      evaluations_ = index - 1;
+      const std::string path = path_of(index);
       write_png(path, image_grid(grid.images, config_.model.num_classes));
       report.metrics["sample_grid"] = path;
     }
