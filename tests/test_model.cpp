@@ -116,3 +116,42 @@ TEST_CASE("model: DeiT with the cuda attention backend matches the reference bac
     }
   }
 }
+
+TEST_CASE("model: every model leaves the attention's own parameters at the attention's init", "[model]") {
+  // fla's ranges: A_log = log U(1e-4, 16); dt in [1e-4, 0.1] -> dt_bias = softplus^-1(dt) in
+  // [-9.3, -2.2]. A model's generic init (normal(0, 0.02), zeros) would land near 0 instead.
+  // MHLA's mixing rows sum to one (locality init; causal: 1/(i+1) on the lower triangle).
+  const std::vector<std::string> base = {"model.width=32", "model.depth=1", "model.heads=2"};
+  for (const char* model : {"deit", "dit", "gpt"}) {
+    for (const char* attention : {"gated_deltanet", "mhla"}) {
+      INFO(model << " / " << attention);
+      auto o = base;
+      o.push_back(std::string("model.name=") + model);
+      o.push_back(std::string("attention.type=") + attention);
+      if (std::string(model) == "gpt") {
+        o.insert(o.end(), {"model.vocab_size=300", "model.context=128", "attention.blocks=2"});
+      } else if (std::string(model) == "dit") {
+        o.insert(o.end(), {"model.image_size=28", "model.patch_size=4", "attention.blocks=4"});
+      }
+      auto m = model_registry().get(model).make(parse_config("", "t", o));
+      int checked = 0;
+      for (const auto& item : m->named_parameters()) {
+        const auto& name = item.key();
+        const auto& p = item.value();
+        if (name.size() >= 5 && name.substr(name.size() - 5) == "A_log") {
+          CHECK(p.min().item<double>() >= std::log(1e-4) - 1e-4);
+          CHECK(p.max().item<double>() > 0.5);  // some heads decay fast
+          ++checked;
+        } else if (name.size() >= 7 && name.substr(name.size() - 7) == "dt_bias") {
+          CHECK(p.max().item<double>() < -2.0);
+          CHECK(p.min().item<double>() > -9.5);
+          ++checked;
+        } else if (name.size() >= 6 && name.substr(name.size() - 6) == "mixing") {
+          CHECK(test::relative_error(p.sum(1), torch::ones({p.size(0)})) < 1e-5);
+          ++checked;
+        }
+      }
+      CHECK(checked > 0);
+    }
+  }
+}

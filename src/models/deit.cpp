@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "attention/attention_type.h"
+#include "attention/owned_parameters.h"
 #include "core/error.h"
 
 namespace mhla {
@@ -18,7 +19,7 @@ void init_weights(torch::nn::Module& module) {
     const std::string& name = item.key();
     torch::Tensor& p = item.value();
     const auto leaf = name.substr(name.rfind('.') + 1);
-    if (leaf == "mixing") continue;  // has its own init
+    if (attention_owns_init(name)) continue;
     torch::NoGradGuard no_grad;
     if (leaf == "bias") {
       p.zero_();

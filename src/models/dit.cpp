@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "attention/attention_type.h"
+#include "attention/owned_parameters.h"
 #include "core/error.h"
 #include "models/deit.h"
 
@@ -97,7 +98,7 @@ Dit::Dit(const Config& config) : config_(config), layout_(image_token_layout(con
     const std::string& name = item.key();
     auto& p = item.value();
     const auto leaf = name.substr(name.rfind('.') + 1);
-    if (leaf == "mixing" || leaf == "A_log" || leaf == "dt_bias" || name.find("norm") != std::string::npos) continue;
+    if (attention_owns_init(name) || name.find("norm") != std::string::npos) continue;
     if (leaf == "bias") {
       p.zero_();
     } else if (name.rfind("class_embedding", 0) == 0 || name.rfind("time_fc", 0) == 0) {

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "attention/attention_type.h"
+#include "attention/owned_parameters.h"
 #include "core/error.h"
 
 namespace mhla {
@@ -61,7 +62,7 @@ Gpt::Gpt(const Config& config) : config_(config) {
     const std::string& name = item.key();
     auto& p = item.value();
     const auto leaf = name.substr(name.rfind('.') + 1);
-    if (leaf == "mixing" || leaf == "A_log" || leaf == "dt_bias" || name.find("norm") != std::string::npos) continue;
+    if (attention_owns_init(name) || name.find("norm") != std::string::npos) continue;
     if (leaf == "bias") {
       p.zero_();
     } else if (p.dim() >= 2 && name.find("conv") == std::string::npos) {
