@@ -9,3 +9,18 @@ cp -u /usr/share/datasets/fashion-mnist/*.gz "$root/data/fashion-mnist/"
 [ -d /usr/include/stb ] && cp -ru /usr/include/stb "$root/.gpu_stage/include/"
 [ -d "$root/../shared/bench" ] && cp -u "$root"/../shared/bench/*.py "$root/.gpu_stage/bench/"
 du -sh "$root/data/fashion-mnist" "$root/.gpu_stage"
+# With --binaries: also this machine's build (mhla, mhla_tests, the kernel smoke test) and the
+# libraries they need beyond the GPU machine's torch, so a device call can skip its own build
+# (source scripts/gpu_env.sh there). Needs a CUDA-enabled build/ (scripts/build.sh with nvcc).
+if [ "${1:-}" = "--binaries" ]; then
+  mkdir -p "$root/.gpu_stage/bin" "$root/.gpu_stage/lib"
+  for b in build/mhla build/tests/mhla_tests build/kernels/block_linear_smoke; do
+    [ -f "$root/$b" ] && cp "$root/$b" "$root/.gpu_stage/bin/" && strip "$root/.gpu_stage/bin/$(basename $b)"
+  done
+  for lib in libyaml-cpp.so.0.7 libcudart.so.13; do
+    path=$(ldd "$root/build/mhla" | awk -v l=$lib '$1 == l {print $3}')
+    [ -n "$path" ] && cp -L "$path" "$root/.gpu_stage/lib/"
+  done
+  (cd "$root" && git rev-parse HEAD && git status --porcelain) > "$root/.gpu_stage/bin/BUILT_FROM"
+  du -sh "$root/.gpu_stage/bin" "$root/.gpu_stage/lib"
+fi

@@ -48,7 +48,7 @@ torch::Tensor causal_block_attention(const torch::Tensor& q, const torch::Tensor
   auto prefix_weights = weights.tril(-1);                            // whole earlier blocks
   auto prefix = torch::matmul(prefix_weights, states.reshape({b, h, nb, d * (dv + 1)}))
                     .view({b, h, nb, d, dv + 1});
-  auto causal = torch::ones({c, c}, torch::kBool).tril().to(q.device());
+  auto causal = torch::ones({c, c}, q.options().dtype(torch::kBool)).tril();
   auto scores = torch::matmul(qf, kf.transpose(-1, -2)).masked_fill(~causal, 0.0);
   scores = scores * weights.diagonal().view({1, 1, nb, 1, 1});       // E_ii inside block i
   auto out = torch::matmul(qf, prefix) + torch::matmul(scores, v1);  // [B, H, nb, C, Dv+1]

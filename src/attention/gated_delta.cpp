@@ -95,8 +95,8 @@ DeltaRuleOutput delta_rule_chunked(const torch::Tensor& q, const torch::Tensor& 
     auto qc = qf.narrow(2, start, c), kc = kf.narrow(2, start, c), vc = vf.narrow(2, start, c);
     auto bc = betaf.narrow(2, start, c);
     auto cum = gf.narrow(2, start, c).cumsum(2);                     // G_r, per key dim
-    auto causal = torch::ones({c, c}, torch::kBool).tril().to(cum.device());
-    auto strict = torch::ones({c, c}, torch::kBool).tril(-1).to(cum.device());
+    auto causal = torch::ones({c, c}, cum.options().dtype(torch::kBool)).tril();
+    auto strict = torch::ones({c, c}, cum.options().dtype(torch::kBool)).tril(-1);
     // Pairwise decayed products sum_d x_r[d] k_s[d] exp(G_r - G_s)[d] for s <= r, zero above.
     // exp(G_r - G_s) <= 1 there, so strong decay cannot overflow. One gate per head (gated
     // DeltaNet) factors out of the sum: plain matmuls; per-key gates (KDA) need the full pairs.

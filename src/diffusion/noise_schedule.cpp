@@ -26,11 +26,38 @@ NoiseSchedule::NoiseSchedule(const std::string& kind, int64_t steps) : steps_(st
   }
   alpha_bars_ = torch::cumprod(1.0 - betas_, 0);
   alpha_bars_prev_ = torch::cat({torch::ones({1}, f64), alpha_bars_.narrow(0, 0, steps - 1)});
+  derive_tables();
+}
+
+void NoiseSchedule::derive_tables() {
+  sqrt_alpha_bars_ = alpha_bars_.sqrt();
+  sqrt_one_minus_alpha_bars_ = (1.0 - alpha_bars_).sqrt();
+  posterior_x0_coef_ = alpha_bars_prev_.sqrt() * betas_ / (1.0 - alpha_bars_);
+  posterior_xt_coef_ = (1.0 - betas_).sqrt() * (1.0 - alpha_bars_prev_) / (1.0 - alpha_bars_);
+  posterior_variance_ = betas_ * (1.0 - alpha_bars_prev_) / (1.0 - alpha_bars_);
+  log_variance_clipped_ = torch::cat({posterior_variance_.narrow(0, 1, 1),
+                                      posterior_variance_.narrow(0, 1, steps_ - 1)})
+                              .log();
+  log_betas_ = betas_.log();
+}
+
+NoiseSchedule NoiseSchedule::to(const torch::Device& device) const {
+  NoiseSchedule moved = *this;
+  for (auto* table : {&moved.betas_, &moved.alpha_bars_, &moved.alpha_bars_prev_,
+                      &moved.sqrt_alpha_bars_, &moved.sqrt_one_minus_alpha_bars_,
+                      &moved.posterior_x0_coef_, &moved.posterior_xt_coef_,
+                      &moved.posterior_variance_, &moved.log_variance_clipped_, &moved.log_betas_}) {
+    *table = table->to(device);
+  }
+  return moved;
 }
 
 torch::Tensor NoiseSchedule::gather(const torch::Tensor& c, const torch::Tensor& t,
                                     const torch::Tensor& like) const {
-  auto values = c.to(like.device()).index_select(0, t.to(like.device()).to(torch::kLong))
+  // With the tables on like's device (to()), this is one index_select and no host round trip,
+  // which also lets a CUDA graph capture the training step.
+  auto values = c.index_select(0, t.to(c.device()).to(torch::kLong))
+                    .to(like.device())
                     .to(like.scalar_type());
   std::vector<int64_t> shape(like.dim(), 1);
   shape[0] = like.size(0);
@@ -39,30 +66,26 @@ torch::Tensor NoiseSchedule::gather(const torch::Tensor& c, const torch::Tensor&
 
 torch::Tensor NoiseSchedule::add_noise(const torch::Tensor& x0, const torch::Tensor& noise,
                                        const torch::Tensor& t) const {
-  return gather(alpha_bars_.sqrt(), t, x0) * x0 + gather((1.0 - alpha_bars_).sqrt(), t, x0) * noise;
+  return gather(sqrt_alpha_bars_, t, x0) * x0 + gather(sqrt_one_minus_alpha_bars_, t, x0) * noise;
 }
 
 torch::Tensor NoiseSchedule::predict_x0(const torch::Tensor& xt, const torch::Tensor& eps,
                                         const torch::Tensor& t) const {
-  return (xt - gather((1.0 - alpha_bars_).sqrt(), t, xt) * eps) / gather(alpha_bars_.sqrt(), t, xt);
+  return (xt - gather(sqrt_one_minus_alpha_bars_, t, xt) * eps) / gather(sqrt_alpha_bars_, t, xt);
 }
 
 torch::Tensor NoiseSchedule::posterior_mean(const torch::Tensor& x0, const torch::Tensor& xt,
                                             const torch::Tensor& t) const {
-  auto c0 = alpha_bars_prev_.sqrt() * betas_ / (1.0 - alpha_bars_);
-  auto ct = (1.0 - betas_).sqrt() * (1.0 - alpha_bars_prev_) / (1.0 - alpha_bars_);
-  return gather(c0, t, x0) * x0 + gather(ct, t, xt) * xt;
+  return gather(posterior_x0_coef_, t, x0) * x0 + gather(posterior_xt_coef_, t, xt) * xt;
 }
 
 torch::Tensor NoiseSchedule::posterior_variance(const torch::Tensor& t) const {
-  auto variance = betas_ * (1.0 - alpha_bars_prev_) / (1.0 - alpha_bars_);
-  return variance.index_select(0, t.cpu().to(torch::kLong));
+  return posterior_variance_.index_select(0, t.to(posterior_variance_.device()).to(torch::kLong));
 }
 
 torch::Tensor NoiseSchedule::posterior_log_variance_clipped(const torch::Tensor& t) const {
-  auto variance = betas_ * (1.0 - alpha_bars_prev_) / (1.0 - alpha_bars_);
-  auto clipped = torch::cat({variance.narrow(0, 1, 1), variance.narrow(0, 1, steps_ - 1)});
-  return clipped.log().index_select(0, t.cpu().to(torch::kLong));
+  return log_variance_clipped_.index_select(
+      0, t.to(log_variance_clipped_.device()).to(torch::kLong));
 }
 
 }  // namespace mhla

@@ -15,10 +15,15 @@ class NoiseSchedule {
  public:
   // kind: "linear" (beta from 1e-4 to 0.02, the DDPM/DiT setting) or "cosine" (Nichol & Dhariwal).
   NoiseSchedule(const std::string& kind, int64_t steps);
+  // The same schedule with its tables on `device` (training keeps them beside the data).
+  NoiseSchedule to(const torch::Device& device) const;
 
   int64_t steps() const { return steps_; }
   const torch::Tensor& betas() const { return betas_; }            // [T] float64
   const torch::Tensor& alpha_bars() const { return alpha_bars_; }  // [T] float64
+  const torch::Tensor& log_betas() const { return log_betas_; }    // [T] float64
+  // log beta~_t per t, t = 0 clipped to t = 1 (the table behind posterior_log_variance_clipped).
+  const torch::Tensor& log_variance_clipped() const { return log_variance_clipped_; }
 
   // x_t from x_0 and noise; t [B] int64 (any device; coefficients follow x0's dtype and device).
   torch::Tensor add_noise(const torch::Tensor& x0, const torch::Tensor& noise,
@@ -33,12 +38,17 @@ class NoiseSchedule {
   // log beta~_t, with t = 0 clipped to t = 1 as in DDPM's implementation (beta~_0 = 0).
   torch::Tensor posterior_log_variance_clipped(const torch::Tensor& t) const;
 
-  // Per-sample coefficient c[t] broadcast to x's shape.
+  // Per-sample coefficient c[t] ([T] table) broadcast to like's shape, dtype and device.
   torch::Tensor gather(const torch::Tensor& c, const torch::Tensor& t, const torch::Tensor& like) const;
 
  private:
+  void derive_tables();
+
   int64_t steps_;
   torch::Tensor betas_, alpha_bars_, alpha_bars_prev_;
+  // Derived once: the coefficients every call gathers by timestep.
+  torch::Tensor sqrt_alpha_bars_, sqrt_one_minus_alpha_bars_, posterior_x0_coef_,
+      posterior_xt_coef_, posterior_variance_, log_variance_clipped_, log_betas_;
 };
 
 }  // namespace mhla

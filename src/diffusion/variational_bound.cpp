@@ -27,9 +27,8 @@ torch::Tensor discretized_gaussian_log_likelihood(const torch::Tensor& x, const 
 
 torch::Tensor learned_log_variance(const NoiseSchedule& schedule, const torch::Tensor& v,
                                    const torch::Tensor& t) {
-  auto min_log = schedule.gather(schedule.posterior_log_variance_clipped(t.cpu()),
-                                 torch::arange(t.size(0)), v);
-  auto max_log = schedule.gather(torch::log(schedule.betas()), t, v);
+  auto min_log = schedule.gather(schedule.log_variance_clipped(), t, v);
+  auto max_log = schedule.gather(schedule.log_betas(), t, v);
   auto fraction = (v + 1.0) * 0.5;
   return fraction * max_log + (1.0 - fraction) * min_log;
 }
@@ -42,8 +41,7 @@ torch::Tensor variational_bound_term(const NoiseSchedule& schedule, const torch:
   auto model_x0 = schedule.predict_x0(xtf, eps.detach().to(torch::kFloat32), t).clamp(-1.0, 1.0);
   auto model_mean = schedule.posterior_mean(model_x0, xtf, t);
   auto true_mean = schedule.posterior_mean(x0f, xtf, t);
-  auto true_log_var = schedule.gather(schedule.posterior_log_variance_clipped(t.cpu()),
-                                      torch::arange(t.size(0)), xtf);
+  auto true_log_var = schedule.gather(schedule.log_variance_clipped(), t, xtf);
   const auto per_image = [](const torch::Tensor& x) {
     return x.flatten(1).mean(1) / std::log(2.0);
   };

@@ -49,7 +49,7 @@ class DiffusionTask : public Task {
   DiffusionTask(const Config& config, const torch::Device& device)
       : config_(config),
         device_(device),
-        schedule_(config.diffusion.schedule, config.diffusion.steps) {
+        schedule_(NoiseSchedule(config.diffusion.schedule, config.diffusion.steps).to(device)) {
     train_ = load_dataset(config, Split::kTrain);
     test_ = load_dataset(config, Split::kTest);
     if (train_.channels() != config.model.in_channels) {
