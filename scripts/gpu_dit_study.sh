@@ -13,6 +13,7 @@ config=${CONFIG:-configs/dit_s2_fmnist.yaml}
 name=$(basename "$config" .yaml)
 fid_n=${FID_N:-10000}
 cfg=${CFG:-1.5}
+fid_batch=${FID_BATCH:-1000}
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l); [ "$gpus" -ge 1 ] || gpus=1
 if [ ! -d runs/fid_net_fmnist ]; then
   "$bin" train configs/fid_net_fmnist.yaml > "$OUT/fid_net.log" 2>&1 || { tail -5 "$OUT/fid_net.log"; exit 1; }
@@ -22,11 +23,15 @@ for attention in "$@"; do
   (
     export CUDA_VISIBLE_DEVICES=$(( i % gpus ))
     run=runs/${name}_$attention
+    start=$(date +%s)
     "$bin" train "$config" --set attention.type=$attention --set run.name=$(basename $run) \
       ${EXTRA:-} > "$OUT/${name}_$attention.log" 2>&1 || exit 1
+    echo "$attention: train + final evaluation $(( $(date +%s) - start )) s" | tee -a "$OUT/timing.txt"
     for w in 1 "$cfg"; do
-      "$bin" eval $run --fid --n $fid_n --steps 50 --cfg $w 2> "$OUT/${name}_${attention}_fid_cfg$w.err" |
-        grep '^{' > "$OUT/${name}_${attention}_fid_cfg$w.json"
+      start=$(date +%s)
+      "$bin" eval $run --fid --n $fid_n --steps 50 --cfg $w --batch $fid_batch \
+        2> "$OUT/${name}_${attention}_fid_cfg$w.err" | grep '^{' > "$OUT/${name}_${attention}_fid_cfg$w.json"
+      echo "$attention: FID cfg $w on $fid_n samples $(( $(date +%s) - start )) s" | tee -a "$OUT/timing.txt"
     done
     cp $run/metrics.jsonl "$OUT/${name}_${attention}_metrics.jsonl"
     for f in $run/samples/*.png; do [ -e "$f" ] && cp "$f" "$OUT/${name}_${attention}_$(basename $f)"; done
