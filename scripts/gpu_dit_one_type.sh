@@ -35,9 +35,9 @@ trainer=$!
 ) &
 side=$!
 wait $trainer
+cp $run/metrics.jsonl "$OUT/${name}_${attention}_metrics.jsonl"
+for f in $run/samples/*.png; do [ -e "$f" ] && cp "$f" "$OUT/${name}_${attention}_$(basename $f)"; done
 wait $side
 fid 0 1 ${FID_LIMIT:-300} &
 fid 1 ${CFG:-1.5} ${FID_LIMIT:-300} &
 wait
-cp $run/metrics.jsonl "$OUT/${name}_${attention}_metrics.jsonl"
-for f in $run/samples/*.png; do [ -e "$f" ] && cp "$f" "$OUT/${name}_${attention}_$(basename $f)"; done
