@@ -2,7 +2,7 @@
 # Training throughput of several settings in one device call: each argument is
 # "LABEL CONFIG [--set KEY=VALUE]..."; each probe trains $STEPS steps (default 60) on the first
 # STEPS x batch training images, and the rate of its last progress line (steps 31..60: the
-# warm-up and, with train.cuda_graph, the recording excluded) is printed as one JSON line.
+# first half, with its warm-up, excluded) is printed as one JSON line.
 # Usage: scripts/gpu_throughput_probe.sh "mhla configs/deit_t2_fmnist.yaml --set attention.type=mhla" ...
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"

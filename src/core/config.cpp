@@ -257,9 +257,6 @@ class Schema {
     integer("train.threads", &t.threads, 0, 1024, "CPU intra-op threads (0 = all cores)");
     boolean("train.ema_warmup", &t.ema_warmup,
             "ramp the EMA decay as min(ema_decay, (1 + n) / (10 + n)) over the first n updates");
-    boolean("train.cuda_graph", &t.cuda_graph,
-            "on CUDA: record the whole training step (forward, backward, clipping, AdamW) as one "
-            "CUDA graph after 3 eager steps and replay it; ignored on the CPU");
     real("train.ema_decay", &t.ema_decay, 0, 0.999999,
          "EMA of the weights after every step (0 = off); saved as ema.safetensors");
 

@@ -22,11 +22,6 @@ std::vector<ParamGroup> make_param_groups(torch::nn::Module& module, double weig
   return {decay, no_decay};
 }
 
-void Optimizer::step(const torch::Tensor& lr) {
-  fail("this optimizer cannot read its learning rate from a device tensor (CUDA graphs); set "
-       "train.cuda_graph=false");
-}
-
 void Optimizer::zero_grad() {
   for (auto& group : groups_)
     for (auto& p : group.params) p.mutable_grad() = torch::Tensor();

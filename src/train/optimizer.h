@@ -30,10 +30,6 @@ class Optimizer {
   explicit Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {}
   virtual ~Optimizer() = default;
   virtual void step(double lr) = 0;
-  // A step reading the learning rate from a 0-dim tensor on the parameters' device, for steps
-  // recorded once in a CUDA graph and replayed; optimizers without it train without graphs.
-  virtual bool supports_device_lr() const { return false; }
-  virtual void step(const torch::Tensor& lr);
   void zero_grad();
   // State keyed "<param name>.<slot>", for checkpoints.
   virtual TensorMap state() const = 0;

@@ -71,36 +71,6 @@ Trainer::Trainer(const Config& config, const std::string& run_dir, bool resume)
     }
     metrics_.truncate_after(state_.step);
   }
-
-  if (config.train.cuda_graph) {
-    if (!device_.is_cuda()) {
-      logger().info("train.cuda_graph: ignored on {}", device_.str());
-    } else if (!optimizer_->supports_device_lr()) {
-      fail("{}: train.cuda_graph needs an optimizer that reads its learning rate on the device "
-           "(adamw); optim.name = {}", config.where("train.cuda_graph"), config.optim.name);
-    } else {
-      graph_step_ = std::make_unique<CudaGraphStep>(
-          [this](const TrainBatch& batch, const torch::Tensor& lr) { return step(batch, 0.0, &lr); },
-          device_);
-    }
-  }
-}
-
-torch::Tensor Trainer::step(const TrainBatch& batch, double lr, const torch::Tensor* device_lr) {
-  torch::Tensor loss;
-  {
-    AutocastScope autocast(device_, bf16_);
-    loss = task_->training_loss(*model_, batch);
-  }
-  loss.backward();
-  clip_grad_norm(params_, config_.optim.grad_clip);
-  if (device_lr) {
-    optimizer_->step(*device_lr);
-  } else {
-    optimizer_->step(lr);
-  }
-  model_->project_parameters();
-  return loss.detach();
 }
 
 void Trainer::save(const std::string& name) {
@@ -165,11 +135,18 @@ TrainOutcome Trainer::run() {
 
     while (auto batch = batches->next()) {
       const double lr = lr_at(schedule, state_.step);
-      const torch::Tensor loss =
-          graph_step_ ? graph_step_->run(*batch, lr) : step(*batch, lr, nullptr);
+      torch::Tensor loss;
+      {
+        AutocastScope autocast(device_, bf16_);
+        loss = task_->training_loss(*model_, *batch);
+      }
+      loss.backward();
+      clip_grad_norm(params_, c.optim.grad_clip);
+      optimizer_->step(lr);
+      model_->project_parameters();
       if (ema_) ema_->update(*model_, state_.step);  // step counts the updates before this one
       optimizer_->zero_grad();
-      loss_sum += loss;
+      loss_sum += loss.detach();
       ++loss_count;
       ++state_.step;
       ++window_steps;

@@ -9,7 +9,6 @@
 #include "core/config.h"
 #include "models/model.h"
 #include "train/checkpoint.h"
-#include "train/cuda_graph_step.h"
 #include "train/ema.h"
 #include "train/optimizer.h"
 #include "train/run_folder.h"
@@ -37,10 +36,6 @@ class Trainer {
   Model& model() { return *model_; }
 
  private:
-  // One optimizer step on `batch` (forward under autocast, backward, clipping, optimizer with
-  // the learning rate as a number or, when device_lr is given, as a device tensor, projection);
-  // returns the detached loss.
-  torch::Tensor step(const TrainBatch& batch, double lr, const torch::Tensor* device_lr);
   void save(const std::string& name);
   void evaluate_and_record(int64_t epoch);
 
@@ -53,7 +48,6 @@ class Trainer {
   std::unique_ptr<Ema> ema_;
   std::vector<torch::Tensor> params_;
   std::unique_ptr<Task> task_;
-  std::unique_ptr<CudaGraphStep> graph_step_;  // train.cuda_graph on a CUDA device
   TrainerState state_;
   MetricsLog metrics_;
   int64_t steps_per_epoch_ = 0, total_steps_ = 0;
