@@ -177,3 +177,39 @@ TEST_CASE("train: a small DeiT learns Fashion-MNIST and writes its run folder", 
   auto saved = load_config(run_dir + "/config.yaml", {});
   CHECK(config_differences(saved, c).empty());
 }
+
+TEST_CASE("train: a profiled window writes a Chrome trace and a per-operator summary", "[train]") {
+  test::TempDir dir("profile");
+  Config c = tiny_config(dir.str(), "profiled");
+  auto run_dir = create_run_folder(c);
+  {
+    Trainer trainer(c, run_dir, false);
+    trainer.profile_steps(3, 2);  // steps 3..5 of the run
+    trainer.stop_after_step(8);
+    CHECK(trainer.run().steps == 8);
+  }
+  const auto trace_path = fs::path(run_dir) / "profile" / "trace.json";
+  REQUIRE(fs::exists(trace_path));
+  std::ifstream trace_file(trace_path);
+  auto trace = nlohmann::json::parse(trace_file);
+  REQUIRE(trace.contains("traceEvents"));
+  bool saw_matmul = false;
+  for (const auto& event : trace["traceEvents"]) {
+    if (event.value("name", "").find("aten::") == 0) saw_matmul = true;
+  }
+  CHECK(saw_matmul);
+  std::ifstream summary_file(fs::path(run_dir) / "profile" / "summary.md");
+  std::string summary((std::istreambuf_iterator<char>(summary_file)), std::istreambuf_iterator<char>());
+  CHECK(summary.find("training steps 3..5") != std::string::npos);
+  CHECK(summary.find("| `aten::") != std::string::npos);
+  CHECK(summary.find("ms per step") != std::string::npos);
+
+  // A window the run never reaches records nothing and writes nothing.
+  Config late = tiny_config(dir.str(), "never_profiled");
+  auto late_dir = create_run_folder(late);
+  Trainer trainer(late, late_dir, false);
+  trainer.profile_steps(3, 100);
+  trainer.stop_after_step(4);
+  trainer.run();
+  CHECK_FALSE(fs::exists(fs::path(late_dir) / "profile"));
+}

@@ -18,6 +18,8 @@ struct TrainArgs {
   std::string config_path;
   std::vector<std::string> overrides;
   std::string resume_dir;
+  int64_t profile_steps = 0;
+  int64_t profile_warmup = 5;
 };
 
 int run_train(const TrainArgs& args) {
@@ -52,6 +54,7 @@ int run_train(const TrainArgs& args) {
   open_run_log(run_dir);
   install_stop_handlers();
   Trainer trainer(config, run_dir, resume);
+  if (args.profile_steps > 0) trainer.profile_steps(args.profile_steps, args.profile_warmup);
   TrainOutcome outcome = trainer.run();
   close_run_log();
   if (outcome.interrupted) return outcome.signal ? 128 + outcome.signal : 1;
@@ -71,6 +74,13 @@ Command add_train_command(CLI::App& parent) {
   app->add_option("--resume", args->resume_dir,
                   "continue the run in this folder from checkpoints/last")
       ->check(CLI::ExistingDirectory);
+  app->add_option("--profile", args->profile_steps,
+                  "record N training steps with the profiler (after --profile-warmup steps): "
+                  "RUN/profile/summary.md (GPU kernels, CPU operators) and trace.json")
+      ->check(CLI::Range(1, 100000));
+  app->add_option("--profile-warmup", args->profile_warmup,
+                  "steps to run before the profiled ones (default 5)")
+      ->check(CLI::Range(0, 1000000));
   app->footer(
       "Writes runs/<name>/{config.yaml, log.txt, metrics.jsonl, checkpoints/{last,best}}.\n"
       "SIGINT/SIGTERM write checkpoints/last and exit with 128+signal; resume with --resume.");

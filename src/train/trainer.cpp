@@ -123,6 +123,7 @@ TrainOutcome Trainer::run() {
     return outcome;
   }
   model_->train();
+  StepProfiler profiler(run_dir_, device_, {state_.step + profile_.first_step, profile_.steps});
   auto loss_sum = torch::zeros({}, torch::TensorOptions().device(device_));
   int64_t loss_count = 0;
   auto window_start = std::chrono::steady_clock::now();
@@ -135,6 +136,7 @@ TrainOutcome Trainer::run() {
 
     while (auto batch = batches->next()) {
       const double lr = lr_at(schedule, state_.step);
+      profiler.before_step(state_.step);
       torch::Tensor loss;
       {
         AutocastScope autocast(device_, bf16_);
@@ -146,6 +148,7 @@ TrainOutcome Trainer::run() {
       model_->project_parameters();
       if (ema_) ema_->update(*model_, state_.step);  // step counts the updates before this one
       optimizer_->zero_grad();
+      profiler.after_step(state_.step);
       loss_sum += loss.detach();
       ++loss_count;
       ++state_.step;

@@ -12,6 +12,7 @@
 #include "train/ema.h"
 #include "train/optimizer.h"
 #include "train/run_folder.h"
+#include "train/step_profiler.h"
 #include "train/task.h"
 
 namespace mhla {
@@ -33,6 +34,8 @@ class Trainer {
   TrainOutcome run();
   // Stop as if interrupted once this many steps are done (tests; 0 = never).
   void stop_after_step(int64_t step) { stop_after_ = step; }
+  // Profile `steps` training steps after `warmup` steps of this invocation (<run>/profile/).
+  void profile_steps(int64_t steps, int64_t warmup) { profile_ = {warmup, steps}; }
   Model& model() { return *model_; }
 
  private:
@@ -52,6 +55,7 @@ class Trainer {
   MetricsLog metrics_;
   int64_t steps_per_epoch_ = 0, total_steps_ = 0;
   int64_t stop_after_ = 0;
+  ProfileWindow profile_;  // first_step relative to this invocation's first step
   EvalReport last_eval_;
   bool evaluated_ = false;
 };
