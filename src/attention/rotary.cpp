@@ -1,17 +1,115 @@
 #include "attention/rotary.h"
 
+#include "core/error.h"
+
+#ifdef MHLA_WITH_CUDA_KERNELS
+#include <c10/cuda/CUDAStream.h>
+
+#include "rotary/rotary.h"
+#endif
+
 namespace mhla {
 
-torch::Tensor apply_rotary(const torch::Tensor& x, int64_t first_position, double base) {
-  const auto t = x.size(1), d = x.size(3), half = d / 2;
-  TORCH_CHECK(d % 2 == 0, "rotary embedding needs an even head dimension");
-  auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(x.device());
-  auto inv_freq = torch::pow(base, -torch::arange(0, half, f32) * 2.0 / static_cast<double>(d));
-  auto angles = torch::arange(first_position, first_position + t, f32).unsqueeze(1) * inv_freq;
-  auto cos = angles.cos().view({1, t, 1, half}), sin = angles.sin().view({1, t, 1, half});
+namespace {
+
+// cos and sin of every (token, frequency) angle, fp32 [T, D/2]: shared by the reference and the
+// kernel so that both rotate by the same angles.
+std::pair<torch::Tensor, torch::Tensor> rotary_tables(int64_t first_position, int64_t tokens,
+                                                      int64_t head_dim, double base,
+                                                      const torch::Device& device) {
+  const auto half = head_dim / 2;
+  auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+  auto inv_freq = torch::pow(base, -torch::arange(0, half, f32) * 2.0 / static_cast<double>(head_dim));
+  auto angles = torch::arange(first_position, first_position + tokens, f32).unsqueeze(1) * inv_freq;
+  return {angles.cos(), angles.sin()};
+}
+
+torch::Tensor rotate_reference(const torch::Tensor& x, const torch::Tensor& cos_table,
+                               const torch::Tensor& sin_table) {
+  const auto t = x.size(1), half = x.size(3) / 2;
+  auto cos = cos_table.view({1, t, 1, half}), sin = sin_table.view({1, t, 1, half});
   auto xf = x.to(torch::kFloat32);
   auto x1 = xf.narrow(-1, 0, half), x2 = xf.narrow(-1, half, half);
   return torch::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1).to(x.scalar_type());
+}
+
+void check_shape(const torch::Tensor& x) {
+  TORCH_CHECK(x.dim() == 4, "rotary embedding: expected [B, T, H, D], got ", x.sizes());
+  TORCH_CHECK(x.size(3) % 2 == 0, "rotary embedding needs an even head dimension");
+}
+
+#ifdef MHLA_WITH_CUDA_KERNELS
+
+namespace kernels = mhla_kernels;
+
+bool kernel_takes(const torch::Tensor& x) {
+  const auto type = x.scalar_type();
+  return x.is_cuda() &&
+         (type == torch::kFloat32 || type == torch::kBFloat16 || type == torch::kFloat16);
+}
+
+torch::Tensor rotate_on_gpu(const torch::Tensor& x_in, const torch::Tensor& cos,
+                            const torch::Tensor& sin, bool inverse) {
+  auto x = x_in.stride(3) == 1 ? x_in : x_in.contiguous();
+  auto out = torch::empty(x.sizes(), x.options().memory_format(torch::MemoryFormat::Contiguous));
+  kernels::RotaryArgs a;
+  switch (x.scalar_type()) {
+    case torch::kFloat32:
+      a.dtype = kernels::DType::f32;
+      break;
+    case torch::kFloat16:
+      a.dtype = kernels::DType::f16;
+      break;
+    default:
+      a.dtype = kernels::DType::bf16;
+  }
+  a.x = {x.data_ptr(), x.stride(0), x.stride(1), x.stride(2)};
+  a.out = out.data_ptr();
+  a.cos = cos.data_ptr<float>();
+  a.sin = sin.data_ptr<float>();
+  a.batch = static_cast<int>(x.size(0)), a.tokens = static_cast<int>(x.size(1));
+  a.heads = static_cast<int>(x.size(2)), a.head_dim = static_cast<int>(x.size(3));
+  a.inverse = inverse;
+  auto stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+  const auto err = kernels::rotary_embedding(a, stream);
+  if (err != cudaSuccess) fail("rotary embedding (cuda): {}", cudaGetErrorString(err));
+  return out;
+}
+
+// The rotation is orthogonal, so its backward is the rotation by the opposite angles.
+class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& cos, const torch::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});
+    return rotate_on_gpu(x, cos, sin, /*inverse=*/false);
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    if (!grads[0].defined()) return {torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    auto saved = ctx->get_saved_variables();
+    return {rotate_on_gpu(grads[0], saved[0], saved[1], /*inverse=*/true), torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
+#endif
+
+}  // namespace
+
+torch::Tensor apply_rotary_reference(const torch::Tensor& x, int64_t first_position, double base) {
+  check_shape(x);
+  auto [cos, sin] = rotary_tables(first_position, x.size(1), x.size(3), base, x.device());
+  return rotate_reference(x, cos, sin);
+}
+
+torch::Tensor apply_rotary(const torch::Tensor& x, int64_t first_position, double base) {
+  check_shape(x);
+  auto [cos, sin] = rotary_tables(first_position, x.size(1), x.size(3), base, x.device());
+#ifdef MHLA_WITH_CUDA_KERNELS
+  if (kernel_takes(x)) return RotaryFunction::apply(x, cos, sin);
+#endif
+  return rotate_reference(x, cos, sin);
 }
 
 }  // namespace mhla
