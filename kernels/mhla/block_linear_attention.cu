@@ -11,202 +11,13 @@
 // The feature map (RMSNorm without weight, relu, floor), the normalizer and their backward passes
 // are applied while tiles are loaded or written; products run on tensor cores (WMMA; tf32 for
 // fp32 inputs) from shared memory with fp32 accumulation. States stay fp32 in global memory.
-#include <mma.h>
-
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-#include <type_traits>
-
 #include "mhla/block_linear_attention.h"
+#include "mhla/tiles.cuh"
 
 namespace mhla_kernels {
 namespace {
 
-using namespace nvcuda;
-
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
-constexpr int kTile = 64;          // tokens per shared-memory tile
-constexpr int kChunk = 4 * kTile;  // tokens per CTA along a block
-constexpr int kMixColumns = 64;    // state elements per step of the mixing backward
-constexpr float kFeatureFloor = 1e-6f;
-constexpr float kNormEps = 1e-6f;
-constexpr float kDenominatorEps = 1e-6f;
-
-// Shared-memory element type and tensor-core precision for an input type.
-template <typename T>
-struct Mma;
-template <>
-struct Mma<__nv_bfloat16> {
-  using elem = __nv_bfloat16;
-  using precision = __nv_bfloat16;
-  static constexpr int k = 16;
-};
-template <>
-struct Mma<__half> {
-  using elem = __half;
-  using precision = __half;
-  static constexpr int k = 16;
-};
-template <>
-struct Mma<float> {
-  using elem = float;
-  using precision = wmma::precision::tf32;
-  static constexpr int k = 8;
-};
-
-template <typename T>
-__device__ __forceinline__ float to_float(T x) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return __bfloat162float(x);
-  else if constexpr (std::is_same_v<T, __half>)
-    return __half2float(x);
-  else
-    return x;
-}
-template <typename T>
-__device__ __forceinline__ T from_float(float x) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return __float2bfloat16(x);
-  else if constexpr (std::is_same_v<T, __half>)
-    return __float2half(x);
-  else
-    return x;
-}
-
-template <typename T, typename Layout>
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, Mma<T>::k, typename Mma<T>::precision, Layout>;
-template <typename T, typename Layout>
-using FragB = wmma::fragment<wmma::matrix_b, 16, 16, Mma<T>::k, typename Mma<T>::precision, Layout>;
-template <typename T>
-using FragC = wmma::fragment<wmma::accumulator, 16, 16, Mma<T>::k, float>;
-
-template <typename T, typename Frag>
-__device__ __forceinline__ void load_fragment(Frag& f, const typename Mma<T>::elem* p,
-                                              unsigned ld) {
-  wmma::load_matrix_sync(f, p, ld);
-  if constexpr (std::is_same_v<T, float>) {
-    for (int i = 0; i < f.num_elements; ++i) f.x[i] = wmma::__float_to_tf32(f.x[i]);
-  }
-}
-
-// Compile-time layout of one head dimension: padded leading dimensions (against bank conflicts,
-// keeping every 16-row fragment 32-byte aligned) and the vector loads of one token row.
-template <typename T, int D>
-struct Layout {
-  using E = typename Mma<T>::elem;
-  static constexpr int lde = D + 8;           // elements, tiles of E
-  static constexpr int ldf = D + 4;           // floats, fp32 tiles
-  static constexpr int vec = 16 / sizeof(T);  // elements per 16-byte load
-  static constexpr int lanes = D / vec;       // threads per token row (4 to 32)
-  static constexpr int rows_per_pass = kThreads / lanes;
-  static constexpr int frags = (D / 16) * (D / 16);  // D x D accumulators
-  static constexpr int frags_per_warp = (frags + kWarps - 1) / kWarps;
-  static constexpr int state = D * D + D;  // floats of S_j followed by z_j
-};
-
-struct Vec {
-  float x[8];
-};
-
-template <typename T, int D>
-__device__ __forceinline__ const T* token_row(const TokenTensor& t, int b, int n, int h) {
-  return static_cast<const T*>(t.data) + b * t.batch_stride + n * t.token_stride +
-         h * t.head_stride;
-}
-
-template <typename T, int D>
-__device__ __forceinline__ void load_vector(const T* p, float* x) {
-  constexpr int vec = Layout<T, D>::vec;
-  uint4 raw = *reinterpret_cast<const uint4*>(p);
-  const T* values = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-  for (int i = 0; i < vec; ++i) x[i] = to_float(values[i]);
-}
-
-template <typename T, int D>
-__device__ __forceinline__ void store_vector(T* p, const float* x) {
-  constexpr int vec = Layout<T, D>::vec;
-  uint4 raw;
-  T* values = reinterpret_cast<T*>(&raw);
-#pragma unroll
-  for (int i = 0; i < vec; ++i) values[i] = from_float<T>(x[i]);
-  *reinterpret_cast<uint4*>(p) = raw;
-}
-
-// Sum over the threads of one token row (a power-of-two group inside a warp).
-template <int Lanes>
-__device__ __forceinline__ float row_sum(float x) {
-#pragma unroll
-  for (int offset = Lanes / 2; offset > 0; offset /= 2)
-    x += __shfl_xor_sync(0xffffffffu, x, offset);
-  return x;
-}
-
-// phi(x) of `valid` token rows starting at token n0 into dst (rows up to `rows` zero-filled; the
-// padding must be zero, not the feature floor); 1/rms per row into inv_rms when asked.
-template <typename T, int D>
-__device__ void load_features(const TokenTensor& src, int b, int h, int n0, int valid, int rows,
-                              typename Mma<T>::elem* dst, float* inv_rms) {
-  using L = Layout<T, D>;
-  const int lane = threadIdx.x % L::lanes;
-  for (int r = threadIdx.x / L::lanes; r < rows; r += L::rows_per_pass) {
-    float x[L::vec];
-    if (r < valid) {
-      load_vector<T, D>(token_row<T, D>(src, b, n0 + r, h) + lane * L::vec, x);
-    } else {
-#pragma unroll
-      for (int i = 0; i < L::vec; ++i) x[i] = 0.f;
-    }
-    float squares = 0.f;
-#pragma unroll
-    for (int i = 0; i < L::vec; ++i) squares += x[i] * x[i];
-    const float scale = rsqrtf(row_sum<L::lanes>(squares) / D + kNormEps);
-#pragma unroll
-    for (int i = 0; i < L::vec; ++i) {
-      const float phi = r < valid ? fmaxf(x[i] * scale, 0.f) + kFeatureFloor : 0.f;
-      dst[r * L::lde + lane * L::vec + i] = from_float<typename Mma<T>::elem>(phi);
-    }
-    if (inv_rms != nullptr && lane == 0) inv_rms[r] = scale;
-  }
-}
-
-template <typename T, int D>
-__device__ void load_plain(const TokenTensor& src, int b, int h, int n0, int valid, int rows,
-                           typename Mma<T>::elem* dst) {
-  using L = Layout<T, D>;
-  const int lane = threadIdx.x % L::lanes;
-  for (int r = threadIdx.x / L::lanes; r < rows; r += L::rows_per_pass) {
-    float x[L::vec];
-    if (r < valid) {
-      load_vector<T, D>(token_row<T, D>(src, b, n0 + r, h) + lane * L::vec, x);
-    } else {
-#pragma unroll
-      for (int i = 0; i < L::vec; ++i) x[i] = 0.f;
-    }
-#pragma unroll
-    for (int i = 0; i < L::vec; ++i)
-      dst[r * L::lde + lane * L::vec + i] = from_float<typename Mma<T>::elem>(x[i]);
-  }
-}
-
-// Backward of phi = relu(x / rms(x)) + floor for one token row held by L::lanes threads:
-// g is d(loss)/d(phi) for this thread's elements; returns d(loss)/dx in place.
-template <typename T, int D>
-__device__ __forceinline__ void feature_backward(const float* x, float scale, float* g) {
-  using L = Layout<T, D>;
-  float dot = 0.f;
-#pragma unroll
-  for (int i = 0; i < L::vec; ++i) {
-    const float y = x[i] * scale;
-    g[i] = y > 0.f ? g[i] : 0.f;
-    dot += g[i] * y;
-  }
-  dot = row_sum<L::lanes>(dot) / D;
-#pragma unroll
-  for (int i = 0; i < L::vec; ++i) g[i] = scale * (g[i] - x[i] * scale * dot);
-}
+using namespace tiles;
 
 // acc (D x D, fragments spread over the warps) += A^T B for A, B tiles [rows][D].
 template <typename T, int D>
@@ -294,9 +105,6 @@ __device__ void load_state(const float* state, typename Mma<T>::elem* s, float* 
   for (int e = threadIdx.x; e < D; e += kThreads) z[e] = state[D * D + e];
 }
 
-__host__ __device__ constexpr size_t align128(size_t bytes) {
-  return (bytes + 127) / 128 * 128;
-}
 
 struct Work {  // the token range of one CTA: block j, chunk c, [begin, end)
   int bh, b, h, block, begin, end;
@@ -675,13 +483,6 @@ int multiprocessors() {
   return count;
 }
 
-// Opts a kernel into the shared memory it needs (above the default 48 KiB), once.
-template <typename Kernel>
-cudaError_t allow_smem(Kernel kernel, size_t bytes) {
-  if (bytes <= 48 * 1024) return cudaSuccess;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(bytes));
-}
 
 template <typename T, int D>
 cudaError_t forward_for(const BlockLinearForward& a, cudaStream_t stream) {
@@ -757,36 +558,6 @@ bool supported(const BlockLinearShape& s, bool has_mixing) {
          static_cast<int64_t>(s.blocks) * ((s.tokens / s.blocks + kChunk - 1) / kChunk) <=
              0x7fffffff &&
          (has_mixing || s.blocks == 1);
-}
-
-// Picks the instantiation for the runtime dtype and head dimension.
-template <typename Args>
-using Launcher = cudaError_t (*)(const Args&, cudaStream_t);
-
-template <typename Args, template <typename, int> class Pass>
-Launcher<Args> launcher_for(DType dtype, int head_dim) {
-  auto by_dim = [&](auto tag) -> Launcher<Args> {
-    using T = decltype(tag);
-    switch (head_dim) {
-      case 32:
-        return &Pass<T, 32>::run;
-      case 64:
-        return &Pass<T, 64>::run;
-      case 128:
-        return &Pass<T, 128>::run;
-      default:
-        return nullptr;
-    }
-  };
-  switch (dtype) {
-    case DType::f32:
-      return by_dim(float{});
-    case DType::f16:
-      return by_dim(__half{});
-    case DType::bf16:
-      return by_dim(__nv_bfloat16{});
-  }
-  return nullptr;
 }
 
 template <typename T, int D>
