@@ -41,3 +41,17 @@ for n in sorted({r["N"] for r in ours}):
           f"| {m['fwd_bwd_bandwidth_share']:.0%} | {l['fwd_bwd_bandwidth_share']:.0%} |" if m and l else "| — | — |")
 print(f"\nCopy bandwidth measured in the same process: {copy_gbs:.0f} GB/s. Bandwidth share = 12 tensors "
       "of B·N·H·D bf16 (forward q, k, v, o; backward q, k, v, o, dO, dq, dk, dv) over the fwd+bwd time.")
+
+dense_rows = [n for n in sorted({r["N"] for r in ours}) if ("mhla", "cuda_dense", n) in mine]
+if dense_rows:
+    print("\nThe dense masked form (`cuda_dense`: O(N² D), no block states), same run:\n")
+    print("| N | MHLA cuda_dense | linear cuda_dense | MHLA cuda / cuda_dense | PyTorch MHLA / cuda_dense "
+          "| cuDNN / MHLA cuda_dense |")
+    print("|---|---|---|---|---|---|")
+    for n in dense_rows:
+        d, dl, m = mine[("mhla", "cuda_dense", n)], mine.get(("linear", "cuda_dense", n)), mine.get(("mhla", "cuda", n))
+        pm, cu = theirs.get(("mhla_torch_M16", n)), theirs.get(("sdpa_cudnn", n))
+        r = lambda a, c: f"{a / c:.2f}×" if a and c else "—"
+        print(f"| {n} | {d['fwd_bwd_ms']:.3f} ({d['fwd_ms']:.3f}) | {dl['fwd_bwd_ms']:.3f} |" if dl else f"| {n} | {d['fwd_bwd_ms']:.3f} | — |",
+              f"{r(m and m['fwd_bwd_ms'], d['fwd_bwd_ms'])} | {r(pm and pm['fwdbwd_ms'], d['fwd_bwd_ms'])} "
+              f"| {r(cu and cu['fwdbwd_ms'], d['fwd_bwd_ms'])} |")

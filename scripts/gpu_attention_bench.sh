@@ -9,7 +9,7 @@ vision_shapes=(--shape 256,6,256,64 --shape 64,6,1024,64 --shape 16,6,4096,64 --
 ours="$OUT/ours_vision.jsonl"; : > "$ours"
 for op in mhla linear softmax; do
   backends=(reference)
-  [ "$op" != softmax ] && backends=(cuda reference)
+  [ "$op" != softmax ] && backends=(cuda cuda_dense reference)
   "$bin" bench attention --op $op --backend "${backends[@]}" "${vision_shapes[@]}" --blocks 16 \
     --warmup 5 --iters 20 | grep '^{' >> "$ours"
 done

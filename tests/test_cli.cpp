@@ -233,7 +233,10 @@ TEST_CASE("cli: bench attention prints one JSON line per case and rejects bad sh
     auto json = nlohmann::json::parse(line);
     CHECK(json["op"] == "mhla");
     CHECK(json["fwd_ms"].get<double>() > 0);
-    CHECK(json["fwd_bwd_ms"].get<double>() >= json["fwd_ms"].get<double>() * 0.5);
+    CHECK(json["fwd_bwd_ms"].get<double>() > 0);
+    // Bytes are deterministic (one timed iteration is not: a loaded CI core can make the first
+    // forward slower than the forward+backward that follows it).
+    CHECK(json["fwd_bwd_bytes"].get<double>() > json["fwd_bytes"].get<double>());
     CHECK(json["fwd_bwd_bandwidth_share"].get<double>() > 0);
     ++cases;
   }

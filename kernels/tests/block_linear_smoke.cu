@@ -1,5 +1,6 @@
-// Runs the block-linear kernels (forward and backward, MHLA and linear) on small odd shapes with
-// plain CUDA, for compute-sanitizer (no LibTorch, so the sanitizer run takes seconds):
+// Runs the block-linear kernels (forward and backward, MHLA and linear; the state kernels and the
+// dense masked ones, which must agree) on small odd shapes with plain CUDA, for compute-sanitizer
+// (no LibTorch, so the sanitizer run takes seconds):
 //   compute-sanitizer --tool memcheck build-gpu/kernels/block_linear_smoke
 // Exits nonzero on a CUDA error or a non-finite result; 0 with a message when there is no GPU.
 #include <cuda_bf16.h>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "mhla/block_linear_attention.h"
+#include "mhla/dense_block_linear.h"
 
 using namespace mhla_kernels;
 
@@ -43,6 +45,88 @@ bool all_finite(const void* device, size_t count) {
     if (!std::isfinite(static_cast<float>(x))) return false;
   }
   return true;
+}
+
+template <typename T>
+std::vector<float> download(const void* device, size_t count) {
+  std::vector<T> host(count);
+  CHECK_CUDA(cudaMemcpy(host.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost));
+  return std::vector<float>(host.begin(), host.end());
+}
+
+double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    norm += double(b[i]) * b[i];
+  }
+  return std::sqrt(diff / (norm + 1e-30));
+}
+
+// The dense kernels on the same inputs; their outputs and gradients against the state kernels'.
+template <typename T>
+bool dense_agrees(DType dtype, const BlockLinearShape& shape, const TokenTensor& q,
+                  const TokenTensor& k, const TokenTensor& v, const float* mixing,
+                  const void* grad_out, const void* out, const void* dq, const void* dk,
+                  const void* dv, const float* grad_mixing) {
+  if (!dense_block_linear_supported(shape, dtype)) return true;
+  const size_t count = static_cast<size_t>(shape.batch) * shape.tokens * shape.heads * shape.head_dim;
+  const size_t rows = static_cast<size_t>(shape.batch) * shape.heads * shape.tokens;
+  void *d_out, *d_dq, *d_dk, *d_dv;
+  float *den, *grad_den, *d_dm;
+  for (void** p : {&d_out, &d_dq, &d_dk, &d_dv}) CHECK_CUDA(cudaMalloc(p, count * sizeof(T)));
+  CHECK_CUDA(cudaMalloc(&den, rows * 4));
+  CHECK_CUDA(cudaMalloc(&d_dm, static_cast<size_t>(shape.blocks) * shape.blocks * 4));
+  DenseBlockLinearForward f;
+  f.shape = shape, f.dtype = dtype, f.q = q, f.k = k, f.v = v, f.mixing = mixing;
+  f.out = d_out, f.den = den;
+  CHECK_CUDA(dense_block_linear_forward(f, nullptr));
+  // g = do / (den + eps) and gd = -(do . o) / (den + eps), as the LibTorch binding forms them.
+  auto o = download<T>(d_out, count), g_out = download<T>(grad_out, count);
+  auto den_host = download<float>(den, rows);
+  std::vector<float> g(count), gd(rows);
+  const int H = shape.heads, N = shape.tokens, D = shape.head_dim;
+  for (int b = 0; b < shape.batch; ++b)
+    for (int n = 0; n < N; ++n)
+      for (int h = 0; h < H; ++h) {
+        const size_t row = (static_cast<size_t>(b) * N + n) * H + h, bh = static_cast<size_t>(b) * H + h;
+        const float scale = 1.0f / (den_host[bh * N + n] + 1e-6f);
+        float dot = 0;
+        for (int d = 0; d < D; ++d) {
+          g[row * D + d] = g_out[row * D + d] * scale;
+          dot += g_out[row * D + d] * o[row * D + d];
+        }
+        gd[bh * N + n] = -dot * scale;
+      }
+  T* g_device = upload<T>(g);
+  grad_den = upload<float>(gd);
+  DenseBlockLinearBackward bw;
+  bw.shape = shape, bw.dtype = dtype, bw.q = q, bw.k = k, bw.v = v;
+  const int64_t token_stride = static_cast<int64_t>(H) * D;
+  bw.grad_scaled = TokenTensor{g_device, N * token_stride, token_stride, D};
+  bw.grad_den = grad_den, bw.mixing = mixing;
+  bw.grad_q = d_dq, bw.grad_k = d_dk, bw.grad_v = d_dv;
+  bw.grad_mixing = mixing ? d_dm : nullptr;
+  CHECK_CUDA(dense_block_linear_backward(bw, nullptr));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  const double tolerance = dtype == DType::f32 ? 2e-3 : 2e-2;
+  bool ok = true;
+  auto compare = [&](const char* what, const std::vector<float>& a, const std::vector<float>& b) {
+    const double r = relative_difference(a, b);
+    std::printf("  dense vs states %s: %.2e\n", what, r);
+    ok = ok && r < tolerance;
+  };
+  compare("out", o, download<T>(out, count));
+  compare("dq", download<T>(d_dq, count), download<T>(dq, count));
+  compare("dk", download<T>(d_dk, count), download<T>(dk, count));
+  compare("dv", download<T>(d_dv, count), download<T>(dv, count));
+  if (mixing) {
+    const size_t mm = static_cast<size_t>(shape.blocks) * shape.blocks;
+    compare("dmixing", download<float>(d_dm, mm), download<float>(grad_mixing, mm));
+  }
+  for (void* p : {d_out, d_dq, d_dk, d_dv, (void*)den, (void*)grad_den, (void*)d_dm, (void*)g_device})
+    cudaFree(p);
+  return ok;
 }
 
 template <typename T>
@@ -103,6 +187,9 @@ bool run_case(DType dtype, int batch, int heads, int tokens, int dim, int blocks
   if (mixes) ok = ok && all_finite<float>(grad_mixing, static_cast<size_t>(blocks) * blocks);
   std::printf("B=%d H=%d N=%d D=%d M=%d mixing=%d: %s\n", batch, heads, tokens, dim, blocks, mixes,
               ok ? "ok" : "NON-FINITE");
+  ok = dense_agrees<T>(dtype, shape, view(q), view(k), view(v), mixing, grad_out, out, dq, dk, dv,
+                       mixes ? grad_mixing : nullptr) &&
+       ok;
   for (void* p :
        {(void*)q, (void*)k, (void*)v, (void*)grad_out, (void*)mixing, (void*)states, (void*)mixed,
         (void*)grad_mixed, (void*)grad_states, (void*)grad_mixing, out, dq, dk, dv}) {
@@ -124,5 +211,6 @@ int main() {
   ok &= run_case<__nv_bfloat16>(DType::bf16, 1, 2, 1200, 32, 2, true);  // several chunks per block
   ok &= run_case<__nv_bfloat16>(DType::bf16, 3, 1, 12, 128, 1, false);  // linear, N < one tile
   ok &= run_case<float>(DType::f32, 1, 1, 256, 32, 64, true);           // 64 blocks, tf32
+  ok &= run_case<__nv_bfloat16>(DType::bf16, 4, 6, 256, 64, 16, true);  // the DeiT/DiT shape
   return ok ? 0 : 1;
 }

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "linear_attn/linear_attn.h"
 #include "mhla/block_linear_attention.h"
+#include "mhla/dense_block_linear.h"
 
 namespace mhla {
 namespace {
@@ -162,6 +163,88 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
   }
 };
 
+
+// The dense masked form (kernels/mhla/dense_block_linear.h) for the same ops: saves q, k, v, the
+// output and the row sums; the backward's elementwise inputs g = do / (den + eps) and
+// gd = -(do . o) / (den + eps) are formed here.
+class DenseBlockLinearFunction : public torch::autograd::Function<DenseBlockLinearFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q_in,
+                               const torch::Tensor& k_in, const torch::Tensor& v_in,
+                               const torch::Tensor& mixing_in, int64_t blocks) {
+    const auto dtype = v_in.scalar_type();
+    auto q = readable(q_in, dtype), k = readable(k_in, dtype), v = readable(v_in, dtype);
+    const bool mixes = mixing_in.numel() > 0;
+    auto mixing = mixes ? mixing_in.detach().to(torch::kFloat32).contiguous() : mixing_in;
+    auto out = torch::empty(q.sizes(), v.options().memory_format(torch::MemoryFormat::Contiguous));
+    auto den = torch::empty({q.size(0) * q.size(2), q.size(1)}, q.options().dtype(torch::kFloat32));
+    kernels::DenseBlockLinearForward a;
+    a.shape = shape_of(q, blocks);
+    a.dtype = kernel_dtype(dtype);
+    a.q = view_of(q), a.k = view_of(k), a.v = view_of(v);
+    a.mixing = mixes ? mixing.data_ptr<float>() : nullptr;
+    a.out = out.data_ptr();
+    a.den = den.data_ptr<float>();
+    auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+    check_launch(kernels::dense_block_linear_forward(a, stream), "dense block linear forward");
+    ctx->save_for_backward({q, k, v, out, mixing, den});
+    ctx->saved_data["blocks"] = blocks;
+    ctx->saved_data["input_dtype_q"] = static_cast<int64_t>(q_in.scalar_type());
+    ctx->saved_data["input_dtype_k"] = static_cast<int64_t>(k_in.scalar_type());
+    return out;
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    auto saved = ctx->get_saved_variables();
+    auto q = saved[0], k = saved[1], v = saved[2], out = saved[3], mixing = saved[4];
+    auto den = saved[5];
+    const int64_t blocks = ctx->saved_data["blocks"].toInt();
+    const bool mixes = mixing.numel() > 0;
+    const auto b = q.size(0), n = q.size(1), h = q.size(2);
+    // [B*H, N] -> [B, N, H, 1], with the kernels' epsilon.
+    auto scale = (den.view({b, h, n}).permute({0, 2, 1}) + kNormalizerEps).unsqueeze(-1);
+    auto grad_out = grads[0].to(torch::kFloat32);
+    auto grad_scaled = (grad_out / scale).to(v.scalar_type()).contiguous();
+    auto grad_den = (-(grad_out * out.to(torch::kFloat32)).sum(-1, true) / scale)
+                        .squeeze(-1)
+                        .permute({0, 2, 1})
+                        .contiguous();  // [B, H, N]
+    auto contiguous = v.options().memory_format(torch::MemoryFormat::Contiguous);
+    auto dq = torch::empty(q.sizes(), contiguous), dk = torch::empty(q.sizes(), contiguous);
+    auto dv = torch::empty(q.sizes(), contiguous);
+    torch::Tensor dmixing;
+    kernels::DenseBlockLinearBackward a;
+    a.shape = shape_of(q, blocks);
+    a.dtype = kernel_dtype(v.scalar_type());
+    a.q = view_of(q), a.k = view_of(k), a.v = view_of(v);
+    a.grad_scaled = view_of(grad_scaled);
+    a.grad_den = grad_den.data_ptr<float>();
+    if (mixes) {
+      dmixing = torch::empty({blocks, blocks}, den.options());
+      a.mixing = mixing.data_ptr<float>();
+      a.grad_mixing = dmixing.data_ptr<float>();
+    }
+    a.grad_q = dq.data_ptr(), a.grad_k = dk.data_ptr(), a.grad_v = dv.data_ptr();
+    auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+    check_launch(kernels::dense_block_linear_backward(a, stream), "dense block linear backward");
+    const auto q_type = static_cast<torch::ScalarType>(ctx->saved_data["input_dtype_q"].toInt());
+    const auto k_type = static_cast<torch::ScalarType>(ctx->saved_data["input_dtype_k"].toInt());
+    return {dq.to(q_type), dk.to(k_type), dv, dmixing, torch::Tensor()};
+  }
+};
+
+// The dense kernels where they take the shape and dtype, the state kernels otherwise.
+torch::Tensor block_linear_dense_or_states(const torch::Tensor& q, const torch::Tensor& k,
+                                           const torch::Tensor& v, const torch::Tensor& mixing,
+                                           int64_t blocks) {
+  const auto dtype = v.scalar_type();
+  if (kernels::dense_block_linear_supported(shape_of(q, blocks), kernel_dtype(dtype))) {
+    return DenseBlockLinearFunction::apply(q, k, v, mixing, blocks);
+  }
+  return BlockLinearFunction::apply(q, k, v, mixing, blocks);
+}
+
 }  // namespace
 
 torch::Tensor linear_attention_cuda(const torch::Tensor& q, const torch::Tensor& k,
@@ -182,6 +265,25 @@ torch::Tensor mhla_cuda(const torch::Tensor& q, const torch::Tensor& k, const to
     fail("mhla (cuda): mixing must be [blocks, blocks] = [{}, {}]", args.blocks, args.blocks);
   }
   return BlockLinearFunction::apply(q, k, v, args.mixing, args.blocks);
+}
+
+torch::Tensor linear_attention_cuda_dense(const torch::Tensor& q, const torch::Tensor& k,
+                                          const torch::Tensor& v, const OpArgs& args) {
+  if (args.causal) fail("linear (cuda_dense): the kernels implement the bidirectional op only");
+  check_inputs("linear", q, k, v, 1);
+  return block_linear_dense_or_states(q, k, v,
+                                      torch::empty({0}, q.options().dtype(torch::kFloat32)), 1);
+}
+
+torch::Tensor mhla_cuda_dense(const torch::Tensor& q, const torch::Tensor& k,
+                              const torch::Tensor& v, const OpArgs& args) {
+  if (args.causal) fail("mhla (cuda_dense): the kernels implement the bidirectional op only");
+  check_inputs("mhla", q, k, v, args.blocks);
+  if (!args.mixing.defined() || args.mixing.dim() != 2 || args.mixing.size(0) != args.blocks ||
+      args.mixing.size(1) != args.blocks) {
+    fail("mhla (cuda_dense): mixing must be [blocks, blocks] = [{}, {}]", args.blocks, args.blocks);
+  }
+  return block_linear_dense_or_states(q, k, v, args.mixing, args.blocks);
 }
 
 }  // namespace mhla

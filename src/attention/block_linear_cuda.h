@@ -11,4 +11,12 @@ torch::Tensor linear_attention_cuda(const torch::Tensor& q, const torch::Tensor&
 torch::Tensor mhla_cuda(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const OpArgs& args);
 
+// The `cuda_dense` backend: the dense masked form (kernels/mhla/dense_block_linear.h), O(N^2 D)
+// without block states, for short sequences; shapes it does not take run the state kernels.
+// Not chosen by `auto` until it has been checked and timed on the GPU.
+torch::Tensor linear_attention_cuda_dense(const torch::Tensor& q, const torch::Tensor& k,
+                                          const torch::Tensor& v, const OpArgs& args);
+torch::Tensor mhla_cuda_dense(const torch::Tensor& q, const torch::Tensor& k,
+                              const torch::Tensor& v, const OpArgs& args);
+
 }  // namespace mhla

@@ -23,7 +23,8 @@ void register_linear_attention(Registry<AttentionType>& registry) {
 #ifdef MHLA_WITH_CUDA_KERNELS
   type.backends["cuda"] = linear_attention_cuda;  // fused kernels, bidirectional
   type.gpu_preference = {"cuda"};
-  type.bidirectional_only = {"cuda"};
+  type.backends["cuda_dense"] = linear_attention_cuda_dense;  // dense masked form, short sequences
+  type.bidirectional_only = {"cuda", "cuda_dense"};
 #endif
   type.backends["reference"] = linear_attention_reference;
   type.make_layer = [](const AttentionSpec& spec, const AttentionType& t) {

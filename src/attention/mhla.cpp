@@ -122,7 +122,8 @@ void register_mhla_attention(Registry<AttentionType>& registry) {
 #ifdef MHLA_WITH_CUDA_KERNELS
   type.backends["cuda"] = mhla_cuda;  // fused kernels, bidirectional
   type.gpu_preference = {"cuda"};
-  type.bidirectional_only = {"cuda"};
+  type.backends["cuda_dense"] = mhla_cuda_dense;  // dense masked form, short sequences
+  type.bidirectional_only = {"cuda", "cuda_dense"};
 #endif
   type.backends["reference"] = mhla_reference;
   type.make_layer = [](const AttentionSpec& spec, const AttentionType& t) {
