@@ -110,9 +110,15 @@ struct RowsAcc {
 };
 
 // w(t, s) for query token t and key token s (both < N).
-__device__ __forceinline__ float mixing_weight(const float* mixing, int blocks, int length, int t,
-                                               int s) {
+__device__ __forceinline__ float mixing_weight(const float* mixing, int blocks, int length,
+                                               bool causal, int t, int s) {
+  if (causal && s > t) return 0.f;
   return mixing == nullptr ? 1.f : __ldg(mixing + (t / length) * blocks + s / length);
+}
+
+// Tokens per block: N / M, or 64 in causal mode.
+__device__ __forceinline__ int block_length(const BlockLinearShape& s, bool causal) {
+  return causal ? kDenseCausalBlock : s.tokens / s.blocks;
 }
 
 template <typename T, int D>
@@ -131,9 +137,10 @@ __global__ void __launch_bounds__(kThreads) dense_forward_kernel(DenseBlockLinea
   float* den = carve.take<float>(S::vector);
 
   const auto& s = p.shape;
-  const int n = s.tokens, length = s.tokens / s.blocks;
+  const int n = s.tokens, length = block_length(s, p.causal);
   const int bh = blockIdx.y, b = bh / s.heads, h = bh % s.heads;
   const int q0 = blockIdx.x * kTile, q_valid = min(kTile, n - q0);
+  const int k_end = p.causal ? min(n, q0 + kTile) : n;  // causal: no tile above the diagonal
   load_features<T, D>(p.q, b, h, q0, q_valid, kTile, qf, nullptr);
   if (threadIdx.x < kTile) den[threadIdx.x] = 0.f;
   RowsAcc<T, D> out;
@@ -141,7 +148,7 @@ __global__ void __launch_bounds__(kThreads) dense_forward_kernel(DenseBlockLinea
 
   // Each thread weights a quarter row of the scores: row r, columns c0 .. c0 + 15.
   const int r = threadIdx.x / 4, c0 = (threadIdx.x % 4) * 16, t = q0 + r;
-  for (int k0 = 0; k0 < n; k0 += kTile) {
+  for (int k0 = 0; k0 < k_end; k0 += kTile) {
     const int k_valid = min(kTile, n - k0);
     __syncthreads();
     load_features<T, D>(p.k, b, h, k0, k_valid, kTile, kf, nullptr);
@@ -153,7 +160,8 @@ __global__ void __launch_bounds__(kThreads) dense_forward_kernel(DenseBlockLinea
 #pragma unroll 4
     for (int c = c0; c < c0 + 16; ++c) {
       const int key = k0 + c;
-      const float w = (t < n && key < n) ? mixing_weight(p.mixing, s.blocks, length, t, key) : 0.f;
+      const float w =
+          (t < n && key < n) ? mixing_weight(p.mixing, s.blocks, length, p.causal, t, key) : 0.f;
       const float value = scores[r * kSquareF + c] * w;
       sum += value;
       weighted[r * kSquareE + c] = from_float<E>(value);
@@ -205,9 +213,10 @@ __global__ void __launch_bounds__(kThreads) dense_keys_kernel(DenseBlockLinearBa
                     : nullptr;
 
   const auto& s = p.shape;
-  const int n = s.tokens, length = s.tokens / s.blocks, blocks = s.blocks;
+  const int n = s.tokens, length = block_length(s, p.causal), blocks = s.blocks;
   const int bh = blockIdx.y, b = bh / s.heads, h = bh % s.heads;
   const int k0 = blockIdx.x * kTile, k_valid = min(kTile, n - k0);
+  const int q_begin = p.causal ? k0 : 0;  // causal: queries before this tile never see it
   load_features<T, D>(p.k, b, h, k0, k_valid, kTile, kf, inv_rms);
   load_plain<T, D>(p.v, b, h, k0, k_valid, kTile, vt);
   if (mixes) {
@@ -218,7 +227,7 @@ __global__ void __launch_bounds__(kThreads) dense_keys_kernel(DenseBlockLinearBa
   dk.zero();
 
   const int r = threadIdx.x / 4, c0 = (threadIdx.x % 4) * 16, key = k0 + r;
-  for (int q0 = 0; q0 < n; q0 += kTile) {
+  for (int q0 = q_begin; q0 < n; q0 += kTile) {
     const int q_valid = min(kTile, n - q0);
     __syncthreads();
     load_features<T, D>(p.q, b, h, q0, q_valid, kTile, qf, nullptr);
@@ -236,12 +245,12 @@ __global__ void __launch_bounds__(kThreads) dense_keys_kernel(DenseBlockLinearBa
     for (int c = c0; c < c0 + 16; ++c) {
       const int t = q0 + c;
       const bool live = key < n && t < n;
-      const float w = live ? mixing_weight(p.mixing, blocks, length, t, key) : 0.f;
+      const float w = live ? mixing_weight(p.mixing, blocks, length, p.causal, t, key) : 0.f;
       const float a = scores_t[r * kSquareF + c];
       const float dp = dp_t[r * kSquareF + c] + gd[c];
       p_t[r * kSquareE + c] = from_float<E>(a * w);
       da_t[r * kSquareE + c] = from_float<E>(dp * w);
-      if (mixes && live) {
+      if (mixes && live && !(p.causal && key > t)) {
         const int qb = t / length;
         if (qb != dm_block) {
           if (dm_block >= 0) atomicAdd(dm + dm_block * blocks + key / length, dm_sum);
@@ -308,9 +317,10 @@ __global__ void __launch_bounds__(kThreads) dense_queries_kernel(DenseBlockLinea
   float* inv_rms = carve.take<float>(S::vector);
 
   const auto& s = p.shape;
-  const int n = s.tokens, length = s.tokens / s.blocks;
+  const int n = s.tokens, length = block_length(s, p.causal);
   const int bh = blockIdx.y, b = bh / s.heads, h = bh % s.heads;
   const int q0 = blockIdx.x * kTile, q_valid = min(kTile, n - q0);
+  const int k_end = p.causal ? min(n, q0 + kTile) : n;
   load_features<T, D>(p.q, b, h, q0, q_valid, kTile, qf, inv_rms);
   load_plain<T, D>(p.grad_scaled, b, h, q0, q_valid, kTile, gt);
   if (threadIdx.x < kTile) {
@@ -321,7 +331,7 @@ __global__ void __launch_bounds__(kThreads) dense_queries_kernel(DenseBlockLinea
   dq.zero();
 
   const int r = threadIdx.x / 4, c0 = (threadIdx.x % 4) * 16, t = q0 + r;
-  for (int k0 = 0; k0 < n; k0 += kTile) {
+  for (int k0 = 0; k0 < k_end; k0 += kTile) {
     const int k_valid = min(kTile, n - k0);
     __syncthreads();
     load_features<T, D>(p.k, b, h, k0, k_valid, kTile, kf, nullptr);
@@ -332,7 +342,8 @@ __global__ void __launch_bounds__(kThreads) dense_queries_kernel(DenseBlockLinea
 #pragma unroll 4
     for (int c = c0; c < c0 + 16; ++c) {
       const int key = k0 + c;
-      const float w = (t < n && key < n) ? mixing_weight(p.mixing, s.blocks, length, t, key) : 0.f;
+      const float w =
+          (t < n && key < n) ? mixing_weight(p.mixing, s.blocks, length, p.causal, t, key) : 0.f;
       da[r * kSquareE + c] = from_float<E>((dp[r * kSquareF + c] + gd[r]) * w);
     }
     __syncthreads();
@@ -412,10 +423,13 @@ struct DenseFits {
 
 }  // namespace
 
-bool dense_block_linear_supported(const BlockLinearShape& s, DType dtype) {
+bool dense_block_linear_supported(const BlockLinearShape& s, DType dtype, bool causal) {
+  const bool blocks_ok =
+      causal ? s.blocks == (s.tokens + kDenseCausalBlock - 1) / kDenseCausalBlock
+             : s.tokens % s.blocks == 0;
   const bool shape_ok = (s.head_dim == 32 || s.head_dim == 64 || s.head_dim == 128) &&
                         s.batch > 0 && s.heads > 0 && s.tokens > 0 && s.blocks >= 1 &&
-                        s.blocks <= 64 && s.tokens % s.blocks == 0 &&
+                        s.blocks <= 64 && blocks_ok &&
                         static_cast<int64_t>(s.batch) * s.heads <= 65535;
   if (!shape_ok) return false;
   auto by_dim = [&](auto tag) {
@@ -441,7 +455,7 @@ bool dense_block_linear_supported(const BlockLinearShape& s, DType dtype) {
 }
 
 cudaError_t dense_block_linear_forward(const DenseBlockLinearForward& args, cudaStream_t stream) {
-  if (!dense_block_linear_supported(args.shape, args.dtype) || args.den == nullptr)
+  if (!dense_block_linear_supported(args.shape, args.dtype, args.causal) || args.den == nullptr)
     return cudaErrorInvalidValue;
   auto run = launcher_for<DenseBlockLinearForward, DenseForwardPass>(args.dtype,
                                                                      args.shape.head_dim);
@@ -449,7 +463,8 @@ cudaError_t dense_block_linear_forward(const DenseBlockLinearForward& args, cuda
 }
 
 cudaError_t dense_block_linear_backward(const DenseBlockLinearBackward& args, cudaStream_t stream) {
-  if (!dense_block_linear_supported(args.shape, args.dtype) || args.grad_den == nullptr ||
+  if (!dense_block_linear_supported(args.shape, args.dtype, args.causal) ||
+      args.grad_den == nullptr ||
       (args.mixing != nullptr && args.grad_mixing == nullptr))
     return cudaErrorInvalidValue;
   auto run = launcher_for<DenseBlockLinearBackward, DenseBackwardPass>(args.dtype,

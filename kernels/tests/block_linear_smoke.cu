@@ -69,7 +69,7 @@ bool dense_agrees(DType dtype, const BlockLinearShape& shape, const TokenTensor&
                   const TokenTensor& k, const TokenTensor& v, const float* mixing,
                   const void* grad_out, const void* out, const void* dq, const void* dk,
                   const void* dv, const float* grad_mixing) {
-  if (!dense_block_linear_supported(shape, dtype)) return true;
+  if (!dense_block_linear_supported(shape, dtype, /*causal=*/false)) return true;
   const size_t count = static_cast<size_t>(shape.batch) * shape.tokens * shape.heads * shape.head_dim;
   const size_t rows = static_cast<size_t>(shape.batch) * shape.heads * shape.tokens;
   void *d_out, *d_dq, *d_dk, *d_dv;

@@ -4,6 +4,7 @@
 
 #include <c10/cuda/CUDAStream.h>
 
+#include "attention/causal_linear.h"
 #include "core/error.h"
 #include "linear_attn/linear_attn.h"
 #include "mhla/block_linear_attention.h"
@@ -171,7 +172,7 @@ class DenseBlockLinearFunction : public torch::autograd::Function<DenseBlockLine
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q_in,
                                const torch::Tensor& k_in, const torch::Tensor& v_in,
-                               const torch::Tensor& mixing_in, int64_t blocks) {
+                               const torch::Tensor& mixing_in, int64_t blocks, bool causal) {
     const auto dtype = v_in.scalar_type();
     auto q = readable(q_in, dtype), k = readable(k_in, dtype), v = readable(v_in, dtype);
     const bool mixes = mixing_in.numel() > 0;
@@ -183,12 +184,14 @@ class DenseBlockLinearFunction : public torch::autograd::Function<DenseBlockLine
     a.dtype = kernel_dtype(dtype);
     a.q = view_of(q), a.k = view_of(k), a.v = view_of(v);
     a.mixing = mixes ? mixing.data_ptr<float>() : nullptr;
+    a.causal = causal;
     a.out = out.data_ptr();
     a.den = den.data_ptr<float>();
     auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
     check_launch(kernels::dense_block_linear_forward(a, stream), "dense block linear forward");
     ctx->save_for_backward({q, k, v, out, mixing, den});
     ctx->saved_data["blocks"] = blocks;
+    ctx->saved_data["causal"] = causal;
     ctx->saved_data["input_dtype_q"] = static_cast<int64_t>(q_in.scalar_type());
     ctx->saved_data["input_dtype_k"] = static_cast<int64_t>(k_in.scalar_type());
     return out;
@@ -200,6 +203,7 @@ class DenseBlockLinearFunction : public torch::autograd::Function<DenseBlockLine
     auto q = saved[0], k = saved[1], v = saved[2], out = saved[3], mixing = saved[4];
     auto den = saved[5];
     const int64_t blocks = ctx->saved_data["blocks"].toInt();
+    const bool causal = ctx->saved_data["causal"].toBool();
     const bool mixes = mixing.numel() > 0;
     const auto b = q.size(0), n = q.size(1), h = q.size(2);
     // [B*H, N] -> [B, N, H, 1], with the kernels' epsilon.
@@ -220,6 +224,7 @@ class DenseBlockLinearFunction : public torch::autograd::Function<DenseBlockLine
     a.q = view_of(q), a.k = view_of(k), a.v = view_of(v);
     a.grad_scaled = view_of(grad_scaled);
     a.grad_den = grad_den.data_ptr<float>();
+    a.causal = causal;
     if (mixes) {
       dmixing = torch::empty({blocks, blocks}, den.options());
       a.mixing = mixing.data_ptr<float>();
@@ -230,7 +235,7 @@ class DenseBlockLinearFunction : public torch::autograd::Function<DenseBlockLine
     check_launch(kernels::dense_block_linear_backward(a, stream), "dense block linear backward");
     const auto q_type = static_cast<torch::ScalarType>(ctx->saved_data["input_dtype_q"].toInt());
     const auto k_type = static_cast<torch::ScalarType>(ctx->saved_data["input_dtype_k"].toInt());
-    return {dq.to(q_type), dk.to(k_type), dv, dmixing, torch::Tensor()};
+    return {dq.to(q_type), dk.to(k_type), dv, dmixing, torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -239,10 +244,27 @@ torch::Tensor block_linear_dense_or_states(const torch::Tensor& q, const torch::
                                            const torch::Tensor& v, const torch::Tensor& mixing,
                                            int64_t blocks) {
   const auto dtype = v.scalar_type();
-  if (kernels::dense_block_linear_supported(shape_of(q, blocks), kernel_dtype(dtype))) {
-    return DenseBlockLinearFunction::apply(q, k, v, mixing, blocks);
+  if (kernels::dense_block_linear_supported(shape_of(q, blocks), kernel_dtype(dtype), false)) {
+    return DenseBlockLinearFunction::apply(q, k, v, mixing, blocks, false);
   }
   return BlockLinearFunction::apply(q, k, v, mixing, blocks);
+}
+
+// Causal: 64-token blocks, the expanded causal mixing matrix (its gradient flows back to the
+// learned one through causal_mixing_matrix); sequences beyond 64 blocks (or tiles that do not
+// fit) run the plain-LibTorch reference.
+torch::Tensor causal_dense_or_reference(const torch::Tensor& q, const torch::Tensor& k,
+                                        const torch::Tensor& v, const torch::Tensor& mixing) {
+  const int64_t blocks = (q.size(1) + kernels::kDenseCausalBlock - 1) / kernels::kDenseCausalBlock;
+  if (!kernels::dense_block_linear_supported(shape_of(q, blocks), kernel_dtype(v.scalar_type()),
+                                             true)) {
+    return mixing.defined() ? causal_mhla_reference(q, k, v, mixing)
+                            : causal_linear_attention_reference(q, k, v);
+  }
+  auto expanded = mixing.defined()
+                      ? causal_mixing_matrix(mixing.to(torch::kFloat32), blocks).contiguous()
+                      : torch::empty({0}, q.options().dtype(torch::kFloat32));
+  return DenseBlockLinearFunction::apply(q, k, v, expanded, blocks, true);
 }
 
 }  // namespace
@@ -269,15 +291,21 @@ torch::Tensor mhla_cuda(const torch::Tensor& q, const torch::Tensor& k, const to
 
 torch::Tensor linear_attention_cuda_dense(const torch::Tensor& q, const torch::Tensor& k,
                                           const torch::Tensor& v, const OpArgs& args) {
-  if (args.causal) fail("linear (cuda_dense): the kernels implement the bidirectional op only");
   check_inputs("linear", q, k, v, 1);
+  if (args.causal) return causal_dense_or_reference(q, k, v, torch::Tensor());
   return block_linear_dense_or_states(q, k, v,
                                       torch::empty({0}, q.options().dtype(torch::kFloat32)), 1);
 }
 
 torch::Tensor mhla_cuda_dense(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const OpArgs& args) {
-  if (args.causal) fail("mhla (cuda_dense): the kernels implement the bidirectional op only");
+  if (args.causal) {
+    check_inputs("mhla", q, k, v, 1);
+    if (!args.mixing.defined() || args.mixing.dim() != 2 || args.mixing.size(0) != args.mixing.size(1)) {
+      fail("mhla (cuda_dense): the causal mixing matrix must be square");
+    }
+    return causal_dense_or_reference(q, k, v, args.mixing);
+  }
   check_inputs("mhla", q, k, v, args.blocks);
   if (!args.mixing.defined() || args.mixing.dim() != 2 || args.mixing.size(0) != args.blocks ||
       args.mixing.size(1) != args.blocks) {

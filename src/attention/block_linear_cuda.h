@@ -12,8 +12,10 @@ torch::Tensor mhla_cuda(const torch::Tensor& q, const torch::Tensor& k, const to
                         const OpArgs& args);
 
 // The `cuda_dense` backend: the dense masked form (kernels/mhla/dense_block_linear.h), O(N^2 D)
-// without block states, for short sequences; shapes it does not take run the state kernels.
-// Not chosen by `auto` until it has been checked and timed on the GPU.
+// without block states, for short sequences. Bidirectional shapes it does not take run the state
+// kernels; causal (64-token blocks, up to 64 of them) runs the same kernels with a causal mask,
+// longer sequences the reference. Not chosen by `auto` until it has been checked and timed on
+// the GPU.
 torch::Tensor linear_attention_cuda_dense(const torch::Tensor& q, const torch::Tensor& k,
                                           const torch::Tensor& v, const OpArgs& args);
 torch::Tensor mhla_cuda_dense(const torch::Tensor& q, const torch::Tensor& k,

@@ -24,7 +24,7 @@ void register_linear_attention(Registry<AttentionType>& registry) {
   type.backends["cuda"] = linear_attention_cuda;  // fused kernels, bidirectional
   type.gpu_preference = {"cuda"};
   type.backends["cuda_dense"] = linear_attention_cuda_dense;  // dense masked form, short sequences
-  type.bidirectional_only = {"cuda", "cuda_dense"};
+  type.bidirectional_only = {"cuda"};
 #endif
   type.backends["reference"] = linear_attention_reference;
   type.make_layer = [](const AttentionSpec& spec, const AttentionType& t) {

@@ -123,7 +123,7 @@ void register_mhla_attention(Registry<AttentionType>& registry) {
   type.backends["cuda"] = mhla_cuda;  // fused kernels, bidirectional
   type.gpu_preference = {"cuda"};
   type.backends["cuda_dense"] = mhla_cuda_dense;  // dense masked form, short sequences
-  type.bidirectional_only = {"cuda", "cuda_dense"};
+  type.bidirectional_only = {"cuda"};
 #endif
   type.backends["reference"] = mhla_reference;
   type.make_layer = [](const AttentionSpec& spec, const AttentionType& t) {
