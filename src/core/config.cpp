@@ -188,7 +188,7 @@ class Schema {
 
     auto& a = c_.attention;
     text("attention.type", &a.type, {}, "attention", "attention type from the registry");
-    text("attention.backend", &a.backend, {"auto", "reference", "cuda", "cudnn"}, "",
+    text("attention.backend", &a.backend, {"auto", "reference", "cuda", "cuda_dense", "cudnn"}, "",
          "op backend; auto = fastest available on the device");
     integer("attention.blocks", &a.blocks, 1, 1024,
             "MHLA token blocks M (a square number: tiles of the patch grid)");
