@@ -424,6 +424,7 @@ struct DenseFits {
 }  // namespace
 
 bool dense_block_linear_supported(const BlockLinearShape& s, DType dtype, bool causal) {
+  if (s.blocks < 1 || s.blocks > 64 || s.tokens <= 0) return false;  // before any division
   const bool blocks_ok =
       causal ? s.blocks == (s.tokens + kDenseCausalBlock - 1) / kDenseCausalBlock
              : s.tokens % s.blocks == 0;

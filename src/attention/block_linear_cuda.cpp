@@ -65,6 +65,18 @@ void check_inputs(const char* op, const torch::Tensor& q, const torch::Tensor& k
     fail("{} (cuda): B*H = {} exceeds 65535", op, q.size(0) * q.size(2));
 }
 
+// Causal cuda_dense falls back to the reference for what the kernels do not take, so only
+// the shapes and the device are required here.
+void check_causal_inputs(const char* op, const torch::Tensor& q, const torch::Tensor& k,
+                         const torch::Tensor& v) {
+  if (q.dim() != 4 || !q.sizes().equals(k.sizes()) || !q.sizes().equals(v.sizes())) {
+    fail("{} (cuda_dense): q, k, v must have the same shape [B, T, H, D]; got {}, {}, {}", op,
+         c10::str(q.sizes()), c10::str(k.sizes()), c10::str(v.sizes()));
+  }
+  if (!q.is_cuda() || !k.is_cuda() || !v.is_cuda())
+    fail("{} (cuda_dense): inputs must be on a CUDA device", op);
+}
+
 kernels::BlockLinearShape shape_of(const torch::Tensor& q, int64_t blocks) {
   return {static_cast<int>(q.size(0)), static_cast<int>(q.size(1)), static_cast<int>(q.size(2)),
           static_cast<int>(q.size(3)), static_cast<int>(blocks)};
@@ -256,8 +268,13 @@ torch::Tensor block_linear_dense_or_states(const torch::Tensor& q, const torch::
 torch::Tensor causal_dense_or_reference(const torch::Tensor& q, const torch::Tensor& k,
                                         const torch::Tensor& v, const torch::Tensor& mixing) {
   const int64_t blocks = (q.size(1) + kernels::kDenseCausalBlock - 1) / kernels::kDenseCausalBlock;
-  if (!kernels::dense_block_linear_supported(shape_of(q, blocks), kernel_dtype(v.scalar_type()),
-                                             true)) {
+  const auto type = v.scalar_type();
+  const auto d = q.size(3);
+  const bool kernel_inputs =
+      (type == torch::kFloat32 || type == torch::kFloat16 || type == torch::kBFloat16) &&
+      (d == 32 || d == 64 || d == 128) && q.size(0) * q.size(2) <= 65535;
+  if (!kernel_inputs ||
+      !kernels::dense_block_linear_supported(shape_of(q, blocks), kernel_dtype(type), true)) {
     return mixing.defined() ? causal_mhla_reference(q, k, v, mixing)
                             : causal_linear_attention_reference(q, k, v);
   }
@@ -291,8 +308,11 @@ torch::Tensor mhla_cuda(const torch::Tensor& q, const torch::Tensor& k, const to
 
 torch::Tensor linear_attention_cuda_dense(const torch::Tensor& q, const torch::Tensor& k,
                                           const torch::Tensor& v, const OpArgs& args) {
+  if (args.causal) {
+    check_causal_inputs("linear", q, k, v);
+    return causal_dense_or_reference(q, k, v, torch::Tensor());
+  }
   check_inputs("linear", q, k, v, 1);
-  if (args.causal) return causal_dense_or_reference(q, k, v, torch::Tensor());
   return block_linear_dense_or_states(q, k, v,
                                       torch::empty({0}, q.options().dtype(torch::kFloat32)), 1);
 }
@@ -300,7 +320,7 @@ torch::Tensor linear_attention_cuda_dense(const torch::Tensor& q, const torch::T
 torch::Tensor mhla_cuda_dense(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const OpArgs& args) {
   if (args.causal) {
-    check_inputs("mhla", q, k, v, 1);
+    check_causal_inputs("mhla", q, k, v);
     if (!args.mixing.defined() || args.mixing.dim() != 2 || args.mixing.size(0) != args.mixing.size(1)) {
       fail("mhla (cuda_dense): the causal mixing matrix must be square");
     }
