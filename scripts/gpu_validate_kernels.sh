@@ -7,7 +7,8 @@
 #   3. the attention bench at the vision shapes beside the peers (table with cuda_dense rows);
 #   4. training-rate probes: DeiT and DiT with MHLA on cuda vs cuda_dense, GPT with every
 #      causal type on reference vs cuda_dense, and the GPT peer;
-#   5. a profile of 10 GPT and 10 DeiT steps (mhla train --profile).
+#   5. the gated-delta decode step (issue 4: <= 20 us for B = 64, H = 8, D = 128);
+#   6. a profile of 10 GPT and 10 DeiT steps (mhla train --profile).
 # Run from the repository root on the GPU machine after `source scripts/gpu_env.sh`
 # (binaries staged by `scripts/stage_gpu.sh --binaries`; carry data/fashion-mnist, data/text,
 # .gpu_stage).
@@ -53,6 +54,10 @@ for a in softmax linear mhla; do
 done
 timeout 60 python3 -c "import sys; sys.path.insert(0, '.gpu_stage/bench'); import peers_e2e as p; p.gpt(False); p.gpt(True)" 2>&1 |
   grep '^{' | tee "$V/peers_gpt.jsonl"
+
+step decode
+timeout 60 "$bin" bench decode --op gated_deltanet --shape 64,8,128 | tee "$V/decode.jsonl"
+timeout 60 "$bin" bench decode --op kda --shape 64,8,128 | tee -a "$V/decode.jsonl"
 
 step profile
 timeout 60 "$bin" train $G --set train.epochs=1 --set run.name=profile_gpt --profile 10 > "$V/profile_gpt.log" 2>&1

@@ -249,6 +249,27 @@ TEST_CASE("cli: bench attention prints one JSON line per case and rejects bad sh
   CHECK(contains(error_line(not_divisible.output), "multiple of --blocks 16"));
 }
 
+TEST_CASE("cli: bench decode times the gated-delta decode step per backend and rejects bad shapes", "[cli]") {
+  auto r = test::run_mhla("bench decode --op kda --shape 2,3,32 --device cpu --warmup 1 --iters 2");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  std::istringstream lines(r.output);
+  std::vector<std::string> backends;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("{", 0) != 0) continue;
+    auto json = nlohmann::json::parse(line);
+    CHECK(json["op"] == "kda");
+    CHECK(json["D"] == 32);
+    CHECK(json["us_per_step"].get<double>() > 0);
+    CHECK(json["state_bytes"].get<double>() == 2.0 * 2 * 3 * 32 * 32 * 4);
+    backends.push_back(json["backend"]);
+  }
+  CHECK(backends == std::vector<std::string>{"kernel", "reference"});
+  auto bad = test::run_mhla("bench decode --shape 2,0,32 --device cpu");
+  CHECK(bad.exit_code != 0);
+  CHECK(contains(error_line(bad.output), "--shape 2,0,32: expected three positive integers B,H,D"));
+}
+
 TEST_CASE("cli: tokenizer, shards, a tiny GPT, eval and generate end to end", "[cli]") {
   test::TempDir dir("cli-lm");
   std::string text;

@@ -1,6 +1,7 @@
 // Gated DeltaNet / KDA references: the chunked WY form against the token-by-token recurrence
 // (float64: outputs, final states and every gradient), closed forms, decode and prefill+decode.
 #include "attention/gated_delta.h"
+#include "attention/gated_delta_decode.h"
 #include "catch_compat.h"
 #include "test_helpers.h"
 
@@ -148,4 +149,47 @@ TEST_CASE("delta rule: float32 and bf16 inputs keep a float32 state", "[attentio
   CHECK(low.final_state.scalar_type() == torch::kFloat32);
   CHECK(test::relative_error(low.out, exact.out) < 2e-2);
   CHECK(test::relative_error(low.final_state, exact.final_state) < 2e-2);
+}
+
+TEST_CASE("delta rule: the GPU decode kernel steps the state like the reference step", "[attention][gpu]") {
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device: skipped");
+    return;
+  }
+  struct Case {
+    int64_t b, h, dk, dv;
+    bool per_key_gate;
+    torch::ScalarType dtype;
+  };
+  for (const auto& c : {Case{3, 2, 128, 128, false, torch::kBFloat16},
+                        Case{3, 2, 128, 128, true, torch::kBFloat16},
+                        Case{2, 3, 64, 96, true, torch::kFloat32},
+                        Case{1, 2, 256, 40, false, torch::kFloat16},
+                        Case{2, 1, 20, 33, true, torch::kFloat32}}) {
+    INFO("B=" << c.b << " H=" << c.h << " Dk=" << c.dk << " Dv=" << c.dv << " per-key gate "
+              << c.per_key_gate << " " << c.dtype);
+    torch::manual_seed(31);
+    auto cuda = torch::TensorOptions().device(torch::kCUDA);
+    auto f32 = cuda.dtype(torch::kFloat32);
+    auto kernel_state = torch::randn({c.b, c.h, c.dk, c.dv}, f32);
+    auto reference_state = kernel_state.clone();
+    for (int step = 0; step < 5; ++step) {
+      auto unit = [](torch::Tensor x) { return x / x.norm(2, {-1}, true); };
+      auto q = unit(torch::randn({c.b, c.h, c.dk}, f32)).to(c.dtype);
+      auto k = unit(torch::randn({c.b, c.h, c.dk}, f32)).to(c.dtype);
+      auto v = torch::randn({c.b, c.h, c.dv}, f32).to(c.dtype);
+      auto beta = torch::rand({c.b, c.h}, f32);
+      auto g = -torch::rand(c.per_key_gate ? std::vector<int64_t>{c.b, c.h, c.dk}
+                                           : std::vector<int64_t>{c.b, c.h}, f32);
+      const double scale = 1.0 / std::sqrt(static_cast<double>(c.dk));
+      auto before = kernel_state.data_ptr();
+      auto o_kernel = delta_rule_decode(kernel_state, q, k, v, beta, g, scale);
+      auto o_reference = delta_rule_step(reference_state, q, k, v, beta, g, scale);
+      CHECK(kernel_state.data_ptr() == before);  // updated in place
+      REQUIRE(o_kernel.scalar_type() == c.dtype);
+      const double tolerance = c.dtype == torch::kFloat32 ? 1e-5 : 1e-2;
+      CHECK(test::relative_error(o_kernel.to(torch::kFloat32).cpu(), o_reference.to(torch::kFloat32).cpu()) < tolerance);
+      CHECK(test::relative_error(kernel_state.cpu(), reference_state.cpu()) < 1e-5);
+    }
+  }
 }

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "attention/gated_delta.h"
+#include "attention/gated_delta_decode.h"
 #include "attention/registrations.h"
 
 namespace mhla {
@@ -90,7 +91,7 @@ torch::Tensor GatedDeltaLayerImpl::step(const torch::Tensor& x, DecodeState& sta
   auto conv_out = (window * conv_->weight.squeeze(1).t().unsqueeze(0)).sum(1, /*keepdim=*/true);
   state.tensors[0] = window.narrow(1, 1, kConvWidth - 1);
   auto [q, k, v, args] = prepare(x, conv_out);
-  auto o = delta_rule_step(state.tensors[1], q.squeeze(1), k.squeeze(1), v.squeeze(1),
+  auto o = delta_rule_decode(state.tensors[1], q.squeeze(1), k.squeeze(1), v.squeeze(1),
                            args.beta.squeeze(1), args.gate.squeeze(1),
                            1.0 / std::sqrt(static_cast<double>(head_dim)));
   ++state.position;

@@ -1,38 +1,18 @@
 #include "bench/attention_bench.h"
 
-#include <chrono>
+#include "bench/timing.h"
 
 #include "attention/attention_type.h"
 #include "core/error.h"
 
 namespace mhla {
-namespace {
-
-void synchronize(const torch::Device& device) {
-  if (device.is_cuda()) torch::cuda::synchronize(device.index());
-}
-
-// Mean milliseconds per call of f after `warmup` calls.
-template <typename F>
-double time_ms(const torch::Device& device, int warmup, int iters, F&& f) {
-  for (int i = 0; i < warmup; ++i) f();
-  synchronize(device);
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < iters; ++i) f();
-  synchronize(device);
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-             .count() /
-         iters;
-}
-
-}  // namespace
 
 double measure_copy_bandwidth(const torch::Device& device) {
   const int64_t bytes = device.is_cuda() ? (int64_t{1} << 30) : (int64_t{1} << 28);
   auto src = torch::empty({bytes}, torch::TensorOptions().dtype(torch::kUInt8).device(device));
   auto dst = torch::empty_like(src);
   src.fill_(1);
-  const double ms = time_ms(device, 2, 10, [&] { dst.copy_(src); });
+  const double ms = mean_ms_per_call(device, 2, 10, [&] { dst.copy_(src); });
   return 2.0 * static_cast<double>(bytes) / (ms * 1e-3);
 }
 
@@ -52,11 +32,11 @@ nlohmann::json bench_attention(const AttentionBenchCase& c, const torch::Device&
   }
   auto grad_out = torch::randn(shape, options);
 
-  const double fwd_ms = time_ms(device, c.warmup, c.iters, [&] {
+  const double fwd_ms = mean_ms_per_call(device, c.warmup, c.iters, [&] {
     torch::NoGradGuard no_grad;
     op(q, k, v, args);
   });
-  const double fwd_bwd_ms = time_ms(device, c.warmup, c.iters, [&] {
+  const double fwd_bwd_ms = mean_ms_per_call(device, c.warmup, c.iters, [&] {
     auto out = op(q, k, v, args);
     out.backward(grad_out);
   });

@@ -3,6 +3,7 @@
 
 #include "attention/attention_type.h"
 #include "bench/attention_bench.h"
+#include "bench/decode_bench.h"
 #include "cli/commands.h"
 #include "core/error.h"
 
@@ -19,6 +20,27 @@ struct BenchArgs {
   std::string device = "auto";
   int warmup = 3, iters = 10;
 };
+
+struct DecodeArgs {
+  std::string op = "gated_deltanet";
+  std::vector<std::string> backends = {"kernel", "reference"};
+  std::vector<std::string> shapes;
+  std::string dtype = "bf16";
+  std::string device = "auto";
+  int warmup = 10, iters = 100;
+};
+
+torch::ScalarType parse_dtype(const std::string& name) {
+  return name == "bf16" ? torch::kBFloat16 : name == "fp16" ? torch::kFloat16 : torch::kFloat32;
+}
+
+torch::Device bench_device(const std::string& name) {
+  torch::Device device = name == "cpu" || (name == "auto" && !torch::cuda::is_available())
+                             ? torch::Device(torch::kCPU)
+                             : torch::Device(torch::kCUDA, 0);
+  if (device.is_cuda() && !torch::cuda::is_available()) fail("--device cuda: no CUDA device");
+  return device;
+}
 
 AttentionBenchCase parse_shape(const std::string& text, AttentionBenchCase base) {
   std::stringstream in(text);
@@ -41,20 +63,46 @@ AttentionBenchCase parse_shape(const std::string& text, AttentionBenchCase base)
   return base;
 }
 
+int run_decode_bench(const DecodeArgs& args) {
+  const torch::Device device = bench_device(args.device);
+  const double bandwidth = measure_copy_bandwidth(device);
+  const auto shapes = args.shapes.empty() ? std::vector<std::string>{"64,8,128"} : args.shapes;
+  for (const auto& backend : args.backends) {
+    for (const auto& shape : shapes) {
+      std::stringstream in(shape);
+      std::string part;
+      std::vector<int64_t> values;
+      while (std::getline(in, part, ',')) {
+        try {
+          size_t used = 0;
+          values.push_back(std::stoll(part, &used));
+          if (used != part.size() || values.back() <= 0) throw std::invalid_argument(part);
+        } catch (const std::exception&) {
+          fail("--shape {}: expected three positive integers B,H,D", shape);
+        }
+      }
+      if (values.size() != 3) fail("--shape {}: expected three positive integers B,H,D", shape);
+      DecodeBenchCase c;
+      c.op = args.op;
+      c.backend = backend;
+      c.batch = values[0], c.heads = values[1], c.head_dim = values[2];
+      c.dtype = parse_dtype(args.dtype);
+      c.warmup = args.warmup, c.iters = args.iters;
+      std::cout << bench_decode(c, device, bandwidth).dump() << std::endl;
+    }
+  }
+  return 0;
+}
+
 int run_bench(const BenchArgs& args) {
-  torch::Device device = args.device == "cpu" || (args.device == "auto" && !torch::cuda::is_available())
-                             ? torch::Device(torch::kCPU)
-                             : torch::Device(torch::kCUDA, 0);
-  if (device.is_cuda() && !torch::cuda::is_available()) fail("--device cuda: no CUDA device");
+  const torch::Device device = bench_device(args.device);
   AttentionBenchCase base;
   base.op = args.op;
   base.blocks = args.blocks;
   base.causal = args.causal;
   base.warmup = args.warmup;
   base.iters = args.iters;
-  base.dtype = args.dtype == "bf16"   ? torch::kBFloat16
-               : args.dtype == "fp16" ? torch::kFloat16
-                                      : torch::kFloat32;
+  base.dtype = parse_dtype(args.dtype);
   const double bandwidth = measure_copy_bandwidth(device);
   const auto shapes = args.shapes.empty() ? std::vector<std::string>{"16,6,4096,64"} : args.shapes;
   for (const auto& backend : args.backends) {
@@ -91,7 +139,31 @@ Command add_bench_command(CLI::App& parent) {
       ->capture_default_str();
   app->add_option("--warmup", args->warmup, "untimed calls first")->capture_default_str();
   app->add_option("--iters", args->iters, "timed calls (mean reported)")->capture_default_str();
-  return {app, [args] { return run_bench(*args); }};
+
+  auto decode_args = std::make_shared<DecodeArgs>();
+  auto* decode = bench->add_subcommand(
+      "decode", "time one gated-delta-rule decoding step (fp32 state updated in place)");
+  decode->add_option("--op", decode_args->op, "gated_deltanet or kda")
+      ->check(CLI::IsMember({"gated_deltanet", "kda"}))
+      ->capture_default_str();
+  decode->add_option("--backend", decode_args->backends,
+                     "kernel (the layers' step: the GPU kernel where it runs) and/or reference")
+      ->check(CLI::IsMember({"kernel", "reference"}))
+      ->capture_default_str();
+  decode->add_option("--shape", decode_args->shapes, "B,H,D (repeatable; default 64,8,128)");
+  decode->add_option("--dtype", decode_args->dtype, "bf16, fp16 or fp32")
+      ->check(CLI::IsMember({"bf16", "fp16", "fp32"}))
+      ->capture_default_str();
+  decode->add_option("--device", decode_args->device, "auto, cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  decode->add_option("--warmup", decode_args->warmup, "untimed steps first")->capture_default_str();
+  decode->add_option("--iters", decode_args->iters, "timed steps (mean reported)")
+      ->capture_default_str();
+  // One Command: whichever leaf was parsed runs.
+  return {bench, [args, decode_args, decode] {
+            return decode->parsed() ? run_decode_bench(*decode_args) : run_bench(*args);
+          }};
 }
 
 }  // namespace mhla
