@@ -1,7 +1,6 @@
 #include "rotary/rotary.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include "common/element_type.cuh"
 
 namespace mhla_kernels {
 namespace {
@@ -60,15 +59,10 @@ cudaError_t rotary_embedding(const RotaryArgs& args, cudaStream_t stream) {
       !args.sin) {
     return cudaErrorInvalidValue;
   }
-  switch (args.dtype) {
-    case DType::f32:
-      return launch<float>(args, stream);
-    case DType::f16:
-      return launch<__half>(args, stream);
-    case DType::bf16:
-      return launch<__nv_bfloat16>(args, stream);
-  }
-  return cudaErrorInvalidValue;
+  return with_element_type(args.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    return launch<T>(args, stream);
+  });
 }
 
 }  // namespace mhla_kernels

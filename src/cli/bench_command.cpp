@@ -42,7 +42,9 @@ torch::Device bench_device(const std::string& name) {
   return device;
 }
 
-AttentionBenchCase parse_shape(const std::string& text, AttentionBenchCase base) {
+// "--shape" values: `count` positive integers separated by commas, named by `layout` in errors.
+std::vector<int64_t> parse_dims(const std::string& text, size_t count, const char* words,
+                                const char* layout) {
   std::stringstream in(text);
   std::string part;
   std::vector<int64_t> values;
@@ -52,10 +54,18 @@ AttentionBenchCase parse_shape(const std::string& text, AttentionBenchCase base)
       values.push_back(std::stoll(part, &used));
       if (used != part.size() || values.back() <= 0) throw std::invalid_argument(part);
     } catch (const std::exception&) {
-      fail("--shape {}: expected four positive integers B,H,N,D", text);
+      values.clear();
+      break;
     }
   }
-  if (values.size() != 4) fail("--shape {}: expected four positive integers B,H,N,D", text);
+  if (values.size() != count) {
+    fail("--shape {}: expected {} positive integers {}", text, words, layout);
+  }
+  return values;
+}
+
+AttentionBenchCase parse_shape(const std::string& text, AttentionBenchCase base) {
+  const auto values = parse_dims(text, 4, "four", "B,H,N,D");
   base.batch = values[0];
   base.heads = values[1];
   base.tokens = values[2];
@@ -69,19 +79,7 @@ int run_decode_bench(const DecodeArgs& args) {
   const auto shapes = args.shapes.empty() ? std::vector<std::string>{"64,8,128"} : args.shapes;
   for (const auto& backend : args.backends) {
     for (const auto& shape : shapes) {
-      std::stringstream in(shape);
-      std::string part;
-      std::vector<int64_t> values;
-      while (std::getline(in, part, ',')) {
-        try {
-          size_t used = 0;
-          values.push_back(std::stoll(part, &used));
-          if (used != part.size() || values.back() <= 0) throw std::invalid_argument(part);
-        } catch (const std::exception&) {
-          fail("--shape {}: expected three positive integers B,H,D", shape);
-        }
-      }
-      if (values.size() != 3) fail("--shape {}: expected three positive integers B,H,D", shape);
+      const auto values = parse_dims(shape, 3, "three", "B,H,D");
       DecodeBenchCase c;
       c.op = args.op;
       c.backend = backend;
