@@ -121,6 +121,16 @@ __device__ __forceinline__ int block_length(const BlockLinearShape& s, bool caus
   return causal ? kDenseCausalBlock : s.tokens / s.blocks;
 }
 
+// One 64-token tile of a (batch, head) pair: phi of one tensor (q or k) and another tensor as it
+// is (v or g), rows past the sequence zero-filled.
+template <typename T, int D>
+__device__ void load_tile(const TokenTensor& featured, const TokenTensor& plain, int b, int h,
+                          int n0, int valid, typename Mma<T>::elem* features,
+                          typename Mma<T>::elem* values, float* inv_rms) {
+  load_features<T, D>(featured, b, h, n0, valid, kTile, features, inv_rms);
+  load_plain<T, D>(plain, b, h, n0, valid, kTile, values);
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) dense_forward_kernel(DenseBlockLinearForward p) {
   using L = Layout<T, D>;
@@ -151,8 +161,7 @@ __global__ void __launch_bounds__(kThreads) dense_forward_kernel(DenseBlockLinea
   for (int k0 = 0; k0 < k_end; k0 += kTile) {
     const int k_valid = min(kTile, n - k0);
     __syncthreads();
-    load_features<T, D>(p.k, b, h, k0, k_valid, kTile, kf, nullptr);
-    load_plain<T, D>(p.v, b, h, k0, k_valid, kTile, vt);
+    load_tile<T, D>(p.k, p.v, b, h, k0, k_valid, kf, vt, nullptr);
     __syncthreads();
     square_product<T, D>(qf, kf, scores);
     __syncthreads();
@@ -217,8 +226,7 @@ __global__ void __launch_bounds__(kThreads) dense_keys_kernel(DenseBlockLinearBa
   const int bh = blockIdx.y, b = bh / s.heads, h = bh % s.heads;
   const int k0 = blockIdx.x * kTile, k_valid = min(kTile, n - k0);
   const int q_begin = p.causal ? k0 : 0;  // causal: queries before this tile never see it
-  load_features<T, D>(p.k, b, h, k0, k_valid, kTile, kf, inv_rms);
-  load_plain<T, D>(p.v, b, h, k0, k_valid, kTile, vt);
+  load_tile<T, D>(p.k, p.v, b, h, k0, k_valid, kf, vt, inv_rms);
   if (mixes) {
     for (int e = threadIdx.x; e < blocks * blocks; e += kThreads) dm[e] = 0.f;
   }
@@ -230,8 +238,7 @@ __global__ void __launch_bounds__(kThreads) dense_keys_kernel(DenseBlockLinearBa
   for (int q0 = q_begin; q0 < n; q0 += kTile) {
     const int q_valid = min(kTile, n - q0);
     __syncthreads();
-    load_features<T, D>(p.q, b, h, q0, q_valid, kTile, qf, nullptr);
-    load_plain<T, D>(p.grad_scaled, b, h, q0, q_valid, kTile, gt);
+    load_tile<T, D>(p.q, p.grad_scaled, b, h, q0, q_valid, qf, gt, nullptr);
     if (threadIdx.x < kTile) {
       gd[threadIdx.x] =
           threadIdx.x < q_valid ? p.grad_den[static_cast<size_t>(bh) * n + q0 + threadIdx.x] : 0.f;
@@ -321,8 +328,7 @@ __global__ void __launch_bounds__(kThreads) dense_queries_kernel(DenseBlockLinea
   const int bh = blockIdx.y, b = bh / s.heads, h = bh % s.heads;
   const int q0 = blockIdx.x * kTile, q_valid = min(kTile, n - q0);
   const int k_end = p.causal ? min(n, q0 + kTile) : n;
-  load_features<T, D>(p.q, b, h, q0, q_valid, kTile, qf, inv_rms);
-  load_plain<T, D>(p.grad_scaled, b, h, q0, q_valid, kTile, gt);
+  load_tile<T, D>(p.q, p.grad_scaled, b, h, q0, q_valid, qf, gt, inv_rms);
   if (threadIdx.x < kTile) {
     gd[threadIdx.x] =
         threadIdx.x < q_valid ? p.grad_den[static_cast<size_t>(bh) * n + q0 + threadIdx.x] : 0.f;
@@ -334,8 +340,7 @@ __global__ void __launch_bounds__(kThreads) dense_queries_kernel(DenseBlockLinea
   for (int k0 = 0; k0 < k_end; k0 += kTile) {
     const int k_valid = min(kTile, n - k0);
     __syncthreads();
-    load_features<T, D>(p.k, b, h, k0, k_valid, kTile, kf, nullptr);
-    load_plain<T, D>(p.v, b, h, k0, k_valid, kTile, vt);
+    load_tile<T, D>(p.k, p.v, b, h, k0, k_valid, kf, vt, nullptr);
     __syncthreads();
     square_product<T, D>(gt, vt, dp);
     __syncthreads();
@@ -415,10 +420,6 @@ struct DenseBackwardPass {
   static cudaError_t run(const DenseBlockLinearBackward& a, cudaStream_t s) {
     return dense_backward_for<T, D>(a, s);
   }
-};
-template <typename T, int D>
-struct DenseFits {
-  static bool run(const BlockLinearShape& s) { return fits<T, D>(s); }
 };
 
 }  // namespace
