@@ -80,39 +80,61 @@ TEST_CASE("model: gated DeltaNet's A_log and dt_bias get no weight decay", "[mod
   }
 }
 
-TEST_CASE("model: DeiT with the cuda attention backend matches the reference backend", "[model][gpu]") {
+TEST_CASE("model: DeiT and GPT with each GPU attention backend match the reference backend", "[model][gpu]") {
   if (!torch::cuda::is_available()) {
     WARN("no CUDA device: skipped");
     return;
   }
-  for (const char* attention : {"linear", "mhla"}) {
-    if (!attention_registry().get(attention).backends.count("cuda")) continue;
-    INFO(attention);
-    auto make = [&](const std::string& backend) {
-      Config c = parse_config("", "t", {"model.width=64", "model.depth=2", "model.heads=2", "model.drop_path=0",
-                                        "attention.type=" + std::string(attention), "attention.backend=" + backend});
-      torch::manual_seed(5);
-      auto model = model_registry().get("deit").make(c);
-      model->to(torch::kCUDA);
-      return model;
-    };
-    auto reference = make("reference"), cuda = make("cuda");
-    torch::manual_seed(6);
-    auto images = torch::randn({8, 1, 32, 32}, torch::TensorOptions().device(torch::kCUDA));
-    auto labels = torch::randint(0, 10, {8}, torch::TensorOptions().device(torch::kCUDA).dtype(torch::kLong));
-    auto loss_of = [&](Model& model) {
-      auto loss = torch::nn::functional::cross_entropy(model.forward(images), labels);
-      loss.backward();
-      return loss.item<double>();
-    };
-    // fp32 inputs: the kernels multiply in tf32, the reference in fp32.
-    CHECK(loss_of(*cuda) == Approx(loss_of(*reference)).epsilon(2e-3));
-    auto grads_ref = reference->named_parameters(), grads_cuda = cuda->named_parameters();
-    for (const auto& item : grads_ref) {
-      INFO(item.key());
-      // The mixing gradient's row-scale component is rounding noise (see the op tests): looser.
-      const double tolerance = item.key().find("mixing") != std::string::npos ? 5e-2 : 2e-2;
-      CHECK(test::relative_error(grads_cuda[item.key()].grad().cpu(), item.value().grad().cpu()) < tolerance);
+  for (const char* model_name : {"deit", "gpt"}) {
+    for (const char* attention : {"linear", "mhla"}) {
+      for (const auto& [backend, op] : attention_registry().get(attention).backends) {
+        const bool causal = std::string(model_name) == "gpt";
+        if (backend == "reference" || (causal && attention_registry().get(attention).bidirectional_only.count(backend))) continue;
+        INFO(model_name << " / " << attention << " / " << backend);
+        auto make = [&](const std::string& chosen) {
+          std::vector<std::string> o = {"model.name=" + std::string(model_name), "model.width=64",
+                                        "model.depth=2", "model.heads=2", "model.drop_path=0",
+                                        "attention.type=" + std::string(attention),
+                                        "attention.backend=" + chosen};
+          if (causal) {
+            o.push_back("model.vocab_size=97");
+            o.push_back("model.context=192");  // 3 blocks of 64
+            o.push_back("attention.blocks=3");
+          }
+          Config c = parse_config("", "t", o);
+          torch::manual_seed(5);
+          auto model = model_registry().get(model_name).make(c);
+          model->to(torch::kCUDA);
+          return model;
+        };
+        auto reference = make("reference"), cuda = make(backend);
+        torch::manual_seed(6);
+        auto cuda_long = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kLong);
+        torch::Tensor input, labels;
+        if (causal) {
+          input = torch::randint(0, 97, {3, 150}, cuda_long);  // a partial last block
+          labels = torch::randint(0, 97, {3 * 150}, cuda_long);
+        } else {
+          input = torch::randn({8, 1, 32, 32}, torch::TensorOptions().device(torch::kCUDA));
+          labels = torch::randint(0, 10, {8}, cuda_long);
+        }
+        auto loss_of = [&](Model& model) {
+          auto logits = model.forward(input);
+          auto loss = torch::nn::functional::cross_entropy(logits.reshape({labels.size(0), -1}), labels);
+          loss.backward();
+          return loss.item<double>();
+        };
+        // fp32 inputs: the kernels multiply in tf32, the reference in fp32.
+        CHECK(loss_of(*cuda) == Approx(loss_of(*reference)).epsilon(2e-3));
+        auto grads_ref = reference->named_parameters(), grads_cuda = cuda->named_parameters();
+        for (const auto& item : grads_ref) {
+          INFO(item.key());
+          if (!item.value().grad().defined()) continue;
+          // The mixing gradient's row-scale component is rounding noise (see the op tests): looser.
+          const double tolerance = item.key().find("mixing") != std::string::npos ? 5e-2 : 2e-2;
+          CHECK(test::relative_error(grads_cuda[item.key()].grad().cpu(), item.value().grad().cpu()) < tolerance);
+        }
+      }
     }
   }
 }
