@@ -54,8 +54,8 @@ NoiseSchedule NoiseSchedule::to(const torch::Device& device) const {
 
 torch::Tensor NoiseSchedule::gather(const torch::Tensor& c, const torch::Tensor& t,
                                     const torch::Tensor& like) const {
-  // With the tables on like's device (to()), this is one index_select and no host round trip,
-  // which also lets a CUDA graph capture the training step.
+  // With the tables on like's device (to()), this is one index_select: no copy of the table and
+  // no host round trip (a synchronization) in every training step.
   auto values = c.index_select(0, t.to(c.device()).to(torch::kLong))
                     .to(like.device())
                     .to(like.scalar_type());
