@@ -44,13 +44,15 @@ std::array<torch::Tensor, 3> AttentionLayerImpl::project_qkv(const torch::Tensor
                                                              int64_t first_position) {
   const auto b = x.size(0), n = x.size(1);
   const auto h = spec_.heads, d = spec_.dim / spec_.heads;
-  auto qkv = qkv_->forward(x).view({b, n, 3, h, d});
-  auto q = qkv.select(2, 0), k = qkv.select(2, 1);
+  // unbind, not three selects: its backward writes the fused gradient once (stacking dq, dk,
+  // dv), where each select's backward would fill a zero tensor of the whole projection.
+  auto parts = qkv_->forward(x).view({b, n, 3, h, d}).unbind(2);
+  auto q = parts[0], k = parts[1];
   if (spec_.rotary && type_.uses_rotary) {
     q = apply_rotary(q, first_position);
     k = apply_rotary(k, first_position);
   }
-  return {q, k, qkv.select(2, 2)};
+  return {q, k, parts[2]};
 }
 
 torch::Tensor AttentionLayerImpl::finish(const torch::Tensor& x, torch::Tensor out,
