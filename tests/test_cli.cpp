@@ -262,6 +262,7 @@ TEST_CASE("cli: bench decode times the gated-delta decode step per backend and r
     CHECK(json["D"] == 32);
     CHECK(json["us_per_step"].get<double>() > 0);
     CHECK(json["state_bytes"].get<double>() == 2.0 * 2 * 3 * 32 * 32 * 4);
+    CHECK(json["path"] == "reference");  // on the CPU the layers' step is the reference
     backends.push_back(json["backend"]);
   }
   CHECK(backends == std::vector<std::string>{"kernel", "reference"});

@@ -41,6 +41,9 @@ TEST_CASE("attention: the rotary kernel equals the reference rotation, values an
       auto kernel = apply_rotary(qkv_a.select(2, 0), first);
       auto reference = apply_rotary_reference(qkv_b.select(2, 0), first);
       REQUIRE(kernel.scalar_type() == dtype);
+      // The kernel ran (not a silent fallback to the reference form).
+      REQUIRE(kernel.grad_fn() != nullptr);
+      CHECK(kernel.grad_fn()->name().find("RotaryFunction") != std::string::npos);
       const double tolerance = dtype == torch::kFloat32 ? 1e-6 : 4e-3;
       CHECK(test::relative_error(kernel.to(torch::kFloat32).cpu(), reference.to(torch::kFloat32).cpu()) < tolerance);
       auto upstream = torch::randn(kernel.sizes(), opts);
@@ -49,6 +52,16 @@ TEST_CASE("attention: the rotary kernel equals the reference rotation, values an
       CHECK(test::relative_error(qkv_a.grad().to(torch::kFloat32).cpu(), qkv_b.grad().to(torch::kFloat32).cpu()) < tolerance);
       // Only the q slice receives a gradient.
       CHECK(qkv_a.grad().select(2, 1).abs().max().item<double>() == 0.0);
+      // The backward is itself differentiable: a second-order gradient matches the reference's.
+      if (dtype == torch::kFloat32) {
+        auto xa = torch::randn({2, 9, 3, 64}, opts).requires_grad_(true);
+        auto xb = xa.detach().clone().requires_grad_(true);
+        auto first_a = torch::autograd::grad({apply_rotary(xa, first).pow(3).sum()}, {xa}, {}, true, true)[0];
+        auto first_b = torch::autograd::grad({apply_rotary_reference(xb, first).pow(3).sum()}, {xb}, {}, true, true)[0];
+        first_a.sum().backward();
+        first_b.sum().backward();
+        CHECK(test::relative_error(xa.grad().cpu(), xb.grad().cpu()) < 1e-5);
+      }
     }
   }
 }

@@ -19,7 +19,7 @@ __global__ void rotary_kernel(const T* __restrict__ x, int64_t stride_b, int64_t
                               int64_t stride_h, T* __restrict__ out,
                               const float* __restrict__ cos_table,
                               const float* __restrict__ sin_table, int tokens, int heads, int half,
-                              int64_t pairs, float sign) {
+                              int64_t pairs) {
   const int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (index >= pairs) return;
   const int i = static_cast<int>(index % half);
@@ -32,7 +32,7 @@ __global__ void rotary_kernel(const T* __restrict__ x, int64_t stride_b, int64_t
   T* o = out + row * (2 * static_cast<int64_t>(half));
   const float x1 = load(in + i), x2 = load(in + i + half);
   const float c = cos_table[static_cast<int64_t>(t) * half + i];
-  const float s = sign * sin_table[static_cast<int64_t>(t) * half + i];
+  const float s = sin_table[static_cast<int64_t>(t) * half + i];
   store(o + i, x1 * c - x2 * s);
   store(o + i + half, x2 * c + x1 * s);
 }
@@ -47,8 +47,7 @@ cudaError_t launch(const RotaryArgs& a, cudaStream_t stream) {
   if (blocks > 0x7fffffffLL) return cudaErrorInvalidValue;
   rotary_kernel<T><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
       static_cast<const T*>(a.x.data), a.x.batch_stride, a.x.token_stride, a.x.head_stride,
-      static_cast<T*>(a.out), a.cos, a.sin, a.tokens, a.heads, half, pairs,
-      a.inverse ? -1.0f : 1.0f);
+      static_cast<T*>(a.out), a.cos, a.sin, a.tokens, a.heads, half, pairs);
   return cudaGetLastError();
 }
 

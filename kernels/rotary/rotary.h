@@ -5,8 +5,8 @@
 //
 //   y_i = x_i cos - x_{i+D/2} sin,   y_{i+D/2} = x_{i+D/2} cos + x_i sin   (i < D/2)
 //
-// The backward is the same rotation by the opposite angle (inverse = true). cos and sin are
-// fp32 tables [T, D/2] computed by the caller, so both directions and the plain-LibTorch
+// The backward is the same rotation by the opposite angles (the caller passes -sin). cos and sin
+// are fp32 tables [T, D/2] computed by the caller, so both directions and the plain-LibTorch
 // reference share the same angles.
 #include <cstdint>
 
@@ -23,7 +23,6 @@ struct RotaryArgs {
   const float* cos = nullptr;    // [T, D / 2]
   const float* sin = nullptr;    // [T, D / 2]
   int batch = 0, tokens = 0, heads = 0, head_dim = 0;  // head_dim even
-  bool inverse = false;          // rotate by -angle (the backward)
 };
 
 cudaError_t rotary_embedding(const RotaryArgs& args, cudaStream_t stream);

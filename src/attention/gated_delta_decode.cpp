@@ -4,6 +4,7 @@
 #include "core/error.h"
 
 #ifdef MHLA_WITH_CUDA_KERNELS
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include "gated_delta/decode.h"
@@ -11,18 +12,42 @@
 
 namespace mhla {
 
+bool delta_rule_decode_uses_kernel(const torch::Tensor& state, const torch::Tensor& q,
+                                   const torch::Tensor& k, const torch::Tensor& v,
+                                   const torch::Tensor& beta, const torch::Tensor& g) {
+#ifdef MHLA_WITH_CUDA_KERNELS
+  if (!state.is_cuda() || state.scalar_type() != torch::kFloat32 || state.dim() != 4) return false;
+  const auto device = state.device();
+  for (const auto* t : {&q, &k, &v, &beta, &g}) {
+    if (t->device() != device) return false;
+  }
+  const auto b = state.size(0), h = state.size(1), dk = state.size(2), dv = state.size(3);
+  const auto type = v.scalar_type();
+  const bool dtypes = (type == torch::kFloat32 || type == torch::kFloat16 ||
+                       type == torch::kBFloat16) &&
+                      q.scalar_type() == type && k.scalar_type() == type;
+  const bool shapes = q.sizes().equals({b, h, dk}) && k.sizes().equals({b, h, dk}) &&
+                      v.sizes().equals({b, h, dv}) && beta.sizes().equals({b, h}) &&
+                      (g.sizes().equals({b, h}) || g.sizes().equals({b, h, dk}));
+  // The kernel updates the state in place outside autograd: only where no gradient is wanted.
+  const bool no_grad = !torch::GradMode::is_enabled() ||
+                       !(q.requires_grad() || k.requires_grad() || v.requires_grad() ||
+                         beta.requires_grad() || g.requires_grad() || state.requires_grad());
+  return dtypes && shapes && no_grad && dk <= 256 && state.numel() > 0;
+#else
+  return false;
+#endif
+}
+
 torch::Tensor delta_rule_decode(torch::Tensor& state, const torch::Tensor& q, const torch::Tensor& k,
                                 const torch::Tensor& v, const torch::Tensor& beta,
                                 const torch::Tensor& g, double scale) {
 #ifdef MHLA_WITH_CUDA_KERNELS
   const auto type = v.scalar_type();
-  const bool takes = state.is_cuda() && state.scalar_type() == torch::kFloat32 &&
-                     state.dim() == 4 && q.dim() == 3 && q.size(2) <= 256 &&
-                     (type == torch::kFloat32 || type == torch::kFloat16 ||
-                      type == torch::kBFloat16) &&
-                     q.scalar_type() == type && k.scalar_type() == type;
+  const bool takes = delta_rule_decode_uses_kernel(state, q, k, v, beta, g);
   if (takes) {
     namespace kernels = mhla_kernels;
+    c10::cuda::CUDAGuard on_device(state.device());
     if (!state.is_contiguous()) state = state.contiguous();
     auto qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
     auto beta_f = beta.to(torch::kFloat32).contiguous(), g_f = g.to(torch::kFloat32).contiguous();

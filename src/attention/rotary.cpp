@@ -3,6 +3,7 @@
 #include "core/error.h"
 
 #ifdef MHLA_WITH_CUDA_KERNELS
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include "rotary/rotary.h"
@@ -49,7 +50,8 @@ bool kernel_takes(const torch::Tensor& x) {
 }
 
 torch::Tensor rotate_on_gpu(const torch::Tensor& x_in, const torch::Tensor& cos,
-                            const torch::Tensor& sin, bool inverse) {
+                            const torch::Tensor& sin) {
+  c10::cuda::CUDAGuard on_device(x_in.device());
   auto x = x_in.stride(3) == 1 ? x_in : x_in.contiguous();
   auto out = torch::empty(x.sizes(), x.options().memory_format(torch::MemoryFormat::Contiguous));
   kernels::RotaryArgs a;
@@ -69,26 +71,26 @@ torch::Tensor rotate_on_gpu(const torch::Tensor& x_in, const torch::Tensor& cos,
   a.sin = sin.data_ptr<float>();
   a.batch = static_cast<int>(x.size(0)), a.tokens = static_cast<int>(x.size(1));
   a.heads = static_cast<int>(x.size(2)), a.head_dim = static_cast<int>(x.size(3));
-  a.inverse = inverse;
   auto stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
   const auto err = kernels::rotary_embedding(a, stream);
   if (err != cudaSuccess) fail("rotary embedding (cuda): {}", cudaGetErrorString(err));
   return out;
 }
 
-// The rotation is orthogonal, so its backward is the rotation by the opposite angles.
+// The rotation is orthogonal, so its backward is the rotation by the opposite angles: this same
+// function with sin negated, which keeps higher-order gradients correct too.
 class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& cos, const torch::Tensor& sin) {
     ctx->save_for_backward({cos, sin});
-    return rotate_on_gpu(x, cos, sin, /*inverse=*/false);
+    return rotate_on_gpu(x, cos, sin);
   }
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
                                                torch::autograd::tensor_list grads) {
     if (!grads[0].defined()) return {torch::Tensor(), torch::Tensor(), torch::Tensor()};
     auto saved = ctx->get_saved_variables();
-    return {rotate_on_gpu(grads[0], saved[0], saved[1], /*inverse=*/true), torch::Tensor(),
+    return {RotaryFunction::apply(grads[0], saved[0], saved[1].neg()), torch::Tensor(),
             torch::Tensor()};
   }
 };
@@ -107,7 +109,7 @@ torch::Tensor apply_rotary(const torch::Tensor& x, int64_t first_position, doubl
   check_shape(x);
   auto [cos, sin] = rotary_tables(first_position, x.size(1), x.size(3), base, x.device());
 #ifdef MHLA_WITH_CUDA_KERNELS
-  if (kernel_takes(x)) return RotaryFunction::apply(x, cos, sin);
+  if (kernel_takes(x) && x.numel() > 0) return RotaryFunction::apply(x, cos, sin);
 #endif
   return rotate_reference(x, cos, sin);
 }

@@ -29,6 +29,12 @@ nlohmann::json bench_decode(const DecodeBenchCase& c, const torch::Device& devic
   auto state = torch::randn({b, h, d, d}, f32) * 0.1;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   torch::NoGradGuard no_grad;
+  // What "kernel" runs here: the layers' step takes the reference where the kernel does not apply
+  // (CPU, fp64, Dk > 256), and the result says so.
+  const std::string path =
+      c.backend == "kernel" && delta_rule_decode_uses_kernel(state, q, k, v, beta, g)
+          ? "cuda kernel"
+          : "reference";
   const double ms = mean_ms_per_call(device, c.warmup, c.iters, [&] {
     if (c.backend == "kernel") {
       delta_rule_decode(state, q, k, v, beta, g, scale);
@@ -39,6 +45,7 @@ nlohmann::json bench_decode(const DecodeBenchCase& c, const torch::Device& devic
   const double state_bytes = 2.0 * static_cast<double>(b * h * d * d) * 4.0;
   return {{"op", c.op},
           {"backend", c.backend},
+          {"path", path},
           {"device", device.str()},
           {"B", b},
           {"H", h},

@@ -1,8 +1,9 @@
 #pragma once
 // Times one decoding step of the gated delta rule (gated DeltaNet: one gate per head; KDA: one
 // per key dimension) for a batch of sequences: the layers' step (the GPU kernel where it runs,
-// `delta_rule_decode`) or the plain-LibTorch reference step. Reports microseconds per step and
-// the fp32 state's bytes (read once, written once) against the copy bandwidth.
+// `delta_rule_decode`) or the plain-LibTorch reference step. Reports which code ran ("path"),
+// microseconds per step and the fp32 state's bytes (read once, written once) against the copy
+// bandwidth.
 #include <string>
 
 #include <nlohmann/json.hpp>
