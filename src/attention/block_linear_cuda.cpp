@@ -82,6 +82,19 @@ kernels::BlockLinearShape shape_of(const torch::Tensor& q, int64_t blocks) {
           static_cast<int>(q.size(3)), static_cast<int>(blocks)};
 }
 
+// The kernels compute in v's dtype; q and k may arrive in another (autocast), and their
+// gradients go back in the dtype they came in.
+void remember_input_dtypes(torch::autograd::AutogradContext* ctx, const torch::Tensor& q,
+                           const torch::Tensor& k) {
+  ctx->saved_data["input_dtype_q"] = static_cast<int64_t>(q.scalar_type());
+  ctx->saved_data["input_dtype_k"] = static_cast<int64_t>(k.scalar_type());
+}
+
+std::pair<torch::ScalarType, torch::ScalarType> input_dtypes(torch::autograd::AutogradContext* ctx) {
+  return {static_cast<torch::ScalarType>(ctx->saved_data["input_dtype_q"].toInt()),
+          static_cast<torch::ScalarType>(ctx->saved_data["input_dtype_k"].toInt())};
+}
+
 // One autograd function for both ops: without a mixing matrix it calls the linear-attention
 // kernels, with one the MHLA kernels. Saves q, k, v, the output and the fp32 block states.
 class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction> {
@@ -122,8 +135,7 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
     }
     ctx->save_for_backward({q, k, v, out, mixing, states, mixed});
     ctx->saved_data["blocks"] = blocks;
-    ctx->saved_data["input_dtype_q"] = static_cast<int64_t>(q_in.scalar_type());
-    ctx->saved_data["input_dtype_k"] = static_cast<int64_t>(k_in.scalar_type());
+    remember_input_dtypes(ctx, q_in, k_in);
     return out;
   }
 
@@ -170,8 +182,7 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
       a.grad_state = grad_mixed.data_ptr<float>();
       check_launch(kernels::linear_attention_backward(a, stream), "linear attention backward");
     }
-    const auto q_type = static_cast<torch::ScalarType>(ctx->saved_data["input_dtype_q"].toInt());
-    const auto k_type = static_cast<torch::ScalarType>(ctx->saved_data["input_dtype_k"].toInt());
+    const auto [q_type, k_type] = input_dtypes(ctx);
     return {dq.to(q_type), dk.to(k_type), dv, dmixing, torch::Tensor()};
   }
 };
@@ -204,8 +215,7 @@ class DenseBlockLinearFunction : public torch::autograd::Function<DenseBlockLine
     ctx->save_for_backward({q, k, v, out, mixing, den});
     ctx->saved_data["blocks"] = blocks;
     ctx->saved_data["causal"] = causal;
-    ctx->saved_data["input_dtype_q"] = static_cast<int64_t>(q_in.scalar_type());
-    ctx->saved_data["input_dtype_k"] = static_cast<int64_t>(k_in.scalar_type());
+    remember_input_dtypes(ctx, q_in, k_in);
     return out;
   }
 
@@ -245,8 +255,7 @@ class DenseBlockLinearFunction : public torch::autograd::Function<DenseBlockLine
     a.grad_q = dq.data_ptr(), a.grad_k = dk.data_ptr(), a.grad_v = dv.data_ptr();
     auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
     check_launch(kernels::dense_block_linear_backward(a, stream), "dense block linear backward");
-    const auto q_type = static_cast<torch::ScalarType>(ctx->saved_data["input_dtype_q"].toInt());
-    const auto k_type = static_cast<torch::ScalarType>(ctx->saved_data["input_dtype_k"].toInt());
+    const auto [q_type, k_type] = input_dtypes(ctx);
     return {dq.to(q_type), dk.to(k_type), dv, dmixing, torch::Tensor(), torch::Tensor()};
   }
 };
