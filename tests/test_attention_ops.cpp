@@ -26,6 +26,8 @@ const OpShape kShapes[] = {
     {"large magnitude", 2, 2, 64, 64, 4, 30.0},
     {"large B*H", 16, 16, 32, 32, 4},
     {"long blocks (several GPU chunks per block)", 1, 2, 1200, 64, 2},
+    {"16 blocks of 16 tokens (the vision shape; resident kernels)", 2, 3, 256, 64, 16},
+    {"D = 32 at 512 tokens (resident kernels)", 1, 2, 512, 32, 8},
 };
 
 struct Result {

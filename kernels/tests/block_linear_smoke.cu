@@ -12,6 +12,7 @@
 
 #include "mhla/block_linear_attention.h"
 #include "mhla/dense_block_linear.h"
+#include "mhla/resident_block_linear.h"
 
 using namespace mhla_kernels;
 
@@ -120,12 +121,57 @@ bool dense_agrees(DType dtype, const BlockLinearShape& shape, const TokenTensor&
   compare("dq", download<T>(d_dq, count), download<T>(dq, count));
   compare("dk", download<T>(d_dk, count), download<T>(dk, count));
   compare("dv", download<T>(d_dv, count), download<T>(dv, count));
-  if (mixing) {
+  if (mixing && shape.blocks > 1) {  // one block: the output does not depend on its weight
     const size_t mm = static_cast<size_t>(shape.blocks) * shape.blocks;
     compare("dmixing", download<float>(d_dm, mm), download<float>(grad_mixing, mm));
   }
   for (void* p : {d_out, d_dq, d_dk, d_dv, (void*)den, (void*)grad_den, (void*)d_dm, (void*)g_device})
     cudaFree(p);
+  return ok;
+}
+
+// The resident kernels on the same inputs, against the state kernels.
+template <typename T>
+bool resident_agrees(DType dtype, const BlockLinearShape& shape, const TokenTensor& q,
+                     const TokenTensor& k, const TokenTensor& v, const float* mixing,
+                     const TokenTensor& grad_out, const void* out, const void* dq, const void* dk,
+                     const void* dv, const float* grad_mixing) {
+  if (!resident_block_linear_supported(shape, dtype)) return true;
+  const size_t count = static_cast<size_t>(shape.batch) * shape.tokens * shape.heads * shape.head_dim;
+  const size_t rows = static_cast<size_t>(shape.batch) * shape.heads * shape.tokens;
+  void *r_out, *r_dq, *r_dk, *r_dv;
+  float *den, *r_dm;
+  for (void** p : {&r_out, &r_dq, &r_dk, &r_dv}) CHECK_CUDA(cudaMalloc(p, count * sizeof(T)));
+  CHECK_CUDA(cudaMalloc(&den, rows * 4));
+  CHECK_CUDA(cudaMalloc(&r_dm, static_cast<size_t>(shape.blocks) * shape.blocks * 4));
+  ResidentBlockLinearForward f;
+  f.shape = shape, f.dtype = dtype, f.q = q, f.k = k, f.v = v, f.mixing = mixing;
+  f.out = r_out, f.den = den;
+  CHECK_CUDA(resident_block_linear_forward(f, nullptr));
+  const int64_t token_stride = static_cast<int64_t>(shape.heads) * shape.head_dim;
+  ResidentBlockLinearBackward bw;
+  bw.shape = shape, bw.dtype = dtype, bw.q = q, bw.k = k, bw.v = v;
+  bw.out = TokenTensor{r_out, shape.tokens * token_stride, token_stride, shape.head_dim};
+  bw.grad_out = grad_out, bw.den = den, bw.mixing = mixing;
+  bw.grad_q = r_dq, bw.grad_k = r_dk, bw.grad_v = r_dv;
+  bw.grad_mixing = mixing ? r_dm : nullptr;
+  CHECK_CUDA(resident_block_linear_backward(bw, nullptr));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  bool ok = true;
+  auto compare = [&](const char* what, const std::vector<float>& a, const std::vector<float>& b) {
+    const double r = relative_difference(a, b);
+    std::printf("  resident vs states %s: %.2e\n", what, r);
+    ok = ok && r < 2e-2;
+  };
+  compare("out", download<T>(r_out, count), download<T>(out, count));
+  compare("dq", download<T>(r_dq, count), download<T>(dq, count));
+  compare("dk", download<T>(r_dk, count), download<T>(dk, count));
+  compare("dv", download<T>(r_dv, count), download<T>(dv, count));
+  if (mixing && shape.blocks > 1) {  // one block: the output does not depend on its weight
+    const size_t mm = static_cast<size_t>(shape.blocks) * shape.blocks;
+    compare("dmixing", download<float>(r_dm, mm), download<float>(grad_mixing, mm));
+  }
+  for (void* p : {r_out, r_dq, r_dk, r_dv, (void*)den, (void*)r_dm}) cudaFree(p);
   return ok;
 }
 
@@ -143,7 +189,11 @@ bool run_case(DType dtype, int batch, int heads, int tokens, int dim, int blocks
   T* k = upload<T>(random(count));
   T* v = upload<T>(random(count));
   T* grad_out = upload<T>(random(count));
-  std::vector<float> mixing_host(static_cast<size_t>(blocks) * blocks, 1.0f / blocks);
+  // Unequal weights, so that a kernel reading the wrong block's weight disagrees.
+  std::vector<float> mixing_host(static_cast<size_t>(blocks) * blocks);
+  for (int i = 0; i < blocks; ++i)
+    for (int j = 0; j < blocks; ++j)
+      mixing_host[static_cast<size_t>(i) * blocks + j] = (1.0f + (i * 7 + j * 3) % 5) / (3.0f * blocks);
   float* mixing = mixes ? upload<float>(mixing_host) : nullptr;
   const BlockLinearShape shape{batch, tokens, heads, dim, blocks};
   const size_t floats = block_linear_state_floats(shape);
@@ -190,6 +240,9 @@ bool run_case(DType dtype, int batch, int heads, int tokens, int dim, int blocks
   ok = dense_agrees<T>(dtype, shape, view(q), view(k), view(v), mixing, grad_out, out, dq, dk, dv,
                        mixes ? grad_mixing : nullptr) &&
        ok;
+  ok = resident_agrees<T>(dtype, shape, view(q), view(k), view(v), mixing, view(grad_out), out, dq,
+                          dk, dv, mixes ? grad_mixing : nullptr) &&
+       ok;
   for (void* p :
        {(void*)q, (void*)k, (void*)v, (void*)grad_out, (void*)mixing, (void*)states, (void*)mixed,
         (void*)grad_mixed, (void*)grad_states, (void*)grad_mixing, out, dq, dk, dv}) {
@@ -212,5 +265,8 @@ int main() {
   ok &= run_case<__nv_bfloat16>(DType::bf16, 3, 1, 12, 128, 1, false);  // linear, N < one tile
   ok &= run_case<float>(DType::f32, 1, 1, 256, 32, 64, true);           // 64 blocks, tf32
   ok &= run_case<__nv_bfloat16>(DType::bf16, 4, 6, 256, 64, 16, true);  // the DeiT/DiT shape
+  ok &= run_case<__half>(DType::f16, 2, 3, 512, 32, 8, true);           // resident, fp16, D = 32
+  ok &= run_case<__nv_bfloat16>(DType::bf16, 2, 2, 200, 64, 1, false);  // resident linear, partial strip
+  ok &= run_case<__nv_bfloat16>(DType::bf16, 1, 2, 48, 64, 1, true);    // resident, M = 1 with mixing
   return ok ? 0 : 1;
 }

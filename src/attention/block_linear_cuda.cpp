@@ -9,6 +9,7 @@
 #include "linear_attn/linear_attn.h"
 #include "mhla/block_linear_attention.h"
 #include "mhla/dense_block_linear.h"
+#include "mhla/resident_block_linear.h"
 
 namespace mhla {
 namespace {
@@ -260,11 +261,94 @@ class DenseBlockLinearFunction : public torch::autograd::Function<DenseBlockLine
   }
 };
 
-// The dense kernels where they take the shape and dtype, the state kernels otherwise.
+// Short sequences with the whole (batch, head) in shared memory
+// (kernels/mhla/resident_block_linear.h): saves q, k, v, the output and the row sums; the
+// backward kernel forms g and gd itself from do, o and the row sums.
+class ResidentBlockLinearFunction
+    : public torch::autograd::Function<ResidentBlockLinearFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q_in,
+                               const torch::Tensor& k_in, const torch::Tensor& v_in,
+                               const torch::Tensor& mixing_in, int64_t blocks) {
+    const auto dtype = v_in.scalar_type();
+    auto q = readable(q_in, dtype), k = readable(k_in, dtype), v = readable(v_in, dtype);
+    const bool mixes = mixing_in.numel() > 0;
+    auto mixing = mixes ? mixing_in.detach().to(torch::kFloat32).contiguous() : mixing_in;
+    auto out = torch::empty(q.sizes(), v.options().memory_format(torch::MemoryFormat::Contiguous));
+    auto den = torch::empty({q.size(0) * q.size(2), q.size(1)}, q.options().dtype(torch::kFloat32));
+    kernels::ResidentBlockLinearForward a;
+    a.shape = shape_of(q, blocks);
+    a.dtype = kernel_dtype(dtype);
+    a.q = view_of(q), a.k = view_of(k), a.v = view_of(v);
+    a.mixing = mixes ? mixing.data_ptr<float>() : nullptr;
+    a.out = out.data_ptr();
+    a.den = den.data_ptr<float>();
+    auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+    check_launch(kernels::resident_block_linear_forward(a, stream), "resident block linear forward");
+    ctx->save_for_backward({q, k, v, out, mixing, den});
+    ctx->saved_data["blocks"] = blocks;
+    remember_input_dtypes(ctx, q_in, k_in);
+    return out;
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    auto saved = ctx->get_saved_variables();
+    auto q = saved[0], k = saved[1], v = saved[2], out = saved[3], mixing = saved[4];
+    auto den = saved[5];
+    const int64_t blocks = ctx->saved_data["blocks"].toInt();
+    const bool mixes = mixing.numel() > 0;
+    auto grad_out = readable(grads[0], v.scalar_type());
+    auto contiguous = v.options().memory_format(torch::MemoryFormat::Contiguous);
+    auto dq = torch::empty(q.sizes(), contiguous), dk = torch::empty(q.sizes(), contiguous);
+    auto dv = torch::empty(q.sizes(), contiguous);
+    torch::Tensor dmixing;
+    kernels::ResidentBlockLinearBackward a;
+    a.shape = shape_of(q, blocks);
+    a.dtype = kernel_dtype(v.scalar_type());
+    a.q = view_of(q), a.k = view_of(k), a.v = view_of(v);
+    a.out = view_of(out), a.grad_out = view_of(grad_out);
+    a.den = den.data_ptr<float>();
+    if (mixes) {
+      dmixing = torch::empty({blocks, blocks}, den.options());
+      a.mixing = mixing.data_ptr<float>();
+      a.grad_mixing = dmixing.data_ptr<float>();
+    }
+    a.grad_q = dq.data_ptr(), a.grad_k = dk.data_ptr(), a.grad_v = dv.data_ptr();
+    auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+    check_launch(kernels::resident_block_linear_backward(a, stream),
+                 "resident block linear backward");
+    const auto [q_type, k_type] = input_dtypes(ctx);
+    return {dq.to(q_type), dk.to(k_type), dv, dmixing, torch::Tensor()};
+  }
+};
+
+// Whether the resident kernels take these inputs (dtype of v, as the functions compute in it).
+bool resident_takes(const torch::Tensor& q, const torch::Tensor& v, int64_t blocks) {
+  const auto type = v.scalar_type();
+  if (type != torch::kFloat16 && type != torch::kBFloat16) return false;
+  return kernels::resident_block_linear_supported(shape_of(q, blocks), kernel_dtype(type));
+}
+
+// The resident kernels for short sequences, the state kernels otherwise (`cuda` backend).
+torch::Tensor block_linear_resident_or_states(const torch::Tensor& q, const torch::Tensor& k,
+                                              const torch::Tensor& v, const torch::Tensor& mixing,
+                                              int64_t blocks) {
+  if (resident_takes(q, v, blocks)) {
+    return ResidentBlockLinearFunction::apply(q, k, v, mixing, blocks);
+  }
+  return BlockLinearFunction::apply(q, k, v, mixing, blocks);
+}
+
+// The dense kernels where they take the shape and dtype (the resident ones first), the state
+// kernels otherwise.
 torch::Tensor block_linear_dense_or_states(const torch::Tensor& q, const torch::Tensor& k,
                                            const torch::Tensor& v, const torch::Tensor& mixing,
                                            int64_t blocks) {
   const auto dtype = v.scalar_type();
+  if (resident_takes(q, v, blocks)) {
+    return ResidentBlockLinearFunction::apply(q, k, v, mixing, blocks);
+  }
   if (kernels::dense_block_linear_supported(shape_of(q, blocks), kernel_dtype(dtype), false)) {
     return DenseBlockLinearFunction::apply(q, k, v, mixing, blocks, false);
   }
@@ -300,8 +384,8 @@ torch::Tensor linear_attention_cuda(const torch::Tensor& q, const torch::Tensor&
   if (args.causal) fail("linear (cuda): the kernels implement the bidirectional op only");
   check_inputs("linear", q, k, v, 1);
   // Autograd functions take defined tensors only: an empty one means "no mixing".
-  return BlockLinearFunction::apply(q, k, v, torch::empty({0}, q.options().dtype(torch::kFloat32)),
-                                    1);
+  return block_linear_resident_or_states(q, k, v,
+                                         torch::empty({0}, q.options().dtype(torch::kFloat32)), 1);
 }
 
 torch::Tensor mhla_cuda(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -312,7 +396,7 @@ torch::Tensor mhla_cuda(const torch::Tensor& q, const torch::Tensor& k, const to
       args.mixing.size(1) != args.blocks) {
     fail("mhla (cuda): mixing must be [blocks, blocks] = [{}, {}]", args.blocks, args.blocks);
   }
-  return BlockLinearFunction::apply(q, k, v, args.mixing, args.blocks);
+  return block_linear_resident_or_states(q, k, v, args.mixing, args.blocks);
 }
 
 torch::Tensor linear_attention_cuda_dense(const torch::Tensor& q, const torch::Tensor& k,
