@@ -14,6 +14,11 @@ namespace {
 using namespace tiles;
 
 constexpr int kStrip = 16;  // tokens per warp strip and per chunk of the other side
+// The forward runs two 8-warp CTAs per SM; the backward's tiles allow one CTA per SM, so it
+// runs 16 warps (one strip each at N = 256) to keep the tensor cores fed.
+constexpr int kForwardThreads = kThreads;
+constexpr int kBackwardThreads = 512;
+constexpr int kBackwardWarps = kBackwardThreads / 32;
 constexpr size_t kResidentSmemLimit = 227 * 1024;
 
 template <int D>
@@ -26,15 +31,15 @@ __device__ __forceinline__ unsigned shared_address(const void* p) {
 }
 
 // Four 8 x 8 matrices of 16-bit elements; each lane passes the address of one row.
-__device__ __forceinline__ void load_matrices(uint32_t (&r)[4], const void* p) {
+__device__ __forceinline__ void load_matrices(uint32_t (&r)[4], unsigned address) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(shared_address(p)));
+               : "r"(address));
 }
-__device__ __forceinline__ void load_matrices_transposed(uint32_t (&r)[4], const void* p) {
+__device__ __forceinline__ void load_matrices_transposed(uint32_t (&r)[4], unsigned address) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(shared_address(p)));
+               : "r"(address));
 }
 
 // 16 bytes global -> shared without passing through registers; many in flight per thread.
@@ -76,19 +81,33 @@ __device__ __forceinline__ uint32_t pack(float lo, float hi) {
   return bits;
 }
 
-// Addresses each lane hands to ldmatrix for a 16 x 16 region at (row0, col0) of a row-major tile
-// with leading dimension ld:
-//  - as the A operand (rows = m, columns = k), or, transposed, as the B operands of two n8 tiles
-//    when rows are k and columns n;
-//  - as the B operands of two n8 tiles when rows are n and columns k (not transposed).
-template <typename E>
-__device__ __forceinline__ const E* a_rows(const E* tile, int ld, int row0, int col0, int lane) {
-  return tile + (row0 + lane % 16) * ld + col0 + 8 * (lane / 16);
-}
-template <typename E>
-__device__ __forceinline__ const E* b_rows(const E* tile, int ld, int n0, int k0, int lane) {
-  return tile + (n0 + lane % 8 + 8 * (lane / 16)) * ld + k0 + 8 * ((lane / 8) % 2);
-}
+// Shared addresses each lane hands to ldmatrix for a 16 x 16 region at (row0, col0) of a
+// row-major tile of 16-bit elements with leading dimension ld, as 32-bit shared-space byte
+// addresses (the per-lane part computed once, the region's part a multiply-add):
+//  - `a`: as the A operand (rows = m, columns = k), or, transposed, as the B operands of two n8
+//    tiles when rows are k and columns n;
+//  - `b`: as the B operands of two n8 tiles when rows are n and columns k (not transposed).
+template <int ld>
+struct FragmentAddress {
+  unsigned a, b;  // per-lane byte offsets
+  __device__ explicit FragmentAddress(int lane)
+      : a(((lane % 16) * ld + 8 * (lane / 16)) * 2),
+        b(((lane % 8 + 8 * (lane / 16)) * ld + 8 * ((lane / 8) % 2)) * 2) {}
+  __device__ static unsigned region(unsigned tile, int row0, int col0) {
+    return tile + (row0 * ld + col0) * 2;
+  }
+};
+
+// Steps through 16-token chunks and the block each lies in, without dividing.
+struct ChunkBlocks {
+  int block = 0, left;
+  const int per_block;
+  __device__ explicit ChunkBlocks(int chunks_per_block)
+      : left(chunks_per_block), per_block(chunks_per_block) {}
+  __device__ void next() {
+    if (--left == 0) left = per_block, ++block;
+  }
+};
 
 // Two n8 accumulator tiles (16 x 16) as the A operand of the next product, scaled by w.
 template <typename T>
@@ -124,13 +143,14 @@ struct ResidentLayout {
   // The forward's output tile o, read once while the gradient is prepared, shares its space
   // with the warps' fp32 staging strips, used only afterwards.
   __host__ __device__ static size_t out_or_stages_bytes(int padded) {
-    const size_t stages = align128(static_cast<size_t>(kWarps) * kStrip * stage_ld * 4);
+    const size_t stages = align128(static_cast<size_t>(kBackwardWarps) * kStrip * stage_ld * 4);
     const size_t out = tile_bytes(padded);
     return stages > out ? stages : out;
   }
   static size_t backward_bytes(int padded, int blocks) {
     return 4 * tile_bytes(padded) + 3 * align128(static_cast<size_t>(padded) * 4) +
-           2 * align128(static_cast<size_t>(blocks) * blocks * 4) + out_or_stages_bytes(padded);
+           align128(static_cast<size_t>(blocks) * blocks * 4) +
+           align128(static_cast<size_t>(padded / kStrip) * blocks * 4) + out_or_stages_bytes(padded);
   }
 };
 
@@ -184,7 +204,7 @@ __device__ void store_strip(const float* stage, T* dst, int b, int h, int heads,
 template <typename T, int D>
 __device__ void copy_rows(const TokenTensor& src, int b, int h, int n, int padded, T* tile) {
   constexpr int ld = ResidentLayout<D>::ld, per_row = D / 8;  // 16-byte pieces per row
-  for (int piece = threadIdx.x; piece < padded * per_row; piece += kThreads) {
+  for (int piece = threadIdx.x; piece < padded * per_row; piece += blockDim.x) {
     const int r = piece / per_row, c = (piece % per_row) * 8;
     if (r < n) {
       copy_async(tile + r * ld + c, token_row<T, D>(src, b, r, h) + c);
@@ -201,7 +221,7 @@ __device__ void features_in_place(T* tile, int n, int padded, float* inv_rms) {
   using L = Layout<T, D>;
   constexpr int ld = ResidentLayout<D>::ld;
   const int lane = threadIdx.x % L::lanes;
-  for (int r = threadIdx.x / L::lanes; r < padded; r += L::rows_per_pass) {  // whole warps
+  for (int r = threadIdx.x / L::lanes; r < padded; r += blockDim.x / L::lanes) {  // whole warps
     uint4* at = reinterpret_cast<uint4*>(tile + r * ld + lane * L::vec);
     uint4 raw = *at;
     T* values = reinterpret_cast<T*>(&raw);
@@ -220,7 +240,7 @@ __device__ void features_in_place(T* tile, int n, int padded, float* inv_rms) {
 }
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads, 2) resident_forward_kernel(ResidentBlockLinearForward p) {
+__global__ void __launch_bounds__(kForwardThreads, 2) resident_forward_kernel(ResidentBlockLinearForward p) {
   constexpr int ld = ResidentLayout<D>::ld;
   extern __shared__ __align__(128) unsigned char smem[];
   const auto& s = p.shape;
@@ -248,25 +268,33 @@ __global__ void __launch_bounds__(kThreads, 2) resident_forward_kernel(ResidentB
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   T* out = static_cast<T*>(p.out);
+  using Address = FragmentAddress<ld>;
+  const Address lane_address(lane);
+  const unsigned q_tile = shared_address(qf), k_tile = shared_address(kf) + lane_address.b,
+                 v_tile = shared_address(vs) + lane_address.a;
   for (int strip = warp; strip < strips; strip += kWarps) {
     const int row0 = strip * kStrip;
     uint32_t qa[D / 16][4];
 #pragma unroll
-    for (int kd = 0; kd < D / 16; ++kd) load_matrices(qa[kd], a_rows(qf, ld, row0, 16 * kd, lane));
+    for (int kd = 0; kd < D / 16; ++kd)
+      load_matrices(qa[kd], Address::region(q_tile + lane_address.a, row0, 16 * kd));
     float acc[D / 8][4] = {};
     float den_lo = 0.f, den_hi = 0.f;  // rows g and g + 8
     const float* mix_row = mixes ? mix + geometry.of(strip) * s.blocks : nullptr;
+    ChunkBlocks key_blocks(geometry.chunks_per_block);
+#pragma unroll 2
     for (int chunk = 0; chunk < strips; ++chunk) {
       const int key0 = chunk * kStrip;
       float scores[2][4] = {};
 #pragma unroll
       for (int kd = 0; kd < D / 16; ++kd) {
         uint32_t kb[4];
-        load_matrices(kb, b_rows(kf, ld, key0, 16 * kd, lane));
+        load_matrices(kb, Address::region(k_tile, key0, 16 * kd));
         mma<T>(scores[0], qa[kd], kb[0], kb[1]);
         mma<T>(scores[1], qa[kd], kb[2], kb[3]);
       }
-      const float w = mixes ? mix_row[geometry.of(chunk)] : 1.f;
+      const float w = mixes ? mix_row[key_blocks.block] : 1.f;
+      key_blocks.next();
       den_lo += w * (scores[0][0] + scores[0][1] + scores[1][0] + scores[1][1]);
       den_hi += w * (scores[0][2] + scores[0][3] + scores[1][2] + scores[1][3]);
       uint32_t pa[4];
@@ -274,7 +302,7 @@ __global__ void __launch_bounds__(kThreads, 2) resident_forward_kernel(ResidentB
 #pragma unroll
       for (int dj = 0; dj < D / 16; ++dj) {
         uint32_t vb[4];
-        load_matrices_transposed(vb, a_rows(vs, ld, key0, 16 * dj, lane));
+        load_matrices_transposed(vb, Address::region(v_tile, key0, 16 * dj));
         mma<T>(acc[2 * dj], pa, vb[0], vb[1]);
         mma<T>(acc[2 * dj + 1], pa, vb[2], vb[3]);
       }
@@ -320,7 +348,7 @@ __device__ void scale_gradient_in_place(const float* den, int n, int padded, T* 
   using L = Layout<T, D>;
   constexpr int ld = ResidentLayout<D>::ld;
   const int lane = threadIdx.x % L::lanes;
-  for (int r = threadIdx.x / L::lanes; r < padded; r += L::rows_per_pass) {  // whole warps
+  for (int r = threadIdx.x / L::lanes; r < padded; r += blockDim.x / L::lanes) {  // whole warps
     uint4* at = reinterpret_cast<uint4*>(gs + r * ld + lane * L::vec);
     uint4 raw = *at;
     const uint4 raw_o = *reinterpret_cast<const uint4*>(o_tile + r * ld + lane * L::vec);
@@ -340,7 +368,7 @@ __device__ void scale_gradient_in_place(const float* den, int n, int padded, T* 
 }
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kBackwardThreads, 1)
     resident_backward_kernel(ResidentBlockLinearBackward p) {
   using RL = ResidentLayout<D>;
   constexpr int ld = RL::ld;
@@ -367,7 +395,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* inv_rms_q = reinterpret_cast<float*>(take(padded * 4));
   float* inv_rms_k = reinterpret_cast<float*>(take(padded * 4));
   float* mix = reinterpret_cast<float*>(take(blocks * blocks * 4));
-  float* dm = reinterpret_cast<float*>(take(blocks * blocks * 4));
+  // dm per (key strip, query block): each written once, by the warp owning the key strip.
+  float* dm_partials = reinterpret_cast<float*>(take(strips * blocks * 4));
   unsigned char* out_or_stages = take(RL::out_or_stages_bytes(padded));
   T* o_tile = reinterpret_cast<T*>(out_or_stages);
   float* stages = reinterpret_cast<float*>(out_or_stages);
@@ -378,10 +407,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   copy_rows<T, D>(p.grad_out, b, h, n, padded, gs);
   copy_rows<T, D>(p.out, b, h, n, padded, o_tile);
   if (mixes) {
-    for (int e = threadIdx.x; e < blocks * blocks; e += kThreads) {
-      mix[e] = p.mixing[e];
-      dm[e] = 0.f;
-    }
+    for (int e = threadIdx.x; e < blocks * blocks; e += blockDim.x) mix[e] = p.mixing[e];
   }
   wait_async_copies();
   __syncthreads();
@@ -393,32 +419,37 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   float* stage = stages + warp * kStrip * RL::stage_ld;
 
+  using Address = FragmentAddress<ld>;
+  const Address lane_address(lane);
+  const unsigned q_base = shared_address(qf), k_base = shared_address(kf),
+                 v_base = shared_address(vs), g_base = shared_address(gs);
+
   // Keys: dv_s = sum_t P_ts g_t and dphi(k_s) = sum_t w_ts dP_ts phi(q_t), with
   // dP_ts = g_t . v_s + gd_t; dm_ij = sum over the tile pairs of dP_ts (phi(q_t) . phi(k_s)).
-  for (int strip = warp; strip < strips; strip += kWarps) {
+  for (int strip = warp; strip < strips; strip += kBackwardWarps) {
     const int key0 = strip * kStrip;
-    uint32_t ka[D / 16][4], va[D / 16][4];
+    uint32_t ka[D / 16][4];  // the strip's values are re-read per chunk: registers are short
 #pragma unroll
-    for (int kd = 0; kd < D / 16; ++kd) {
-      load_matrices(ka[kd], a_rows(kf, ld, key0, 16 * kd, lane));
-      load_matrices(va[kd], a_rows(vs, ld, key0, 16 * kd, lane));
-    }
+    for (int kd = 0; kd < D / 16; ++kd)
+      load_matrices(ka[kd], Address::region(k_base + lane_address.a, key0, 16 * kd));
     float dv[D / 8][4] = {}, dk[D / 8][4] = {};
     const int key_block = geometry.of(strip);
     float dm_partial = 0.f;
     int dm_block = 0;
+    ChunkBlocks query_blocks(geometry.chunks_per_block);
     for (int chunk = 0; chunk < strips; ++chunk) {
       const int query0 = chunk * kStrip;
       float scores[2][4] = {}, dp[2][4] = {};  // [key][query]
 #pragma unroll
       for (int kd = 0; kd < D / 16; ++kd) {
-        uint32_t qb[4], gb[4];
-        load_matrices(qb, b_rows(qf, ld, query0, 16 * kd, lane));
+        uint32_t qb[4], gb[4], va[4];
+        load_matrices(va, Address::region(v_base + lane_address.a, key0, 16 * kd));
+        load_matrices(qb, Address::region(q_base + lane_address.b, query0, 16 * kd));
         mma<T>(scores[0], ka[kd], qb[0], qb[1]);
         mma<T>(scores[1], ka[kd], qb[2], qb[3]);
-        load_matrices(gb, b_rows(gs, ld, query0, 16 * kd, lane));
-        mma<T>(dp[0], va[kd], gb[0], gb[1]);
-        mma<T>(dp[1], va[kd], gb[2], gb[3]);
+        load_matrices(gb, Address::region(g_base + lane_address.b, query0, 16 * kd));
+        mma<T>(dp[0], va, gb[0], gb[1]);
+        mma<T>(dp[1], va, gb[2], gb[3]);
       }
       float dm_tile = 0.f;
 #pragma unroll
@@ -430,33 +461,34 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       float w = 1.f;
       if (mixes) {
-        const int query_block = geometry.of(chunk);  // uniform over the warp
+        const int query_block = query_blocks.block;  // uniform over the warp
         if (query_block != dm_block) {
           const float total = warp_sum(dm_partial);
-          if (lane == 0) atomicAdd(dm + dm_block * blocks + key_block, total);
+          if (lane == 0) dm_partials[strip * blocks + dm_block] = total;
           dm_block = query_block;
           dm_partial = 0.f;
         }
         dm_partial += dm_tile;
         w = mix[query_block * blocks + key_block];
       }
+      query_blocks.next();
       uint32_t pa[4], da[4];
       to_operand<T>(pa, scores, w);
       to_operand<T>(da, dp, w);
 #pragma unroll
       for (int dj = 0; dj < D / 16; ++dj) {
         uint32_t gb[4], qb[4];
-        load_matrices_transposed(gb, a_rows(gs, ld, query0, 16 * dj, lane));
+        load_matrices_transposed(gb, Address::region(g_base + lane_address.a, query0, 16 * dj));
         mma<T>(dv[2 * dj], pa, gb[0], gb[1]);
         mma<T>(dv[2 * dj + 1], pa, gb[2], gb[3]);
-        load_matrices_transposed(qb, a_rows(qf, ld, query0, 16 * dj, lane));
+        load_matrices_transposed(qb, Address::region(q_base + lane_address.a, query0, 16 * dj));
         mma<T>(dk[2 * dj], da, qb[0], qb[1]);
         mma<T>(dk[2 * dj + 1], da, qb[2], qb[3]);
       }
     }
     if (mixes) {
       const float total = warp_sum(dm_partial);
-      if (lane == 0) atomicAdd(dm + dm_block * blocks + key_block, total);
+      if (lane == 0) dm_partials[strip * blocks + dm_block] = total;
     }
     __syncwarp();
     stage_strip<D>(stage, dv, lane);
@@ -472,21 +504,23 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // Queries: dphi(q_t) = sum_s w_ts dP_ts phi(k_s).
-  for (int strip = warp; strip < strips; strip += kWarps) {
+  for (int strip = warp; strip < strips; strip += kBackwardWarps) {
     const int row0 = strip * kStrip;
     uint32_t ga[D / 16][4];
 #pragma unroll
-    for (int kd = 0; kd < D / 16; ++kd) load_matrices(ga[kd], a_rows(gs, ld, row0, 16 * kd, lane));
+    for (int kd = 0; kd < D / 16; ++kd)
+      load_matrices(ga[kd], Address::region(g_base + lane_address.a, row0, 16 * kd));
     const float gd_lo = gd[row0 + g], gd_hi = gd[row0 + g + 8];
     const float* mix_row = mixes ? mix + geometry.of(strip) * blocks : nullptr;
     float dq[D / 8][4] = {};
+    ChunkBlocks key_blocks(geometry.chunks_per_block);
     for (int chunk = 0; chunk < strips; ++chunk) {
       const int key0 = chunk * kStrip;
       float dp[2][4] = {};  // [query][key]
 #pragma unroll
       for (int kd = 0; kd < D / 16; ++kd) {
         uint32_t vb[4];
-        load_matrices(vb, b_rows(vs, ld, key0, 16 * kd, lane));
+        load_matrices(vb, Address::region(v_base + lane_address.b, key0, 16 * kd));
         mma<T>(dp[0], ga[kd], vb[0], vb[1]);
         mma<T>(dp[1], ga[kd], vb[2], vb[3]);
       }
@@ -495,11 +529,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         dp[j][0] += gd_lo, dp[j][1] += gd_lo, dp[j][2] += gd_hi, dp[j][3] += gd_hi;
       }
       uint32_t da[4];
-      to_operand<T>(da, dp, mixes ? mix_row[geometry.of(chunk)] : 1.f);
+      to_operand<T>(da, dp, mixes ? mix_row[key_blocks.block] : 1.f);
+      key_blocks.next();
 #pragma unroll
       for (int dj = 0; dj < D / 16; ++dj) {
         uint32_t kb[4];
-        load_matrices_transposed(kb, a_rows(kf, ld, key0, 16 * dj, lane));
+        load_matrices_transposed(kb, Address::region(k_base + lane_address.a, key0, 16 * dj));
         mma<T>(dq[2 * dj], da, kb[0], kb[1]);
         mma<T>(dq[2 * dj + 1], da, kb[2], kb[3]);
       }
@@ -514,8 +549,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (mixes) {
     __syncthreads();
-    for (int e = threadIdx.x; e < blocks * blocks; e += kThreads) {
-      if (dm[e] != 0.f) atomicAdd(p.grad_mixing + e, dm[e]);
+    for (int e = threadIdx.x; e < blocks * blocks; e += blockDim.x) {
+      const int query_block = e / blocks, key_block = e % blocks;
+      const int first = key_block * geometry.chunks_per_block;
+      const int last = min(strips, first + geometry.chunks_per_block);
+      float total = 0.f;
+      for (int strip = first; strip < last; ++strip) total += dm_partials[strip * blocks + query_block];
+      if (total != 0.f) atomicAdd(p.grad_mixing + e, total);
     }
   }
 }
@@ -530,7 +570,7 @@ cudaError_t forward_for(const ResidentBlockLinearForward& a, cudaStream_t stream
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(bytes));
   if (err != cudaSuccess) return err;
-  resident_forward_kernel<T, D><<<s.batch * s.heads, kThreads, bytes, stream>>>(a);
+  resident_forward_kernel<T, D><<<s.batch * s.heads, kForwardThreads, bytes, stream>>>(a);
   return cudaGetLastError();
 }
 
@@ -546,7 +586,7 @@ cudaError_t backward_for(const ResidentBlockLinearBackward& a, cudaStream_t stre
   err = cudaFuncSetAttribute(resident_backward_kernel<T, D>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   if (err != cudaSuccess) return err;
-  resident_backward_kernel<T, D><<<s.batch * s.heads, kThreads, bytes, stream>>>(a);
+  resident_backward_kernel<T, D><<<s.batch * s.heads, kBackwardThreads, bytes, stream>>>(a);
   return cudaGetLastError();
 }
 

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "mhla/block_linear_attention.h"
@@ -251,12 +252,67 @@ bool run_case(DType dtype, int batch, int heads, int tokens, int dim, int blocks
   return ok;
 }
 
+// Kernel-only timing of the resident kernels at the vision shape (B = 256, H = 6, N = 256,
+// D = 64, M = 16; also linear attention), for profilers: block_linear_smoke --time.
+void time_resident() {
+  const int B = 256, H = 6, N = 256, D = 64, M = 16;
+  const size_t count = static_cast<size_t>(B) * N * H * D;
+  std::vector<float> host(count);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal;
+  for (auto& x : host) x = normal(rng);
+  using T = __nv_bfloat16;
+  T *q = upload<T>(host), *k = upload<T>(host), *v = upload<T>(host), *go = upload<T>(host);
+  std::vector<float> mixing_host(M * M, 1.0f / M);
+  float* mixing = upload<float>(mixing_host);
+  void *out, *dq, *dk, *dv;
+  float *den, *dm;
+  for (void** p : {&out, &dq, &dk, &dv}) CHECK_CUDA(cudaMalloc(p, count * sizeof(T)));
+  CHECK_CUDA(cudaMalloc(&den, static_cast<size_t>(B) * H * N * 4));
+  CHECK_CUDA(cudaMalloc(&dm, M * M * 4));
+  const int64_t ts = static_cast<int64_t>(H) * D;
+  auto view = [&](const void* p) { return TokenTensor{p, N * ts, ts, D}; };
+  for (int blocks : {M, 1}) {
+    const BlockLinearShape shape{B, N, H, D, blocks};
+    ResidentBlockLinearForward f;
+    f.shape = shape, f.q = view(q), f.k = view(k), f.v = view(v);
+    f.mixing = blocks > 1 ? mixing : nullptr, f.out = out, f.den = den;
+    ResidentBlockLinearBackward bw;
+    bw.shape = shape, bw.q = f.q, bw.k = f.k, bw.v = f.v, bw.out = view(out), bw.grad_out = view(go);
+    bw.den = den, bw.mixing = f.mixing, bw.grad_mixing = blocks > 1 ? dm : nullptr;
+    bw.grad_q = dq, bw.grad_k = dk, bw.grad_v = dv;
+    cudaEvent_t start, stop;
+    cudaEventCreate(&start);
+    cudaEventCreate(&stop);
+    const int reps = 20;
+    float forward_ms = 0, backward_ms = 0;
+    for (int pass = 0; pass < 2; ++pass) {  // the first pass warms up
+      cudaEventRecord(start);
+      for (int i = 0; i < reps; ++i) CHECK_CUDA(resident_block_linear_forward(f, nullptr));
+      cudaEventRecord(stop);
+      cudaEventSynchronize(stop);
+      cudaEventElapsedTime(&forward_ms, start, stop);
+      cudaEventRecord(start);
+      for (int i = 0; i < reps; ++i) CHECK_CUDA(resident_block_linear_backward(bw, nullptr));
+      cudaEventRecord(stop);
+      cudaEventSynchronize(stop);
+      cudaEventElapsedTime(&backward_ms, start, stop);
+    }
+    std::printf("resident M=%d B=%d H=%d N=%d D=%d: forward %.3f ms, backward %.3f ms\n", blocks, B,
+                H, N, D, forward_ms / reps, backward_ms / reps);
+  }
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     std::printf("no CUDA device: nothing to run\n");
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "--time") {
+    time_resident();
     return 0;
   }
   bool ok = true;
