@@ -1,0 +1,36 @@
+// Which shapes the `cuda` backend of linear attention and MHLA sends to the resident kernels
+// (kernels/mhla/resident_block_linear.h) instead of the state kernels. A host-side decision, so
+// it is checked on every machine that builds the kernels, GPU or not; the kernels' numbers are
+// checked by the [gpu] op tests.
+#include "catch_compat.h"
+
+#ifdef MHLA_WITH_CUDA_KERNELS
+#include "mhla/resident_block_linear.h"
+
+TEST_CASE("resident kernels: the shapes the cuda backend hands them", "[attention]") {
+  using mhla_kernels::DType;
+  auto takes = [](int batch, int tokens, int heads, int dim, int blocks,
+                  DType dtype = DType::bf16) {
+    return mhla_kernels::resident_block_linear_supported({batch, tokens, heads, dim, blocks},
+                                                         dtype);
+  };
+  // Taken: the DeiT/DiT shape (16 blocks of 16 tokens), fp16, D = 32 up to 512 tokens, linear
+  // attention (one block) with a partial 16-token strip.
+  CHECK(takes(256, 256, 6, 64, 16));
+  CHECK(takes(256, 256, 6, 64, 16, DType::f16));
+  CHECK(takes(2, 512, 3, 32, 8));
+  CHECK(takes(2, 200, 2, 64, 1));
+  CHECK(takes(3, 12, 1, 32, 1));
+  // Refused: blocks that are not whole 16-token strips, sequences beyond shared memory, D = 128,
+  // fp32 (the state kernels' tf32 path), empty shapes.
+  CHECK_FALSE(takes(2, 100, 2, 64, 4));
+  CHECK_FALSE(takes(1, 256, 1, 32, 64));
+  CHECK_FALSE(takes(64, 1024, 6, 64, 16));
+  CHECK_FALSE(takes(2, 512, 2, 64, 1));
+  CHECK_FALSE(takes(2, 1024, 2, 32, 1));
+  CHECK_FALSE(takes(1, 64, 2, 128, 16));
+  CHECK_FALSE(takes(256, 256, 6, 64, 16, DType::f32));
+  CHECK_FALSE(takes(0, 256, 6, 64, 16));
+  CHECK_FALSE(takes(2, 256, 2, 64, 0));
+}
+#endif
