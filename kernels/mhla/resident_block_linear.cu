@@ -44,8 +44,7 @@ __device__ __forceinline__ void load_matrices_transposed(uint32_t (&r)[4], unsig
 
 // 16 bytes global -> shared without passing through registers; many in flight per thread.
 __device__ __forceinline__ void copy_async(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(dst)),
-               "l"(src));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(dst)), "l"(src));
 }
 __device__ __forceinline__ void wait_async_copies() {
   asm volatile("cp.async.wait_all;\n" ::);
@@ -134,9 +133,11 @@ struct BlockGeometry {
 
 template <int D>
 struct ResidentLayout {
-  static constexpr int ld = D + 8;      // elements per shared row (conflict-free ldmatrix)
+  static constexpr int ld = D + 8;        // elements per shared row (conflict-free ldmatrix)
   static constexpr int stage_ld = D + 8;  // floats per row of a warp's fp32 staging strip
-  __host__ __device__ static size_t tile_bytes(int padded) { return align128(static_cast<size_t>(padded) * ld * 2); }
+  __host__ __device__ static size_t tile_bytes(int padded) {
+    return align128(static_cast<size_t>(padded) * ld * 2);
+  }
   static size_t forward_bytes(int padded, int blocks) {
     return 3 * tile_bytes(padded) + align128(static_cast<size_t>(blocks) * blocks * 4);
   }
@@ -150,7 +151,8 @@ struct ResidentLayout {
   static size_t backward_bytes(int padded, int blocks) {
     return 4 * tile_bytes(padded) + 3 * align128(static_cast<size_t>(padded) * 4) +
            align128(static_cast<size_t>(blocks) * blocks * 4) +
-           align128(static_cast<size_t>(padded / kStrip) * blocks * 4) + out_or_stages_bytes(padded);
+           align128(static_cast<size_t>(padded / kStrip) * blocks * 4) +
+           out_or_stages_bytes(padded);
   }
 };
 
@@ -240,7 +242,8 @@ __device__ void features_in_place(T* tile, int n, int padded, float* inv_rms) {
 }
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kForwardThreads, 2) resident_forward_kernel(ResidentBlockLinearForward p) {
+__global__ void __launch_bounds__(kForwardThreads, 2)
+    resident_forward_kernel(ResidentBlockLinearForward p) {
   constexpr int ld = ResidentLayout<D>::ld;
   extern __shared__ __align__(128) unsigned char smem[];
   const auto& s = p.shape;
@@ -343,8 +346,8 @@ __global__ void __launch_bounds__(kForwardThreads, 2) resident_forward_kernel(Re
 // In place: gs holds do, o_tile the forward's output; afterwards gs holds g = do / (den + eps)
 // (padding zero) and gd = -(do . o) / (den + eps).
 template <typename T, int D>
-__device__ void scale_gradient_in_place(const float* den, int n, int padded, T* gs,
-                                        const T* o_tile, float* gd) {
+__device__ void scale_gradient_in_place(const float* den, int n, int padded, T* gs, const T* o_tile,
+                                        float* gd) {
   using L = Layout<T, D>;
   constexpr int ld = ResidentLayout<D>::ld;
   const int lane = threadIdx.x % L::lanes;
@@ -554,21 +557,24 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
       const int first = key_block * geometry.chunks_per_block;
       const int last = min(strips, first + geometry.chunks_per_block);
       float total = 0.f;
-      for (int strip = first; strip < last; ++strip) total += dm_partials[strip * blocks + query_block];
+      for (int strip = first; strip < last; ++strip)
+        total += dm_partials[strip * blocks + query_block];
       if (total != 0.f) atomicAdd(p.grad_mixing + e, total);
     }
   }
 }
 
-int padded_tokens(const BlockLinearShape& s) { return (s.tokens + kStrip - 1) / kStrip * kStrip; }
+int padded_tokens(const BlockLinearShape& s) {
+  return (s.tokens + kStrip - 1) / kStrip * kStrip;
+}
 
 template <typename T, int D>
 cudaError_t forward_for(const ResidentBlockLinearForward& a, cudaStream_t stream) {
   const auto& s = a.shape;
   const size_t bytes = ResidentLayout<D>::forward_bytes(padded_tokens(s), s.blocks);
-  cudaError_t err = cudaFuncSetAttribute(resident_forward_kernel<T, D>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(bytes));
+  cudaError_t err =
+      cudaFuncSetAttribute(resident_forward_kernel<T, D>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   if (err != cudaSuccess) return err;
   resident_forward_kernel<T, D><<<s.batch * s.heads, kForwardThreads, bytes, stream>>>(a);
   return cudaGetLastError();
@@ -635,7 +641,7 @@ cudaError_t resident_block_linear_forward(const ResidentBlockLinearForward& args
       (args.mixing == nullptr && args.shape.blocks != 1))
     return cudaErrorInvalidValue;
   return pick<ResidentBlockLinearForward, ForwardPass>(args.dtype, args.shape.head_dim)(args,
-                                                                                       stream);
+                                                                                        stream);
 }
 
 cudaError_t resident_block_linear_backward(const ResidentBlockLinearBackward& args,
@@ -645,7 +651,7 @@ cudaError_t resident_block_linear_backward(const ResidentBlockLinearBackward& ar
       (args.mixing != nullptr && args.grad_mixing == nullptr))
     return cudaErrorInvalidValue;
   return pick<ResidentBlockLinearBackward, BackwardPass>(args.dtype, args.shape.head_dim)(args,
-                                                                                         stream);
+                                                                                          stream);
 }
 
 }  // namespace mhla_kernels

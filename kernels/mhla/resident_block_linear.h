@@ -3,7 +3,8 @@
 // with the whole sequence of one (batch, head) resident in shared memory: one CTA per
 // (batch, head) computes the dense masked form of dense_block_linear.h,
 //
-//   P_ts = (phi(q_t) . phi(k_s)) m_{block(t), block(s)},   o_t = sum_s P_ts v_s / (sum_s P_ts + eps),
+//   P_ts = (phi(q_t) . phi(k_s)) m_{block(t), block(s)},   o_t = sum_s P_ts v_s / (sum_s P_ts +
+//   eps),
 //
 // with 16 x 16 score tiles that never leave the registers (mma.sync; the accumulator of one
 // product is the operand of the next, as in flash attention, but without a softmax). Every
