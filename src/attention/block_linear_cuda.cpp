@@ -91,7 +91,8 @@ void remember_input_dtypes(torch::autograd::AutogradContext* ctx, const torch::T
   ctx->saved_data["input_dtype_k"] = static_cast<int64_t>(k.scalar_type());
 }
 
-std::pair<torch::ScalarType, torch::ScalarType> input_dtypes(torch::autograd::AutogradContext* ctx) {
+std::pair<torch::ScalarType, torch::ScalarType> input_dtypes(
+    torch::autograd::AutogradContext* ctx) {
   return {static_cast<torch::ScalarType>(ctx->saved_data["input_dtype_q"].toInt()),
           static_cast<torch::ScalarType>(ctx->saved_data["input_dtype_k"].toInt())};
 }
@@ -188,6 +189,45 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
   }
 };
 
+// What both dense-form functions (the dense tiles and the resident kernels) hold around a launch:
+// the inputs in v's dtype and readable by the kernels, the mixing matrix in fp32 (empty: none),
+// the output and the row sums den [B * H, N].
+struct DenseFormTensors {
+  torch::Tensor q, k, v, mixing, out, den;
+  bool mixes() const { return mixing.numel() > 0; }
+
+  static DenseFormTensors for_forward(const torch::Tensor& q_in, const torch::Tensor& k_in,
+                                      const torch::Tensor& v_in, const torch::Tensor& mixing_in) {
+    const auto dtype = v_in.scalar_type();
+    DenseFormTensors t;
+    t.q = readable(q_in, dtype), t.k = readable(k_in, dtype), t.v = readable(v_in, dtype);
+    t.mixing =
+        mixing_in.numel() > 0 ? mixing_in.detach().to(torch::kFloat32).contiguous() : mixing_in;
+    t.out = torch::empty(t.q.sizes(), t.v.options().memory_format(torch::MemoryFormat::Contiguous));
+    t.den = torch::empty({t.q.size(0) * t.q.size(2), t.q.size(1)},
+                         t.q.options().dtype(torch::kFloat32));
+    return t;
+  }
+  void save(torch::autograd::AutogradContext* ctx) const {
+    ctx->save_for_backward({q, k, v, out, mixing, den});
+  }
+  static DenseFormTensors saved(torch::autograd::AutogradContext* ctx) {
+    auto s = ctx->get_saved_variables();
+    return {s[0], s[1], s[2], s[4], s[3], s[5]};
+  }
+};
+
+// The gradients a dense-form backward writes: dq, dk, dv contiguous in v's dtype, dm in fp32
+// when the op mixes.
+struct DenseFormGradients {
+  torch::Tensor dq, dk, dv, dmixing;
+  DenseFormGradients(const DenseFormTensors& t, int64_t blocks) {
+    auto contiguous = t.v.options().memory_format(torch::MemoryFormat::Contiguous);
+    dq = torch::empty(t.q.sizes(), contiguous), dk = torch::empty(t.q.sizes(), contiguous);
+    dv = torch::empty(t.q.sizes(), contiguous);
+    if (t.mixes()) dmixing = torch::empty({blocks, blocks}, t.den.options());
+  }
+};
 
 // The dense masked form (kernels/mhla/dense_block_linear.h) for the same ops: saves q, k, v, the
 // output and the row sums; the backward's elementwise inputs g = do / (den + eps) and
@@ -197,129 +237,105 @@ class DenseBlockLinearFunction : public torch::autograd::Function<DenseBlockLine
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q_in,
                                const torch::Tensor& k_in, const torch::Tensor& v_in,
                                const torch::Tensor& mixing_in, int64_t blocks, bool causal) {
-    const auto dtype = v_in.scalar_type();
-    auto q = readable(q_in, dtype), k = readable(k_in, dtype), v = readable(v_in, dtype);
-    const bool mixes = mixing_in.numel() > 0;
-    auto mixing = mixes ? mixing_in.detach().to(torch::kFloat32).contiguous() : mixing_in;
-    auto out = torch::empty(q.sizes(), v.options().memory_format(torch::MemoryFormat::Contiguous));
-    auto den = torch::empty({q.size(0) * q.size(2), q.size(1)}, q.options().dtype(torch::kFloat32));
+    const auto t = DenseFormTensors::for_forward(q_in, k_in, v_in, mixing_in);
     kernels::DenseBlockLinearForward a;
-    a.shape = shape_of(q, blocks);
-    a.dtype = kernel_dtype(dtype);
-    a.q = view_of(q), a.k = view_of(k), a.v = view_of(v);
-    a.mixing = mixes ? mixing.data_ptr<float>() : nullptr;
+    a.shape = shape_of(t.q, blocks);
+    a.dtype = kernel_dtype(t.v.scalar_type());
+    a.q = view_of(t.q), a.k = view_of(t.k), a.v = view_of(t.v);
+    a.mixing = t.mixes() ? t.mixing.data_ptr<float>() : nullptr;
     a.causal = causal;
-    a.out = out.data_ptr();
-    a.den = den.data_ptr<float>();
-    auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+    a.out = t.out.data_ptr();
+    a.den = t.den.data_ptr<float>();
+    auto stream = c10::cuda::getCurrentCUDAStream(t.q.device().index()).stream();
     check_launch(kernels::dense_block_linear_forward(a, stream), "dense block linear forward");
-    ctx->save_for_backward({q, k, v, out, mixing, den});
+    t.save(ctx);
     ctx->saved_data["blocks"] = blocks;
     ctx->saved_data["causal"] = causal;
     remember_input_dtypes(ctx, q_in, k_in);
-    return out;
+    return t.out;
   }
 
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
                                                torch::autograd::tensor_list grads) {
-    auto saved = ctx->get_saved_variables();
-    auto q = saved[0], k = saved[1], v = saved[2], out = saved[3], mixing = saved[4];
-    auto den = saved[5];
+    const auto t = DenseFormTensors::saved(ctx);
     const int64_t blocks = ctx->saved_data["blocks"].toInt();
     const bool causal = ctx->saved_data["causal"].toBool();
-    const bool mixes = mixing.numel() > 0;
-    const auto b = q.size(0), n = q.size(1), h = q.size(2);
+    const auto b = t.q.size(0), n = t.q.size(1), h = t.q.size(2);
     // [B*H, N] -> [B, N, H, 1], with the kernels' epsilon.
-    auto scale = (den.view({b, h, n}).permute({0, 2, 1}) + kNormalizerEps).unsqueeze(-1);
+    auto scale = (t.den.view({b, h, n}).permute({0, 2, 1}) + kNormalizerEps).unsqueeze(-1);
     auto grad_out = grads[0].to(torch::kFloat32);
-    auto grad_scaled = (grad_out / scale).to(v.scalar_type()).contiguous();
-    auto grad_den = (-(grad_out * out.to(torch::kFloat32)).sum(-1, true) / scale)
+    auto grad_scaled = (grad_out / scale).to(t.v.scalar_type()).contiguous();
+    auto grad_den = (-(grad_out * t.out.to(torch::kFloat32)).sum(-1, true) / scale)
                         .squeeze(-1)
                         .permute({0, 2, 1})
                         .contiguous();  // [B, H, N]
-    auto contiguous = v.options().memory_format(torch::MemoryFormat::Contiguous);
-    auto dq = torch::empty(q.sizes(), contiguous), dk = torch::empty(q.sizes(), contiguous);
-    auto dv = torch::empty(q.sizes(), contiguous);
-    torch::Tensor dmixing;
+    DenseFormGradients d(t, blocks);
     kernels::DenseBlockLinearBackward a;
-    a.shape = shape_of(q, blocks);
-    a.dtype = kernel_dtype(v.scalar_type());
-    a.q = view_of(q), a.k = view_of(k), a.v = view_of(v);
+    a.shape = shape_of(t.q, blocks);
+    a.dtype = kernel_dtype(t.v.scalar_type());
+    a.q = view_of(t.q), a.k = view_of(t.k), a.v = view_of(t.v);
     a.grad_scaled = view_of(grad_scaled);
     a.grad_den = grad_den.data_ptr<float>();
     a.causal = causal;
-    if (mixes) {
-      dmixing = torch::empty({blocks, blocks}, den.options());
-      a.mixing = mixing.data_ptr<float>();
-      a.grad_mixing = dmixing.data_ptr<float>();
+    if (t.mixes()) {
+      a.mixing = t.mixing.data_ptr<float>();
+      a.grad_mixing = d.dmixing.data_ptr<float>();
     }
-    a.grad_q = dq.data_ptr(), a.grad_k = dk.data_ptr(), a.grad_v = dv.data_ptr();
-    auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+    a.grad_q = d.dq.data_ptr(), a.grad_k = d.dk.data_ptr(), a.grad_v = d.dv.data_ptr();
+    auto stream = c10::cuda::getCurrentCUDAStream(t.q.device().index()).stream();
     check_launch(kernels::dense_block_linear_backward(a, stream), "dense block linear backward");
     const auto [q_type, k_type] = input_dtypes(ctx);
-    return {dq.to(q_type), dk.to(k_type), dv, dmixing, torch::Tensor(), torch::Tensor()};
+    return {d.dq.to(q_type), d.dk.to(k_type), d.dv, d.dmixing, torch::Tensor(), torch::Tensor()};
   }
 };
 
 // Short sequences with the whole (batch, head) in shared memory
 // (kernels/mhla/resident_block_linear.h): saves q, k, v, the output and the row sums; the
 // backward kernel forms g and gd itself from do, o and the row sums.
-class ResidentBlockLinearFunction
-    : public torch::autograd::Function<ResidentBlockLinearFunction> {
+class ResidentBlockLinearFunction : public torch::autograd::Function<ResidentBlockLinearFunction> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q_in,
                                const torch::Tensor& k_in, const torch::Tensor& v_in,
                                const torch::Tensor& mixing_in, int64_t blocks) {
-    const auto dtype = v_in.scalar_type();
-    auto q = readable(q_in, dtype), k = readable(k_in, dtype), v = readable(v_in, dtype);
-    const bool mixes = mixing_in.numel() > 0;
-    auto mixing = mixes ? mixing_in.detach().to(torch::kFloat32).contiguous() : mixing_in;
-    auto out = torch::empty(q.sizes(), v.options().memory_format(torch::MemoryFormat::Contiguous));
-    auto den = torch::empty({q.size(0) * q.size(2), q.size(1)}, q.options().dtype(torch::kFloat32));
+    const auto t = DenseFormTensors::for_forward(q_in, k_in, v_in, mixing_in);
     kernels::ResidentBlockLinearForward a;
-    a.shape = shape_of(q, blocks);
-    a.dtype = kernel_dtype(dtype);
-    a.q = view_of(q), a.k = view_of(k), a.v = view_of(v);
-    a.mixing = mixes ? mixing.data_ptr<float>() : nullptr;
-    a.out = out.data_ptr();
-    a.den = den.data_ptr<float>();
-    auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
-    check_launch(kernels::resident_block_linear_forward(a, stream), "resident block linear forward");
-    ctx->save_for_backward({q, k, v, out, mixing, den});
+    a.shape = shape_of(t.q, blocks);
+    a.dtype = kernel_dtype(t.v.scalar_type());
+    a.q = view_of(t.q), a.k = view_of(t.k), a.v = view_of(t.v);
+    a.mixing = t.mixes() ? t.mixing.data_ptr<float>() : nullptr;
+    a.out = t.out.data_ptr();
+    a.den = t.den.data_ptr<float>();
+    auto stream = c10::cuda::getCurrentCUDAStream(t.q.device().index()).stream();
+    check_launch(kernels::resident_block_linear_forward(a, stream),
+                 "resident block linear forward");
+    t.save(ctx);
     ctx->saved_data["blocks"] = blocks;
     remember_input_dtypes(ctx, q_in, k_in);
-    return out;
+    return t.out;
   }
 
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
                                                torch::autograd::tensor_list grads) {
-    auto saved = ctx->get_saved_variables();
-    auto q = saved[0], k = saved[1], v = saved[2], out = saved[3], mixing = saved[4];
-    auto den = saved[5];
+    const auto t = DenseFormTensors::saved(ctx);
     const int64_t blocks = ctx->saved_data["blocks"].toInt();
-    const bool mixes = mixing.numel() > 0;
-    auto grad_out = readable(grads[0], v.scalar_type());
-    auto contiguous = v.options().memory_format(torch::MemoryFormat::Contiguous);
-    auto dq = torch::empty(q.sizes(), contiguous), dk = torch::empty(q.sizes(), contiguous);
-    auto dv = torch::empty(q.sizes(), contiguous);
-    torch::Tensor dmixing;
+    auto grad_out = readable(grads[0], t.v.scalar_type());
+    DenseFormGradients d(t, blocks);
     kernels::ResidentBlockLinearBackward a;
-    a.shape = shape_of(q, blocks);
-    a.dtype = kernel_dtype(v.scalar_type());
-    a.q = view_of(q), a.k = view_of(k), a.v = view_of(v);
-    a.out = view_of(out), a.grad_out = view_of(grad_out);
-    a.den = den.data_ptr<float>();
-    if (mixes) {
-      dmixing = torch::empty({blocks, blocks}, den.options());
-      a.mixing = mixing.data_ptr<float>();
-      a.grad_mixing = dmixing.data_ptr<float>();
+    a.shape = shape_of(t.q, blocks);
+    a.dtype = kernel_dtype(t.v.scalar_type());
+    a.q = view_of(t.q), a.k = view_of(t.k), a.v = view_of(t.v);
+    a.out = view_of(t.out), a.grad_out = view_of(grad_out);
+    a.den = t.den.data_ptr<float>();
+    if (t.mixes()) {
+      a.mixing = t.mixing.data_ptr<float>();
+      a.grad_mixing = d.dmixing.data_ptr<float>();
     }
-    a.grad_q = dq.data_ptr(), a.grad_k = dk.data_ptr(), a.grad_v = dv.data_ptr();
-    auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+    a.grad_q = d.dq.data_ptr(), a.grad_k = d.dk.data_ptr(), a.grad_v = d.dv.data_ptr();
+    auto stream = c10::cuda::getCurrentCUDAStream(t.q.device().index()).stream();
     check_launch(kernels::resident_block_linear_backward(a, stream),
                  "resident block linear backward");
     const auto [q_type, k_type] = input_dtypes(ctx);
-    return {dq.to(q_type), dk.to(k_type), dv, dmixing, torch::Tensor()};
+    return {d.dq.to(q_type), d.dk.to(k_type), d.dv, d.dmixing, torch::Tensor()};
   }
 };
 
@@ -414,7 +430,8 @@ torch::Tensor mhla_cuda_dense(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const OpArgs& args) {
   if (args.causal) {
     check_causal_inputs("mhla", q, k, v);
-    if (!args.mixing.defined() || args.mixing.dim() != 2 || args.mixing.size(0) != args.mixing.size(1)) {
+    if (!args.mixing.defined() || args.mixing.dim() != 2 ||
+        args.mixing.size(0) != args.mixing.size(1)) {
       fail("mhla (cuda_dense): the causal mixing matrix must be square");
     }
     return causal_dense_or_reference(q, k, v, args.mixing);
