@@ -9,7 +9,9 @@ using namespace mhla;
 
 namespace {
 
-auto f64() { return torch::TensorOptions().dtype(torch::kFloat64); }
+auto f64() {
+  return torch::TensorOptions().dtype(torch::kFloat64);
+}
 
 struct Inputs {
   torch::Tensor q, k, v, beta, g, s0;
@@ -40,7 +42,8 @@ std::vector<torch::Tensor> leaves(Inputs& in) {
 
 // Outputs and the gradients of a fixed random projection of (out, final state).
 std::vector<torch::Tensor> outputs_and_grads(bool chunked, Inputs in, double scale, int64_t chunk,
-                                             const torch::Tensor& w_out, const torch::Tensor& w_state) {
+                                             const torch::Tensor& w_out,
+                                             const torch::Tensor& w_state) {
   auto x = leaves(in);
   torch::Tensor s0 = x.size() > 5 ? x[5] : torch::Tensor();
   auto r = chunked ? delta_rule_chunked(x[0], x[1], x[2], x[3], x[4], s0, scale, chunk)
@@ -53,7 +56,8 @@ std::vector<torch::Tensor> outputs_and_grads(bool chunked, Inputs in, double sca
 
 }  // namespace
 
-TEST_CASE("delta rule: chunked equals the recurrence, values and gradients (float64)", "[attention]") {
+TEST_CASE("delta rule: chunked equals the recurrence, values and gradients (float64)",
+          "[attention]") {
   torch::manual_seed(21);
   struct Case {
     const char* what;
@@ -61,15 +65,16 @@ TEST_CASE("delta rule: chunked equals the recurrence, values and gradients (floa
     double gate;
     bool per_key, s0;
   };
-  for (const auto& c : {Case{"no decay (g = 0)", 150, 0.0, false, true},
-                        Case{"moderate decay", 150, 0.5, false, true},
-                        Case{"strong decay", 130, 8.0, false, false},
-                        Case{"KDA per-key gates", 150, 0.5, true, true},
-                        Case{"KDA strong decay", 70, 8.0, true, true},
-                        Case{"shorter than a chunk", 20, 0.3, true, false}}) {
+  for (const auto& c :
+       {Case{"no decay (g = 0)", 150, 0.0, false, true},
+        Case{"moderate decay", 150, 0.5, false, true}, Case{"strong decay", 130, 8.0, false, false},
+        Case{"KDA per-key gates", 150, 0.5, true, true},
+        Case{"KDA strong decay", 70, 8.0, true, true},
+        Case{"shorter than a chunk", 20, 0.3, true, false}}) {
     INFO(c.what);
     auto in = make_inputs(2, c.t, 2, 16, 24, c.gate, c.per_key, c.s0);
-    auto w_out = torch::randn({2, c.t, 2, 24}, f64()), w_state = torch::randn({2, 2, 16, 24}, f64());
+    auto w_out = torch::randn({2, c.t, 2, 24}, f64()),
+         w_state = torch::randn({2, 2, 16, 24}, f64());
     const double scale = 1.0 / std::sqrt(16.0);
     auto rec = outputs_and_grads(false, in, scale, 64, w_out, w_state);
     auto chk = outputs_and_grads(true, in, scale, 64, w_out, w_state);
@@ -83,13 +88,18 @@ TEST_CASE("delta rule: chunked equals the recurrence, values and gradients (floa
 
 TEST_CASE("delta rule: the chunk size does not change the result", "[attention]") {
   torch::manual_seed(22);
-  auto in = make_inputs(1, 100, 2, 8, 8, 1.0, true, true);
-  auto reference = delta_rule_chunked(in.q, in.k, in.v, in.beta, in.g, in.s0, 0.5, 64);
-  for (int64_t chunk : {1, 7, 32, 100, 128}) {
-    INFO("chunk " << chunk);
-    auto r = delta_rule_chunked(in.q, in.k, in.v, in.beta, in.g, in.s0, 0.5, chunk);
-    CHECK(test::relative_error(r.out, reference.out) < 1e-11);
-    CHECK(test::relative_error(r.final_state, reference.final_state) < 1e-11);
+  // Per-key gates (KDA, chunk by chunk) and one gate per head (gated DeltaNet, all chunks at
+  // once, the sequence padded to whole chunks: 100 tokens in chunks of 7, 32 or 128).
+  for (const bool per_key : {true, false}) {
+    INFO((per_key ? "per-key gates" : "per-head gates"));
+    auto in = make_inputs(1, 100, 2, 8, 8, 1.0, per_key, true);
+    auto reference = delta_rule_chunked(in.q, in.k, in.v, in.beta, in.g, in.s0, 0.5, 64);
+    for (int64_t chunk : {1, 7, 32, 100, 128}) {
+      INFO("chunk " << chunk);
+      auto r = delta_rule_chunked(in.q, in.k, in.v, in.beta, in.g, in.s0, 0.5, chunk);
+      CHECK(test::relative_error(r.out, reference.out) < 1e-11);
+      CHECK(test::relative_error(r.final_state, reference.final_state) < 1e-11);
+    }
   }
 }
 
@@ -106,8 +116,9 @@ TEST_CASE("delta rule: closed forms of one write and read", "[attention]") {
   auto gate = torch::full({1, 1, 1}, -0.7, f64());
   auto half = torch::full({1, 1, 1}, 0.5, f64());
   auto kk = k.view({8, 1});
-  auto expected = std::exp(-0.7) * (torch::eye(8, f64()) - 0.5 * kk.matmul(kk.t())).matmul(s0.view({8, 5})) +
-                  0.5 * kk.matmul(v.view({1, 5}));
+  auto expected =
+      std::exp(-0.7) * (torch::eye(8, f64()) - 0.5 * kk.matmul(kk.t())).matmul(s0.view({8, 5})) +
+      0.5 * kk.matmul(v.view({1, 5}));
   auto step = delta_rule_recurrent(k, k, v, half, gate, s0, 1.0);
   CHECK(test::relative_error(step.final_state.view({8, 5}), expected) < 1e-12);
   // KDA with per-key gates: S1 = (I - b k k^T) Diag(exp g) S0 + b k v^T.
@@ -124,9 +135,9 @@ TEST_CASE("delta rule: chunked prefill then decode steps equal one pass", "[atte
   auto in = make_inputs(2, 90, 3, 16, 16, 0.7, false, false);
   const double scale = 0.25;
   auto full = delta_rule_chunked(in.q, in.k, in.v, in.beta, in.g, {}, scale);
-  auto prefill = delta_rule_chunked(in.q.narrow(1, 0, 70), in.k.narrow(1, 0, 70),
-                                    in.v.narrow(1, 0, 70), in.beta.narrow(1, 0, 70),
-                                    in.g.narrow(1, 0, 70), {}, scale);
+  auto prefill =
+      delta_rule_chunked(in.q.narrow(1, 0, 70), in.k.narrow(1, 0, 70), in.v.narrow(1, 0, 70),
+                         in.beta.narrow(1, 0, 70), in.g.narrow(1, 0, 70), {}, scale);
   CHECK(test::relative_error(prefill.out, full.out.narrow(1, 0, 70)) < 1e-12);
   auto state = prefill.final_state.clone();
   for (int64_t t = 70; t < 90; ++t) {
@@ -151,7 +162,8 @@ TEST_CASE("delta rule: float32 and bf16 inputs keep a float32 state", "[attentio
   CHECK(test::relative_error(low.final_state, exact.final_state) < 2e-2);
 }
 
-TEST_CASE("delta rule: the GPU decode kernel steps the state like the reference step", "[attention][gpu]") {
+TEST_CASE("delta rule: the GPU decode kernel steps the state like the reference step",
+          "[attention][gpu]") {
   if (!torch::cuda::is_available()) {
     WARN("no CUDA device: skipped");
     return;
@@ -161,11 +173,10 @@ TEST_CASE("delta rule: the GPU decode kernel steps the state like the reference 
     bool per_key_gate;
     torch::ScalarType dtype;
   };
-  for (const auto& c : {Case{3, 2, 128, 128, false, torch::kBFloat16},
-                        Case{3, 2, 128, 128, true, torch::kBFloat16},
-                        Case{2, 3, 64, 96, true, torch::kFloat32},
-                        Case{1, 2, 256, 40, false, torch::kFloat16},
-                        Case{2, 1, 20, 33, true, torch::kFloat32}}) {
+  for (const auto& c :
+       {Case{3, 2, 128, 128, false, torch::kBFloat16}, Case{3, 2, 128, 128, true, torch::kBFloat16},
+        Case{2, 3, 64, 96, true, torch::kFloat32}, Case{1, 2, 256, 40, false, torch::kFloat16},
+        Case{2, 1, 20, 33, true, torch::kFloat32}}) {
     INFO("B=" << c.b << " H=" << c.h << " Dk=" << c.dk << " Dv=" << c.dv << " per-key gate "
               << c.per_key_gate << " " << c.dtype);
     torch::manual_seed(31);
@@ -179,8 +190,9 @@ TEST_CASE("delta rule: the GPU decode kernel steps the state like the reference 
       auto k = unit(torch::randn({c.b, c.h, c.dk}, f32)).to(c.dtype);
       auto v = torch::randn({c.b, c.h, c.dv}, f32).to(c.dtype);
       auto beta = torch::rand({c.b, c.h}, f32);
-      auto g = -torch::rand(c.per_key_gate ? std::vector<int64_t>{c.b, c.h, c.dk}
-                                           : std::vector<int64_t>{c.b, c.h}, f32);
+      auto g = -torch::rand(
+          c.per_key_gate ? std::vector<int64_t>{c.b, c.h, c.dk} : std::vector<int64_t>{c.b, c.h},
+          f32);
       const double scale = 1.0 / std::sqrt(static_cast<double>(c.dk));
       auto before = kernel_state.data_ptr();
       auto o_kernel = delta_rule_decode(kernel_state, q, k, v, beta, g, scale);
@@ -188,7 +200,8 @@ TEST_CASE("delta rule: the GPU decode kernel steps the state like the reference 
       CHECK(kernel_state.data_ptr() == before);  // updated in place
       REQUIRE(o_kernel.scalar_type() == c.dtype);
       const double tolerance = c.dtype == torch::kFloat32 ? 1e-5 : 1e-2;
-      CHECK(test::relative_error(o_kernel.to(torch::kFloat32).cpu(), o_reference.to(torch::kFloat32).cpu()) < tolerance);
+      CHECK(test::relative_error(o_kernel.to(torch::kFloat32).cpu(),
+                                 o_reference.to(torch::kFloat32).cpu()) < tolerance);
       CHECK(test::relative_error(kernel_state.cpu(), reference_state.cpu()) < 1e-5);
     }
   }

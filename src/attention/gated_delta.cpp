@@ -1,6 +1,6 @@
 #include "attention/gated_delta.h"
 
-#include <functional>
+#include <algorithm>
 
 #include "core/error.h"
 
@@ -20,9 +20,9 @@ void check_shapes(const torch::Tensor& q, const torch::Tensor& k, const torch::T
                   const torch::Tensor& beta, const torch::Tensor& g,
                   const torch::Tensor& initial_state) {
   TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes(), "delta rule: q, k must be [B, T, H, Dk]");
-  TORCH_CHECK(v.dim() == 4 && v.size(0) == q.size(0) && v.size(1) == q.size(1) &&
-                  v.size(2) == q.size(2),
-              "delta rule: v must be [B, T, H, Dv]");
+  TORCH_CHECK(
+      v.dim() == 4 && v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2),
+      "delta rule: v must be [B, T, H, Dv]");
   TORCH_CHECK(beta.sizes() == q.sizes().slice(0, 3), "delta rule: beta must be [B, T, H]");
   TORCH_CHECK((g.dim() == 3 && g.sizes() == q.sizes().slice(0, 3)) ||
                   (g.dim() == 4 && g.sizes() == q.sizes()),
@@ -35,6 +35,61 @@ void check_shapes(const torch::Tensor& q, const torch::Tensor& k, const torch::T
   }
 }
 
+// Gated DeltaNet (one decay per head and token) in the WY form with everything that does not
+// depend on the running state computed for all chunks at once: the intra-chunk matrix
+// A_rs = beta_r (k_r . k_s) exp(G_r - G_s) (s < r), one batched triangular solve for
+// W = (I + A)^-1 diag(beta) (Gamma . K) and U0 = (I + A)^-1 diag(beta) V, the decayed q k^T
+// products and the decays to the chunk's end. Only the three state products per chunk,
+// u = U0 - W S, o = (Gamma . Q) S + QK u, S' = exp(G_C) S + (decayed K)^T u, stay sequential
+// (by linearity u equals (I + A)^-1 diag(beta) (V - (Gamma . K) S)). The sequence is padded to
+// whole chunks with beta = 0, g = 0, k = v = q = 0: padded tokens neither write nor decay the
+// state. Inputs [B, H, T, .] in the compute dtype, g [B, H, T]; returns out [B, H, T, Dv]
+// (unscaled) and the final state.
+std::pair<torch::Tensor, torch::Tensor> chunked_head_gate(
+    const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+    const torch::Tensor& beta, const torch::Tensor& g, torch::Tensor state, int64_t chunk) {
+  const auto b = q.size(0), h = q.size(1), t_total = q.size(2), dk = q.size(3), dv = v.size(3);
+  const int64_t c = std::min(chunk, t_total);
+  const int64_t chunks = (t_total + c - 1) / c, pad = chunks * c - t_total;
+  auto in_chunks = [&](const torch::Tensor& x) {  // [B, H, T, ...] -> [B, H, chunks, C, ...]
+    std::vector<int64_t> padding(2 * (x.dim() - 2), 0);
+    padding.back() = pad;  // the time dimension is the last one listed (dim 2)
+    auto padded = pad > 0 ? at::constant_pad_nd(x, padding, 0.0) : x;
+    auto sizes = padded.sizes().vec();
+    sizes[2] = c;
+    sizes.insert(sizes.begin() + 2, chunks);
+    return padded.reshape(sizes);
+  };
+  auto qc = in_chunks(q), kc = in_chunks(k), vc = in_chunks(v);
+  auto bc = in_chunks(beta).unsqueeze(-1);  // [B, H, n, C, 1]
+  auto cum = in_chunks(g).cumsum(-1);       // G_r within each chunk
+  auto causal = torch::ones({c, c}, cum.options().dtype(torch::kBool)).tril();
+  auto strict = torch::ones({c, c}, cum.options().dtype(torch::kBool)).tril(-1);
+  // exp(G_r - G_s) <= 1 for s <= r: strong decay cannot overflow.
+  auto pair_decay =
+      torch::exp((cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill(~causal, -INFINITY));
+  auto a = (bc * torch::matmul(kc, kc.transpose(-1, -2)) * pair_decay).masked_fill(~strict, 0.0);
+  auto gamma = torch::exp(cum).unsqueeze(-1);  // [B, H, n, C, 1]
+  auto solved = at::linalg_solve_triangular(torch::eye(c, a.options()) + a,
+                                            torch::cat({bc * gamma * kc, bc * vc}, -1),
+                                            /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
+  auto w = solved.narrow(-1, 0, dk), u0 = solved.narrow(-1, dk, dv);
+  auto qk = torch::matmul(qc, kc.transpose(-1, -2)) * pair_decay;
+  auto gamma_q = gamma * qc;
+  auto last = cum.narrow(-1, c - 1, 1);                       // [B, H, n, 1]
+  auto to_end_k = torch::exp(last - cum).unsqueeze(-1) * kc;  // [B, H, n, C, Dk]
+  auto chunk_decay = torch::exp(last).unsqueeze(-1);          // [B, H, n, 1, 1]
+  std::vector<torch::Tensor> outs;
+  for (int64_t i = 0; i < chunks; ++i) {
+    auto u = u0.select(2, i) - torch::matmul(w.select(2, i), state);
+    outs.push_back(torch::matmul(gamma_q.select(2, i), state) + torch::matmul(qk.select(2, i), u));
+    state = chunk_decay.select(2, i) * state +
+            torch::matmul(to_end_k.select(2, i).transpose(-1, -2), u);
+  }
+  auto out = torch::stack(outs, 2).reshape({b, h, chunks * c, dv}).narrow(2, 0, t_total);
+  return {out, state};
+}
+
 }  // namespace
 
 torch::Tensor delta_rule_step(torch::Tensor& state, const torch::Tensor& q, const torch::Tensor& k,
@@ -43,12 +98,12 @@ torch::Tensor delta_rule_step(torch::Tensor& state, const torch::Tensor& q, cons
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   const auto dtype = state.scalar_type();
   auto decay = torch::exp(g.to(dtype));
-  if (decay.dim() == 2) decay = decay.unsqueeze(-1);                 // [B, H, 1]: one per head
+  if (decay.dim() == 2) decay = decay.unsqueeze(-1);  // [B, H, 1]: one per head
   auto kf = k.to(dtype), qf = q.to(dtype);
-  auto decayed = state * decay.unsqueeze(-1);                        // Diag(exp g) S
-  auto predicted = torch::einsum("bhkv,bhk->bhv", {decayed, kf});    // S~^T k
+  auto decayed = state * decay.unsqueeze(-1);                      // Diag(exp g) S
+  auto predicted = torch::einsum("bhkv,bhk->bhv", {decayed, kf});  // S~^T k
   auto update = beta.to(dtype).unsqueeze(-1) * (v.to(dtype) - predicted);
-  state = decayed + kf.unsqueeze(-1) * update.unsqueeze(-2);         // + k u^T
+  state = decayed + kf.unsqueeze(-1) * update.unsqueeze(-2);  // + k u^T
   return (scale * torch::einsum("bhkv,bhk->bhv", {state, qf})).to(v.scalar_type());
 }
 
@@ -58,10 +113,9 @@ DeltaRuleOutput delta_rule_recurrent(const torch::Tensor& q, const torch::Tensor
                                      double scale) {
   check_shapes(q, k, v, beta, g, initial_state);
   const auto dtype = state_dtype(v);
-  auto state = initial_state.defined()
-                   ? initial_state.to(dtype)
-                   : torch::zeros({q.size(0), q.size(2), q.size(3), v.size(3)},
-                                  v.options().dtype(dtype));
+  auto state = initial_state.defined() ? initial_state.to(dtype)
+                                       : torch::zeros({q.size(0), q.size(2), q.size(3), v.size(3)},
+                                                      v.options().dtype(dtype));
   std::vector<torch::Tensor> outs;
   for (int64_t t = 0; t < q.size(1); ++t) {
     outs.push_back(delta_rule_step(state, q.select(1, t), k.select(1, t), v.select(1, t),
@@ -83,43 +137,37 @@ DeltaRuleOutput delta_rule_chunked(const torch::Tensor& q, const torch::Tensor& 
   // [B, H, T, .] layout in the compute dtype.
   auto qf = q.to(dtype).transpose(1, 2), kf = k.to(dtype).transpose(1, 2);
   auto vf = v.to(dtype).transpose(1, 2);
-  auto betaf = beta.to(dtype).transpose(1, 2);                       // [B, H, T]
-  const bool per_head_gate = g.dim() == 3;
-  auto gf = per_key_gate(g.to(dtype), dk).transpose(1, 2);           // [B, H, T, Dk]
-  auto state = initial_state.defined()
-                   ? initial_state.to(dtype)
-                   : torch::zeros({b, h, dk, dv}, v.options().dtype(dtype));
+  auto betaf = beta.to(dtype).transpose(1, 2);  // [B, H, T]
+  auto state = initial_state.defined() ? initial_state.to(dtype)
+                                       : torch::zeros({b, h, dk, dv}, v.options().dtype(dtype));
+  if (g.dim() == 3) {  // one decay per head
+    auto [out, final_state] =
+        chunked_head_gate(qf, kf, vf, betaf, g.to(dtype).transpose(1, 2), state, chunk);
+    return {(scale * out).transpose(1, 2).to(v.scalar_type()), final_state};
+  }
+  // KDA (one decay per key dimension): chunk by chunk, with the pairwise decays of each chunk
+  // spelled out per dimension.
+  auto gf = per_key_gate(g.to(dtype), dk).transpose(1, 2);  // [B, H, T, Dk]
   std::vector<torch::Tensor> outs;
   for (int64_t start = 0; start < t_total; start += chunk) {
     const int64_t c = std::min(chunk, t_total - start);
     auto qc = qf.narrow(2, start, c), kc = kf.narrow(2, start, c), vc = vf.narrow(2, start, c);
     auto bc = betaf.narrow(2, start, c);
-    auto cum = gf.narrow(2, start, c).cumsum(2);                     // G_r, per key dim
+    auto cum = gf.narrow(2, start, c).cumsum(2);  // G_r, per key dim
     auto causal = torch::ones({c, c}, cum.options().dtype(torch::kBool)).tril();
     auto strict = torch::ones({c, c}, cum.options().dtype(torch::kBool)).tril(-1);
-    // Pairwise decayed products sum_d x_r[d] k_s[d] exp(G_r - G_s)[d] for s <= r, zero above.
-    // exp(G_r - G_s) <= 1 there, so strong decay cannot overflow. One gate per head (gated
-    // DeltaNet) factors out of the sum: plain matmuls; per-key gates (KDA) need the full pairs.
-    std::function<torch::Tensor(const torch::Tensor&)> decayed_products;
-    if (per_head_gate) {
-      auto g_head = cum.select(-1, 0);                               // [B, H, C]
-      auto diff = g_head.unsqueeze(-1) - g_head.unsqueeze(-2);
-      auto pair_decay = torch::exp(diff.masked_fill(~causal, -INFINITY));
-      decayed_products = [&, pair_decay](const torch::Tensor& x) {
-        return torch::matmul(x, kc.transpose(-1, -2)) * pair_decay;
-      };
-    } else {
-      auto diff = cum.unsqueeze(3) - cum.unsqueeze(2);               // [B, H, C, C, Dk]
-      auto pair_decay = torch::exp(diff.masked_fill(~causal.unsqueeze(-1), -INFINITY));
-      decayed_products = [&, pair_decay](const torch::Tensor& x) {
-        return torch::einsum("bhrd,bhsd,bhrsd->bhrs", {x, kc, pair_decay});
-      };
-    }
+    // Pairwise decayed products sum_d x_r[d] k_s[d] exp(G_r - G_s)[d] for s <= r, zero above
+    // (exp(G_r - G_s) <= 1 there, so strong decay cannot overflow).
+    auto diff = cum.unsqueeze(3) - cum.unsqueeze(2);  // [B, H, C, C, Dk]
+    auto pair_decay = torch::exp(diff.masked_fill(~causal.unsqueeze(-1), -INFINITY));
+    auto decayed_products = [&](const torch::Tensor& x) {
+      return torch::einsum("bhrd,bhsd,bhrsd->bhrs", {x, kc, pair_decay});
+    };
     // A_rs = beta_r sum_d k_r[d] k_s[d] exp(G_r - G_s)[d], s < r.
     auto a = (bc.unsqueeze(-1) * decayed_products(kc)).masked_fill(~strict, 0.0);
     auto eye = torch::eye(c, a.options());
     // U = (I + A)^{-1} diag(beta) (V - (Gamma . K) S0)
-    auto gamma = torch::exp(cum);                                    // [B, H, C, Dk]
+    auto gamma = torch::exp(cum);  // [B, H, C, Dk]
     auto rhs = bc.unsqueeze(-1) * (vc - torch::matmul(gamma * kc, state));
     auto u = at::linalg_solve_triangular(eye + a, rhs, /*upper=*/false, /*left=*/true,
                                          /*unitriangular=*/true);
@@ -127,8 +175,8 @@ DeltaRuleOutput delta_rule_chunked(const torch::Tensor& q, const torch::Tensor& 
     auto qk = decayed_products(qc);
     outs.push_back(scale * (torch::matmul(gamma * qc, state) + torch::matmul(qk, u)));
     // S_C = Diag(Gamma_C) S0 + sum_s Diag(exp(G_C - G_s)) k_s u_s^T
-    auto last = cum.narrow(2, c - 1, 1);                             // [B, H, 1, Dk]
-    auto to_end = torch::exp(last - cum);                            // [B, H, C, Dk]
+    auto last = cum.narrow(2, c - 1, 1);   // [B, H, 1, Dk]
+    auto to_end = torch::exp(last - cum);  // [B, H, C, Dk]
     state = torch::exp(last.squeeze(2)).unsqueeze(-1) * state +
             torch::matmul((to_end * kc).transpose(-1, -2), u);
   }
