@@ -35,6 +35,39 @@ void check_shapes(const torch::Tensor& q, const torch::Tensor& k, const torch::T
   }
 }
 
+// sum_d x_r[d] k_s[d] exp(G_r[d] - G_s[d]) for s <= r inside one chunk, zero above (KDA: one
+// decay per key dimension), without the chunk's full [C, C, Dk] pairwise decays: the rows of each
+// 16-token sub-chunk reach earlier tokens through the decay to the sub-chunk's first token
+// (both factors exp(G_r - G_m) and exp(G_m - G_s) are <= 1, so strong decay cannot overflow) and
+// their own sub-chunk through exact pairwise decays. x, k, cum: [B, H, C, Dk] -> [B, H, C, C].
+torch::Tensor decayed_products_per_key(const torch::Tensor& x, const torch::Tensor& k,
+                                       const torch::Tensor& cum) {
+  constexpr int64_t kSub = 16;
+  const int64_t c = x.size(2);
+  std::vector<torch::Tensor> row_blocks;
+  for (int64_t first = 0; first < c; first += kSub) {
+    const int64_t rows = std::min(kSub, c - first);
+    auto xi = x.narrow(2, first, rows), ki = k.narrow(2, first, rows);
+    auto gi = cum.narrow(2, first, rows);
+    std::vector<torch::Tensor> parts;
+    if (first > 0) {
+      auto reference = cum.narrow(2, first, 1);
+      auto x_decayed = xi * torch::exp(gi - reference);
+      auto k_decayed = k.narrow(2, 0, first) * torch::exp(reference - cum.narrow(2, 0, first));
+      parts.push_back(torch::matmul(x_decayed, k_decayed.transpose(-1, -2)));
+    }
+    auto inside = torch::ones({rows, rows}, cum.options().dtype(torch::kBool)).tril();
+    auto pair_decay = torch::exp(
+        (gi.unsqueeze(3) - gi.unsqueeze(2)).masked_fill(~inside.unsqueeze(-1), -INFINITY));
+    parts.push_back(torch::einsum("bhrd,bhsd,bhrsd->bhrs", {xi, ki, pair_decay}));
+    if (first + rows < c) {
+      parts.push_back(torch::zeros({x.size(0), x.size(1), rows, c - first - rows}, x.options()));
+    }
+    row_blocks.push_back(torch::cat(parts, -1));
+  }
+  return torch::cat(row_blocks, 2);
+}
+
 // Gated DeltaNet (one decay per head and token) in the WY form with everything that does not
 // depend on the running state computed for all chunks at once: the intra-chunk matrix
 // A_rs = beta_r (k_r . k_s) exp(G_r - G_s) (s < r), one batched triangular solve for
@@ -145,8 +178,7 @@ DeltaRuleOutput delta_rule_chunked(const torch::Tensor& q, const torch::Tensor& 
         chunked_head_gate(qf, kf, vf, betaf, g.to(dtype).transpose(1, 2), state, chunk);
     return {(scale * out).transpose(1, 2).to(v.scalar_type()), final_state};
   }
-  // KDA (one decay per key dimension): chunk by chunk, with the pairwise decays of each chunk
-  // spelled out per dimension.
+  // KDA (one decay per key dimension): chunk by chunk.
   auto gf = per_key_gate(g.to(dtype), dk).transpose(1, 2);  // [B, H, T, Dk]
   std::vector<torch::Tensor> outs;
   for (int64_t start = 0; start < t_total; start += chunk) {
@@ -154,17 +186,9 @@ DeltaRuleOutput delta_rule_chunked(const torch::Tensor& q, const torch::Tensor& 
     auto qc = qf.narrow(2, start, c), kc = kf.narrow(2, start, c), vc = vf.narrow(2, start, c);
     auto bc = betaf.narrow(2, start, c);
     auto cum = gf.narrow(2, start, c).cumsum(2);  // G_r, per key dim
-    auto causal = torch::ones({c, c}, cum.options().dtype(torch::kBool)).tril();
     auto strict = torch::ones({c, c}, cum.options().dtype(torch::kBool)).tril(-1);
-    // Pairwise decayed products sum_d x_r[d] k_s[d] exp(G_r - G_s)[d] for s <= r, zero above
-    // (exp(G_r - G_s) <= 1 there, so strong decay cannot overflow).
-    auto diff = cum.unsqueeze(3) - cum.unsqueeze(2);  // [B, H, C, C, Dk]
-    auto pair_decay = torch::exp(diff.masked_fill(~causal.unsqueeze(-1), -INFINITY));
-    auto decayed_products = [&](const torch::Tensor& x) {
-      return torch::einsum("bhrd,bhsd,bhrsd->bhrs", {x, kc, pair_decay});
-    };
     // A_rs = beta_r sum_d k_r[d] k_s[d] exp(G_r - G_s)[d], s < r.
-    auto a = (bc.unsqueeze(-1) * decayed_products(kc)).masked_fill(~strict, 0.0);
+    auto a = (bc.unsqueeze(-1) * decayed_products_per_key(kc, kc, cum)).masked_fill(~strict, 0.0);
     auto eye = torch::eye(c, a.options());
     // U = (I + A)^{-1} diag(beta) (V - (Gamma . K) S0)
     auto gamma = torch::exp(cum);  // [B, H, C, Dk]
@@ -172,7 +196,7 @@ DeltaRuleOutput delta_rule_chunked(const torch::Tensor& q, const torch::Tensor& 
     auto u = at::linalg_solve_triangular(eye + a, rhs, /*upper=*/false, /*left=*/true,
                                          /*unitriangular=*/true);
     // o_r = scale ((Gamma_r . q_r)^T S0 + sum_{s<=r} (sum_d q_r k_s exp(G_r - G_s)) u_s)
-    auto qk = decayed_products(qc);
+    auto qk = decayed_products_per_key(qc, kc, cum);
     outs.push_back(scale * (torch::matmul(gamma * qc, state) + torch::matmul(qk, u)));
     // S_C = Diag(Gamma_C) S0 + sum_s Diag(exp(G_C - G_s)) k_s u_s^T
     auto last = cum.narrow(2, c - 1, 1);   // [B, H, 1, Dk]
