@@ -1,6 +1,7 @@
 #include "attention/gated_delta.h"
 
 #include <algorithm>
+#include <functional>
 
 #include "core/error.h"
 
@@ -9,11 +10,6 @@ namespace {
 
 torch::ScalarType state_dtype(const torch::Tensor& v) {
   return v.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-}
-
-// The gate as one log-decay per key dimension: [B, T, H] -> [B, T, H, Dk].
-torch::Tensor per_key_gate(const torch::Tensor& g, int64_t dk) {
-  return g.dim() == 3 ? g.unsqueeze(-1).expand({g.size(0), g.size(1), g.size(2), dk}) : g;
 }
 
 void check_shapes(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -68,20 +64,25 @@ torch::Tensor decayed_products_per_key(const torch::Tensor& x, const torch::Tens
   return torch::cat(row_blocks, 2);
 }
 
-// Gated DeltaNet (one decay per head and token) in the WY form with everything that does not
-// depend on the running state computed for all chunks at once: the intra-chunk matrix
-// A_rs = beta_r (k_r . k_s) exp(G_r - G_s) (s < r), one batched triangular solve for
-// W = (I + A)^-1 diag(beta) (Gamma . K) and U0 = (I + A)^-1 diag(beta) V, the decayed q k^T
-// products and the decays to the chunk's end. Only the three state products per chunk,
-// u = U0 - W S, o = (Gamma . Q) S + QK u, S' = exp(G_C) S + (decayed K)^T u, stay sequential
-// (by linearity u equals (I + A)^-1 diag(beta) (V - (Gamma . K) S)). The sequence is padded to
-// whole chunks with beta = 0, g = 0, k = v = q = 0: padded tokens neither write nor decay the
-// state. Inputs [B, H, T, .] in the compute dtype, g [B, H, T]; returns out [B, H, T, Dv]
-// (unscaled) and the final state.
-std::pair<torch::Tensor, torch::Tensor> chunked_head_gate(
-    const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-    const torch::Tensor& beta, const torch::Tensor& g, torch::Tensor state, int64_t chunk) {
+// The chunked WY form with everything that does not depend on the running state computed for
+// all chunks at once: the intra-chunk matrix A_rs = beta_r sum_d k_r[d] k_s[d] exp(G_r - G_s)[d]
+// (s < r), one batched triangular solve for W = (I + A)^-1 diag(beta) (Gamma . K) and
+// U0 = (I + A)^-1 diag(beta) V, the decayed q k^T products and the decays to each chunk's end.
+// Only the three state products per chunk, u = U0 - W S, o = (Gamma . Q) S + QK u and
+// S' = Diag(exp G_C) S + (decayed K)^T u, stay sequential (by linearity u equals
+// (I + A)^-1 diag(beta) (V - (Gamma . K) S)). G is the gate's running sum inside a chunk: one per
+// head and token (gated DeltaNet; the pairwise decays are scalars and the products plain
+// matmuls) or one per key dimension (KDA; decayed_products_per_key). The sequence is padded to
+// whole chunks with beta = 0, g = 0, q = k = v = 0: padded tokens neither write nor decay the
+// state. Inputs [B, H, T, .] in the compute dtype, g [B, H, T] or [B, H, T, Dk]; returns the
+// unscaled output [B, H, T, Dv] and the final state.
+std::pair<torch::Tensor, torch::Tensor> chunked_wy(const torch::Tensor& q, const torch::Tensor& k,
+                                                   const torch::Tensor& v,
+                                                   const torch::Tensor& beta,
+                                                   const torch::Tensor& g, torch::Tensor state,
+                                                   int64_t chunk) {
   const auto b = q.size(0), h = q.size(1), t_total = q.size(2), dk = q.size(3), dv = v.size(3);
+  const bool per_key = g.dim() == 4;
   const int64_t c = std::min(chunk, t_total);
   const int64_t chunks = (t_total + c - 1) / c, pad = chunks * c - t_total;
   auto in_chunks = [&](const torch::Tensor& x) {  // [B, H, T, ...] -> [B, H, chunks, C, ...]
@@ -95,23 +96,40 @@ std::pair<torch::Tensor, torch::Tensor> chunked_head_gate(
   };
   auto qc = in_chunks(q), kc = in_chunks(k), vc = in_chunks(v);
   auto bc = in_chunks(beta).unsqueeze(-1);  // [B, H, n, C, 1]
-  auto cum = in_chunks(g).cumsum(-1);       // G_r within each chunk
-  auto causal = torch::ones({c, c}, cum.options().dtype(torch::kBool)).tril();
+  auto cum = in_chunks(g).cumsum(3);        // G_r within each chunk: [B, H, n, C(, Dk)]
+  std::function<torch::Tensor(const torch::Tensor&)> decayed_products;  // x [B, H, n, C, Dk]
+  torch::Tensor gamma, to_end, chunk_decay;  // exp(G_r), exp(G_C - G_r), exp(G_C) per key dim
+  if (per_key) {
+    decayed_products = [&](const torch::Tensor& x) {  // chunks folded into the head dimension
+      auto fold = [&](const torch::Tensor& y) { return y.reshape({b, h * chunks, c, dk}); };
+      return decayed_products_per_key(fold(x), fold(kc), fold(cum)).view({b, h, chunks, c, c});
+    };
+    auto last = cum.narrow(3, c - 1, 1);               // [B, H, n, 1, Dk]
+    gamma = torch::exp(cum);                           // [B, H, n, C, Dk]
+    to_end = torch::exp(last - cum);                   // [B, H, n, C, Dk]
+    chunk_decay = torch::exp(last).transpose(-1, -2);  // [B, H, n, Dk, 1]
+  } else {
+    auto causal = torch::ones({c, c}, cum.options().dtype(torch::kBool)).tril();
+    // exp(G_r - G_s) <= 1 for s <= r: strong decay cannot overflow.
+    auto pair_decay =
+        torch::exp((cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill(~causal, -INFINITY));
+    decayed_products = [&, pair_decay](const torch::Tensor& x) {
+      return torch::matmul(x, kc.transpose(-1, -2)) * pair_decay;
+    };
+    auto last = cum.narrow(3, c - 1, 1);            // [B, H, n, 1]
+    gamma = torch::exp(cum).unsqueeze(-1);          // [B, H, n, C, 1]
+    to_end = torch::exp(last - cum).unsqueeze(-1);  // [B, H, n, C, 1]
+    chunk_decay = torch::exp(last).unsqueeze(-1);   // [B, H, n, 1, 1]
+  }
   auto strict = torch::ones({c, c}, cum.options().dtype(torch::kBool)).tril(-1);
-  // exp(G_r - G_s) <= 1 for s <= r: strong decay cannot overflow.
-  auto pair_decay =
-      torch::exp((cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill(~causal, -INFINITY));
-  auto a = (bc * torch::matmul(kc, kc.transpose(-1, -2)) * pair_decay).masked_fill(~strict, 0.0);
-  auto gamma = torch::exp(cum).unsqueeze(-1);  // [B, H, n, C, 1]
+  auto a = (bc * decayed_products(kc)).masked_fill(~strict, 0.0);
   auto solved = at::linalg_solve_triangular(torch::eye(c, a.options()) + a,
                                             torch::cat({bc * gamma * kc, bc * vc}, -1),
                                             /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
   auto w = solved.narrow(-1, 0, dk), u0 = solved.narrow(-1, dk, dv);
-  auto qk = torch::matmul(qc, kc.transpose(-1, -2)) * pair_decay;
+  auto qk = decayed_products(qc);
   auto gamma_q = gamma * qc;
-  auto last = cum.narrow(-1, c - 1, 1);                       // [B, H, n, 1]
-  auto to_end_k = torch::exp(last - cum).unsqueeze(-1) * kc;  // [B, H, n, C, Dk]
-  auto chunk_decay = torch::exp(last).unsqueeze(-1);          // [B, H, n, 1, 1]
+  auto to_end_k = to_end * kc;  // [B, H, n, C, Dk]
   std::vector<torch::Tensor> outs;
   for (int64_t i = 0; i < chunks; ++i) {
     auto u = u0.select(2, i) - torch::matmul(w.select(2, i), state);
@@ -166,46 +184,16 @@ DeltaRuleOutput delta_rule_chunked(const torch::Tensor& q, const torch::Tensor& 
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   TORCH_CHECK(chunk >= 1, "delta rule: chunk must be positive");
   const auto dtype = state_dtype(v);
-  const auto b = q.size(0), t_total = q.size(1), h = q.size(2), dk = q.size(3), dv = v.size(3);
+  const auto b = q.size(0), h = q.size(2), dk = q.size(3), dv = v.size(3);
   // [B, H, T, .] layout in the compute dtype.
   auto qf = q.to(dtype).transpose(1, 2), kf = k.to(dtype).transpose(1, 2);
   auto vf = v.to(dtype).transpose(1, 2);
   auto betaf = beta.to(dtype).transpose(1, 2);  // [B, H, T]
   auto state = initial_state.defined() ? initial_state.to(dtype)
                                        : torch::zeros({b, h, dk, dv}, v.options().dtype(dtype));
-  if (g.dim() == 3) {  // one decay per head
-    auto [out, final_state] =
-        chunked_head_gate(qf, kf, vf, betaf, g.to(dtype).transpose(1, 2), state, chunk);
-    return {(scale * out).transpose(1, 2).to(v.scalar_type()), final_state};
-  }
-  // KDA (one decay per key dimension): chunk by chunk.
-  auto gf = per_key_gate(g.to(dtype), dk).transpose(1, 2);  // [B, H, T, Dk]
-  std::vector<torch::Tensor> outs;
-  for (int64_t start = 0; start < t_total; start += chunk) {
-    const int64_t c = std::min(chunk, t_total - start);
-    auto qc = qf.narrow(2, start, c), kc = kf.narrow(2, start, c), vc = vf.narrow(2, start, c);
-    auto bc = betaf.narrow(2, start, c);
-    auto cum = gf.narrow(2, start, c).cumsum(2);  // G_r, per key dim
-    auto strict = torch::ones({c, c}, cum.options().dtype(torch::kBool)).tril(-1);
-    // A_rs = beta_r sum_d k_r[d] k_s[d] exp(G_r - G_s)[d], s < r.
-    auto a = (bc.unsqueeze(-1) * decayed_products_per_key(kc, kc, cum)).masked_fill(~strict, 0.0);
-    auto eye = torch::eye(c, a.options());
-    // U = (I + A)^{-1} diag(beta) (V - (Gamma . K) S0)
-    auto gamma = torch::exp(cum);  // [B, H, C, Dk]
-    auto rhs = bc.unsqueeze(-1) * (vc - torch::matmul(gamma * kc, state));
-    auto u = at::linalg_solve_triangular(eye + a, rhs, /*upper=*/false, /*left=*/true,
-                                         /*unitriangular=*/true);
-    // o_r = scale ((Gamma_r . q_r)^T S0 + sum_{s<=r} (sum_d q_r k_s exp(G_r - G_s)) u_s)
-    auto qk = decayed_products_per_key(qc, kc, cum);
-    outs.push_back(scale * (torch::matmul(gamma * qc, state) + torch::matmul(qk, u)));
-    // S_C = Diag(Gamma_C) S0 + sum_s Diag(exp(G_C - G_s)) k_s u_s^T
-    auto last = cum.narrow(2, c - 1, 1);   // [B, H, 1, Dk]
-    auto to_end = torch::exp(last - cum);  // [B, H, C, Dk]
-    state = torch::exp(last.squeeze(2)).unsqueeze(-1) * state +
-            torch::matmul((to_end * kc).transpose(-1, -2), u);
-  }
-  auto out = torch::cat(outs, 2).transpose(1, 2).to(v.scalar_type());
-  return {out, state};
+  auto [out, final_state] =
+      chunked_wy(qf, kf, vf, betaf, g.to(dtype).transpose(1, 2).contiguous(), state, chunk);
+  return {(scale * out).transpose(1, 2).to(v.scalar_type()), final_state};
 }
 
 }  // namespace mhla
