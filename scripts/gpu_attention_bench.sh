@@ -1,10 +1,35 @@
 #!/usr/bin/env bash
-# Times our attention kernels and the peers (../shared/bench/peers_attention.py, staged into
+# Times our attention ops and the peers (../shared/bench/peers_attention.py, staged into
 # .gpu_stage/bench by scripts/stage_gpu.sh) in one GPU run and writes the ratio table.
-# Usage: scripts/gpu_attention_bench.sh [vision]   (build-gpu/mhla must exist; results in $OUT)
+# Usage: scripts/gpu_attention_bench.sh [vision|lm]   (results in $OUT)
+#   vision: bidirectional linear/MHLA (cuda, cuda_dense, reference) and softmax at the vision
+#           shapes (B*N = 65,536, H = 6, D = 64) -> attention_vision.md
+#   lm:     causal softmax, linear, MHLA (reference, cuda_dense), gated DeltaNet and KDA
+#           (reference) at the LM shapes (B*T = 32,768, H = 8, D = 128) beside SDPA and fla ->
+#           attention_lm.md. fla comes from wheels in .whl (carry it; see README "GPU bench"),
+#           installed without dependencies into /tmp/site.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 bin=${MHLA_BIN:-build-gpu/mhla}
+mode=${1:-vision}
+if [ "$mode" = lm ]; then
+  lm_shapes=(--shape 16,8,2048,128 --shape 4,8,8192,128 --shape 1,8,32768,128)
+  ours="$OUT/ours_lm.jsonl"; : > "$ours"
+  for op in softmax linear mhla gated_deltanet kda; do
+    backends=(reference)
+    case $op in linear|mhla) backends=(reference cuda_dense) ;; esac
+    "$bin" bench attention --op $op --causal --backend "${backends[@]}" "${lm_shapes[@]}" \
+      --blocks 16 --warmup 2 --iters 5 | grep '^{' >> "$ours"
+  done
+  if ls .whl/*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  OUT=$OUT python3 .gpu_stage/bench/peers_attention.py lm | grep '^{' > "$OUT/peers_lm.jsonl"
+  python3 scripts/lm_attention_table.py "$ours" "$OUT/peers_lm.jsonl" > "$OUT/attention_lm.md"
+  cat "$OUT/attention_lm.md"
+  exit 0
+fi
 vision_shapes=(--shape 256,6,256,64 --shape 64,6,1024,64 --shape 16,6,4096,64 --shape 4,6,16384,64)
 ours="$OUT/ours_vision.jsonl"; : > "$ours"
 for op in mhla linear softmax; do
