@@ -1,7 +1,8 @@
 // Short-sequence block linear attention with the sequence resident in shared memory: see
-// resident_block_linear.h. One CTA (8 warps) per (batch, head); each warp owns 16-row strips of
-// queries (forward, backward dq) or keys (backward dk, dv) and sweeps the other side in 16-token
-// chunks with mma.sync m16n8k16 (fp32 accumulation). Fragments come from padded shared-memory
+// resident_block_linear.h. One CTA per (batch, head): 8 warps in the forward (two CTAs share an
+// SM), 16 in the backward (its four tiles fill the shared memory of an SM). Each warp owns 16-row
+// strips of queries (forward, backward dq) or keys (backward dk, dv) and sweeps the other side in
+// 16-token chunks with mma.sync m16n8k16 (fp32 accumulation). Fragments come from padded shared-memory
 // rows through ldmatrix (transposed where the product needs the other orientation).
 #include <cstdint>
 
