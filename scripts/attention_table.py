@@ -2,17 +2,11 @@
 """Markdown table of attention timings: our `mhla bench attention` lines beside the peers'
 (peers_attention.py) from the same GPU run, with the ratios the issues ask for.
 Usage: attention_table.py OURS.jsonl PEERS.jsonl"""
-import json
+import os
 import sys
 
-
-def load(path):
-    rows = []
-    for line in open(path):
-        line = line.strip()
-        if line.startswith("{"):
-            rows.append(json.loads(line))
-    return rows
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_rows import load  # noqa: E402
 
 
 ours, peers = load(sys.argv[1]), load(sys.argv[2])

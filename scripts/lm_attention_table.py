@@ -3,17 +3,11 @@
 --causal` lines beside the peers' (peers_attention.py lm: SDPA and fla) from the same GPU run,
 with the ratios issues 4 and 5 ask for.
 Usage: lm_attention_table.py OURS.jsonl PEERS.jsonl"""
-import json
+import os
 import sys
 
-
-def load(path):
-    rows = []
-    for line in open(path):
-        line = line.strip()
-        if line.startswith("{"):
-            rows.append(json.loads(line))
-    return rows
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_rows import load  # noqa: E402
 
 
 ours, peers = load(sys.argv[1]), load(sys.argv[2])
