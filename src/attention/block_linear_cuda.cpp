@@ -2,6 +2,7 @@
 
 #ifdef MHLA_WITH_CUDA_KERNELS
 
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include "attention/causal_linear.h"
@@ -114,6 +115,7 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
         torch::empty({static_cast<int64_t>(kernels::block_linear_state_floats(shape))}, floats);
     auto mixed = mixes ? torch::empty_like(states) : states;
     auto out = torch::empty(q.sizes(), v.options().memory_format(torch::MemoryFormat::Contiguous));
+    const c10::cuda::CUDAGuard on_device(q.device());  // launch on the inputs' GPU
     auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
     if (mixes) {
       kernels::BlockLinearForward a;
@@ -154,6 +156,7 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
     auto dq = torch::empty(q.sizes(), contiguous), dk = torch::empty(q.sizes(), contiguous);
     auto dv = torch::empty(q.sizes(), contiguous);
     auto grad_mixed = torch::empty_like(states);
+    const c10::cuda::CUDAGuard on_device(q.device());  // launch on the inputs' GPU
     auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
     torch::Tensor dmixing;
     if (mixes) {
@@ -246,6 +249,7 @@ class DenseBlockLinearFunction : public torch::autograd::Function<DenseBlockLine
     a.causal = causal;
     a.out = t.out.data_ptr();
     a.den = t.den.data_ptr<float>();
+    const c10::cuda::CUDAGuard on_device(t.q.device());  // launch on the inputs' GPU
     auto stream = c10::cuda::getCurrentCUDAStream(t.q.device().index()).stream();
     check_launch(kernels::dense_block_linear_forward(a, stream), "dense block linear forward");
     t.save(ctx);
@@ -282,6 +286,7 @@ class DenseBlockLinearFunction : public torch::autograd::Function<DenseBlockLine
       a.grad_mixing = d.dmixing.data_ptr<float>();
     }
     a.grad_q = d.dq.data_ptr(), a.grad_k = d.dk.data_ptr(), a.grad_v = d.dv.data_ptr();
+    const c10::cuda::CUDAGuard on_device(t.q.device());  // launch on the inputs' GPU
     auto stream = c10::cuda::getCurrentCUDAStream(t.q.device().index()).stream();
     check_launch(kernels::dense_block_linear_backward(a, stream), "dense block linear backward");
     const auto [q_type, k_type] = input_dtypes(ctx);
@@ -305,6 +310,7 @@ class ResidentBlockLinearFunction : public torch::autograd::Function<ResidentBlo
     a.mixing = t.mixes() ? t.mixing.data_ptr<float>() : nullptr;
     a.out = t.out.data_ptr();
     a.den = t.den.data_ptr<float>();
+    const c10::cuda::CUDAGuard on_device(t.q.device());  // launch on the inputs' GPU
     auto stream = c10::cuda::getCurrentCUDAStream(t.q.device().index()).stream();
     check_launch(kernels::resident_block_linear_forward(a, stream),
                  "resident block linear forward");
@@ -331,6 +337,7 @@ class ResidentBlockLinearFunction : public torch::autograd::Function<ResidentBlo
       a.grad_mixing = d.dmixing.data_ptr<float>();
     }
     a.grad_q = d.dq.data_ptr(), a.grad_k = d.dk.data_ptr(), a.grad_v = d.dv.data_ptr();
+    const c10::cuda::CUDAGuard on_device(t.q.device());  // launch on the inputs' GPU
     auto stream = c10::cuda::getCurrentCUDAStream(t.q.device().index()).stream();
     check_launch(kernels::resident_block_linear_backward(a, stream),
                  "resident block linear backward");
