@@ -1,36 +1,54 @@
 #include "gated_delta/decode.h"
 
+#include <cstdlib>
+#include <type_traits>
+
 #include "common/element_type.cuh"
 
 namespace mhla_kernels {
 namespace {
 
-constexpr int kColumns = 32;                    // value columns per CTA (one per lane)
-constexpr int kWarps = 8;                       // key rows split over the warps
+constexpr int kWarps = 16;  // key rows split over the warps
 constexpr int kMaxKeyDim = 256;
-constexpr int kRowsPerWarp = kMaxKeyDim / kWarps;
 
-__device__ __forceinline__ float load(const float* p, int64_t i) { return p[i]; }
-__device__ __forceinline__ float load(const __half* p, int64_t i) { return __half2float(p[i]); }
+__device__ __forceinline__ float load(const float* p, int64_t i) {
+  return p[i];
+}
+__device__ __forceinline__ float load(const __half* p, int64_t i) {
+  return __half2float(p[i]);
+}
 __device__ __forceinline__ float load(const __nv_bfloat16* p, int64_t i) {
   return __bfloat162float(p[i]);
 }
-__device__ __forceinline__ void store(float* p, int64_t i, float x) { p[i] = x; }
-__device__ __forceinline__ void store(__half* p, int64_t i, float x) { p[i] = __float2half_rn(x); }
+__device__ __forceinline__ void store(float* p, int64_t i, float x) {
+  p[i] = x;
+}
+__device__ __forceinline__ void store(__half* p, int64_t i, float x) {
+  p[i] = __float2half_rn(x);
+}
 __device__ __forceinline__ void store(__nv_bfloat16* p, int64_t i, float x) {
   p[i] = __float2bfloat16_rn(x);
 }
 
-// grid (B * H, ceil(Dv / 32)), 256 threads: lane = value column, warp = a range of key rows.
-template <typename T>
+template <int VEC>
+struct alignas(4 * VEC) FloatPack {
+  float v[VEC];
+};
+
+// grid (B * H, ceil(Dv / (32 VEC))), 16 warps: each lane owns VEC adjacent value columns, each
+// warp ROWS key rows, so a thread holds ROWS x VEC state values in registers between the read
+// (S~ = Diag(a) S and its k-product) and the write (S~ + k u^T and its q-product). VEC = 4
+// moves the state in 16-byte accesses; many resident CTAs keep enough bytes in flight.
+template <typename T, int VEC, int ROWS>
 __global__ void __launch_bounds__(kWarps * 32) decode_kernel(DeltaDecodeArgs p) {
+  constexpr int kColumns = 32 * VEC;
   __shared__ float k_s[kMaxKeyDim], q_s[kMaxKeyDim], a_s[kMaxKeyDim];
   __shared__ float partial[kWarps][kColumns];
   __shared__ float update[kColumns];
   const int bh = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int dk = p.key_dim, dv = p.value_dim;
-  const int e = blockIdx.y * kColumns + lane;
-  const bool column = e < dv;
+  const int e0 = blockIdx.y * kColumns + lane * VEC;
+  const bool column = e0 < dv;  // dv % VEC == 0: a lane's columns are all valid or none
   const T* q = static_cast<const T*>(p.q) + static_cast<int64_t>(bh) * dk;
   const T* k = static_cast<const T*>(p.k) + static_cast<int64_t>(bh) * dk;
   for (int d = threadIdx.x; d < dk; d += kWarps * 32) {
@@ -41,55 +59,106 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(DeltaDecodeArgs p) 
   __syncthreads();
 
   float* state = p.state + static_cast<int64_t>(bh) * dk * dv;
-  const int rows = (dk + kWarps - 1) / kWarps, row0 = warp * rows;
-  float s[kRowsPerWarp];
-  float u = 0.f;
+  const int row0 = warp * ROWS;
+  float s[ROWS][VEC];
+  float u[VEC] = {};
 #pragma unroll
-  for (int i = 0; i < kRowsPerWarp; ++i) {
+  for (int i = 0; i < ROWS; ++i) {
     const int d = row0 + i;
-    s[i] = 0.f;
-    if (i < rows && d < dk && column) {
-      s[i] = a_s[d] * state[static_cast<int64_t>(d) * dv + e];  // S~ = Diag(a) S
-      u += s[i] * k_s[d];
+    if (d < dk && column) {
+      const auto pack =
+          *reinterpret_cast<const FloatPack<VEC>*>(state + static_cast<int64_t>(d) * dv + e0);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) s[i][j] = pack.v[j];
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) s[i][j] = 0.f;
     }
   }
-  partial[warp][lane] = u;
-  __syncthreads();
-  if (warp == 0) {
-    float total = 0.f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) total += partial[w][lane];
-    const float ve = column ? load(static_cast<const T*>(p.v), static_cast<int64_t>(bh) * dv + e) : 0.f;
-    update[lane] = p.beta[bh] * (ve - total);
-  }
-  __syncthreads();
-  const float ue = update[lane];
-  float o = 0.f;
+  for (int i = 0; i < ROWS; ++i) {
+    const int d = min(row0 + i, dk - 1);
+    const float a = row0 + i < dk ? a_s[d] : 0.f, kd = k_s[d];
 #pragma unroll
-  for (int i = 0; i < kRowsPerWarp; ++i) {
-    const int d = row0 + i;
-    if (i < rows && d < dk && column) {
-      const float next = s[i] + k_s[d] * ue;
-      state[static_cast<int64_t>(d) * dv + e] = next;
-      o += next * q_s[d];
+    for (int j = 0; j < VEC; ++j) {
+      s[i][j] *= a;  // S~ = Diag(a) S
+      u[j] += s[i][j] * kd;
     }
   }
-  __syncthreads();  // every warp has read partial[][] above
-  partial[warp][lane] = o;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) partial[warp][lane * VEC + j] = u[j];
   __syncthreads();
-  if (warp == 0 && column) {
+  if (threadIdx.x < kColumns) {
+    const int c = threadIdx.x, e = blockIdx.y * kColumns + c;
     float total = 0.f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) total += partial[w][lane];
-    store(static_cast<T*>(p.out), static_cast<int64_t>(bh) * dv + e, p.scale * total);
+    for (int w = 0; w < kWarps; ++w) total += partial[w][c];
+    const float ve =
+        e < dv ? load(static_cast<const T*>(p.v), static_cast<int64_t>(bh) * dv + e) : 0.f;
+    update[c] = p.beta[bh] * (ve - total);
+  }
+  __syncthreads();
+  float ue[VEC], o[VEC] = {};
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) ue[j] = update[lane * VEC + j];
+#pragma unroll
+  for (int i = 0; i < ROWS; ++i) {
+    const int d = row0 + i;
+    if (d < dk && column) {
+      FloatPack<VEC> next;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        next.v[j] = s[i][j] + k_s[d] * ue[j];
+        o[j] += next.v[j] * q_s[d];
+      }
+      *reinterpret_cast<FloatPack<VEC>*>(state + static_cast<int64_t>(d) * dv + e0) = next;
+    }
+  }
+  __syncthreads();  // every thread has read partial[][] above
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) partial[warp][lane * VEC + j] = o[j];
+  __syncthreads();
+  if (threadIdx.x < kColumns) {
+    const int c = threadIdx.x, e = blockIdx.y * kColumns + c;
+    if (e < dv) {
+      float total = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) total += partial[w][c];
+      store(static_cast<T*>(p.out), static_cast<int64_t>(bh) * dv + e, p.scale * total);
+    }
   }
 }
 
-template <typename T>
+template <typename T, int VEC, int ROWS>
 cudaError_t launch(const DeltaDecodeArgs& a, cudaStream_t stream) {
+  constexpr int kColumns = 32 * VEC;
   const dim3 grid(a.batch * a.heads, (a.value_dim + kColumns - 1) / kColumns);
-  decode_kernel<T><<<grid, kWarps * 32, 0, stream>>>(a);
+  decode_kernel<T, VEC, ROWS><<<grid, kWarps * 32, 0, stream>>>(a);
   return cudaGetLastError();
+}
+
+template <typename T, int VEC>
+cudaError_t launch_rows(const DeltaDecodeArgs& a, cudaStream_t stream) {
+  const int rows = (a.key_dim + kWarps - 1) / kWarps;
+  if (rows <= 2) return launch<T, VEC, 2>(a, stream);
+  if (rows <= 4) return launch<T, VEC, 4>(a, stream);
+  if (rows <= 8) return launch<T, VEC, 8>(a, stream);
+  return launch<T, VEC, 16>(a, stream);
+}
+
+// 16-byte state accesses where every row of the state stays aligned; MHLA_DECODE_VEC (1, 2 or
+// 4) overrides the choice for tuning runs.
+int vector_width(const DeltaDecodeArgs& a) {
+  static const int forced = [] {
+    const char* v = std::getenv("MHLA_DECODE_VEC");
+    return v ? std::atoi(v) : 0;
+  }();
+  const bool aligned4 = a.value_dim % 4 == 0 && reinterpret_cast<uintptr_t>(a.state) % 16 == 0;
+  const bool aligned2 = a.value_dim % 2 == 0 && reinterpret_cast<uintptr_t>(a.state) % 8 == 0;
+  if (forced == 4 && aligned4) return 4;
+  if (forced == 2 && aligned2) return 2;
+  if (forced == 1) return 1;
+  return aligned4 ? 4 : aligned2 ? 2 : 1;
 }
 
 }  // namespace
@@ -97,13 +166,16 @@ cudaError_t launch(const DeltaDecodeArgs& a, cudaStream_t stream) {
 cudaError_t delta_rule_decode(const DeltaDecodeArgs& args, cudaStream_t stream) {
   if (args.batch <= 0 || args.heads <= 0 || args.key_dim <= 0 || args.key_dim > kMaxKeyDim ||
       args.value_dim <= 0 || static_cast<int64_t>(args.batch) * args.heads > 0x7fffffff ||
-      (args.value_dim + kColumns - 1) / kColumns > 65535 || !args.q || !args.k || !args.v ||
-      !args.beta || !args.g || !args.state || !args.out) {
+      (args.value_dim + 31) / 32 > 65535 || !args.q || !args.k || !args.v || !args.beta ||
+      !args.g || !args.state || !args.out) {
     return cudaErrorInvalidValue;
   }
+  const int vec = vector_width(args);
   return with_element_type(args.dtype, [&](auto tag) {
     using T = decltype(tag);
-    return launch<T>(args, stream);
+    if (vec == 4) return launch_rows<T, 4>(args, stream);
+    if (vec == 2) return launch_rows<T, 2>(args, stream);
+    return launch_rows<T, 1>(args, stream);
   });
 }
 

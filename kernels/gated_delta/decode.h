@@ -5,8 +5,8 @@
 //   u   = beta (v - S~^T k)
 //   S  <- S~ + k u^T
 //   o   = scale S^T q
-// Each thread keeps a slice of one state column in registers: the state is read once and written
-// once, which is all the step needs to move.
+// Each thread keeps a few rows of a few adjacent state columns in registers: the state is read
+// once and written once (16-byte accesses where aligned), which is all the step needs to move.
 #include <cstdint>
 
 #include <cuda_runtime.h>

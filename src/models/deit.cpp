@@ -73,7 +73,7 @@ Deit::Deit(const Config& config) : config_(config), layout_(image_token_layout(c
     blocks_.push_back(TransformerBlock(type.make_layer(spec, type), m.width, hidden, rate));
     block_list->push_back(blocks_.back());
   }
-  norm_ = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({m.width})));
+  norm_ = register_module("norm", LayerNorm(m.width));
   head_ = register_module("head", torch::nn::Linear(m.width, m.num_classes));
   init_weights(*this);
 }

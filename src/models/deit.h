@@ -26,7 +26,7 @@ class Deit : public Model {
   torch::nn::Conv2d patch_embed_{nullptr};
   torch::Tensor pos_embed_;
   std::vector<TransformerBlock> blocks_;
-  torch::nn::LayerNorm norm_{nullptr};
+  LayerNorm norm_{nullptr};
   torch::nn::Linear head_{nullptr};
 };
 

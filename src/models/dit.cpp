@@ -17,8 +17,8 @@ torch::Tensor modulate(const torch::Tensor& x, const torch::Tensor& shift, const
   return x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1);
 }
 
-torch::nn::LayerNorm plain_norm(int64_t dim) {
-  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).elementwise_affine(false).eps(1e-6));
+LayerNorm plain_norm(int64_t dim) {
+  return LayerNorm(dim, /*affine=*/false, /*eps=*/1e-6);
 }
 
 }  // namespace

@@ -18,7 +18,7 @@ class DitBlockImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& condition);
 
  private:
-  torch::nn::LayerNorm norm1_{nullptr}, norm2_{nullptr};
+  LayerNorm norm1_{nullptr}, norm2_{nullptr};
   std::shared_ptr<AttentionLayerImpl> attention_;
   Mlp mlp_{nullptr};
   torch::nn::Linear modulation_{nullptr};  // SiLU(c) -> 6 x dim, zero-initialized
@@ -52,7 +52,7 @@ class Dit : public Model {
   torch::nn::Linear time_fc1_{nullptr}, time_fc2_{nullptr};
   torch::nn::Embedding class_embedding_{nullptr};
   std::vector<DitBlock> blocks_;
-  torch::nn::LayerNorm final_norm_{nullptr};
+  LayerNorm final_norm_{nullptr};
   torch::nn::Linear final_modulation_{nullptr}, final_linear_{nullptr};
 };
 

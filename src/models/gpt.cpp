@@ -54,7 +54,7 @@ Gpt::Gpt(const Config& config) : config_(config) {
     blocks_.push_back(TransformerBlock(type.make_layer(spec, type), m.width, hidden, rate, swiglu));
     block_list->push_back(blocks_.back());
   }
-  norm_ = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({m.width})));
+  norm_ = register_module("norm", LayerNorm(m.width));
   // GPT-2 style init: N(0, 0.02) for matrices and embeddings, zero biases; output projections
   // of each residual branch scaled by 1/sqrt(2 * depth).
   torch::NoGradGuard no_grad;

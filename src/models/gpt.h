@@ -29,7 +29,7 @@ class Gpt : public Model {
   Config config_;
   torch::nn::Embedding token_embedding_{nullptr}, position_embedding_{nullptr};
   std::vector<TransformerBlock> blocks_;
-  torch::nn::LayerNorm norm_{nullptr};
+  LayerNorm norm_{nullptr};
 };
 
 void register_gpt(Registry<ModelEntry>& registry);

@@ -1,15 +1,8 @@
 #include "models/transformer_block.h"
 
-namespace mhla {
+#include "models/residual_add.h"
 
-torch::Tensor drop_path(const torch::Tensor& branch, double rate, bool training) {
-  if (!training || rate <= 0.0) return branch;
-  const double keep = 1.0 - rate;
-  std::vector<int64_t> shape(branch.dim(), 1);
-  shape[0] = branch.size(0);
-  auto mask = torch::rand(shape, branch.options().dtype(torch::kFloat32)).lt(keep);
-  return branch * (mask.to(branch.scalar_type()) / keep);
-}
+namespace mhla {
 
 MlpImpl::MlpImpl(int64_t dim, int64_t hidden) {
   fc1_ = register_module("fc1", torch::nn::Linear(dim, hidden));
@@ -34,9 +27,9 @@ TransformerBlockImpl::TransformerBlockImpl(std::shared_ptr<AttentionLayerImpl> a
                                            int64_t dim, int64_t mlp_hidden, double drop_path_rate,
                                            bool swiglu)
     : drop_path_rate_(drop_path_rate) {
-  norm1_ = register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})));
+  norm1_ = register_module("norm1", LayerNorm(dim));
   attention_ = register_module("attn", std::move(attention));
-  norm2_ = register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})));
+  norm2_ = register_module("norm2", LayerNorm(dim));
   if (swiglu) {
     SwiGluMlp mlp(dim, mlp_hidden);
     register_module("mlp", mlp.ptr());
@@ -49,8 +42,9 @@ TransformerBlockImpl::TransformerBlockImpl(std::shared_ptr<AttentionLayerImpl> a
 }
 
 torch::Tensor TransformerBlockImpl::forward(const torch::Tensor& x) {
-  auto y = x + drop_path(attention_->forward(norm1_->forward(x)), drop_path_rate_, is_training());
-  return y + drop_path(mlp_.forward<torch::Tensor>(norm2_->forward(y)), drop_path_rate_, is_training());
+  auto y = residual_add(x, attention_->forward(norm1_->forward(x)), drop_path_rate_, is_training());
+  return residual_add(y, mlp_.forward<torch::Tensor>(norm2_->forward(y)), drop_path_rate_,
+                      is_training());
 }
 
 torch::Tensor TransformerBlockImpl::step(const torch::Tensor& x, DecodeState& state) {

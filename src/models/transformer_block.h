@@ -5,11 +5,9 @@
 #include <torch/torch.h>
 
 #include "attention/attention_layer.h"
+#include "models/layer_norm.h"
 
 namespace mhla {
-
-// Stochastic depth: drops the whole residual branch per sample with probability `rate`.
-torch::Tensor drop_path(const torch::Tensor& branch, double rate, bool training);
 
 class MlpImpl : public torch::nn::Module {
  public:
@@ -42,7 +40,7 @@ class TransformerBlockImpl : public torch::nn::Module {
   torch::Tensor step(const torch::Tensor& x, DecodeState& state);
 
  private:
-  torch::nn::LayerNorm norm1_{nullptr}, norm2_{nullptr};
+  LayerNorm norm1_{nullptr}, norm2_{nullptr};
   std::shared_ptr<AttentionLayerImpl> attention_;
   torch::nn::AnyModule mlp_;
   double drop_path_rate_;

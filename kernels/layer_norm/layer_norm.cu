@@ -1,0 +1,306 @@
+#include "layer_norm/layer_norm.h"
+
+#include <algorithm>
+#include <initializer_list>
+#include <type_traits>
+#include <utility>
+
+#include "common/element_type.cuh"
+
+namespace mhla_kernels {
+namespace {
+
+constexpr int kForwardWarps = 8;   // one row per warp
+constexpr int kBackwardWarps = 4;  // rows grid-strided over the warps of all CTAs
+constexpr int kBackwardMaxCtas = 1024;
+
+__device__ __forceinline__ float to_float(float x) {
+  return x;
+}
+__device__ __forceinline__ float to_float(__half x) {
+  return __half2float(x);
+}
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) {
+  return __float2half_rn(x);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// VEC consecutive elements moved as one access (cols % VEC == 0 and aligned rows).
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) Pack {
+  T v[VEC];
+};
+
+template <typename T, int VEC>
+__device__ __forceinline__ void load_pack(const T* p, float (&out)[VEC]) {
+  const Pack<T, VEC> pack = *reinterpret_cast<const Pack<T, VEC>*>(p);
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) out[i] = to_float(pack.v[i]);
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void store_pack(T* p, const float (&in)[VEC]) {
+  Pack<T, VEC> pack;
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) pack.v[i] = from_float<T>(in[i]);
+  *reinterpret_cast<Pack<T, VEC>*>(p) = pack;
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+
+// A row is kept in registers as CHUNKS x VEC values per lane (CHUNKS x 32 x VEC >= cols): the
+// launcher picks the smallest CHUNKS that covers the row, so short rows use few registers and
+// many warps stay resident.
+
+template <typename TIn, typename TOut, int VEC, int kChunks>
+__global__ void __launch_bounds__(kForwardWarps * 32) forward_kernel(LayerNormForwardArgs p) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kForwardWarps + threadIdx.x / 32;
+  if (row >= p.rows) return;
+  const int cols = p.cols;
+  const TIn* x = static_cast<const TIn*>(p.x) + row * cols;
+  float values[kChunks][VEC];
+  float sum = 0.f;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int col = (c * 32 + lane) * VEC;
+    if (col < cols) {
+      load_pack<TIn, VEC>(x + col, values[c]);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) sum += values[c][i];
+    }
+  }
+  const float mean = warp_sum(sum) / cols;
+  float squares = 0.f;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    if ((c * 32 + lane) * VEC < cols) {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        const float d = values[c][i] - mean;
+        squares += d * d;
+      }
+    }
+  }
+  const float rstd = rsqrtf(warp_sum(squares) / cols + p.eps);
+  TOut* y = static_cast<TOut*>(p.y) + row * cols;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int col = (c * 32 + lane) * VEC;
+    if (col < cols) {
+      float out[VEC];
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        const float w = p.weight ? p.weight[col + i] : 1.f;
+        const float b = p.bias ? p.bias[col + i] : 0.f;
+        out[i] = (values[c][i] - mean) * rstd * w + b;
+      }
+      store_pack<TOut, VEC>(y + col, out);
+    }
+  }
+  if (lane == 0 && p.mean) {
+    p.mean[row] = mean;
+    p.rstd[row] = rstd;
+  }
+}
+
+// dx = rstd (w dy - mean(w dy) - xhat mean(w dy xhat)); each warp takes rows in turn and adds
+// dy xhat and dy into its own shared-memory slice of the weight/bias gradient (no atomics), the
+// CTA then writes the sum of its warps' slices as one partial row of the workspace.
+template <typename TIn, typename TGrad, int VEC, int kChunks>
+__global__ void __launch_bounds__(kBackwardWarps * 32) backward_kernel(LayerNormBackwardArgs p) {
+  extern __shared__ float partial[];  // [kBackwardWarps][2][cols] when affine
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int cols = p.cols;
+  const bool affine = p.weight != nullptr;
+  float* dw_slice = partial + static_cast<int64_t>(warp) * 2 * cols;
+  float* db_slice = dw_slice + cols;
+  if (affine) {
+    for (int i = lane; i < 2 * cols; i += 32) dw_slice[i] = 0.f;
+    __syncwarp();  // the lanes below touch other lanes' zeroed columns
+  }
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kBackwardWarps;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kBackwardWarps + warp; row < p.rows;
+       row += stride) {
+    const TIn* x = static_cast<const TIn*>(p.x) + row * cols;
+    const TGrad* dy = static_cast<const TGrad*>(p.dy) + row * cols;
+    const float mean = p.mean[row], rstd = p.rstd[row];
+    float xhat[kChunks][VEC], wdy[kChunks][VEC];
+    float sum_wdy = 0.f, sum_wdy_xhat = 0.f;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      const int col = (c * 32 + lane) * VEC;
+      if (col < cols) {
+        float xv[VEC], gv[VEC];
+        load_pack<TIn, VEC>(x + col, xv);
+        load_pack<TGrad, VEC>(dy + col, gv);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) {
+          xhat[c][i] = (xv[i] - mean) * rstd;
+          const float w = affine ? p.weight[col + i] : 1.f;
+          wdy[c][i] = w * gv[i];
+          sum_wdy += wdy[c][i];
+          sum_wdy_xhat += wdy[c][i] * xhat[c][i];
+          if (affine) {
+            dw_slice[col + i] += gv[i] * xhat[c][i];
+            db_slice[col + i] += gv[i];
+          }
+        }
+      }
+    }
+    const float mean_wdy = warp_sum(sum_wdy) / cols;
+    const float mean_wdy_xhat = warp_sum(sum_wdy_xhat) / cols;
+    TIn* dx = static_cast<TIn*>(p.dx) + row * cols;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      const int col = (c * 32 + lane) * VEC;
+      if (col < cols) {
+        float out[VEC];
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) {
+          out[i] = rstd * (wdy[c][i] - mean_wdy - xhat[c][i] * mean_wdy_xhat);
+        }
+        store_pack<TIn, VEC>(dx + col, out);
+      }
+    }
+  }
+  if (!affine) return;
+  __syncthreads();
+  float* out = p.workspace + static_cast<int64_t>(blockIdx.x) * 2 * cols;
+  for (int i = threadIdx.x; i < 2 * cols; i += blockDim.x) {
+    float total = 0.f;
+#pragma unroll
+    for (int w = 0; w < kBackwardWarps; ++w) total += partial[w * 2 * cols + i];
+    out[i] = total;
+  }
+}
+
+// Column sums of the [ctas, 2 * cols] partials: one thread per column, reads coalesced.
+__global__ void reduce_partials_kernel(const float* partials, int ctas, int cols, float* dweight,
+                                       float* dbias) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= 2 * cols) return;
+  float total = 0.f;
+  for (int c = 0; c < ctas; ++c) total += partials[static_cast<int64_t>(c) * 2 * cols + i];
+  if (i < cols) {
+    if (dweight) dweight[i] = total;
+  } else if (dbias) {
+    dbias[i - cols] = total;
+  }
+}
+
+// 4-wide accesses (16 bytes of fp32, 8 of bf16) where the row length and every pointer allow,
+// else one element at a time (the general path, sized for the widest row).
+int vector_width(int cols, std::initializer_list<std::pair<const void*, int>> pointers) {
+  if (cols % 4 != 0) return 1;
+  for (auto [ptr, elem_bytes] : pointers) {
+    if (reinterpret_cast<uintptr_t>(ptr) % (4 * static_cast<uintptr_t>(elem_bytes)) != 0) return 1;
+  }
+  return 4;
+}
+
+int element_bytes(DType t) {
+  return t == DType::f32 ? 4 : 2;
+}
+
+// f(VEC, CHUNKS) as compile-time constants for a row of `cols`.
+template <typename F>
+cudaError_t with_row_shape(int vec, int cols, F&& f) {
+  using std::integral_constant;
+  if (vec == 4) {
+    const int chunks = (cols + 127) / 128;
+    if (chunks <= 1) return f(integral_constant<int, 4>{}, integral_constant<int, 1>{});
+    if (chunks <= 2) return f(integral_constant<int, 4>{}, integral_constant<int, 2>{});
+    if (chunks <= 4) return f(integral_constant<int, 4>{}, integral_constant<int, 4>{});
+    return f(integral_constant<int, 4>{}, integral_constant<int, 8>{});
+  }
+  return f(integral_constant<int, 1>{}, integral_constant<int, kLayerNormMaxColumns / 32>{});
+}
+
+int backward_ctas(int64_t rows) {
+  return static_cast<int>(
+      std::min<int64_t>((rows + kBackwardWarps - 1) / kBackwardWarps, kBackwardMaxCtas));
+}
+
+}  // namespace
+
+cudaError_t layer_norm_forward(const LayerNormForwardArgs& a, cudaStream_t stream) {
+  if (a.rows < 0 || a.cols <= 0 || a.cols > kLayerNormMaxColumns || !a.x || !a.y ||
+      (a.mean == nullptr) != (a.rstd == nullptr) ||
+      (a.rows + kForwardWarps - 1) / kForwardWarps > 0x7fffffff) {
+    return cudaErrorInvalidValue;
+  }
+  if (a.rows == 0) return cudaSuccess;
+  // One width for both sides: the narrower of what x's and y's element sizes allow.
+  const int vec =
+      vector_width(a.cols, {{a.x, element_bytes(a.in_dtype)}, {a.y, element_bytes(a.out_dtype)}});
+  const dim3 grid(static_cast<unsigned>((a.rows + kForwardWarps - 1) / kForwardWarps));
+  return with_element_type(a.in_dtype, [&](auto in_tag) {
+    using TIn = decltype(in_tag);
+    return with_element_type(a.out_dtype, [&](auto out_tag) {
+      using TOut = decltype(out_tag);
+      return with_row_shape(vec, a.cols, [&](auto v, auto chunks) {
+        forward_kernel<TIn, TOut, decltype(v)::value, decltype(chunks)::value>
+            <<<grid, kForwardWarps * 32, 0, stream>>>(a);
+        return cudaGetLastError();
+      });
+    });
+  });
+}
+
+size_t layer_norm_backward_workspace_floats(int64_t rows, int cols) {
+  return static_cast<size_t>(backward_ctas(rows)) * 2 * static_cast<size_t>(cols);
+}
+
+cudaError_t layer_norm_backward(const LayerNormBackwardArgs& a, cudaStream_t stream) {
+  const bool affine = a.weight != nullptr;
+  if (a.rows < 0 || a.cols <= 0 || a.cols > kLayerNormMaxColumns || !a.x || !a.dy || !a.mean ||
+      !a.rstd || !a.dx || (affine && !a.workspace)) {
+    return cudaErrorInvalidValue;
+  }
+  if (a.rows == 0) {
+    if (affine && a.dweight) cudaMemsetAsync(a.dweight, 0, sizeof(float) * a.cols, stream);
+    if (affine && a.dbias) cudaMemsetAsync(a.dbias, 0, sizeof(float) * a.cols, stream);
+    return cudaGetLastError();
+  }
+  const int in_bytes = element_bytes(a.in_dtype);
+  const int vec = vector_width(
+      a.cols, {{a.x, in_bytes}, {a.dx, in_bytes}, {a.dy, element_bytes(a.grad_dtype)}});
+  const int ctas = backward_ctas(a.rows);
+  const size_t shared = affine ? sizeof(float) * kBackwardWarps * 2 * a.cols : 0;
+  cudaError_t err = with_element_type(a.in_dtype, [&](auto in_tag) {
+    using TIn = decltype(in_tag);
+    return with_element_type(a.grad_dtype, [&](auto grad_tag) {
+      using TGrad = decltype(grad_tag);
+      return with_row_shape(vec, a.cols, [&](auto v, auto chunks) {
+        backward_kernel<TIn, TGrad, decltype(v)::value, decltype(chunks)::value>
+            <<<ctas, kBackwardWarps * 32, shared, stream>>>(a);
+        return cudaGetLastError();
+      });
+    });
+  });
+  if (err != cudaSuccess || !affine) return err;
+  const int threads = 256;
+  reduce_partials_kernel<<<(2 * a.cols + threads - 1) / threads, threads, 0, stream>>>(
+      a.workspace, ctas, a.cols, a.dweight, a.dbias);
+  return cudaGetLastError();
+}
+
+}  // namespace mhla_kernels
