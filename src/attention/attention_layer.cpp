@@ -8,9 +8,9 @@ namespace mhla {
 AttentionLayerImpl::AttentionLayerImpl(const AttentionSpec& spec, const AttentionType& type)
     : spec_(spec), type_(type) {
   TORCH_CHECK(spec.dim % spec.heads == 0, "heads must divide dim");
-  qkv_ = register_module("qkv", torch::nn::Linear(spec.dim, 3 * spec.dim));
-  proj_ = register_module("proj", torch::nn::Linear(spec.dim, spec.dim));
-  if (spec.config.gate) gate_ = register_module("gate", torch::nn::Linear(spec.dim, spec.dim));
+  qkv_ = register_module("qkv", Linear(spec.dim, 3 * spec.dim));
+  proj_ = register_module("proj", Linear(spec.dim, spec.dim));
+  if (spec.config.gate) gate_ = register_module("gate", Linear(spec.dim, spec.dim));
   if (spec.config.cpe) {
     if (!spec.layout.is_grid()) fail("{}: attention.cpe needs a 2-D token grid", spec.where);
     const auto k = spec.config.cpe_kernel;

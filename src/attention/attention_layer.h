@@ -8,6 +8,8 @@
 
 #include <torch/torch.h>
 
+#include "models/linear.h"
+
 #include "attention/attention_op.h"
 #include "attention/token_layout.h"
 #include "core/config.h"
@@ -63,7 +65,7 @@ class AttentionLayerImpl : public torch::nn::Module, public ProjectedModule {
  private:
   AttentionSpec spec_;
   const AttentionType& type_;
-  torch::nn::Linear qkv_{nullptr}, proj_{nullptr}, gate_{nullptr};
+  Linear qkv_{nullptr}, proj_{nullptr}, gate_{nullptr};
   torch::nn::Conv2d cpe_{nullptr};
   const OpFn* cpu_backend_ = nullptr;
   const OpFn* cuda_backend_ = nullptr;

@@ -17,10 +17,10 @@ GatedDeltaLayerImpl::GatedDeltaLayerImpl(const AttentionSpec& spec, const Attent
                                                                               kConvWidth)
                                                         .groups(3 * dim)
                                                         .bias(false)));
-  beta_proj_ = register_module("beta_proj", torch::nn::Linear(dim, heads));
+  beta_proj_ = register_module("beta_proj", Linear(dim, heads));
   decay_proj_ = register_module("decay_proj",
-                                torch::nn::Linear(torch::nn::LinearOptions(dim, gates).bias(false)));
-  out_gate_proj_ = register_module("out_gate_proj", torch::nn::Linear(dim, dim));
+                                Linear(torch::nn::LinearOptions(dim, gates).bias(false)));
+  out_gate_proj_ = register_module("out_gate_proj", Linear(dim, dim));
   torch::NoGradGuard no_grad;
   // fla's init: A ~ U(0, 16) (A_log = log A), dt = exp(U(log 1e-3, log 0.1)) >= 1e-4 and
   // dt_bias = softplus^{-1}(dt). Both are exempt from weight decay (1-D).

@@ -29,7 +29,7 @@ class GatedDeltaLayerImpl : public AttentionLayerImpl {
 
   bool per_key_gate_;
   torch::nn::Conv1d conv_{nullptr};
-  torch::nn::Linear beta_proj_{nullptr}, decay_proj_{nullptr}, out_gate_proj_{nullptr};
+  Linear beta_proj_{nullptr}, decay_proj_{nullptr}, out_gate_proj_{nullptr};
   torch::Tensor a_log_, dt_bias_, out_norm_weight_;
 };
 

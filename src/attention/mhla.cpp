@@ -62,7 +62,7 @@ MhlaLayerImpl::MhlaLayerImpl(const AttentionSpec& spec, const AttentionType& typ
     auto rows = torch::arange(1, m + 1, torch::kFloat32).reciprocal().unsqueeze(1);
     mixing_ = register_parameter("mixing", (rows * torch::ones({m, m})).tril());
     out_norm_weight_ = register_parameter("out_norm_weight", torch::ones({spec.dim / spec.heads}));
-    out_gate_ = register_module("out_gate_proj", torch::nn::Linear(spec.dim, spec.dim));
+    out_gate_ = register_module("out_gate_proj", Linear(spec.dim, spec.dim));
   } else {
     mixing_ = register_parameter(
         "mixing", mhla_initial_mixing(spec.config.init, spec.layout.tiles_h, spec.layout.tiles_w));

@@ -36,7 +36,7 @@ class MhlaLayerImpl : public AttentionLayerImpl {
 
   torch::Tensor mixing_;
   torch::Tensor out_norm_weight_;               // causal only
-  torch::nn::Linear out_gate_{nullptr};         // causal only
+  Linear out_gate_{nullptr};         // causal only
 };
 
 }  // namespace mhla

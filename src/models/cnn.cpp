@@ -18,7 +18,7 @@ Cnn::Cnn(const Config& config) {
   }
   body_ = register_module("body", body);
   dropout_ = register_module("dropout", torch::nn::Dropout(0.3));
-  head_ = register_module("head", torch::nn::Linear(in, m.num_classes));
+  head_ = register_module("head", Linear(in, m.num_classes));
 }
 
 torch::Tensor Cnn::features(const torch::Tensor& images) {

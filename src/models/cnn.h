@@ -2,6 +2,7 @@
 // A small VGG-style convolutional classifier: three stages of two 3x3 conv + BatchNorm + ReLU
 // (width, 2 width, 4 width channels), 2x2 max-pooling between stages, global average pooling,
 // dropout and a linear head. Its pooled features are the FID-FMNIST feature space.
+#include "models/linear.h"
 #include "models/model.h"
 
 namespace mhla {
@@ -15,7 +16,7 @@ class Cnn : public Model {
  private:
   torch::nn::Sequential body_{nullptr};
   torch::nn::Dropout dropout_{nullptr};
-  torch::nn::Linear head_{nullptr};
+  Linear head_{nullptr};
 };
 
 void register_cnn(Registry<ModelEntry>& registry);

@@ -74,7 +74,7 @@ Deit::Deit(const Config& config) : config_(config), layout_(image_token_layout(c
     block_list->push_back(blocks_.back());
   }
   norm_ = register_module("norm", LayerNorm(m.width));
-  head_ = register_module("head", torch::nn::Linear(m.width, m.num_classes));
+  head_ = register_module("head", Linear(m.width, m.num_classes));
   init_weights(*this);
 }
 

@@ -27,7 +27,7 @@ class Deit : public Model {
   torch::Tensor pos_embed_;
   std::vector<TransformerBlock> blocks_;
   LayerNorm norm_{nullptr};
-  torch::nn::Linear head_{nullptr};
+  Linear head_{nullptr};
 };
 
 void register_deit(Registry<ModelEntry>& registry);

@@ -48,7 +48,7 @@ DitBlockImpl::DitBlockImpl(std::shared_ptr<AttentionLayerImpl> attention, int64_
   attention_ = register_module("attn", std::move(attention));
   norm2_ = register_module("norm2", plain_norm(dim));
   mlp_ = register_module("mlp", Mlp(dim, mlp_hidden));
-  modulation_ = register_module("modulation", torch::nn::Linear(dim, 6 * dim));
+  modulation_ = register_module("modulation", Linear(dim, 6 * dim));
 }
 
 torch::Tensor DitBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& condition) {
@@ -69,8 +69,8 @@ Dit::Dit(const Config& config) : config_(config), layout_(image_token_layout(con
   auto raster = sincos_position_embedding(layout_.grid_h, layout_.grid_w, m.width);
   auto grid = raster.t().reshape({1, m.width, layout_.grid_h, layout_.grid_w});
   pos_embed_ = register_buffer("pos_embed", layout_.to_tokens(grid));
-  time_fc1_ = register_module("time_fc1", torch::nn::Linear(kFrequencyDim, m.width));
-  time_fc2_ = register_module("time_fc2", torch::nn::Linear(m.width, m.width));
+  time_fc1_ = register_module("time_fc1", Linear(kFrequencyDim, m.width));
+  time_fc2_ = register_module("time_fc2", Linear(m.width, m.width));
   class_embedding_ = register_module("class_embedding", torch::nn::Embedding(m.num_classes + 1, m.width));
 
   const auto& type = attention_registry().get(config.attention.type);
@@ -87,9 +87,9 @@ Dit::Dit(const Config& config) : config_(config), layout_(image_token_layout(con
     block_list->push_back(blocks_.back());
   }
   final_norm_ = register_module("final_norm", plain_norm(m.width));
-  final_modulation_ = register_module("final_modulation", torch::nn::Linear(m.width, 2 * m.width));
+  final_modulation_ = register_module("final_modulation", Linear(m.width, 2 * m.width));
   final_linear_ = register_module(
-      "final_linear", torch::nn::Linear(m.width, m.patch_size * m.patch_size * output_channels()));
+      "final_linear", Linear(m.width, m.patch_size * m.patch_size * output_channels()));
 
   // DiT's init: Xavier-uniform linears, N(0, 0.02) class and time MLP weights, patch embedding
   // like a linear; adaLN modulations and the final layer zero (each block starts as identity).

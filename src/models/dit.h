@@ -21,7 +21,7 @@ class DitBlockImpl : public torch::nn::Module {
   LayerNorm norm1_{nullptr}, norm2_{nullptr};
   std::shared_ptr<AttentionLayerImpl> attention_;
   Mlp mlp_{nullptr};
-  torch::nn::Linear modulation_{nullptr};  // SiLU(c) -> 6 x dim, zero-initialized
+  Linear modulation_{nullptr};  // SiLU(c) -> 6 x dim, zero-initialized
 };
 TORCH_MODULE(DitBlock);
 
@@ -49,11 +49,11 @@ class Dit : public Model {
   int64_t pad_before_ = 0, pad_after_ = 0;
   torch::nn::Conv2d patch_embed_{nullptr};
   torch::Tensor pos_embed_;  // buffer, block-major
-  torch::nn::Linear time_fc1_{nullptr}, time_fc2_{nullptr};
+  Linear time_fc1_{nullptr}, time_fc2_{nullptr};
   torch::nn::Embedding class_embedding_{nullptr};
   std::vector<DitBlock> blocks_;
   LayerNorm final_norm_{nullptr};
-  torch::nn::Linear final_modulation_{nullptr}, final_linear_{nullptr};
+  Linear final_modulation_{nullptr}, final_linear_{nullptr};
 };
 
 void register_dit(Registry<ModelEntry>& registry);

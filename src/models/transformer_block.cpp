@@ -5,8 +5,8 @@
 namespace mhla {
 
 MlpImpl::MlpImpl(int64_t dim, int64_t hidden) {
-  fc1_ = register_module("fc1", torch::nn::Linear(dim, hidden));
-  fc2_ = register_module("fc2", torch::nn::Linear(hidden, dim));
+  fc1_ = register_module("fc1", Linear(dim, hidden));
+  fc2_ = register_module("fc2", Linear(hidden, dim));
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
@@ -14,9 +14,9 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
 }
 
 SwiGluMlpImpl::SwiGluMlpImpl(int64_t dim, int64_t hidden) {
-  w1_ = register_module("w1", torch::nn::Linear(torch::nn::LinearOptions(dim, hidden).bias(false)));
-  w2_ = register_module("w2", torch::nn::Linear(torch::nn::LinearOptions(hidden, dim).bias(false)));
-  w3_ = register_module("w3", torch::nn::Linear(torch::nn::LinearOptions(dim, hidden).bias(false)));
+  w1_ = register_module("w1", Linear(torch::nn::LinearOptions(dim, hidden).bias(false)));
+  w2_ = register_module("w2", Linear(torch::nn::LinearOptions(hidden, dim).bias(false)));
+  w3_ = register_module("w3", Linear(torch::nn::LinearOptions(dim, hidden).bias(false)));
 }
 
 torch::Tensor SwiGluMlpImpl::forward(const torch::Tensor& x) {

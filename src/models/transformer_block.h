@@ -4,6 +4,8 @@
 
 #include <torch/torch.h>
 
+#include "models/linear.h"
+
 #include "attention/attention_layer.h"
 #include "models/layer_norm.h"
 
@@ -15,7 +17,7 @@ class MlpImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
 
  private:
-  torch::nn::Linear fc1_{nullptr}, fc2_{nullptr};
+  Linear fc1_{nullptr}, fc2_{nullptr};
 };
 TORCH_MODULE(Mlp);
 
@@ -26,7 +28,7 @@ class SwiGluMlpImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
 
  private:
-  torch::nn::Linear w1_{nullptr}, w2_{nullptr}, w3_{nullptr};
+  Linear w1_{nullptr}, w2_{nullptr}, w3_{nullptr};
 };
 TORCH_MODULE(SwiGluMlp);
 
