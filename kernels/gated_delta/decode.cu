@@ -11,25 +11,6 @@ namespace {
 constexpr int kWarps = 16;  // key rows split over the warps
 constexpr int kMaxKeyDim = 256;
 
-__device__ __forceinline__ float load(const float* p, int64_t i) {
-  return p[i];
-}
-__device__ __forceinline__ float load(const __half* p, int64_t i) {
-  return __half2float(p[i]);
-}
-__device__ __forceinline__ float load(const __nv_bfloat16* p, int64_t i) {
-  return __bfloat162float(p[i]);
-}
-__device__ __forceinline__ void store(float* p, int64_t i, float x) {
-  p[i] = x;
-}
-__device__ __forceinline__ void store(__half* p, int64_t i, float x) {
-  p[i] = __float2half_rn(x);
-}
-__device__ __forceinline__ void store(__nv_bfloat16* p, int64_t i, float x) {
-  p[i] = __float2bfloat16_rn(x);
-}
-
 template <int VEC>
 struct alignas(4 * VEC) FloatPack {
   float v[VEC];
@@ -52,8 +33,8 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(DeltaDecodeArgs p) 
   const T* q = static_cast<const T*>(p.q) + static_cast<int64_t>(bh) * dk;
   const T* k = static_cast<const T*>(p.k) + static_cast<int64_t>(bh) * dk;
   for (int d = threadIdx.x; d < dk; d += kWarps * 32) {
-    k_s[d] = load(k, d);
-    q_s[d] = load(q, d);
+    k_s[d] = to_float(k[d]);
+    q_s[d] = to_float(q[d]);
     a_s[d] = __expf(p.per_key_gate ? p.g[static_cast<int64_t>(bh) * dk + d] : p.g[bh]);
   }
   __syncthreads();
@@ -94,7 +75,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(DeltaDecodeArgs p) 
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) total += partial[w][c];
     const float ve =
-        e < dv ? load(static_cast<const T*>(p.v), static_cast<int64_t>(bh) * dv + e) : 0.f;
+        e < dv ? to_float(static_cast<const T*>(p.v)[static_cast<int64_t>(bh) * dv + e]) : 0.f;
     update[c] = p.beta[bh] * (ve - total);
   }
   __syncthreads();
@@ -124,7 +105,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(DeltaDecodeArgs p) 
       float total = 0.f;
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) total += partial[w][c];
-      store(static_cast<T*>(p.out), static_cast<int64_t>(bh) * dv + e, p.scale * total);
+      static_cast<T*>(p.out)[static_cast<int64_t>(bh) * dv + e] = from_float<T>(p.scale * total);
     }
   }
 }

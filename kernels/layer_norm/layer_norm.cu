@@ -14,30 +14,6 @@ constexpr int kForwardWarps = 8;   // one row per warp
 constexpr int kBackwardWarps = 4;  // rows grid-strided over the warps of all CTAs
 constexpr int kBackwardMaxCtas = 1024;
 
-__device__ __forceinline__ float to_float(float x) {
-  return x;
-}
-__device__ __forceinline__ float to_float(__half x) {
-  return __half2float(x);
-}
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) {
-  return __float2half_rn(x);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-
 // VEC consecutive elements moved as one access (cols % VEC == 0 and aligned rows).
 template <typename T, int VEC>
 struct alignas(sizeof(T) * VEC) Pack {

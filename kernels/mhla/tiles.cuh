@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <type_traits>
 
+#include "common/element_type.cuh"
 #include "mhla/block_linear_attention.h"
 
 namespace mhla_kernels {
@@ -48,25 +49,6 @@ struct Mma<float> {
   using precision = wmma::precision::tf32;
   static constexpr int k = 8;
 };
-
-template <typename T>
-__device__ __forceinline__ float to_float(T x) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return __bfloat162float(x);
-  else if constexpr (std::is_same_v<T, __half>)
-    return __half2float(x);
-  else
-    return x;
-}
-template <typename T>
-__device__ __forceinline__ T from_float(float x) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return __float2bfloat16(x);
-  else if constexpr (std::is_same_v<T, __half>)
-    return __float2half(x);
-  else
-    return x;
-}
 
 template <typename T, typename Layout>
 using FragA = wmma::fragment<wmma::matrix_a, 16, 16, Mma<T>::k, typename Mma<T>::precision, Layout>;
@@ -200,7 +182,6 @@ __device__ __forceinline__ void feature_backward(const float* x, float scale, fl
 #pragma unroll
   for (int i = 0; i < L::vec; ++i) g[i] = scale * (g[i] - x[i] * scale * dot);
 }
-
 
 __host__ __device__ constexpr size_t align128(size_t bytes) {
   return (bytes + 127) / 128 * 128;

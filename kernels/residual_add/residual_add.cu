@@ -10,25 +10,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kVec = 4;
 
-__device__ __forceinline__ float to_float(float x) {
-  return x;
-}
-__device__ __forceinline__ float to_float(__half x) {
-  return __half2float(x);
-}
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
-__device__ __forceinline__ void assign(float& out, float x) {
-  out = x;
-}
-__device__ __forceinline__ void assign(__half& out, float x) {
-  out = __float2half_rn(x);
-}
-__device__ __forceinline__ void assign(__nv_bfloat16& out, float x) {
-  out = __float2bfloat16_rn(x);
-}
-
 template <typename T>
 struct alignas(sizeof(T) * kVec) Pack {
   T v[kVec];
@@ -77,16 +58,16 @@ __global__ void __launch_bounds__(kThreads) cast_kernel(ScaledCastArgs p) {
       const float s = sample_scale(p.scale, j * kVec, p.per_sample);
       const float4 g = reinterpret_cast<const float4*>(p.grad)[j];
       Pack<T> o;
-      assign(o.v[0], s * g.x);
-      assign(o.v[1], s * g.y);
-      assign(o.v[2], s * g.z);
-      assign(o.v[3], s * g.w);
+      o.v[0] = from_float<T>(s * g.x);
+      o.v[1] = from_float<T>(s * g.y);
+      o.v[2] = from_float<T>(s * g.z);
+      o.v[3] = from_float<T>(s * g.w);
       reinterpret_cast<Pack<T>*>(out)[j] = o;
     }
   } else {
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < p.numel;
          i += step) {
-      assign(out[i], sample_scale(p.scale, i, p.per_sample) * p.grad[i]);
+      out[i] = from_float<T>(sample_scale(p.scale, i, p.per_sample) * p.grad[i]);
     }
   }
 }

@@ -5,13 +5,6 @@
 namespace mhla_kernels {
 namespace {
 
-__device__ __forceinline__ float load(const float* p) { return *p; }
-__device__ __forceinline__ float load(const __half* p) { return __half2float(*p); }
-__device__ __forceinline__ float load(const __nv_bfloat16* p) { return __bfloat162float(*p); }
-__device__ __forceinline__ void store(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
-__device__ __forceinline__ void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
-
 // One thread per rotated pair; consecutive threads take consecutive i of one row, so loads and
 // stores of a warp are contiguous runs.
 template <typename T>
@@ -30,11 +23,11 @@ __global__ void rotary_kernel(const T* __restrict__ x, int64_t stride_b, int64_t
   const int64_t b = bt / tokens;
   const T* in = x + b * stride_b + t * stride_t + h * stride_h;
   T* o = out + row * (2 * static_cast<int64_t>(half));
-  const float x1 = load(in + i), x2 = load(in + i + half);
+  const float x1 = to_float(in[i]), x2 = to_float(in[i + half]);
   const float c = cos_table[static_cast<int64_t>(t) * half + i];
   const float s = sin_table[static_cast<int64_t>(t) * half + i];
-  store(o + i, x1 * c - x2 * s);
-  store(o + i + half, x2 * c + x1 * s);
+  o[i] = from_float<T>(x1 * c - x2 * s);
+  o[i + half] = from_float<T>(x2 * c + x1 * s);
 }
 
 template <typename T>

@@ -7,6 +7,7 @@
 
 #include "attention/causal_linear.h"
 #include "core/error.h"
+#include "core/kernel_dtype.h"
 #include "linear_attn/linear_attn.h"
 #include "mhla/block_linear_attention.h"
 #include "mhla/dense_block_linear.h"
@@ -18,17 +19,11 @@ namespace {
 namespace kernels = mhla_kernels;
 
 kernels::DType kernel_dtype(torch::ScalarType type) {
-  switch (type) {
-    case torch::kFloat32:
-      return kernels::DType::f32;
-    case torch::kFloat16:
-      return kernels::DType::f16;
-    case torch::kBFloat16:
-      return kernels::DType::bf16;
-    default:
-      fail("cuda attention: unsupported dtype {} (float32, float16, bfloat16)",
-           c10::toString(type));
+  const auto dtype = kernel_dtype_of(type);
+  if (!dtype) {
+    fail("cuda attention: unsupported dtype {} (float32, float16, bfloat16)", c10::toString(type));
   }
+  return *dtype;
 }
 
 // A [B, N, H, D] view the kernels can read in 16-byte vectors: last dimension contiguous, every

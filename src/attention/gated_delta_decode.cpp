@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "core/kernel_dtype.h"
 #include "gated_delta/decode.h"
 #endif
 
@@ -23,9 +24,9 @@ bool delta_rule_decode_uses_kernel(const torch::Tensor& state, const torch::Tens
   }
   const auto b = state.size(0), h = state.size(1), dk = state.size(2), dv = state.size(3);
   const auto type = v.scalar_type();
-  const bool dtypes = (type == torch::kFloat32 || type == torch::kFloat16 ||
-                       type == torch::kBFloat16) &&
-                      q.scalar_type() == type && k.scalar_type() == type;
+  const bool dtypes =
+      (type == torch::kFloat32 || type == torch::kFloat16 || type == torch::kBFloat16) &&
+      q.scalar_type() == type && k.scalar_type() == type;
   const bool shapes = q.sizes().equals({b, h, dk}) && k.sizes().equals({b, h, dk}) &&
                       v.sizes().equals({b, h, dv}) && beta.sizes().equals({b, h}) &&
                       (g.sizes().equals({b, h}) || g.sizes().equals({b, h, dk}));
@@ -39,9 +40,9 @@ bool delta_rule_decode_uses_kernel(const torch::Tensor& state, const torch::Tens
 #endif
 }
 
-torch::Tensor delta_rule_decode(torch::Tensor& state, const torch::Tensor& q, const torch::Tensor& k,
-                                const torch::Tensor& v, const torch::Tensor& beta,
-                                const torch::Tensor& g, double scale) {
+torch::Tensor delta_rule_decode(torch::Tensor& state, const torch::Tensor& q,
+                                const torch::Tensor& k, const torch::Tensor& v,
+                                const torch::Tensor& beta, const torch::Tensor& g, double scale) {
 #ifdef MHLA_WITH_CUDA_KERNELS
   const auto type = v.scalar_type();
   const bool takes = delta_rule_decode_uses_kernel(state, q, k, v, beta, g);
@@ -53,9 +54,7 @@ torch::Tensor delta_rule_decode(torch::Tensor& state, const torch::Tensor& q, co
     auto beta_f = beta.to(torch::kFloat32).contiguous(), g_f = g.to(torch::kFloat32).contiguous();
     auto out = torch::empty(v.sizes(), vc.options());
     kernels::DeltaDecodeArgs a;
-    a.dtype = type == torch::kFloat32   ? kernels::DType::f32
-              : type == torch::kFloat16 ? kernels::DType::f16
-                                        : kernels::DType::bf16;
+    a.dtype = *kernel_dtype_of(type);  // uses_kernel checked it
     a.batch = static_cast<int>(q.size(0)), a.heads = static_cast<int>(q.size(1));
     a.key_dim = static_cast<int>(q.size(2)), a.value_dim = static_cast<int>(v.size(2));
     a.q = qc.data_ptr(), a.k = kc.data_ptr(), a.v = vc.data_ptr();

@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "core/kernel_dtype.h"
 #include "rotary/rotary.h"
 #endif
 
@@ -20,7 +21,8 @@ std::pair<torch::Tensor, torch::Tensor> rotary_tables(int64_t first_position, in
                                                       const torch::Device& device) {
   const auto half = head_dim / 2;
   auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
-  auto inv_freq = torch::pow(base, -torch::arange(0, half, f32) * 2.0 / static_cast<double>(head_dim));
+  auto inv_freq =
+      torch::pow(base, -torch::arange(0, half, f32) * 2.0 / static_cast<double>(head_dim));
   auto angles = torch::arange(first_position, first_position + tokens, f32).unsqueeze(1) * inv_freq;
   return {angles.cos(), angles.sin()};
 }
@@ -55,16 +57,9 @@ torch::Tensor rotate_on_gpu(const torch::Tensor& x_in, const torch::Tensor& cos,
   auto x = x_in.stride(3) == 1 ? x_in : x_in.contiguous();
   auto out = torch::empty(x.sizes(), x.options().memory_format(torch::MemoryFormat::Contiguous));
   kernels::RotaryArgs a;
-  switch (x.scalar_type()) {
-    case torch::kFloat32:
-      a.dtype = kernels::DType::f32;
-      break;
-    case torch::kFloat16:
-      a.dtype = kernels::DType::f16;
-      break;
-    default:
-      a.dtype = kernels::DType::bf16;
-  }
+  const auto dtype = kernel_dtype_of(x.scalar_type());
+  if (!dtype) fail("rotary (cuda): unsupported dtype {}", c10::toString(x.scalar_type()));
+  a.dtype = *dtype;
   a.x = {x.data_ptr(), x.stride(0), x.stride(1), x.stride(2)};
   a.out = out.data_ptr();
   a.cos = cos.data_ptr<float>();
