@@ -3,6 +3,7 @@
 #include "catch_compat.h"
 #include "core/device.h"
 #include "models/layer_norm.h"
+#include "models/linear.h"
 #include "models/residual_add.h"
 #include "test_helpers.h"
 
@@ -178,6 +179,100 @@ TEST_CASE("layers: the residual-add kernel matches the torch formula, values and
         const double tol = dtype == torch::kFloat32 ? 1e-6 : 5e-3;
         CHECK(test::relative_error(f64cpu(branch.grad()), f64cpu(expected_dbranch)) < tol);
       }
+    }
+  }
+}
+
+namespace {
+
+struct LinearResult {
+  torch::Tensor y, dx, dw, db;
+};
+
+// Output and gradients of x W^T + b through torch::linear or our function, under autocast on
+// x's device or not.
+LinearResult run_linear(const torch::Tensor& x0, const torch::Tensor& w0, const torch::Tensor& b0,
+                        const torch::Tensor& upstream, bool own, bool autocast) {
+  auto x = x0.detach().clone().requires_grad_(true);
+  auto w = w0.detach().clone().requires_grad_(true);
+  auto b = b0.detach().clone().requires_grad_(true);
+  torch::Tensor y;
+  {
+    AutocastScope scope(x.device(), autocast);
+    y = own ? linear_with_own_backward(x, w, b) : torch::linear(x, w, b);
+  }
+  (y.to(upstream.scalar_type()) * upstream).sum().backward();
+  return {y.detach(), x.grad(), w.grad(), b.grad()};
+}
+
+}  // namespace
+
+TEST_CASE(
+    "layers: the linear layer's own backward equals torch::linear's, with and without autocast",
+    "[model]") {
+  torch::manual_seed(8);
+  // float64: the same numbers to rounding.
+  auto x = torch::randn({3, 5, 7}, torch::kFloat64);
+  auto w = torch::randn({4, 7}, torch::kFloat64);
+  auto b = torch::randn({4}, torch::kFloat64);
+  auto up = torch::randn({3, 5, 4}, torch::kFloat64);
+  auto ref = run_linear(x, w, b, up, false, false);
+  auto own = run_linear(x, w, b, up, true, false);
+  CHECK(test::relative_error(own.y, ref.y) < 1e-14);
+  CHECK(test::relative_error(own.dx, ref.dx) < 1e-14);
+  CHECK(test::relative_error(own.dw, ref.dw) < 1e-14);
+  CHECK(test::relative_error(own.db, ref.db) < 1e-14);
+  // bf16 autocast on the CPU, fp32 parameters and input: the output in bf16 as autocast gives
+  // it, every gradient back in its tensor's dtype; the bias gradient is summed in fp32 (ATen
+  // sums in bf16), so it is compared against float64.
+  auto xf = torch::randn({2, 300, 16}), wf = torch::randn({24, 16}) * 0.2, bf = torch::randn({24});
+  auto upf = torch::randn({2, 300, 24});
+  auto ref_ac = run_linear(xf, wf, bf, upf, false, true);
+  auto own_ac = run_linear(xf, wf, bf, upf, true, true);
+  CHECK(own_ac.y.scalar_type() == ref_ac.y.scalar_type());
+  CHECK(own_ac.dx.scalar_type() == torch::kFloat32);
+  CHECK(own_ac.dw.scalar_type() == torch::kFloat32);
+  CHECK(own_ac.db.scalar_type() == torch::kFloat32);
+  CHECK(test::relative_error(own_ac.y.to(torch::kFloat64), ref_ac.y.to(torch::kFloat64)) < 1e-6);
+  CHECK(test::relative_error(own_ac.dx, ref_ac.dx) < 1e-2);
+  CHECK(test::relative_error(own_ac.dw, ref_ac.dw) < 1e-2);
+  auto exact_db = upf.to(torch::kFloat64).sum(std::vector<int64_t>{0, 1});
+  CHECK(test::relative_error(own_ac.db.to(torch::kFloat64), exact_db) < 1e-2);
+  CHECK(!test::error_of([&] { linear_with_own_backward(xf, wf, torch::Tensor()); }).empty());
+  CHECK(!test::error_of([&] { linear_with_own_backward(xf, wf.narrow(1, 0, 8), bf); }).empty());
+}
+
+TEST_CASE("layers: the linear layer's bias-gradient kernel sums columns like float64 torch",
+          "[model][gpu]") {
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device: skipped");
+    return;
+  }
+  const auto cuda = torch::Device(torch::kCUDA);
+  // Column counts with and without the 4-wide path, a single row, fewer rows than one slab, and
+  // the DeiT-T/2 MLP's 65,536 x 768.
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {1, 8}, {37, 7}, {1000, 192}, {5003, 130}, {65536, 768}};
+  for (auto dtype : {torch::kBFloat16, torch::kFloat16, torch::kFloat32}) {
+    for (auto [rows, cols] : shapes) {
+      INFO("dtype " << dtype << ", rows " << rows << ", cols " << cols);
+      torch::manual_seed(rows + cols);
+      auto x = torch::randn({rows, 3, 16}, torch::TensorOptions().device(cuda));
+      auto w = (torch::randn({cols, 16}, torch::TensorOptions().device(cuda)) * 0.2);
+      auto b = torch::randn({cols}, torch::TensorOptions().device(cuda));
+      auto up = torch::randn({rows, 3, cols}, torch::TensorOptions().device(cuda)).to(dtype);
+      const bool half = dtype != torch::kFloat32;
+      auto own = run_linear(x, w, b, up, true, half);
+      // The bias gradient is the fp32 sum of the upstream gradient as the layer saw it (in the
+      // output's dtype: bf16 under autocast).
+      auto exact_db = up.to(own.y.scalar_type())
+                          .to(torch::kCPU, torch::kFloat64)
+                          .sum(std::vector<int64_t>{0, 1});
+      CHECK(own.db.scalar_type() == torch::kFloat32);
+      CHECK(test::relative_error(own.db.to(torch::kCPU, torch::kFloat64), exact_db) < 1e-5);
+      auto ref = run_linear(x, w, b, up, false, half);
+      CHECK(test::relative_error(f64cpu(own.dx), f64cpu(ref.dx)) < (half ? 1e-2 : 1e-5));
+      CHECK(test::relative_error(f64cpu(own.dw), f64cpu(ref.dw)) < (half ? 1e-2 : 1e-5));
     }
   }
 }

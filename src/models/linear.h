@@ -1,19 +1,36 @@
 #pragma once
-// torch::nn::Linear with ATen's linear as its forward: for a contiguous input of any rank one
-// addmm with the bias fused into the matmul. The C++ frontend's functional linear instead
-// multiplies and then adds the bias in place (`output += bias`) for inputs of more than two
-// dimensions; under autocast that is a bf16 += fp32 broadcast add, which ATen runs as a slow
-// non-vectorized kernel over every activation (on the H200 the largest kernel of a DeiT step:
-// 5.9 of 26.3 GPU ms, 49 calls = one per linear layer). Same parameters, names, options and
-// initialization as torch::nn::Linear, so checkpoints are unchanged.
+// The linear layer of every model.
+//
+// Forward: ATen's linear (one addmm with the bias fused into the matmul for contiguous inputs of
+// any rank). The C++ frontend's functional linear instead multiplies and then adds the bias in
+// place (`output += bias`) for inputs of more than two dimensions; under autocast that is a
+// bf16 += fp32 broadcast add, which ATen runs as a slow non-vectorized kernel over every
+// activation (on the H200 the largest kernel of a DeiT step: 5.9 of 26.3 GPU ms, 49 calls = one
+// per linear layer).
+//
+// Backward, optionally (MHLA_LINEAR_BIAS_KERNEL=1, CUDA): our autograd function, whose bias
+// gradient is the fp32 column sum of kernels/column_sum instead of ATen's bf16 reduction (4.4 of
+// 26.3 GPU ms of the same step). Opt-in until it has been checked on a GPU.
+//
+// Same parameters, names, options and initialization as torch::nn::Linear, so checkpoints are
+// unchanged.
 #include <torch/torch.h>
 
 namespace mhla {
 
+// x W^T + b; autocast applies as to torch::linear.
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight,
+                     const torch::Tensor& bias);
+
+// The same through the explicit autograd function (the opt-in GPU path; on the CPU its bias
+// gradient is an fp32 torch sum), exposed so tests can check it against torch::linear.
+torch::Tensor linear_with_own_backward(const torch::Tensor& x, const torch::Tensor& weight,
+                                       const torch::Tensor& bias);
+
 class LinearImpl : public torch::nn::LinearImpl {
  public:
   using torch::nn::LinearImpl::LinearImpl;
-  torch::Tensor forward(const torch::Tensor& input) { return torch::linear(input, weight, bias); }
+  torch::Tensor forward(const torch::Tensor& input) { return linear(input, weight, bias); }
 };
 TORCH_MODULE(Linear);
 

@@ -1,0 +1,123 @@
+#include "column_sum/column_sum.h"
+
+#include <algorithm>
+
+#include "common/element_type.cuh"
+
+namespace mhla_kernels {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kUnroll = 4;  // rows a warp loads before adding (loads in flight)
+constexpr int kTargetCtas = 132 * 4;
+constexpr int kMinRowsPerSlab = 64;
+
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) Pack {
+  T v[VEC];
+};
+
+struct Grid {
+  int column_tiles, slabs;
+  int64_t rows_per_slab;
+};
+
+Grid grid_for(int64_t rows, int cols, int vec) {
+  Grid g;
+  g.column_tiles = (cols + 32 * vec - 1) / (32 * vec);
+  const int64_t max_slabs = std::max<int64_t>(1, (rows + kMinRowsPerSlab - 1) / kMinRowsPerSlab);
+  g.slabs = static_cast<int>(
+      std::clamp<int64_t>((kTargetCtas + g.column_tiles - 1) / g.column_tiles, 1, max_slabs));
+  g.rows_per_slab = (rows + g.slabs - 1) / g.slabs;
+  return g;
+}
+
+// grid (column tiles, slabs), 8 warps: lane = VEC adjacent columns, warps interleave the slab's
+// rows; the warps' sums meet in shared memory and one partial row per slab goes to workspace.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kWarps * 32) slab_kernel(ColumnSumArgs p, int64_t rows_per_slab) {
+  __shared__ float partial[kWarps][32 * VEC];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int col = (blockIdx.x * 32 + lane) * VEC;
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * rows_per_slab;
+  const int64_t end = min(begin + rows_per_slab, p.rows);
+  const T* x = static_cast<const T*>(p.x);
+  float sum[VEC] = {};
+  if (col < p.cols) {
+    int64_t r = begin + warp;
+    for (; r + (kUnroll - 1) * kWarps < end; r += kUnroll * kWarps) {
+      Pack<T, VEC> packs[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        packs[u] = *reinterpret_cast<const Pack<T, VEC>*>(x + (r + u * kWarps) * p.cols + col);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) sum[i] += to_float(packs[u].v[i]);
+      }
+    }
+    for (; r < end; r += kWarps) {
+      const auto pack = *reinterpret_cast<const Pack<T, VEC>*>(x + r * p.cols + col);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) sum[i] += to_float(pack.v[i]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) partial[warp][lane * VEC + i] = sum[i];
+  __syncthreads();
+  for (int c = threadIdx.x; c < 32 * VEC; c += kWarps * 32) {
+    const int column = blockIdx.x * 32 * VEC + c;
+    if (column < p.cols) {
+      float total = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) total += partial[w][c];
+      p.workspace[static_cast<int64_t>(blockIdx.y) * p.cols + column] = total;
+    }
+  }
+}
+
+__global__ void add_slabs_kernel(const float* workspace, int slabs, int cols, float* out) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  float total = 0.f;
+  for (int s = 0; s < slabs; ++s) total += workspace[static_cast<int64_t>(s) * cols + c];
+  out[c] = total;
+}
+
+int vector_width(const ColumnSumArgs& a) {
+  const int bytes = a.dtype == DType::f32 ? 4 : 2;
+  const bool aligned = reinterpret_cast<uintptr_t>(a.x) % (4 * bytes) == 0;
+  return a.cols % 4 == 0 && aligned ? 4 : 1;
+}
+
+}  // namespace
+
+size_t column_sum_workspace_floats(int64_t rows, int cols) {
+  // Enough for either vector width (wider tiles mean fewer of them, so more slabs).
+  const int slabs = std::max(grid_for(rows, cols, 1).slabs, grid_for(rows, cols, 4).slabs);
+  return static_cast<size_t>(slabs) * static_cast<size_t>(cols);
+}
+
+cudaError_t column_sum(const ColumnSumArgs& a, cudaStream_t stream) {
+  if (a.rows < 0 || a.cols <= 0 || !a.x || !a.out || !a.workspace) return cudaErrorInvalidValue;
+  if (a.rows == 0) return cudaMemsetAsync(a.out, 0, sizeof(float) * a.cols, stream);
+  const int vec = vector_width(a);
+  const Grid g = grid_for(a.rows, a.cols, vec);
+  if (g.column_tiles > 0x7fffffff || g.slabs > 65535) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(g.column_tiles), static_cast<unsigned>(g.slabs));
+  cudaError_t err = with_element_type(a.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if (vec == 4) {
+      slab_kernel<T, 4><<<grid, kWarps * 32, 0, stream>>>(a, g.rows_per_slab);
+    } else {
+      slab_kernel<T, 1><<<grid, kWarps * 32, 0, stream>>>(a, g.rows_per_slab);
+    }
+    return cudaGetLastError();
+  });
+  if (err != cudaSuccess) return err;
+  add_slabs_kernel<<<(a.cols + 255) / 256, 256, 0, stream>>>(a.workspace, g.slabs, a.cols, a.out);
+  return cudaGetLastError();
+}
+
+}  // namespace mhla_kernels
