@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <functional>
 
+#include "attention/delta_chunk_recurrence.h"
 #include "core/error.h"
 
 namespace mhla {
@@ -68,9 +69,9 @@ torch::Tensor decayed_products_per_key(const torch::Tensor& x, const torch::Tens
 // all chunks at once: the intra-chunk matrix A_rs = beta_r sum_d k_r[d] k_s[d] exp(G_r - G_s)[d]
 // (s < r), one batched triangular solve for W = (I + A)^-1 diag(beta) (Gamma . K) and
 // U0 = (I + A)^-1 diag(beta) V, the decayed q k^T products and the decays to each chunk's end.
-// Only the three state products per chunk, u = U0 - W S, o = (Gamma . Q) S + QK u and
-// S' = Diag(exp G_C) S + (decayed K)^T u, stay sequential (by linearity u equals
-// (I + A)^-1 diag(beta) (V - (Gamma . K) S)). G is the gate's running sum inside a chunk: one per
+// Only the state carried between chunks, u = U0 - W S and S' = Diag(exp G_C) S + (decayed K)^T u,
+// is sequential (delta_chunk_recurrence; by linearity u equals (I + A)^-1 diag(beta)
+// (V - (Gamma . K) S)); the outputs o = (Gamma . Q) S + QK u are formed for all chunks after it. G is the gate's running sum inside a chunk: one per
 // head and token (gated DeltaNet; the pairwise decays are scalars and the products plain
 // matmuls) or one per key dimension (KDA; decayed_products_per_key). The sequence is padded to
 // whole chunks with beta = 0, g = 0, q = k = v = 0: padded tokens neither write nor decay the
@@ -130,15 +131,14 @@ std::pair<torch::Tensor, torch::Tensor> chunked_wy(const torch::Tensor& q, const
   auto qk = decayed_products(qc);
   auto gamma_q = gamma * qc;
   auto to_end_k = to_end * kc;  // [B, H, n, C, Dk]
-  std::vector<torch::Tensor> outs;
-  for (int64_t i = 0; i < chunks; ++i) {
-    auto u = u0.select(2, i) - torch::matmul(w.select(2, i), state);
-    outs.push_back(torch::matmul(gamma_q.select(2, i), state) + torch::matmul(qk.select(2, i), u));
-    state = chunk_decay.select(2, i) * state +
-            torch::matmul(to_end_k.select(2, i).transpose(-1, -2), u);
-  }
-  auto out = torch::stack(outs, 2).reshape({b, h, chunks * c, dv}).narrow(2, 0, t_total);
-  return {out, state};
+  // The state passed from chunk to chunk (the only sequential part), then every chunk's output
+  // o_i = (Gamma . Q)_i S_i + QK_i u_i at once.
+  auto decay = chunk_decay.squeeze(-1).expand({b, h, chunks, dk});
+  auto carried = delta_chunk_recurrence(u0, w, to_end_k, decay, state);
+  auto out = (torch::matmul(gamma_q, carried.states) + torch::matmul(qk, carried.u))
+                 .reshape({b, h, chunks * c, dv})
+                 .narrow(2, 0, t_total);
+  return {out, carried.final};
 }
 
 }  // namespace
