@@ -5,7 +5,7 @@
 #   vision: bidirectional linear/MHLA (cuda, cuda_dense, reference) and softmax at the vision
 #           shapes (B*N = 65,536, H = 6, D = 64) -> attention_vision.md
 #   lm:     causal softmax, linear, MHLA (reference, cuda_dense), gated DeltaNet and KDA
-#           (reference) at the LM shapes (B*T = 32,768, H = 8, D = 128) beside SDPA and fla ->
+#           (reference, cuda) at the LM shapes (B*T = 32,768, H = 8, D = 128) beside SDPA and fla ->
 #           attention_lm.md. fla comes from wheels in .whl (carry it; see README "GPU bench"),
 #           installed without dependencies into /tmp/site.
 set -uo pipefail
@@ -17,7 +17,10 @@ if [ "$mode" = lm ]; then
   ours="$OUT/ours_lm.jsonl"; : > "$ours"
   for op in softmax linear mhla gated_deltanet kda; do
     backends=(reference)
-    case $op in linear|mhla) backends=(reference cuda_dense) ;; esac
+    case $op in
+      linear|mhla) backends=(reference cuda_dense) ;;
+      gated_deltanet|kda) backends=(reference cuda) ;;
+    esac
     "$bin" bench attention --op $op --causal --backend "${backends[@]}" "${lm_shapes[@]}" \
       --blocks 16 --warmup 2 --iters 5 | grep '^{' >> "$ours"
   done

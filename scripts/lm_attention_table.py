@@ -40,14 +40,16 @@ columns = [
     ("MHLA cuda_dense", "ours", ("mhla", "cuda_dense")),
     ("fla gated DeltaNet", "peer", "fla_chunk_gated_delta_rule"),
     ("gated DeltaNet reference", "ours", ("gated_deltanet", "reference")),
+    ("gated DeltaNet cuda", "ours", ("gated_deltanet", "cuda")),
     ("fla KDA", "peer", "fla_chunk_kda"),
     ("KDA reference", "ours", ("kda", "reference")),
+    ("KDA cuda", "ours", ("kda", "cuda")),
 ]
 print("Causal attention, forward+backward ms, bf16, H = 8, D = 128, B·T = 32,768 (MHLA: 64-token "
       "blocks). Peers and ours from the same GPU run.\n")
 print("| T (B) | " + " | ".join(c[0] for c in columns) +
-      " | fla GDN / ours | fla KDA / ours | ours MHLA / ours linear (best backends) |")
-print("|" + "---|" * (len(columns) + 4))
+      " | fla GDN / ours | fla KDA / ours | ours MHLA / ours linear | (ratios: our best backend) |")
+print("|" + "---|" * (len(columns) + 5))
 for n in sorted({r["N"] for r in ours}):
     def get(kind, key):
         return theirs.get((key, n)) if kind == "peer" else mine.get((key[0], key[1], n))
@@ -56,14 +58,14 @@ for n in sorted({r["N"] for r in ours}):
         r = get(kind, key)
         row.append(cell(r, "fwdbwd_ms" if kind == "peer" else "fwd_bwd_ms"))
     b = next((r["B"] for r in ours if r["N"] == n), "?")
-    gdn = mine.get(("gated_deltanet", "reference", n))
-    kda = mine.get(("kda", "reference", n))
-    best = lambda op: min((mine[(op, be, n)]["fwd_bwd_ms"] for be in ("reference", "cuda_dense")
+    best = lambda op: min((mine[(op, be, n)]["fwd_bwd_ms"] for be in ("reference", "cuda", "cuda_dense")
                            if (op, be, n) in mine), default=None)
+    gdn = {"fwd_bwd_ms": best("gated_deltanet")}
+    kda = {"fwd_bwd_ms": best("kda")}
     print(f"| {n} ({b}) | " + " | ".join(row) +
           f" | {ratio(ms(theirs.get(('fla_chunk_gated_delta_rule', n)), 'fwdbwd_ms'), ms(gdn, 'fwd_bwd_ms'))}"
           f" | {ratio(ms(theirs.get(('fla_chunk_kda', n)), 'fwdbwd_ms'), ms(kda, 'fwd_bwd_ms'))}"
-          f" | {ratio(best('mhla'), best('linear'))} |")
+          f" | {ratio(best('mhla'), best('linear'))} | |")
 if errors:
     print("\nPeer errors: " + "; ".join(f"{r.get('op', '')} {r.get('N', '')}: {r['error'][:160]}"
                                        for r in errors))

@@ -10,9 +10,9 @@ constexpr int kGroupsPerWarp = kDeltaChunkMaxKeyDim / (4 * kWarps);  // step 2: 
 
 size_t shared_bytes(const DeltaChunkArgs& a) {
   // S [Dk][32], the two chunk tiles [C][Dk], X [C][32].
-  return sizeof(float) * (static_cast<size_t>(a.key_dim) * kColumns +
-                          2 * static_cast<size_t>(a.chunk) * a.key_dim +
-                          static_cast<size_t>(a.chunk) * kColumns);
+  return sizeof(float) *
+         (static_cast<size_t>(a.key_dim) * kColumns + 2 * static_cast<size_t>(a.chunk) * a.key_dim +
+          static_cast<size_t>(a.chunk) * kColumns);
 }
 
 // Step 1, X[c][j] (+/-)= sum_k M1[c][k] S[k][j]: a thread takes rows c = warp + 8m of its lane's
@@ -23,17 +23,18 @@ template <bool BACKWARD>
 __global__ void __launch_bounds__(kWarps * 32) chunk_kernel(DeltaChunkArgs p) {
   extern __shared__ __align__(16) float smem[];
   const int dk = p.key_dim, c_rows = p.chunk, dv = p.value_dim;
-  float* S = smem;                 // [dk][32]
-  float* m1 = S + dk * kColumns;   // [C][dk]: W (forward) or Kt (backward)
-  float* m2 = m1 + c_rows * dk;    // [C][dk]: Kt (forward) or W (backward)
-  float* X = m2 + c_rows * dk;     // [C][32]
+  float* S = smem;                // [dk][32]
+  float* m1 = S + dk * kColumns;  // [C][dk]: W (forward) or Kt (backward)
+  float* m2 = m1 + c_rows * dk;   // [C][dk]: Kt (forward) or W (backward)
+  float* X = m2 + c_rows * dk;    // [C][32]
   const int bh = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int col = blockIdx.y * kColumns + lane;
   const bool valid = col < dv;
   const int groups = dk / 4;
   const int64_t state_base = static_cast<int64_t>(bh) * dk * dv;
   for (int k = warp; k < dk; k += kWarps) {
-    S[k * kColumns + lane] = valid ? p.state_in[state_base + static_cast<int64_t>(k) * dv + col] : 0.f;
+    S[k * kColumns + lane] =
+        valid ? p.state_in[state_base + static_cast<int64_t>(k) * dv + col] : 0.f;
   }
   for (int step = 0; step < p.chunks; ++step) {
     const int i = BACKWARD ? p.chunks - 1 - step : step;
@@ -129,9 +130,9 @@ __global__ void __launch_bounds__(kWarps * 32) chunk_kernel(DeltaChunkArgs p) {
 template <bool BACKWARD>
 cudaError_t launch(const DeltaChunkArgs& a, cudaStream_t stream) {
   if (a.batch_heads <= 0 || a.chunks < 0 || a.chunk <= 0 || a.chunk > kDeltaChunkMaxChunk ||
-      a.key_dim <= 0 || a.key_dim > kDeltaChunkMaxKeyDim || a.key_dim % 4 != 0 || a.value_dim <= 0 ||
-      !a.x || !a.w || !a.kt || !a.decay || !a.state_in || !a.per_chunk_state || !a.y ||
-      !a.state_out || (BACKWARD && !a.state_grad_in) ||
+      a.key_dim <= 0 || a.key_dim > kDeltaChunkMaxKeyDim || a.key_dim % 4 != 0 ||
+      a.value_dim <= 0 || !a.x || !a.w || !a.kt || !a.decay || !a.state_in || !a.per_chunk_state ||
+      !a.y || !a.state_out || (BACKWARD && !a.state_grad_in) ||
       (a.value_dim + kColumns - 1) / kColumns > 65535) {
     return cudaErrorInvalidValue;
   }
@@ -140,9 +141,8 @@ cudaError_t launch(const DeltaChunkArgs& a, cudaStream_t stream) {
     if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return cudaErrorInvalidValue;
   }
   const size_t bytes = shared_bytes(a);
-  cudaError_t err = cudaFuncSetAttribute(chunk_kernel<BACKWARD>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(bytes));
+  cudaError_t err = cudaFuncSetAttribute(
+      chunk_kernel<BACKWARD>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(a.batch_heads),
                   static_cast<unsigned>((a.value_dim + kColumns - 1) / kColumns));

@@ -1,8 +1,5 @@
 #include "attention/delta_chunk_recurrence.h"
 
-#include <cstdlib>
-#include <cstring>
-
 #include "core/error.h"
 
 #ifdef MHLA_WITH_CUDA_KERNELS
@@ -61,14 +58,6 @@ Loop backward_reference(const torch::Tensor& du, const torch::Tensor& dstates,
 #ifdef MHLA_WITH_CUDA_KERNELS
 namespace kernels = mhla_kernels;
 
-bool kernel_disabled() {
-  static const bool disabled = [] {
-    const char* value = std::getenv("MHLA_DELTA_KERNEL");
-    return value != nullptr && std::strcmp(value, "0") == 0;
-  }();
-  return disabled;
-}
-
 kernels::DeltaChunkArgs kernel_args(const torch::Tensor& w) {
   kernels::DeltaChunkArgs a;
   a.batch_heads = static_cast<int>(w.size(0) * w.size(1));
@@ -79,7 +68,8 @@ kernels::DeltaChunkArgs kernel_args(const torch::Tensor& w) {
 }
 
 void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) fail("gated delta chunk recurrence ({}, cuda): {}", what, cudaGetErrorString(err));
+  if (err != cudaSuccess)
+    fail("gated delta chunk recurrence ({}, cuda): {}", what, cudaGetErrorString(err));
 }
 
 Loop forward_kernel(const torch::Tensor& u0, const torch::Tensor& w, const torch::Tensor& kt,
@@ -95,7 +85,8 @@ Loop forward_kernel(const torch::Tensor& u0, const torch::Tensor& w, const torch
   a.decay = decay.data_ptr<float>(), a.state_in = s0.data_ptr<float>();
   a.per_chunk_state = states.data_ptr<float>(), a.y = u.data_ptr<float>();
   a.state_out = final.data_ptr<float>();
-  check(kernels::delta_chunk_forward(a, c10::cuda::getCurrentCUDAStream(u0.device().index()).stream()),
+  check(kernels::delta_chunk_forward(a,
+                                     c10::cuda::getCurrentCUDAStream(u0.device().index()).stream()),
         "forward");
   return {states, u, final};
 }
@@ -114,7 +105,8 @@ Loop backward_kernel(const torch::Tensor& du, const torch::Tensor& dstates,
   a.state_grad_in = dstates.data_ptr<float>();
   a.per_chunk_state = ds_after.data_ptr<float>(), a.y = du_total.data_ptr<float>();
   a.state_out = ds0.data_ptr<float>();
-  check(kernels::delta_chunk_backward(a, c10::cuda::getCurrentCUDAStream(du.device().index()).stream()),
+  check(kernels::delta_chunk_backward(
+            a, c10::cuda::getCurrentCUDAStream(du.device().index()).stream()),
         "backward");
   return {du_total, ds_after, ds0};
 }
@@ -191,8 +183,8 @@ DeltaChunkStates run(const torch::Tensor& u0, const torch::Tensor& w, const torc
 
 bool delta_chunk_recurrence_uses_kernel(const torch::Tensor& u0, const torch::Tensor& w) {
 #ifdef MHLA_WITH_CUDA_KERNELS
-  return !kernel_disabled() && u0.is_cuda() && u0.scalar_type() == torch::kFloat32 &&
-         w.dim() == 5 && w.size(4) <= mhla_kernels::kDeltaChunkMaxKeyDim && w.size(4) % 4 == 0 &&
+  return u0.is_cuda() && u0.scalar_type() == torch::kFloat32 && w.dim() == 5 &&
+         w.size(4) <= mhla_kernels::kDeltaChunkMaxKeyDim && w.size(4) % 4 == 0 &&
          w.size(3) <= mhla_kernels::kDeltaChunkMaxChunk;
 #else
   (void)u0;

@@ -10,9 +10,10 @@
 // over CTAs. The backward runs the same recurrence in reverse for the state gradient and leaves
 // the per-chunk products (dW, dKt, ddecay) to batched matmuls.
 //
-// On CUDA with fp32 inputs, key dim <= 256 and chunk <= 64: kernels/gated_delta/chunk_recurrence
-// (MHLA_DELTA_KERNEL=0 in the environment keeps the reference loop); elsewhere the reference
-// loop of LibTorch ops, one pair of matmuls per chunk.
+// delta_chunk_recurrence runs kernels/gated_delta/chunk_recurrence on CUDA with fp32 inputs, key
+// dim <= 256 (a multiple of 4) and chunk <= 64, the reference loop of LibTorch ops (one pair of
+// matmuls per chunk) elsewhere; delta_chunk_recurrence_reference always runs the loop. The
+// attention types' `cuda` backend takes the first, `reference` the second.
 #include <tuple>
 
 #include <torch/torch.h>

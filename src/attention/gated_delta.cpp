@@ -71,17 +71,17 @@ torch::Tensor decayed_products_per_key(const torch::Tensor& x, const torch::Tens
 // U0 = (I + A)^-1 diag(beta) V, the decayed q k^T products and the decays to each chunk's end.
 // Only the state carried between chunks, u = U0 - W S and S' = Diag(exp G_C) S + (decayed K)^T u,
 // is sequential (delta_chunk_recurrence; by linearity u equals (I + A)^-1 diag(beta)
-// (V - (Gamma . K) S)); the outputs o = (Gamma . Q) S + QK u are formed for all chunks after it. G is the gate's running sum inside a chunk: one per
-// head and token (gated DeltaNet; the pairwise decays are scalars and the products plain
-// matmuls) or one per key dimension (KDA; decayed_products_per_key). The sequence is padded to
-// whole chunks with beta = 0, g = 0, q = k = v = 0: padded tokens neither write nor decay the
-// state. Inputs [B, H, T, .] in the compute dtype, g [B, H, T] or [B, H, T, Dk]; returns the
-// unscaled output [B, H, T, Dv] and the final state.
+// (V - (Gamma . K) S)); the outputs o = (Gamma . Q) S + QK u are formed for all chunks after it. G
+// is the gate's running sum inside a chunk: one per head and token (gated DeltaNet; the pairwise
+// decays are scalars and the products plain matmuls) or one per key dimension (KDA;
+// decayed_products_per_key). The sequence is padded to whole chunks with beta = 0, g = 0, q = k = v
+// = 0: padded tokens neither write nor decay the state. Inputs [B, H, T, .] in the compute dtype, g
+// [B, H, T] or [B, H, T, Dk]; returns the unscaled output [B, H, T, Dv] and the final state.
 std::pair<torch::Tensor, torch::Tensor> chunked_wy(const torch::Tensor& q, const torch::Tensor& k,
                                                    const torch::Tensor& v,
                                                    const torch::Tensor& beta,
                                                    const torch::Tensor& g, torch::Tensor state,
-                                                   int64_t chunk) {
+                                                   int64_t chunk, DeltaCarry carry) {
   const auto b = q.size(0), h = q.size(1), t_total = q.size(2), dk = q.size(3), dv = v.size(3);
   const bool per_key = g.dim() == 4;
   const int64_t c = std::min(chunk, t_total);
@@ -134,7 +134,9 @@ std::pair<torch::Tensor, torch::Tensor> chunked_wy(const torch::Tensor& q, const
   // The state passed from chunk to chunk (the only sequential part), then every chunk's output
   // o_i = (Gamma . Q)_i S_i + QK_i u_i at once.
   auto decay = chunk_decay.squeeze(-1).expand({b, h, chunks, dk});
-  auto carried = delta_chunk_recurrence(u0, w, to_end_k, decay, state);
+  auto carried = carry == DeltaCarry::kernel
+                     ? delta_chunk_recurrence(u0, w, to_end_k, decay, state)
+                     : delta_chunk_recurrence_reference(u0, w, to_end_k, decay, state);
   auto out = (torch::matmul(gamma_q, carried.states) + torch::matmul(qk, carried.u))
                  .reshape({b, h, chunks * c, dv})
                  .narrow(2, 0, t_total);
@@ -178,7 +180,7 @@ DeltaRuleOutput delta_rule_recurrent(const torch::Tensor& q, const torch::Tensor
 DeltaRuleOutput delta_rule_chunked(const torch::Tensor& q, const torch::Tensor& k,
                                    const torch::Tensor& v, const torch::Tensor& beta,
                                    const torch::Tensor& g, const torch::Tensor& initial_state,
-                                   double scale, int64_t chunk) {
+                                   double scale, int64_t chunk, DeltaCarry carry) {
   check_shapes(q, k, v, beta, g, initial_state);
   // The reference keeps its own precision (float32 state and products) under autocast.
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
@@ -192,7 +194,7 @@ DeltaRuleOutput delta_rule_chunked(const torch::Tensor& q, const torch::Tensor& 
   auto state = initial_state.defined() ? initial_state.to(dtype)
                                        : torch::zeros({b, h, dk, dv}, v.options().dtype(dtype));
   auto [out, final_state] =
-      chunked_wy(qf, kf, vf, betaf, g.to(dtype).transpose(1, 2).contiguous(), state, chunk);
+      chunked_wy(qf, kf, vf, betaf, g.to(dtype).transpose(1, 2).contiguous(), state, chunk, carry);
   return {(scale * out).transpose(1, 2).to(v.scalar_type()), final_state};
 }
 

@@ -22,6 +22,11 @@ DeltaRuleOutput delta_rule_recurrent(const torch::Tensor& q, const torch::Tensor
                                      const torch::Tensor& g, const torch::Tensor& initial_state,
                                      double scale);
 
+// How the chunked form carries the state from chunk to chunk: the loop of LibTorch ops (the
+// reference), or the CUDA kernels of kernels/gated_delta/chunk_recurrence (fp32 on a GPU with
+// Dk <= 256, a multiple of 4; other inputs take the loop).
+enum class DeltaCarry { reference, kernel };
+
 // The chunked form (chunk 64 by default): inside a chunk the delta-rule updates are solved at
 // once through the WY/UT transform U = (I + A)^{-1} diag(beta) (V - (Gamma . K) S0), with the
 // pairwise decays exp(G_r - G_s) <= 1 formed directly so strong decay cannot overflow; states
@@ -29,7 +34,8 @@ DeltaRuleOutput delta_rule_recurrent(const torch::Tensor& q, const torch::Tensor
 DeltaRuleOutput delta_rule_chunked(const torch::Tensor& q, const torch::Tensor& k,
                                    const torch::Tensor& v, const torch::Tensor& beta,
                                    const torch::Tensor& g, const torch::Tensor& initial_state,
-                                   double scale, int64_t chunk = 64);
+                                   double scale, int64_t chunk = 64,
+                                   DeltaCarry carry = DeltaCarry::reference);
 
 // One decoding step for a single token (q, k [B, H, Dk], v [B, H, Dv], beta [B, H], g [B, H] or
 // [B, H, Dk]): updates `state` [B, H, Dk, Dv] in place and returns o [B, H, Dv].

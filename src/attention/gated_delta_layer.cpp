@@ -13,19 +13,20 @@ GatedDeltaLayerImpl::GatedDeltaLayerImpl(const AttentionSpec& spec, const Attent
     : AttentionLayerImpl(spec, type), per_key_gate_(per_key_gate) {
   const int64_t dim = spec.dim, heads = spec.heads, head_dim = dim / heads;
   const int64_t gates = per_key_gate ? dim : heads;  // one per head, or per key dim of each head
-  conv_ = register_module("conv", torch::nn::Conv1d(torch::nn::Conv1dOptions(3 * dim, 3 * dim,
-                                                                              kConvWidth)
-                                                        .groups(3 * dim)
-                                                        .bias(false)));
+  conv_ = register_module(
+      "conv",
+      torch::nn::Conv1d(
+          torch::nn::Conv1dOptions(3 * dim, 3 * dim, kConvWidth).groups(3 * dim).bias(false)));
   beta_proj_ = register_module("beta_proj", Linear(dim, heads));
-  decay_proj_ = register_module("decay_proj",
-                                Linear(torch::nn::LinearOptions(dim, gates).bias(false)));
+  decay_proj_ =
+      register_module("decay_proj", Linear(torch::nn::LinearOptions(dim, gates).bias(false)));
   out_gate_proj_ = register_module("out_gate_proj", Linear(dim, dim));
   torch::NoGradGuard no_grad;
   // fla's init: A ~ U(0, 16) (A_log = log A), dt = exp(U(log 1e-3, log 0.1)) >= 1e-4 and
   // dt_bias = softplus^{-1}(dt). Both are exempt from weight decay (1-D).
   a_log_ = register_parameter("A_log", torch::empty({heads}).uniform_(1e-4, 16.0).log());
-  auto dt = torch::exp(torch::empty({gates}).uniform_(std::log(1e-3), std::log(0.1))).clamp_min(1e-4);
+  auto dt =
+      torch::exp(torch::empty({gates}).uniform_(std::log(1e-3), std::log(0.1))).clamp_min(1e-4);
   dt_bias_ = register_parameter("dt_bias", dt + torch::log(-torch::expm1(-dt)));
   out_norm_weight_ = register_parameter("out_norm_weight", torch::ones({head_dim}));
 }
@@ -46,9 +47,9 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, OpArgs> GatedDeltaLayerI
   auto rate = torch::exp(a_log_);
   if (per_key_gate_) {
     args.gate = -rate.view({heads, 1}) *
-                torch::softplus(decay_in).view({b, n, heads, head_dim});   // [B, N, H, Dk]
+                torch::softplus(decay_in).view({b, n, heads, head_dim});  // [B, N, H, Dk]
   } else {
-    args.gate = -rate * torch::softplus(decay_in);                         // [B, N, H]
+    args.gate = -rate * torch::softplus(decay_in);  // [B, N, H]
   }
   return {q, k, v, args};
 }
@@ -66,7 +67,8 @@ std::pair<torch::Tensor, torch::Tensor> GatedDeltaLayerImpl::causal_core(const t
   const int64_t dim = spec().dim;
   auto [q0, k0, v0] = project_qkv(x);
   // Short causal conv over time on q, k, v together (depthwise: no channel mixing).
-  auto qkv = torch::cat({q0.reshape({b, n, dim}), k0.reshape({b, n, dim}), v0.reshape({b, n, dim})}, -1);
+  auto qkv =
+      torch::cat({q0.reshape({b, n, dim}), k0.reshape({b, n, dim}), v0.reshape({b, n, dim})}, -1);
   auto conv_in = torch::constant_pad_nd(qkv.transpose(1, 2), {kConvWidth - 1, 0}, 0.0);
   auto [q, k, v, args] = prepare(x, conv_->forward(conv_in).transpose(1, 2));
   auto out = backend_for(x.device())(q, k, v, args);
@@ -78,22 +80,23 @@ torch::Tensor GatedDeltaLayerImpl::step(const torch::Tensor& x, DecodeState& sta
   const auto b = x.size(0);
   const int64_t dim = spec().dim, heads = spec().heads, head_dim = dim / heads;
   auto [q0, k0, v0] = project_qkv(x);
-  auto row = torch::cat({q0.reshape({b, 1, dim}), k0.reshape({b, 1, dim}), v0.reshape({b, 1, dim})}, -1);
+  auto row =
+      torch::cat({q0.reshape({b, 1, dim}), k0.reshape({b, 1, dim}), v0.reshape({b, 1, dim})}, -1);
   if (state.tensors.empty()) {
-    state.tensors = {torch::zeros({b, kConvWidth - 1, 3 * dim}, row.options()),
-                     torch::zeros({b, heads, head_dim, head_dim},
-                                  row.options().dtype(row.scalar_type() == torch::kFloat64
-                                                          ? torch::kFloat64
-                                                          : torch::kFloat32))};
+    state.tensors = {
+        torch::zeros({b, kConvWidth - 1, 3 * dim}, row.options()),
+        torch::zeros({b, heads, head_dim, head_dim},
+                     row.options().dtype(row.scalar_type() == torch::kFloat64 ? torch::kFloat64
+                                                                              : torch::kFloat32))};
   }
-  auto window = torch::cat({state.tensors[0], row}, 1);                 // [B, width, 3 dim]
+  auto window = torch::cat({state.tensors[0], row}, 1);  // [B, width, 3 dim]
   // The depthwise conv at the newest position: sum over the window of weight[c, 0, j] x[j, c].
   auto conv_out = (window * conv_->weight.squeeze(1).t().unsqueeze(0)).sum(1, /*keepdim=*/true);
   state.tensors[0] = window.narrow(1, 1, kConvWidth - 1);
   auto [q, k, v, args] = prepare(x, conv_out);
   auto o = delta_rule_decode(state.tensors[1], q.squeeze(1), k.squeeze(1), v.squeeze(1),
-                           args.beta.squeeze(1), args.gate.squeeze(1),
-                           1.0 / std::sqrt(static_cast<double>(head_dim)));
+                             args.beta.squeeze(1), args.gate.squeeze(1),
+                             1.0 / std::sqrt(static_cast<double>(head_dim)));
   ++state.position;
   return finish(x, gated_output(x, o.unsqueeze(1)), v.reshape({b, 1, dim}));
 }
@@ -110,22 +113,34 @@ torch::Tensor GatedDeltaLayerImpl::forward(const torch::Tensor& x) {
 namespace {
 
 torch::Tensor delta_rule_op(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                            const OpArgs& args) {
+                            const OpArgs& args, DeltaCarry carry) {
   TORCH_CHECK(args.causal, "delta rule ops are causal; bidirectional layers run two scans");
   TORCH_CHECK(args.beta.defined() && args.gate.defined(), "delta rule ops need beta and gate");
   return delta_rule_chunked(q, k, v, args.beta, args.gate, /*initial_state=*/{},
-                            1.0 / std::sqrt(static_cast<double>(q.size(3))))
+                            1.0 / std::sqrt(static_cast<double>(q.size(3))), /*chunk=*/64, carry)
       .out;
 }
 
 AttentionType delta_rule_type(bool per_key_gate) {
   AttentionType type;
   type.unit_qk = true;  // the layer L2-normalizes q and k before the op
-  type.description = per_key_gate
-                         ? "KDA: gated delta rule with one decay per key dimension (chunk 64)"
-                         : "gated DeltaNet: delta rule with one decay per head and token (chunk 64)";
+  type.description =
+      per_key_gate ? "KDA: gated delta rule with one decay per key dimension (chunk 64)"
+                   : "gated DeltaNet: delta rule with one decay per head and token (chunk 64)";
   type.causal_modes = {true};
-  type.backends["reference"] = delta_rule_op;
+  type.backends["reference"] = [](const torch::Tensor& q, const torch::Tensor& k,
+                                  const torch::Tensor& v, const OpArgs& args) {
+    return delta_rule_op(q, k, v, args, DeltaCarry::reference);
+  };
+#ifdef MHLA_WITH_CUDA_KERNELS
+  // The chunked form with the state carried by the CUDA kernels (the rest stays batched LibTorch
+  // ops). Not in gpu_preference: `auto` keeps the reference until the kernels have been checked
+  // on a GPU.
+  type.backends["cuda"] = [](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                             const OpArgs& args) {
+    return delta_rule_op(q, k, v, args, DeltaCarry::kernel);
+  };
+#endif
   type.make_layer = [per_key_gate](const AttentionSpec& spec, const AttentionType& t) {
     return std::make_shared<GatedDeltaLayerImpl>(spec, t, per_key_gate);
   };
