@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call that checks and times the non-attention layer kernels (LayerNorm, residual
 # add, the linear layer's bias gradient) and the Linear forward change:
-#   1. the GPU test cases (all of them), and the column-sum test under compute-sanitizer memcheck;
+#   1. the GPU test cases (all of them), and the column-sum and delta-rule chunk-recurrence tests
+#      under compute-sanitizer memcheck;
 #   2. 60-step training-rate probes of DeiT (MHLA, softmax), GPT (softmax) and DiT (MHLA) in
 #      three settings of the same binary: ATen norm/add (MHLA_FUSED_NORM=0), default, and default
 #      plus the bias-gradient kernel (MHLA_LINEAR_BIAS_KERNEL=1);
@@ -19,9 +20,13 @@ t0=$(date +%s); step() { echo "== $1 (t=$(( $(date +%s) - t0 ))s)"; }
 step tests
 timeout 240 "$tests" "[gpu]" > "$V/gpu_tests.txt" 2>&1; echo "gpu tests rc=$?"
 tail -3 "$V/gpu_tests.txt"; grep -B3 -A12 FAILED "$V/gpu_tests.txt" | head -60
-command -v compute-sanitizer > /dev/null &&
-  timeout 150 compute-sanitizer --tool memcheck "$tests" "layers: the linear layer's bias-gradient kernel*" \
-    > "$V/memcheck_column_sum.txt" 2>&1; tail -2 "$V/memcheck_column_sum.txt"
+if command -v compute-sanitizer > /dev/null; then
+  for case in "layers: the linear layer's bias-gradient kernel*" \
+              "delta rule: the chunk-recurrence kernels equal the reference loop*"; do
+    timeout 150 compute-sanitizer --tool memcheck "$tests" "$case" >> "$V/memcheck.txt" 2>&1
+    echo "memcheck $case: $(grep 'ERROR SUMMARY' "$V/memcheck.txt" | tail -1)"
+  done
+fi
 
 step probes
 D=configs/deit_t2_fmnist.yaml G=configs/gpt_austen_kjv.yaml S=configs/dit_s2_fmnist.yaml

@@ -138,7 +138,10 @@ class DeltaChunkFunction : public torch::autograd::Function<DeltaChunkFunction> 
       return g.defined() ? g.contiguous() : torch::zeros_like(like);
     };
     auto dstates = or_zeros(grads[0], states), du = or_zeros(grads[1], u);
-    auto dfinal = or_zeros(grads[2], states.select(2, 0));
+    auto dfinal = grads[2].defined() ? grads[2].contiguous()
+                                     : torch::zeros({states.size(0), states.size(1), states.size(3),
+                                                     states.size(4)},
+                                                    states.options());
     Loop loop;
 #ifdef MHLA_WITH_CUDA_KERNELS
     if (use_kernel) loop = backward_kernel(du, dstates, dfinal, w, kt, decay);
