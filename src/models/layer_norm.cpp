@@ -1,8 +1,6 @@
 #include "models/layer_norm.h"
 
-#include <cstdlib>
-#include <cstring>
-
+#include "core/environment.h"
 #include "core/error.h"
 
 #ifdef MHLA_WITH_CUDA_KERNELS
@@ -18,10 +16,7 @@ namespace mhla {
 namespace {
 
 bool fused_norm_disabled() {
-  static const bool disabled = [] {
-    const char* value = std::getenv("MHLA_FUSED_NORM");
-    return value != nullptr && std::strcmp(value, "0") == 0;
-  }();
+  static const bool disabled = !environment_switch("MHLA_FUSED_NORM", true);
   return disabled;
 }
 

@@ -2,9 +2,7 @@
 
 #include <ATen/autocast_mode.h>
 
-#include <cstdlib>
-#include <cstring>
-
+#include "core/environment.h"
 #include "core/error.h"
 
 #ifdef MHLA_WITH_CUDA_KERNELS
@@ -22,10 +20,7 @@ using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
 bool bias_kernel_requested() {
-  static const bool requested = [] {
-    const char* value = std::getenv("MHLA_LINEAR_BIAS_KERNEL");
-    return value != nullptr && std::strcmp(value, "1") == 0;
-  }();
+  static const bool requested = environment_switch("MHLA_LINEAR_BIAS_KERNEL", false);
   return requested;
 }
 
