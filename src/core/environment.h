@@ -4,6 +4,7 @@
 // is the default. Callers keep the answer in a static (read once per process).
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 namespace mhla {
 
@@ -13,6 +14,19 @@ inline bool environment_switch(const char* name, bool default_on) {
   if (std::strcmp(value, "0") == 0) return false;
   if (std::strcmp(value, "1") == 0) return true;
   return default_on;
+}
+
+// "NAME=value, ..." for the switches that are set, "" when none is: runs log it, so a run folder
+// says when a kernel was swapped out.
+inline std::string environment_switches_set() {
+  std::string out;
+  for (const char* name : {"MHLA_FUSED_NORM", "MHLA_LINEAR_BIAS_KERNEL", "MHLA_DECODE_VEC"}) {
+    if (const char* value = std::getenv(name)) {
+      if (!out.empty()) out += ", ";
+      out += std::string(name) + "=" + value;
+    }
+  }
+  return out;
 }
 
 }  // namespace mhla

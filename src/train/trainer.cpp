@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "core/device.h"
+#include "core/environment.h"
 #include "core/error.h"
 #include "core/logging.h"
 #include "train/schedule.h"
@@ -110,6 +111,9 @@ TrainOutcome Trainer::run() {
                 model_->parameter_count(),
                 device_.str(), bf16_ ? " (bf16 autocast)" : "", task_->describe(), total_steps_,
                 c.train.epochs, steps_per_epoch_);
+  if (const auto switches = environment_switches_set(); !switches.empty()) {
+    logger().info("kernel switches from the environment: {}", switches);
+  }
   if (state_.step > 0) {
     logger().info("resuming at step {} (epoch {}, batch {})", state_.step, state_.epoch + 1,
                   state_.batch_in_epoch);
