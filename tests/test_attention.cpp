@@ -436,3 +436,34 @@ TEST_CASE("attention: causal MHLA mixing starts uniform 1/(i+1) and stays lower-
   CHECK(layer->mixing()[0][3].item<double>() == 0.0);
   CHECK(layer->mixing().triu(1).abs().sum().item<double>() == 0.0);
 }
+
+TEST_CASE("attention: the long-sequence mixing matrix and its gradient match the row-by-row construction", "[attention]") {
+  // The policy as first written, one row at a time (the oracle for the gathered form).
+  auto row_by_row = [](const torch::Tensor& mixing, int64_t blocks) {
+    const int64_t m = mixing.size(0);
+    auto lower = mixing.tril();
+    auto last = lower[m - 1];
+    std::vector<torch::Tensor> rows = {torch::cat({lower, torch::zeros({m, blocks - m}, mixing.options())}, 1)};
+    for (int64_t i = m; i < blocks; ++i) {
+      const int64_t window_start = i - m + 1;
+      rows.push_back(torch::cat({last.narrow(0, 0, 1).expand({window_start + 1}), last.narrow(0, 1, m - 1),
+                                 torch::zeros({blocks - i - 1}, mixing.options())})
+                         .unsqueeze(0));
+    }
+    return torch::cat(rows, 0);
+  };
+  torch::manual_seed(12);
+  for (int64_t m : {1, 3, 16}) {
+    for (int64_t blocks : {m + 1, 3 * m + 2, int64_t{64}}) {
+      INFO("M = " << m << ", blocks = " << blocks);
+      auto mixing = torch::rand({m, m}, f64());
+      auto upstream = torch::randn({blocks, blocks}, f64());
+      auto a = mixing.clone().requires_grad_(true), b = mixing.clone().requires_grad_(true);
+      auto ours = causal_mixing_matrix(a, blocks), expected = row_by_row(b, blocks);
+      CHECK(torch::equal(ours, expected));
+      (ours * upstream).sum().backward();
+      (expected * upstream).sum().backward();
+      CHECK(test::relative_error(a.grad(), b.grad()) < 1e-14);
+    }
+  }
+}

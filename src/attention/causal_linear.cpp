@@ -8,19 +8,18 @@ torch::Tensor causal_mixing_matrix(const torch::Tensor& mixing, int64_t blocks) 
   const int64_t m = mixing.size(0);
   auto lower = mixing.tril();
   if (blocks <= m) return lower.narrow(0, 0, blocks).narrow(1, 0, blocks);
-  // Rows past the trained length, from the last row (see the header). Built with cat so the
-  // gradient reaches the learned entries.
-  const auto options = mixing.options();
-  auto last = lower[m - 1];
-  std::vector<torch::Tensor> rows = {torch::cat({lower, torch::zeros({m, blocks - m}, options)}, 1)};
-  for (int64_t i = m; i < blocks; ++i) {
-    const int64_t window_start = i - m + 1;  // blocks 0..window_start share m_{M-1,0}
-    rows.push_back(torch::cat({last.narrow(0, 0, 1).expand({window_start + 1}),
-                               last.narrow(0, 1, m - 1),
-                               torch::zeros({blocks - i - 1}, options)})
-                       .unsqueeze(0));
-  }
-  return torch::cat(rows, 0);
+  // Rows past the trained length, from the last row (see the header): row i reads
+  // m_{M-1, max(0, j - s)} for columns j <= i, with s = i - M + 1 the first block of its window.
+  // One gather for all rows (a loop of row concatenations cost thousands of small ops at 512
+  // blocks); the gradient reaches the learned entries through it.
+  const auto index_options = mixing.options().dtype(torch::kLong);
+  auto rows = torch::arange(m, blocks, index_options).unsqueeze(1);  // [blocks - M, 1]
+  auto columns = torch::arange(blocks, index_options).unsqueeze(0);  // [1, blocks]
+  auto source = (columns - (rows - (m - 1))).clamp(0, m - 1);        // [blocks - M, blocks]
+  auto extended = lower[m - 1].index_select(0, source.flatten()).view(source.sizes());
+  extended = extended.masked_fill(columns > rows, 0.0);
+  auto top = torch::cat({lower, torch::zeros({m, blocks - m}, mixing.options())}, 1);
+  return torch::cat({top, extended}, 0);
 }
 
 namespace {
@@ -41,11 +40,12 @@ torch::Tensor causal_block_attention(const torch::Tensor& q, const torch::Tensor
   };
   auto qf = to_blocks(pad(feature_map(q.to(dtype))));
   auto kf = to_blocks(pad(feature_map(k.to(dtype))));
-  auto v1 = to_blocks(pad(torch::cat({v.to(dtype), torch::ones({b, t, h, 1}, v.options().dtype(dtype))}, -1)));
-  auto states = torch::matmul(kf.transpose(-1, -2), v1);            // [B, H, nb, D, Dv+1]
+  auto v1 = to_blocks(
+      pad(torch::cat({v.to(dtype), torch::ones({b, t, h, 1}, v.options().dtype(dtype))}, -1)));
+  auto states = torch::matmul(kf.transpose(-1, -2), v1);  // [B, H, nb, D, Dv+1]
   auto weights = mixing.defined() ? causal_mixing_matrix(mixing.to(dtype), nb)
                                   : torch::ones({nb, nb}, v.options().dtype(dtype)).tril();
-  auto prefix_weights = weights.tril(-1);                            // whole earlier blocks
+  auto prefix_weights = weights.tril(-1);  // whole earlier blocks
   auto prefix = torch::matmul(prefix_weights, states.reshape({b, h, nb, d * (dv + 1)}))
                     .view({b, h, nb, d, dv + 1});
   auto causal = torch::ones({c, c}, q.options().dtype(torch::kBool)).tril();
@@ -53,7 +53,9 @@ torch::Tensor causal_block_attention(const torch::Tensor& q, const torch::Tensor
   scores = scores * weights.diagonal().view({1, 1, nb, 1, 1});       // E_ii inside block i
   auto out = torch::matmul(qf, prefix) + torch::matmul(scores, v1);  // [B, H, nb, C, Dv+1]
   auto result = out.narrow(-1, 0, dv) / (out.narrow(-1, dv, 1) + kNormalizerEps);
-  return result.permute({0, 2, 3, 1, 4}).reshape({b, padded, h, dv}).narrow(1, 0, t)
+  return result.permute({0, 2, 3, 1, 4})
+      .reshape({b, padded, h, dv})
+      .narrow(1, 0, t)
       .to(v.scalar_type());
 }
 
@@ -74,18 +76,20 @@ namespace {
 // phi(k)^T [v, 1] for one token: [B, H, D, Dv + 1] in the compute dtype.
 torch::Tensor token_state(const torch::Tensor& k, const torch::Tensor& v) {
   const auto dtype = reference_compute_dtype(v);
-  auto kf = feature_map(k.to(dtype)).squeeze(1);                     // [B, H, D]
-  auto v1 = torch::cat({v.to(dtype), torch::ones_like(v.narrow(-1, 0, 1), v.options().dtype(dtype))}, -1)
-                .squeeze(1);                                         // [B, H, Dv + 1]
+  auto kf = feature_map(k.to(dtype)).squeeze(1);  // [B, H, D]
+  auto v1 =
+      torch::cat({v.to(dtype), torch::ones_like(v.narrow(-1, 0, 1), v.options().dtype(dtype))}, -1)
+          .squeeze(1);  // [B, H, Dv + 1]
   return kf.unsqueeze(-1) * v1.unsqueeze(-2);
 }
 
-torch::Tensor read_state(const torch::Tensor& q, const torch::Tensor& state, const torch::Tensor& v) {
+torch::Tensor read_state(const torch::Tensor& q, const torch::Tensor& state,
+                         const torch::Tensor& v) {
   const auto dv = v.size(3);
-  auto qf = feature_map(q.to(state.scalar_type())).squeeze(1);       // [B, H, D]
+  auto qf = feature_map(q.to(state.scalar_type())).squeeze(1);  // [B, H, D]
   auto out = torch::einsum("bhd,bhde->bhe", {qf, state});
   auto result = out.narrow(-1, 0, dv) / (out.narrow(-1, dv, 1) + kNormalizerEps);
-  return result.unsqueeze(1).to(v.scalar_type());                    // [B, 1, H, Dv]
+  return result.unsqueeze(1).to(v.scalar_type());  // [B, 1, H, Dv]
 }
 
 }  // namespace
