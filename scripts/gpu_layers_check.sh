@@ -5,7 +5,7 @@
 #      under compute-sanitizer memcheck;
 #   2. 60-step training-rate probes of DeiT (MHLA, softmax), GPT (softmax) and DiT (MHLA) in
 #      three settings of the same binary: ATen norm/add (MHLA_FUSED_NORM=0), default, and default
-#      plus the bias-gradient kernel (MHLA_LINEAR_BIAS_KERNEL=1);
+#      plus the bias-gradient kernel (MHLA_LINEAR_BIAS_KERNEL=1); GPT linear and MHLA once;
 #   3. a profile of 10 DeiT steps with the bias-gradient kernel;
 #   4. the GPT and DeiT PyTorch peers (../shared/bench/peers_e2e.py), eager and compiled.
 # Run from the repository root after `source scripts/gpu_env.sh` (binaries from
@@ -37,10 +37,14 @@ for setting in aten default bias; do
     default) envs="" ;;
     bias) envs="MHLA_LINEAR_BIAS_KERNEL=1" ;;
   esac
+  probes=("${setting}_deit_mhla $D $SY" "${setting}_deit_softmax $D $SY --set attention.type=softmax"
+          "${setting}_gpt_softmax $G" "${setting}_dit_mhla $S $SY")
+  # Issue 5's MHLA-vs-linear GPT throughput, once.
+  [ $setting = default ] && probes+=("default_gpt_linear $G --set attention.type=linear"
+                                     "default_gpt_mhla $G --set attention.type=mhla")
   # shellcheck disable=SC2086
-  env $envs OUT="$V/probes" MHLA_BIN="$bin" STEPS=60 timeout 200 scripts/gpu_throughput_probe.sh \
-    "${setting}_deit_mhla $D $SY" "${setting}_deit_softmax $D $SY --set attention.type=softmax" \
-    "${setting}_gpt_softmax $G" "${setting}_dit_mhla $S $SY" |
+  env $envs OUT="$V/probes" MHLA_BIN="$bin" STEPS=60 timeout 240 scripts/gpu_throughput_probe.sh \
+    "${probes[@]}" |
     sed "s/^{/{\"setting\": \"$setting\", /" | tee -a "$V/probes.jsonl"
 done
 
