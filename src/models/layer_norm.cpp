@@ -15,12 +15,12 @@
 namespace mhla {
 namespace {
 
+#ifdef MHLA_WITH_CUDA_KERNELS
 bool fused_norm_disabled() {
   static const bool disabled = !environment_switch("MHLA_FUSED_NORM", true);
   return disabled;
 }
 
-#ifdef MHLA_WITH_CUDA_KERNELS
 namespace kernels = mhla_kernels;
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
