@@ -4,9 +4,10 @@
 #   1. the GPU test cases (all of them), and the column-sum and delta-rule chunk-recurrence tests
 #      under compute-sanitizer memcheck;
 #   2. 60-step training-rate probes of DeiT (MHLA, softmax), GPT (softmax) and DiT (MHLA) in
-#      three settings of the same binary: ATen norm/add (MHLA_FUSED_NORM=0), default, and default
-#      plus the bias-gradient kernel (MHLA_LINEAR_BIAS_KERNEL=1); GPT linear and MHLA once;
-#   3. a profile of 10 DeiT steps with the bias-gradient kernel;
+#      three settings of the same binary: ATen norm/add/bias gradient (MHLA_FUSED_NORM=0
+#      MHLA_LINEAR_BIAS_KERNEL=0), our norm/add only (MHLA_LINEAR_BIAS_KERNEL=0), and the default;
+#      GPT linear and MHLA once;
+#   3. a profile of 10 DeiT steps (default);
 #   4. the GPT and DeiT PyTorch peers (../shared/bench/peers_e2e.py), eager and compiled.
 # Run from the repository root after `source scripts/gpu_env.sh` (binaries from
 # `scripts/stage_gpu.sh --binaries`; carry .gpu_stage and data/text). Results tarred into
@@ -31,11 +32,11 @@ fi
 step probes
 D=configs/deit_t2_fmnist.yaml G=configs/gpt_austen_kjv.yaml S=configs/dit_s2_fmnist.yaml
 SY="--set data.dataset=synthetic"
-for setting in aten default bias; do
+for setting in aten nobias default; do
   case $setting in
-    aten) envs="MHLA_FUSED_NORM=0" ;;
+    aten) envs="MHLA_FUSED_NORM=0 MHLA_LINEAR_BIAS_KERNEL=0" ;;
     default) envs="" ;;
-    bias) envs="MHLA_LINEAR_BIAS_KERNEL=1" ;;
+    nobias) envs="MHLA_LINEAR_BIAS_KERNEL=0" ;;
   esac
   probes=("${setting}_deit_mhla $D $SY" "${setting}_deit_softmax $D $SY --set attention.type=softmax"
           "${setting}_gpt_softmax $G" "${setting}_dit_mhla $S $SY")
@@ -49,7 +50,7 @@ for setting in aten default bias; do
 done
 
 step profile
-MHLA_LINEAR_BIAS_KERNEL=1 timeout 90 "$bin" train $D $SY --set train.epochs=1 \
+timeout 90 "$bin" train $D $SY --set train.epochs=1 \
   --set data.train_limit=10240 --set run.name=layers_profile_deit --profile 10 > "$V/profile_deit.log" 2>&1
 cp runs/layers_profile_deit/profile/summary.md "$V/profile_deit.md" 2>/dev/null
 head -24 "$V/profile_deit.md" 2>/dev/null | cut -c1-150

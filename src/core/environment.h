@@ -1,6 +1,6 @@
 #pragma once
 // On/off switches read from the environment, for A/B comparisons of kernels in one binary
-// (MHLA_FUSED_NORM=0, MHLA_LINEAR_BIAS_KERNEL=1): "0" is off, "1" is on, anything else or unset
+// (MHLA_FUSED_NORM=0, MHLA_LINEAR_BIAS_KERNEL=0): "0" is off, "1" is on, anything else or unset
 // is the default. Callers keep the answer in a static (read once per process).
 #include <cstdlib>
 #include <cstring>

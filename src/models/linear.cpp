@@ -19,9 +19,9 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-bool bias_kernel_requested() {
-  static const bool requested = environment_switch("MHLA_LINEAR_BIAS_KERNEL", false);
-  return requested;
+bool bias_kernel_enabled() {
+  static const bool enabled = environment_switch("MHLA_LINEAR_BIAS_KERNEL", true);
+  return enabled;
 }
 
 // Sums over the rows of a [rows, cols] gradient, in fp32 (fp64 for fp64 gradients).
@@ -84,9 +84,11 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
     const int64_t out_features = wc.size(0), in_features = wc.size(1);
     auto dy = grads[0].to(wc.scalar_type()).reshape({-1, out_features}).contiguous();
     auto x2 = xc.reshape({-1, in_features});
-    auto dx = dy.mm(wc).view(xc.sizes()).to(type("x_type"));
-    auto dw = dy.t().mm(x2).to(type("w_type"));
-    auto db = column_sums(dy).to(type("b_type"));
+    // Only the gradients autograd asks for (the first layer's input usually needs none).
+    torch::Tensor dx, dw, db;
+    if (ctx->needs_input_grad(0)) dx = dy.mm(wc).view(xc.sizes()).to(type("x_type"));
+    if (ctx->needs_input_grad(1)) dw = dy.t().mm(x2).to(type("w_type"));
+    if (ctx->needs_input_grad(2)) db = column_sums(dy).to(type("b_type"));
     return {dx, dw, db};
   }
 };
@@ -105,7 +107,7 @@ torch::Tensor linear_with_own_backward(const torch::Tensor& x, const torch::Tens
 
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight,
                      const torch::Tensor& bias) {
-  if (bias_kernel_requested() && bias.defined() && x.is_cuda() && x.dim() >= 2 &&
+  if (bias_kernel_enabled() && bias.defined() && x.is_cuda() && x.dim() >= 2 &&
       x.is_floating_point() && x.scalar_type() != torch::kFloat64 &&
       torch::GradMode::is_enabled() &&
       (x.requires_grad() || weight.requires_grad() || bias.requires_grad())) {
