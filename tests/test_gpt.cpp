@@ -83,6 +83,32 @@ TEST_CASE("gpt: the head is tied to the token embedding; positions by option", "
   CHECK_THROWS(learned->forward(torch::zeros({1, 81}, torch::kLong)));  // beyond learned positions
 }
 
+TEST_CASE("gpt: bias-free blocks with learned positions are the PyTorch peer's GPT", "[model]") {
+  // ../shared/bench/peers_e2e.py: V 8192, d 512, 8 layers, 8 heads, T 1024, learned positions,
+  // bias-free linear layers, tied head: 29,901,824 parameters.
+  auto config = parse_config("", "gpt.yaml",
+                             {"model.name=gpt", "model.vocab_size=8192", "model.context=1024",
+                              "model.width=512", "model.depth=8", "model.heads=8",
+                              "model.positions=learned", "model.bias=false",
+                              "attention.type=softmax"});
+  auto model = model_registry().get("gpt").make(config);
+  int64_t count = 0;
+  for (const auto& p : model->parameters()) count += p.numel();
+  CHECK(count == 29901824);
+  for (const auto& item : model->named_parameters()) {
+    const auto& name = item.key();
+    const bool norm = name.find("norm") != std::string::npos;
+    if (!norm) CHECK(name.find(".bias") == std::string::npos);
+  }
+  // The default keeps biases (GPT-2 style).
+  auto with_bias = model_registry().get("gpt").make(tiny_gpt("softmax"));
+  CHECK(with_bias->named_parameters().contains("blocks.0.attn.qkv.bias"));
+  CHECK(with_bias->named_parameters().contains("blocks.0.mlp.fc1.bias"));
+  auto tiny = model_registry().get("gpt").make(tiny_gpt("softmax", {"model.bias=false"}));
+  auto logits = tiny->forward(torch::randint(0, 300, {2, 9}, torch::kLong));
+  CHECK(logits.sizes() == torch::IntArrayRef({2, 9, 300}));
+}
+
 TEST_CASE("gpt: evaluation gives the exact loss, perplexity and bits per byte of a uniform model", "[train]") {
   test::TempDir dir("lm-eval");
   auto data = write_corpus(dir.path());

@@ -2,15 +2,19 @@
 
 #include "attention/attention_type.h"
 #include "attention/rotary.h"
+#include "core/environment.h"
 
 namespace mhla {
 
 AttentionLayerImpl::AttentionLayerImpl(const AttentionSpec& spec, const AttentionType& type)
     : spec_(spec), type_(type) {
   TORCH_CHECK(spec.dim % spec.heads == 0, "heads must divide dim");
-  qkv_ = register_module("qkv", Linear(spec.dim, 3 * spec.dim));
-  proj_ = register_module("proj", Linear(spec.dim, spec.dim));
-  if (spec.config.gate) gate_ = register_module("gate", Linear(spec.dim, spec.dim));
+  auto linear = [&](int64_t in, int64_t out) {
+    return Linear(torch::nn::LinearOptions(in, out).bias(spec.bias));
+  };
+  qkv_ = register_module("qkv", linear(spec.dim, 3 * spec.dim));
+  proj_ = register_module("proj", linear(spec.dim, spec.dim));
+  if (spec.config.gate) gate_ = register_module("gate", linear(spec.dim, spec.dim));
   if (spec.config.cpe) {
     if (!spec.layout.is_grid()) fail("{}: attention.cpe needs a 2-D token grid", spec.where);
     const auto k = spec.config.cpe_kernel;
@@ -44,15 +48,20 @@ std::array<torch::Tensor, 3> AttentionLayerImpl::project_qkv(const torch::Tensor
                                                              int64_t first_position) {
   const auto b = x.size(0), n = x.size(1);
   const auto h = spec_.heads, d = spec_.dim / spec_.heads;
+  auto qkv = qkv_->forward(x).view({b, n, 3, h, d});
+  const bool rotary = spec_.rotary && type_.uses_rotary;
+  // Rotary: one kernel splits and rotates (and its backward writes the projection's gradient).
+  // MHLA_FUSED_QKV_ROTARY=0: rotate q and k separately (the A/B baseline).
+  static const bool fused_split = environment_switch("MHLA_FUSED_QKV_ROTARY", true);
+  if (rotary && fused_split) return split_rotary_qkv(qkv, first_position);
   // unbind, not three selects: its backward writes the fused gradient once (stacking dq, dk,
   // dv), where each select's backward would fill a zero tensor of the whole projection.
-  auto parts = qkv_->forward(x).view({b, n, 3, h, d}).unbind(2);
-  auto q = parts[0], k = parts[1];
-  if (spec_.rotary && type_.uses_rotary) {
-    q = apply_rotary(q, first_position);
-    k = apply_rotary(k, first_position);
+  auto parts = qkv.unbind(2);
+  if (rotary) {
+    return {apply_rotary(parts[0], first_position), apply_rotary(parts[1], first_position),
+            parts[2]};
   }
-  return {q, k, parts[2]};
+  return {parts[0], parts[1], parts[2]};
 }
 
 torch::Tensor AttentionLayerImpl::finish(const torch::Tensor& x, torch::Tensor out,

@@ -25,6 +25,7 @@ struct AttentionSpec {
   TokenLayout layout;
   bool causal = false;
   bool rotary = false;  // rotate q, k by position (types with uses_rotary)
+  bool bias = true;     // biases in the q/k/v, output and gate projections
   AttentionConfig config;
   std::string where;  // config location of attention.backend, for errors
 };

@@ -185,6 +185,9 @@ class Schema {
     text("model.positions", &m.positions, {"rope", "learned"}, "",
          "language models: rotary (softmax layers) or learned absolute positions");
     text("model.mlp", &m.mlp, {"gelu", "swiglu"}, "", "language models: MLP kind");
+    boolean("model.bias", &m.bias,
+            "biases in the transformer blocks' attention and MLP linear layers (false: bias-free "
+            "blocks, as in LLaMA and the end-to-end PyTorch peer's GPT)");
 
     auto& a = c_.attention;
     text("attention.type", &a.type, {}, "attention", "attention type from the registry");

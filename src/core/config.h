@@ -27,6 +27,7 @@ struct ModelConfig {
   int64_t context = 1024;
   std::string positions = "rope";
   std::string mlp = "gelu";
+  bool bias = true;  // biases in the blocks' attention and MLP linear layers
 };
 
 struct AttentionConfig {

@@ -64,13 +64,15 @@ Deit::Deit(const Config& config) : config_(config), layout_(image_token_layout(c
   spec.heads = m.heads;
   spec.layout = layout_;
   spec.causal = false;
+  spec.bias = m.bias;
   spec.config = config.attention;
   spec.where = config.where("attention.backend");
   const int64_t hidden = static_cast<int64_t>(std::llround(m.width * m.mlp_ratio));
   auto block_list = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < m.depth; ++i) {
     const double rate = m.depth > 1 ? m.drop_path * static_cast<double>(i) / (m.depth - 1) : 0.0;
-    blocks_.push_back(TransformerBlock(type.make_layer(spec, type), m.width, hidden, rate));
+    blocks_.push_back(TransformerBlock(type.make_layer(spec, type), m.width, hidden, rate,
+                                       /*swiglu=*/false, m.bias));
     block_list->push_back(blocks_.back());
   }
   norm_ = register_module("norm", LayerNorm(m.width));

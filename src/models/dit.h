@@ -14,7 +14,8 @@ namespace mhla {
 
 class DitBlockImpl : public torch::nn::Module {
  public:
-  DitBlockImpl(std::shared_ptr<AttentionLayerImpl> attention, int64_t dim, int64_t mlp_hidden);
+  DitBlockImpl(std::shared_ptr<AttentionLayerImpl> attention, int64_t dim, int64_t mlp_hidden,
+               bool bias = true);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& condition);
 
  private:

@@ -47,11 +47,13 @@ Gpt::Gpt(const Config& config) : config_(config) {
     spec.layout = TokenLayout{1, m.context, 1, 1};
     spec.causal = true;
     spec.rotary = m.positions == "rope";
+    spec.bias = m.bias;
     spec.config = config.attention;
     spec.config.type = types[i];
     spec.where = config.where("attention.backend");
     const double rate = m.depth > 1 ? m.drop_path * static_cast<double>(i) / (m.depth - 1) : 0.0;
-    blocks_.push_back(TransformerBlock(type.make_layer(spec, type), m.width, hidden, rate, swiglu));
+    blocks_.push_back(
+        TransformerBlock(type.make_layer(spec, type), m.width, hidden, rate, swiglu, m.bias));
     block_list->push_back(blocks_.back());
   }
   norm_ = register_module("norm", LayerNorm(m.width));

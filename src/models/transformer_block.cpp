@@ -4,9 +4,9 @@
 
 namespace mhla {
 
-MlpImpl::MlpImpl(int64_t dim, int64_t hidden) {
-  fc1_ = register_module("fc1", Linear(dim, hidden));
-  fc2_ = register_module("fc2", Linear(hidden, dim));
+MlpImpl::MlpImpl(int64_t dim, int64_t hidden, bool bias) {
+  fc1_ = register_module("fc1", Linear(torch::nn::LinearOptions(dim, hidden).bias(bias)));
+  fc2_ = register_module("fc2", Linear(torch::nn::LinearOptions(hidden, dim).bias(bias)));
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
@@ -25,7 +25,7 @@ torch::Tensor SwiGluMlpImpl::forward(const torch::Tensor& x) {
 
 TransformerBlockImpl::TransformerBlockImpl(std::shared_ptr<AttentionLayerImpl> attention,
                                            int64_t dim, int64_t mlp_hidden, double drop_path_rate,
-                                           bool swiglu)
+                                           bool swiglu, bool bias)
     : drop_path_rate_(drop_path_rate) {
   norm1_ = register_module("norm1", LayerNorm(dim));
   attention_ = register_module("attn", std::move(attention));
@@ -35,7 +35,7 @@ TransformerBlockImpl::TransformerBlockImpl(std::shared_ptr<AttentionLayerImpl> a
     register_module("mlp", mlp.ptr());
     mlp_ = torch::nn::AnyModule(mlp);
   } else {
-    Mlp mlp(dim, mlp_hidden);
+    Mlp mlp(dim, mlp_hidden, bias);
     register_module("mlp", mlp.ptr());
     mlp_ = torch::nn::AnyModule(mlp);
   }

@@ -13,7 +13,7 @@ namespace mhla {
 
 class MlpImpl : public torch::nn::Module {
  public:
-  MlpImpl(int64_t dim, int64_t hidden);
+  MlpImpl(int64_t dim, int64_t hidden, bool bias = true);
   torch::Tensor forward(const torch::Tensor& x);
 
  private:
@@ -35,7 +35,8 @@ TORCH_MODULE(SwiGluMlp);
 class TransformerBlockImpl : public torch::nn::Module {
  public:
   TransformerBlockImpl(std::shared_ptr<AttentionLayerImpl> attention, int64_t dim,
-                       int64_t mlp_hidden, double drop_path_rate, bool swiglu = false);
+                       int64_t mlp_hidden, double drop_path_rate, bool swiglu = false,
+                       bool bias = true);
   AttentionLayerImpl& attention() { return *attention_; }
   torch::Tensor forward(const torch::Tensor& x);
   // One decoded token, x [B, 1, dim] (causal attention layers only).

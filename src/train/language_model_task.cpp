@@ -8,6 +8,7 @@
 #include "data/batch_loader.h"
 #include "data/token_shard.h"
 #include "text/bpe_tokenizer.h"
+#include "train/cross_entropy.h"
 #include "train/task.h"
 
 namespace mhla {
@@ -102,8 +103,7 @@ class LanguageModelTask : public Task {
   }
 
   torch::Tensor loss(const torch::Tensor& logits, const torch::Tensor& target) const override {
-    return torch::nn::functional::cross_entropy(
-        logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32), target.reshape({-1}));
+    return mean_cross_entropy(logits, target);
   }
 
   EvalReport evaluate(Model& model) override {
@@ -122,10 +122,7 @@ class LanguageModelTask : public Task {
         AutocastScope autocast(device_, bf16);
         logits = model.forward(windows.narrow(1, 0, window));
       }
-      auto summed = torch::nn::functional::cross_entropy(
-          logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32),
-          windows.narrow(1, 1, window).reshape({-1}),
-          torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+      auto summed = summed_cross_entropy(logits, windows.narrow(1, 1, window));
       nll += summed.item<double>();
       tokens += static_cast<int64_t>(starts.size()) * window;
     };
