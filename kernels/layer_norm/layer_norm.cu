@@ -45,7 +45,7 @@ __device__ __forceinline__ float warp_sum(float x) {
 // launcher picks the smallest CHUNKS that covers the row, so short rows use few registers and
 // many warps stay resident.
 
-template <typename TIn, typename TOut, int VEC, int kChunks>
+template <typename TIn, typename TOut, int VEC, int kChunks, bool kResidual>
 __global__ void __launch_bounds__(kForwardWarps * 32) forward_kernel(LayerNormForwardArgs p) {
   const int lane = threadIdx.x % 32;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kForwardWarps + threadIdx.x / 32;
@@ -54,11 +54,22 @@ __global__ void __launch_bounds__(kForwardWarps * 32) forward_kernel(LayerNormFo
   const TIn* x = static_cast<const TIn*>(p.x) + row * cols;
   float values[kChunks][VEC];
   float sum = 0.f;
+  float scale = 1.f;
+  if constexpr (kResidual) {
+    if (p.scale) scale = p.scale[row / p.rows_per_sample];
+  }
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     const int col = (c * 32 + lane) * VEC;
     if (col < cols) {
       load_pack<TIn, VEC>(x + col, values[c]);
+      if constexpr (kResidual) {
+        float branch[VEC];
+        load_pack<TOut, VEC>(static_cast<const TOut*>(p.branch) + row * cols + col, branch);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) values[c][i] += scale * branch[i];
+        store_pack<float, VEC>(p.sum + row * cols + col, values[c]);
+      }
 #pragma unroll
       for (int i = 0; i < VEC; ++i) sum += values[c][i];
     }
@@ -100,7 +111,7 @@ __global__ void __launch_bounds__(kForwardWarps * 32) forward_kernel(LayerNormFo
 // dx = rstd (w dy - mean(w dy) - xhat mean(w dy xhat)); each warp takes rows in turn and adds
 // dy xhat and dy into its own shared-memory slice of the weight/bias gradient (no atomics), the
 // CTA then writes the sum of its warps' slices as one partial row of the workspace.
-template <typename TIn, typename TGrad, int VEC, int kChunks>
+template <typename TIn, typename TGrad, int VEC, int kChunks, bool kResidual>
 __global__ void __launch_bounds__(kBackwardWarps * 32) backward_kernel(LayerNormBackwardArgs p) {
   extern __shared__ float partial[];  // [kBackwardWarps][2][cols] when affine
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -153,7 +164,24 @@ __global__ void __launch_bounds__(kBackwardWarps * 32) backward_kernel(LayerNorm
         for (int i = 0; i < VEC; ++i) {
           out[i] = rstd * (wdy[c][i] - mean_wdy - xhat[c][i] * mean_wdy_xhat);
         }
+        if constexpr (kResidual) {
+          if (p.dsum) {
+            float carried[VEC];
+            load_pack<float, VEC>(p.dsum + row * cols + col, carried);
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) out[i] += carried[i];
+          }
+        }
         store_pack<TIn, VEC>(dx + col, out);
+        if constexpr (kResidual) {
+          if (p.dbranch) {
+            const float scale = p.scale ? p.scale[row / p.rows_per_sample] : 1.f;
+            float scaled[VEC];
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) scaled[i] = scale * out[i];
+            store_pack<TGrad, VEC>(static_cast<TGrad*>(p.dbranch) + row * cols + col, scaled);
+          }
+        }
       }
     }
   }
@@ -218,23 +246,34 @@ int backward_ctas(int64_t rows) {
 }  // namespace
 
 cudaError_t layer_norm_forward(const LayerNormForwardArgs& a, cudaStream_t stream) {
+  const bool residual = a.branch != nullptr;
   if (a.rows < 0 || a.cols <= 0 || a.cols > kLayerNormMaxColumns || !a.x || !a.y ||
       (a.mean == nullptr) != (a.rstd == nullptr) ||
-      (a.rows + kForwardWarps - 1) / kForwardWarps > 0x7fffffff) {
+      (a.rows + kForwardWarps - 1) / kForwardWarps > 0x7fffffff ||
+      (residual && (!a.sum || a.in_dtype != DType::f32 || a.rows_per_sample <= 0))) {
     return cudaErrorInvalidValue;
   }
   if (a.rows == 0) return cudaSuccess;
-  // One width for both sides: the narrower of what x's and y's element sizes allow.
-  const int vec =
-      vector_width(a.cols, {{a.x, element_bytes(a.in_dtype)}, {a.y, element_bytes(a.out_dtype)}});
+  // One width for all: the narrowest that every pointer's alignment allows.
+  const int out_bytes = element_bytes(a.out_dtype);
+  const int vec = residual ? vector_width(a.cols, {{a.x, 4}, {a.y, out_bytes}, {a.branch, out_bytes},
+                                                   {a.sum, 4}})
+                           : vector_width(a.cols, {{a.x, element_bytes(a.in_dtype)}, {a.y, out_bytes}});
   const dim3 grid(static_cast<unsigned>((a.rows + kForwardWarps - 1) / kForwardWarps));
   return with_element_type(a.in_dtype, [&](auto in_tag) {
     using TIn = decltype(in_tag);
     return with_element_type(a.out_dtype, [&](auto out_tag) {
       using TOut = decltype(out_tag);
       return with_row_shape(vec, a.cols, [&](auto v, auto chunks) {
-        forward_kernel<TIn, TOut, decltype(v)::value, decltype(chunks)::value>
-            <<<grid, kForwardWarps * 32, 0, stream>>>(a);
+        constexpr int kVec = decltype(v)::value, kChunks = decltype(chunks)::value;
+        if constexpr (std::is_same_v<TIn, float>) {
+          if (residual) {
+            forward_kernel<TIn, TOut, kVec, kChunks, true>
+                <<<grid, kForwardWarps * 32, 0, stream>>>(a);
+            return cudaGetLastError();
+          }
+        }
+        forward_kernel<TIn, TOut, kVec, kChunks, false><<<grid, kForwardWarps * 32, 0, stream>>>(a);
         return cudaGetLastError();
       });
     });
@@ -247,8 +286,10 @@ size_t layer_norm_backward_workspace_floats(int64_t rows, int cols) {
 
 cudaError_t layer_norm_backward(const LayerNormBackwardArgs& a, cudaStream_t stream) {
   const bool affine = a.weight != nullptr;
+  const bool residual = a.dsum != nullptr || a.dbranch != nullptr;
   if (a.rows < 0 || a.cols <= 0 || a.cols > kLayerNormMaxColumns || !a.x || !a.dy || !a.mean ||
-      !a.rstd || !a.dx || (affine && !a.workspace)) {
+      !a.rstd || !a.dx || (affine && !a.workspace) ||
+      (residual && (a.in_dtype != DType::f32 || a.rows_per_sample <= 0))) {
     return cudaErrorInvalidValue;
   }
   if (a.rows == 0) {
@@ -257,8 +298,10 @@ cudaError_t layer_norm_backward(const LayerNormBackwardArgs& a, cudaStream_t str
     return cudaGetLastError();
   }
   const int in_bytes = element_bytes(a.in_dtype);
-  const int vec = vector_width(
-      a.cols, {{a.x, in_bytes}, {a.dx, in_bytes}, {a.dy, element_bytes(a.grad_dtype)}});
+  const int grad_bytes = element_bytes(a.grad_dtype);
+  int vec = vector_width(a.cols, {{a.x, in_bytes}, {a.dx, in_bytes}, {a.dy, grad_bytes}});
+  if (a.dsum) vec = std::min(vec, vector_width(a.cols, {{a.dsum, 4}}));
+  if (a.dbranch) vec = std::min(vec, vector_width(a.cols, {{a.dbranch, grad_bytes}}));
   const int ctas = backward_ctas(a.rows);
   const size_t shared = affine ? sizeof(float) * kBackwardWarps * 2 * a.cols : 0;
   cudaError_t err = with_element_type(a.in_dtype, [&](auto in_tag) {
@@ -266,7 +309,15 @@ cudaError_t layer_norm_backward(const LayerNormBackwardArgs& a, cudaStream_t str
     return with_element_type(a.grad_dtype, [&](auto grad_tag) {
       using TGrad = decltype(grad_tag);
       return with_row_shape(vec, a.cols, [&](auto v, auto chunks) {
-        backward_kernel<TIn, TGrad, decltype(v)::value, decltype(chunks)::value>
+        constexpr int kVec = decltype(v)::value, kChunks = decltype(chunks)::value;
+        if constexpr (std::is_same_v<TIn, float>) {
+          if (residual) {
+            backward_kernel<TIn, TGrad, kVec, kChunks, true>
+                <<<ctas, kBackwardWarps * 32, shared, stream>>>(a);
+            return cudaGetLastError();
+          }
+        }
+        backward_kernel<TIn, TGrad, kVec, kChunks, false>
             <<<ctas, kBackwardWarps * 32, shared, stream>>>(a);
         return cudaGetLastError();
       });

@@ -28,6 +28,13 @@ struct LayerNormForwardArgs {
   void* y = nullptr;              // [rows, cols]
   float* mean = nullptr;          // [rows], may be null (inference)
   float* rstd = nullptr;          // [rows], may be null
+  // Optional residual add in front (the hinge between two pre-norm branches): the row normalized
+  // is x + scale[row / rows_per_sample] * branch, and it is also written to `sum`. Needs fp32 x;
+  // branch in out_dtype; scale null for 1 (no stochastic depth).
+  const void* branch = nullptr;  // [rows, cols]
+  const float* scale = nullptr;  // [rows / rows_per_sample]
+  int64_t rows_per_sample = 1;
+  float* sum = nullptr;          // [rows, cols] fp32; set together with branch
 };
 
 cudaError_t layer_norm_forward(const LayerNormForwardArgs& args, cudaStream_t stream);
@@ -46,6 +53,13 @@ struct LayerNormBackwardArgs {
   float* dweight = nullptr;    // [cols], written (not accumulated); null to skip
   float* dbias = nullptr;      // [cols]
   float* workspace = nullptr;  // layer_norm_backward_workspace_floats(rows, cols) floats
+  // Optional, for a forward with the residual add: dx += dsum (the gradient the residual stream
+  // brings from later uses; null for none), and dbranch = scale[sample] * dx in grad_dtype (null
+  // to skip). Needs fp32 x/dx.
+  const float* dsum = nullptr;   // [rows, cols]
+  void* dbranch = nullptr;       // [rows, cols]
+  const float* scale = nullptr;  // [rows / rows_per_sample] or null (1)
+  int64_t rows_per_sample = 1;
 };
 
 size_t layer_norm_backward_workspace_floats(int64_t rows, int cols);

@@ -21,8 +21,8 @@ inline bool environment_switch(const char* name, bool default_on) {
 inline std::string environment_switches_set() {
   std::string out;
   for (const char* name :
-       {"MHLA_FUSED_NORM", "MHLA_LINEAR_BIAS_KERNEL", "MHLA_FUSED_CE", "MHLA_FUSED_QKV_ROTARY",
-        "MHLA_DECODE_VEC"}) {
+       {"MHLA_FUSED_NORM", "MHLA_FUSED_RESIDUAL_NORM", "MHLA_LINEAR_BIAS_KERNEL", "MHLA_FUSED_CE",
+        "MHLA_FUSED_QKV_ROTARY", "MHLA_DECODE_VEC"}) {
     if (const char* value = std::getenv(name)) {
       if (!out.empty()) out += ", ";
       out += std::string(name) + "=" + value;

@@ -21,6 +21,8 @@ class LayerNormImpl : public torch::nn::Module {
  public:
   explicit LayerNormImpl(int64_t dim, bool affine = true, double eps = 1e-5);
   torch::Tensor forward(const torch::Tensor& x);
+  int64_t dim() const { return dim_; }
+  double eps() const { return eps_; }
 
   torch::Tensor weight, bias;  // undefined without affine
 

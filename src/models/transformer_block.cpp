@@ -1,6 +1,7 @@
 #include "models/transformer_block.h"
 
 #include "models/residual_add.h"
+#include "models/residual_norm.h"
 
 namespace mhla {
 
@@ -45,6 +46,15 @@ torch::Tensor TransformerBlockImpl::forward(const torch::Tensor& x) {
   auto y = residual_add(x, attention_->forward(norm1_->forward(x)), drop_path_rate_, is_training());
   return residual_add(y, mlp_.forward<torch::Tensor>(norm2_->forward(y)), drop_path_rate_,
                       is_training());
+}
+
+std::pair<torch::Tensor, torch::Tensor> TransformerBlockImpl::forward_normed(
+    const torch::Tensor& x, const torch::Tensor& normed, LayerNormImpl& next_norm) {
+  auto middle = residual_add_norm(x, attention_->forward(normed), drop_path_rate_, is_training(),
+                                  *norm2_);
+  auto out = residual_add_norm(middle.sum, mlp_.forward<torch::Tensor>(middle.normed),
+                               drop_path_rate_, is_training(), next_norm);
+  return {out.sum, out.normed};
 }
 
 torch::Tensor TransformerBlockImpl::step(const torch::Tensor& x, DecodeState& state) {

@@ -1,6 +1,7 @@
 #pragma once
 // Pre-norm transformer block: x + drop_path(attn(LN(x))), then x + drop_path(mlp(LN(x))).
 #include <memory>
+#include <utility>
 
 #include <torch/torch.h>
 
@@ -39,6 +40,13 @@ class TransformerBlockImpl : public torch::nn::Module {
                        bool bias = true);
   AttentionLayerImpl& attention() { return *attention_; }
   torch::Tensor forward(const torch::Tensor& x);
+  // The same block in a chain: takes (x, norm1(x)) and returns (out, next_norm(out)), with both
+  // residual adds fused into the norm that follows them (the attention's into norm2, the MLP's
+  // into next_norm: the next block's norm1 or the model's final norm). Values equal forward's.
+  std::pair<torch::Tensor, torch::Tensor> forward_normed(const torch::Tensor& x,
+                                                         const torch::Tensor& normed,
+                                                         LayerNormImpl& next_norm);
+  LayerNormImpl& norm1() { return *norm1_; }
   // One decoded token, x [B, 1, dim] (causal attention layers only).
   torch::Tensor step(const torch::Tensor& x, DecodeState& state);
 
