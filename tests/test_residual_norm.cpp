@@ -110,10 +110,10 @@ TEST_CASE("layers: the residual add + norm kernel matches float64 torch, values 
           loss.backward();
 
           // float64 reference on the CPU, from the same inputs.
-          auto x64 = f64cpu(x).requires_grad_(true);
-          auto b64 = f64cpu(branch).requires_grad_(true);
-          auto w64 = f64cpu(norm->weight).requires_grad_(true);
-          auto bias64 = f64cpu(norm->bias).requires_grad_(true);
+          auto x64 = f64cpu(x).detach().requires_grad_(true);
+          auto b64 = f64cpu(branch).detach().requires_grad_(true);
+          auto w64 = f64cpu(norm->weight).detach().requires_grad_(true);
+          auto bias64 = f64cpu(norm->bias).detach().requires_grad_(true);
           auto sum64 = drop ? x64 + b64 * f64cpu(scale).view({6, 1, 1}) : x64 + b64;
           auto normed64 = torch::layer_norm(sum64, {width}, w64, bias64, norm->eps());
           auto loss64 = (normed64 * f64cpu(up_normed)).sum();

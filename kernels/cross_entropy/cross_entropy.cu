@@ -78,7 +78,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32) forward_kernel(CrossEntropyArg
   float loss = NAN;
   if (target >= 0 && target < a.classes) {
     const float eps = a.label_smoothing;
-    loss = lse - (1.f - eps) * to_float(x[target]) - eps * row_total / a.classes;
+    loss = lse - (1.f - eps) * to_float(x[target]);
+    // Only with smoothing: 0 * (-inf) would turn a row with masked (-inf) logits into NaN.
+    if (eps > 0.f) loss -= eps * row_total / a.classes;
   }
   a.loss[row] = loss;
   a.lse[row] = lse;
