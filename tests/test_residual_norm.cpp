@@ -1,20 +1,22 @@
 // The fused residual add + LayerNorm between two pre-norm branches (models/residual_norm.h): on the
 // CPU it is residual_add then the norm; the CUDA kernel is checked against the float64 formula,
 // values and every gradient; a block chain through forward_normed equals plain forward.
+#include "attention/attention_type.h"
 #include "catch_compat.h"
 #include "core/config.h"
 #include "core/device.h"
 #include "models/residual_add.h"
 #include "models/residual_norm.h"
 #include "models/transformer_block.h"
-#include "attention/attention_type.h"
 #include "test_helpers.h"
 
 using namespace mhla;
 
 namespace {
 
-torch::Tensor f64cpu(const torch::Tensor& t) { return t.to(torch::kCPU, torch::kFloat64); }
+torch::Tensor f64cpu(const torch::Tensor& t) {
+  return t.to(torch::kCPU, torch::kFloat64);
+}
 
 }  // namespace
 
@@ -34,8 +36,8 @@ TEST_CASE("layers: residual add + norm on the CPU is residual_add then the norm"
   CHECK(torch::equal(fused.sum, sum));
   CHECK(torch::equal(fused.normed, norm->forward(sum)));
   CHECK_THROWS(residual_add_norm(x, torch::randn({4, 5, 23}), 0.0, false, *norm));
-  CHECK_THROWS(residual_add_norm(torch::randn({4, 5, 23}), torch::randn({4, 5, 23}), 0.0, false,
-                                 *norm));
+  CHECK_THROWS(
+      residual_add_norm(torch::randn({4, 5, 23}), torch::randn({4, 5, 23}), 0.0, false, *norm));
 }
 
 TEST_CASE("layers: a block chain through forward_normed equals forward then the next norm",

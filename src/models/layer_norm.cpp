@@ -10,6 +10,7 @@
 
 #include "core/kernel_dtype.h"
 #include "layer_norm/layer_norm.h"
+#include "models/layer_norm_launch.h"
 #endif
 
 namespace mhla {
@@ -65,26 +66,11 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
     auto dy = grads[0].contiguous();
     const int64_t cols = input.size(-1), rows = input.numel() / cols;
     auto dx = torch::empty_like(input);
-    auto f32 = input.options().dtype(torch::kFloat32);
-    torch::Tensor dweight, dbias, workspace;
-    kernels::LayerNormBackwardArgs a;
-    a.in_dtype = *kernel_dtype_of(input.scalar_type());
-    a.grad_dtype = *kernel_dtype_of(dy.scalar_type());
-    a.rows = rows, a.cols = static_cast<int>(cols);
-    a.x = input.data_ptr(), a.dy = dy.data_ptr();
-    a.mean = stats[0].data_ptr<float>(), a.rstd = stats[1].data_ptr<float>();
-    a.dx = dx.data_ptr();
-    if (weight.numel() > 0) {
-      dweight = torch::empty({cols}, f32), dbias = torch::empty({cols}, f32);
-      workspace = torch::empty(
-          {static_cast<int64_t>(kernels::layer_norm_backward_workspace_floats(rows, a.cols))}, f32);
-      a.weight = weight.data_ptr<float>();
-      a.dweight = dweight.data_ptr<float>(), a.dbias = dbias.data_ptr<float>();
-      a.workspace = workspace.data_ptr<float>();
-    }
+    LayerNormParamGrads param_grads;
+    const auto a = layer_norm_backward_args(input, dy, stats, weight, dx, param_grads);
     const auto err = kernels::layer_norm_backward(a, stream_of(input));
     if (err != cudaSuccess) fail("layer norm backward (cuda): {}", cudaGetErrorString(err));
-    return {dx, dweight, dbias, torch::Tensor(), torch::Tensor()};
+    return {dx, param_grads.dweight, param_grads.dbias, torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -99,6 +85,35 @@ torch::ScalarType output_type(const torch::Tensor& x) {
 #endif
 
 }  // namespace
+
+#ifdef MHLA_WITH_CUDA_KERNELS
+mhla_kernels::LayerNormBackwardArgs layer_norm_backward_args(const torch::Tensor& x,
+                                                             const torch::Tensor& dy,
+                                                             const torch::Tensor& stats,
+                                                             const torch::Tensor& weight,
+                                                             torch::Tensor& dx,
+                                                             LayerNormParamGrads& grads) {
+  const int64_t cols = x.size(-1), rows = x.numel() / cols;
+  auto f32 = x.options().dtype(torch::kFloat32);
+  mhla_kernels::LayerNormBackwardArgs a;
+  a.in_dtype = *kernel_dtype_of(x.scalar_type());
+  a.grad_dtype = *kernel_dtype_of(dy.scalar_type());
+  a.rows = rows, a.cols = static_cast<int>(cols);
+  a.x = x.data_ptr(), a.dy = dy.data_ptr();
+  a.mean = stats[0].data_ptr<float>(), a.rstd = stats[1].data_ptr<float>();
+  a.dx = dx.data_ptr();
+  if (weight.numel() > 0) {
+    grads.dweight = torch::empty({cols}, f32), grads.dbias = torch::empty({cols}, f32);
+    grads.workspace = torch::empty(
+        {static_cast<int64_t>(mhla_kernels::layer_norm_backward_workspace_floats(rows, a.cols))},
+        f32);
+    a.weight = weight.data_ptr<float>();
+    a.dweight = grads.dweight.data_ptr<float>(), a.dbias = grads.dbias.data_ptr<float>();
+    a.workspace = grads.workspace.data_ptr<float>();
+  }
+  return a;
+}
+#endif
 
 bool layer_norm_uses_kernel(const torch::Tensor& x, const torch::Tensor& weight) {
 #ifdef MHLA_WITH_CUDA_KERNELS

@@ -11,6 +11,7 @@
 
 #include "core/kernel_dtype.h"
 #include "layer_norm/layer_norm.h"
+#include "models/layer_norm_launch.h"
 #endif
 
 namespace mhla {
@@ -87,26 +88,11 @@ class ResidualNormFunction : public torch::autograd::Function<ResidualNormFuncti
     // No gradient for the normed output (unused): only the residual stream's passes through.
     auto dnormed = grads[1].defined() ? grads[1].to(branch_type).contiguous()
                                       : torch::zeros(sum.sizes(), sum.options().dtype(branch_type));
-    const int64_t cols = sum.size(-1), rows = sum.numel() / cols;
-    auto f32 = sum.options();
+    const int64_t rows = sum.numel() / sum.size(-1);
     auto dx = torch::empty_like(sum);
     auto dbranch = torch::empty(sum.sizes(), sum.options().dtype(branch_type));
-    torch::Tensor dweight, dbias, workspace;
-    kernels::LayerNormBackwardArgs a;
-    a.in_dtype = kernels::DType::f32;
-    a.grad_dtype = *kernel_dtype_of(branch_type);
-    a.rows = rows, a.cols = static_cast<int>(cols);
-    a.x = sum.data_ptr(), a.dy = dnormed.data_ptr();
-    a.mean = stats[0].data_ptr<float>(), a.rstd = stats[1].data_ptr<float>();
-    a.dx = dx.data_ptr();
-    if (weight.numel() > 0) {
-      dweight = torch::empty({cols}, f32), dbias = torch::empty({cols}, f32);
-      workspace = torch::empty(
-          {static_cast<int64_t>(kernels::layer_norm_backward_workspace_floats(rows, a.cols))}, f32);
-      a.weight = weight.data_ptr<float>();
-      a.dweight = dweight.data_ptr<float>(), a.dbias = dbias.data_ptr<float>();
-      a.workspace = workspace.data_ptr<float>();
-    }
+    LayerNormParamGrads param_grads;
+    auto a = layer_norm_backward_args(sum, dnormed, stats, weight, dx, param_grads);
     a.dsum = dsum.defined() ? dsum.data_ptr<float>() : nullptr;
     a.dbranch = dbranch.data_ptr();
     a.scale = scale.numel() > 0 ? scale.data_ptr<float>() : nullptr;
@@ -115,7 +101,7 @@ class ResidualNormFunction : public torch::autograd::Function<ResidualNormFuncti
     if (err != cudaSuccess) {
       fail("residual add + layer norm backward (cuda): {}", cudaGetErrorString(err));
     }
-    return {dx, dbranch, dweight, dbias, torch::Tensor(), torch::Tensor()};
+    return {dx, dbranch, param_grads.dweight, param_grads.dbias, torch::Tensor(), torch::Tensor()};
   }
 };
 #endif
