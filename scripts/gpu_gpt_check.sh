@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # One device call that checks and times session 6's kernels for the GPT step (cross-entropy,
 # fused q/k/v rotary split, residual add + LayerNorm) and the bias-free peer-matched GPT:
-#   1. every [gpu] test case; compute-sanitizer memcheck of the cross-entropy and residual-norm
-#      kernel tests;
+#   1. every [gpu] test case; compute-sanitizer memcheck of the cross-entropy, residual-norm and
+#      gated-RMSNorm kernel tests;
 #   2. 60-step training-rate probes: GPT softmax with each new kernel switched off in turn
 #      (MHLA_FUSED_CE=0, MHLA_FUSED_QKV_ROTARY=0, MHLA_FUSED_RESIDUAL_NORM=0, all three), the
-#      default, the peer's architecture (learned positions, no biases), GPT linear / MHLA /
-#      gated DeltaNet; DeiT MHLA (default and without the residual-norm fusion) and softmax;
+#      default, the peer's architecture (learned positions, no biases), GPT linear / MHLA (also
+#      with the opt-in gated-RMSNorm kernel, MHLA_FUSED_GATED_NORM=1) / gated DeltaNet; DeiT MHLA (default and without the residual-norm fusion) and softmax;
 #   3. a profile of 10 GPT softmax steps;
 #   4. the GPT PyTorch peer (../shared/bench/peers_e2e.py), eager and compiled.
 # Run from the repository root after `source scripts/gpu_env.sh` (binaries from
@@ -21,7 +21,8 @@ step tests
 timeout 150 "$tests" "[gpu]" > "$V/gpu_tests.txt" 2>&1; echo "gpu tests rc=$?"
 tail -3 "$V/gpu_tests.txt"; grep -B3 -A14 FAILED "$V/gpu_tests.txt" | head -80
 if command -v compute-sanitizer > /dev/null; then
-  for case in "train: the cross-entropy kernels*" "layers: the residual add + norm kernel*"; do
+  for case in "train: the cross-entropy kernels*" "layers: the residual add + norm kernel*" \
+              "attention: the gated RMSNorm kernels*"; do
     timeout 60 compute-sanitizer --tool memcheck "$tests" "$case" >> "$V/memcheck.txt" 2>&1
     echo "memcheck $case: $(grep 'ERROR SUMMARY' "$V/memcheck.txt" | tail -1)"
   done
@@ -44,6 +45,7 @@ probe "MHLA_FUSED_CE=0 MHLA_FUSED_QKV_ROTARY=0 MHLA_FUSED_RESIDUAL_NORM=0" gpt_s
 probe "MHLA_X=1" gpt_softmax_peer_arch $G --set model.positions=learned --set model.bias=false
 probe "MHLA_X=1" gpt_linear $G --set attention.type=linear
 probe "MHLA_X=1" gpt_mhla $G --set attention.type=mhla
+probe "MHLA_FUSED_GATED_NORM=1" gpt_mhla_gated_norm $G --set attention.type=mhla
 probe "MHLA_X=1" gpt_gated_deltanet $G --set attention.type=gated_deltanet
 probe "MHLA_X=1" deit_mhla $D $SY
 probe "MHLA_FUSED_RESIDUAL_NORM=0" deit_mhla_no_resnorm $D $SY

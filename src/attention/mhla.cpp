@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "attention/causal_linear.h"
+#include "attention/gated_rms_norm.h"
 #include "attention/block_linear_cuda.h"
 #include "attention/registrations.h"
 #include "core/error.h"
@@ -83,9 +84,9 @@ torch::Tensor MhlaLayerImpl::causal_output(const torch::Tensor& x, const torch::
   // Causal MHLA: an output RMSNorm (per head) times a swish gate after the op.
   const auto b = x.size(0), n = x.size(1);
   const int64_t heads = spec().heads, head_dim = spec().dim / heads;
-  auto normed = at::rms_norm(out, {head_dim}, out_norm_weight_, 1e-6);
-  auto gate = torch::silu(out_gate_->forward(x)).view({b, n, heads, head_dim});
-  return finish(x, (normed * gate).reshape({b, n, spec().dim}), v.reshape({b, n, spec().dim}));
+  auto gate = out_gate_->forward(x).view({b, n, heads, head_dim});
+  auto gated = gated_rms_norm(out, gate, out_norm_weight_, 1e-6);
+  return finish(x, gated.reshape({b, n, spec().dim}), v.reshape({b, n, spec().dim}));
 }
 
 torch::Tensor MhlaLayerImpl::forward(const torch::Tensor& x) {
