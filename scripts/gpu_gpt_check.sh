@@ -7,7 +7,8 @@
 #      (MHLA_FUSED_CE=0, MHLA_FUSED_QKV_ROTARY=0, MHLA_FUSED_RESIDUAL_NORM=0, all three), the
 #      default, the peer's architecture (learned positions, no biases), GPT linear / MHLA (also
 #      with the opt-in gated-RMSNorm kernel, MHLA_FUSED_GATED_NORM=1) / gated DeltaNet; DeiT MHLA (default and without the residual-norm fusion) and softmax;
-#   3. a profile of 10 GPT softmax steps;
+#   3. gated DeltaNet / KDA forward+backward with each form of the chunk's triangular system
+#      (MHLA_DELTA_SOLVE=triangular|product); a profile of 10 GPT softmax steps;
 #   4. the GPT PyTorch peer (../shared/bench/peers_e2e.py), eager and compiled.
 # Run from the repository root after `source scripts/gpu_env.sh` (binaries from
 # `scripts/stage_gpu.sh --binaries`; carry .gpu_stage and data/text). Results in $OUT/gpt.tgz.
@@ -50,6 +51,16 @@ probe "MHLA_X=1" gpt_gated_deltanet $G --set attention.type=gated_deltanet
 probe "MHLA_X=1" deit_mhla $D $SY
 probe "MHLA_FUSED_RESIDUAL_NORM=0" deit_mhla_no_resnorm $D $SY
 probe "MHLA_X=1" deit_softmax $D $SY --set attention.type=softmax
+
+step delta_solve
+# The chunk's WY system by batched triangular solve (default) or by the product form (matmuls).
+for solve in triangular product; do
+  for op in gated_deltanet kda; do
+    MHLA_DELTA_SOLVE=$solve timeout 60 "$bin" bench attention --op $op --causal --backend cuda \
+      --shape 16,8,2048,128 --shape 1,8,32768,128 --warmup 2 --iters 5 | grep '^{' |
+      sed "s/^{/{\"solve\": \"$solve\", /" | tee -a "$V/delta_solve.jsonl"
+  done
+done
 
 step profile
 timeout 60 "$bin" train $G --set train.epochs=1 --set data.train_limit=640 \

@@ -307,3 +307,28 @@ TEST_CASE("delta rule: the chunk-recurrence kernels equal the reference loop, va
     }
   }
 }
+
+TEST_CASE("delta rule: the product-form unit-lower solve equals the triangular solve",
+          "[attention]") {
+  auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+  for (int64_t c : {1, 2, 5, 16, 64}) {
+    INFO("chunk " << c);
+    torch::manual_seed(c);
+    // As in the delta rule: A_rs = beta_r k_r . k_s decay_rs for s < r, unit keys, beta in (0, 1).
+    auto k = torch::nn::functional::normalize(torch::randn({3, 2, c, 16}, f64),
+                                              torch::nn::functional::NormalizeFuncOptions().dim(-1));
+    auto beta = torch::rand({3, 2, c, 1}, f64);
+    auto decay = torch::rand({3, 2, c, c}, f64);
+    auto a = (beta * torch::matmul(k, k.transpose(-1, -2)) * decay).tril(-1).requires_grad_(true);
+    auto rhs = torch::randn({3, 2, c, 24}, f64).requires_grad_(true);
+    auto solved = unit_lower_solve(a, rhs, false);
+    auto product = unit_lower_solve(a, rhs, true);
+    CHECK(test::relative_error(product, solved) < 1e-12);
+    auto up = torch::randn_like(solved);
+    auto grads_solved = torch::autograd::grad({(solved * up).sum()}, {a, rhs});
+    auto grads_product = torch::autograd::grad({(product * up).sum()}, {a, rhs});
+    CHECK(test::relative_error(grads_product[1], grads_solved[1]) < 1e-12);
+    // dA of the solve is dense; only its lower part is A's (strictly lower) gradient.
+    CHECK(test::relative_error(grads_product[0].tril(-1), grads_solved[0].tril(-1)) < 1e-12);
+  }
+}

@@ -1,6 +1,7 @@
 #include "attention/gated_delta.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 
 #include "attention/delta_chunk_recurrence.h"
@@ -68,6 +69,34 @@ torch::Tensor decayed_products_per_key(const torch::Tensor& x, const torch::Tens
   return torch::cat(row_blocks, 2);
 }
 
+}  // namespace
+
+torch::Tensor unit_lower_solve(const torch::Tensor& a, const torch::Tensor& rhs, bool product_form) {
+  if (!product_form) {
+    return at::linalg_solve_triangular(torch::eye(a.size(-1), a.options()) + a, rhs,
+                                       /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
+  }
+  // A is strictly lower triangular, so nilpotent: (I + A)^-1 = sum_k (-A)^k
+  // = (I - A)(I + A^2)(I + A^4)... up to the power 2^j >= C / 2. The factors commute.
+  auto power = -a;
+  auto result = rhs + torch::matmul(power, rhs);
+  for (int64_t covered = 2; covered < a.size(-1); covered *= 2) {
+    power = torch::matmul(power, power);
+    result = result + torch::matmul(power, result);
+  }
+  return result;
+}
+
+torch::Tensor unit_lower_solve(const torch::Tensor& a, const torch::Tensor& rhs) {
+  static const bool product_form = [] {
+    const char* value = std::getenv("MHLA_DELTA_SOLVE");
+    return value != nullptr && std::string(value) == "product";
+  }();
+  return unit_lower_solve(a, rhs, product_form);
+}
+
+namespace {
+
 // The chunked WY form with everything that does not depend on the running state computed for
 // all chunks at once: the intra-chunk matrix A_rs = beta_r sum_d k_r[d] k_s[d] exp(G_r - G_s)[d]
 // (s < r), one batched triangular solve for W = (I + A)^-1 diag(beta) (Gamma . K) and
@@ -127,9 +156,7 @@ std::pair<torch::Tensor, torch::Tensor> chunked_wy(const torch::Tensor& q, const
   }
   auto strict = torch::ones({c, c}, cum.options().dtype(torch::kBool)).tril(-1);
   auto a = (bc * decayed_products(kc)).masked_fill(~strict, 0.0);
-  auto solved = at::linalg_solve_triangular(torch::eye(c, a.options()) + a,
-                                            torch::cat({bc * gamma * kc, bc * vc}, -1),
-                                            /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
+  auto solved = unit_lower_solve(a, torch::cat({bc * gamma * kc, bc * vc}, -1));
   auto w = solved.narrow(-1, 0, dk), u0 = solved.narrow(-1, dk, dv);
   auto qk = decayed_products(qc);
   auto gamma_q = gamma * qc;
