@@ -9,7 +9,8 @@
 #      with the opt-in gated-RMSNorm kernel, MHLA_FUSED_GATED_NORM=1) / gated DeltaNet; DeiT MHLA (default and without the residual-norm fusion) and softmax;
 #   3. gated DeltaNet / KDA forward+backward with each form of the chunk's triangular system
 #      (MHLA_DELTA_SOLVE=triangular|product); a profile of 10 GPT softmax steps;
-#   4. the GPT PyTorch peer (../shared/bench/peers_e2e.py), eager and compiled.
+#   4. the GPT table's gated DeltaNet and KDA rows (configs/gpt_austen_kjv.yaml, 4 epochs);
+#   5. the GPT PyTorch peer (../shared/bench/peers_e2e.py), eager and compiled.
 # Run from the repository root after `source scripts/gpu_env.sh` (binaries from
 # `scripts/stage_gpu.sh --binaries`; carry .gpu_stage and data/text). Results in $OUT/gpt.tgz.
 set -uo pipefail
@@ -60,6 +61,14 @@ for solve in triangular product; do
       --shape 16,8,2048,128 --shape 1,8,32768,128 --warmup 2 --iters 5 | grep '^{' |
       sed "s/^{/{\"solve\": \"$solve\", /" | tee -a "$V/delta_solve.jsonl"
   done
+done
+
+step gpt_table_rows
+# Issue 5's table rows still missing: gated DeltaNet (and KDA) trained with the table's recipe.
+for type in gated_deltanet kda; do
+  timeout 120 "$bin" train $G --set attention.type=$type --set run.name=gpt_$type > "$V/gpt_$type.log" 2>&1
+  echo "gpt $type rc=$?: $(grep -E 'done:' "$V/gpt_$type.log")"
+  cp runs/gpt_$type/metrics.jsonl "$V/gpt_${type}_metrics.jsonl" 2>/dev/null
 done
 
 step profile
