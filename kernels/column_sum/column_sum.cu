@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "common/element_type.cuh"
+#include "common/packed_access.cuh"
 
 namespace mhla_kernels {
 namespace {
@@ -11,11 +11,6 @@ constexpr int kWarps = 8;
 constexpr int kUnroll = 4;  // rows a warp loads before adding (loads in flight)
 constexpr int kTargetCtas = 132 * 4;
 constexpr int kMinRowsPerSlab = 64;
-
-template <typename T, int VEC>
-struct alignas(sizeof(T) * VEC) Pack {
-  T v[VEC];
-};
 
 struct Grid {
   int column_tiles, slabs;

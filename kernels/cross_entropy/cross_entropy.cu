@@ -3,15 +3,10 @@
 #include <cmath>
 #include <cstdint>
 
-#include "common/element_type.cuh"
+#include "common/packed_access.cuh"
 
 namespace mhla_kernels {
 namespace {
-
-template <typename T, int VEC>
-struct alignas(sizeof(T) * VEC) Pack {
-  T v[VEC];
-};
 
 // Running (max, sum of exp(x - max)) of a set of values; merges are exact up to rounding.
 struct SoftmaxSum {

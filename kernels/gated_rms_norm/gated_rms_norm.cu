@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "common/element_type.cuh"
+#include "common/packed_access.cuh"
 
 namespace mhla_kernels {
 namespace {
@@ -12,32 +12,6 @@ namespace {
 constexpr int kForwardWarps = 8;
 constexpr int kBackwardWarps = 4;
 constexpr int kBackwardMaxCtas = 1024;
-
-template <typename T, int E>
-struct alignas(sizeof(T) * E) Pack {
-  T v[E];
-};
-
-template <typename T, int E>
-__device__ __forceinline__ void load(const T* p, float (&out)[E]) {
-  const auto pack = *reinterpret_cast<const Pack<T, E>*>(p);
-#pragma unroll
-  for (int i = 0; i < E; ++i) out[i] = to_float(pack.v[i]);
-}
-
-template <typename T, int E>
-__device__ __forceinline__ void store(T* p, const float (&in)[E]) {
-  Pack<T, E> pack;
-#pragma unroll
-  for (int i = 0; i < E; ++i) pack.v[i] = from_float<T>(in[i]);
-  *reinterpret_cast<Pack<T, E>*>(p) = pack;
-}
-
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
-  return x;
-}
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + __expf(-x)); }
 
@@ -49,8 +23,8 @@ __global__ void __launch_bounds__(kForwardWarps * 32) forward_kernel(GatedRmsNor
   if (vector >= a.vectors) return;
   const int64_t offset = vector * a.dim + lane * E;
   float x[E], g[E];
-  load<T, E>(static_cast<const T*>(a.x) + offset, x);
-  load<T, E>(static_cast<const T*>(a.gate) + offset, g);
+  load_pack<T, E>(static_cast<const T*>(a.x) + offset, x);
+  load_pack<T, E>(static_cast<const T*>(a.gate) + offset, g);
   float squares = 0.f;
 #pragma unroll
   for (int i = 0; i < E; ++i) squares += x[i] * x[i];
@@ -58,7 +32,7 @@ __global__ void __launch_bounds__(kForwardWarps * 32) forward_kernel(GatedRmsNor
   float y[E];
 #pragma unroll
   for (int i = 0; i < E; ++i) y[i] = x[i] * rstd * a.weight[lane * E + i] * g[i] * sigmoid(g[i]);
-  store<T, E>(static_cast<T*>(a.y) + offset, y);
+  store_pack<T, E>(static_cast<T*>(a.y) + offset, y);
   if (lane == 0) a.rstd[vector] = rstd;
 }
 
@@ -75,9 +49,9 @@ __global__ void __launch_bounds__(kBackwardWarps * 32) backward_kernel(GatedRmsN
        vector < a.vectors; vector += stride) {
     const int64_t offset = vector * a.dim + lane * E;
     float x[E], g[E], dy[E];
-    load<T, E>(static_cast<const T*>(a.x) + offset, x);
-    load<T, E>(static_cast<const T*>(a.gate) + offset, g);
-    load<T, E>(static_cast<const T*>(a.dy) + offset, dy);
+    load_pack<T, E>(static_cast<const T*>(a.x) + offset, x);
+    load_pack<T, E>(static_cast<const T*>(a.gate) + offset, g);
+    load_pack<T, E>(static_cast<const T*>(a.dy) + offset, dy);
     const float rstd = a.rstd[vector];
     float n[E], dn[E], dg[E];
     float dot = 0.f;
@@ -95,8 +69,8 @@ __global__ void __launch_bounds__(kBackwardWarps * 32) backward_kernel(GatedRmsN
     float dx[E];
 #pragma unroll
     for (int i = 0; i < E; ++i) dx[i] = rstd * (dn[i] - n[i] * mean_dot);
-    store<T, E>(static_cast<T*>(a.dx) + offset, dx);
-    store<T, E>(static_cast<T*>(a.dgate) + offset, dg);
+    store_pack<T, E>(static_cast<T*>(a.dx) + offset, dx);
+    store_pack<T, E>(static_cast<T*>(a.dgate) + offset, dg);
   }
 #pragma unroll
   for (int i = 0; i < E; ++i) partial[warp][lane * E + i] = dw[i];

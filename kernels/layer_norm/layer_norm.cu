@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "common/element_type.cuh"
+#include "common/packed_access.cuh"
 
 namespace mhla_kernels {
 namespace {
@@ -13,33 +14,6 @@ namespace {
 constexpr int kForwardWarps = 8;   // one row per warp
 constexpr int kBackwardWarps = 4;  // rows grid-strided over the warps of all CTAs
 constexpr int kBackwardMaxCtas = 1024;
-
-// VEC consecutive elements moved as one access (cols % VEC == 0 and aligned rows).
-template <typename T, int VEC>
-struct alignas(sizeof(T) * VEC) Pack {
-  T v[VEC];
-};
-
-template <typename T, int VEC>
-__device__ __forceinline__ void load_pack(const T* p, float (&out)[VEC]) {
-  const Pack<T, VEC> pack = *reinterpret_cast<const Pack<T, VEC>*>(p);
-#pragma unroll
-  for (int i = 0; i < VEC; ++i) out[i] = to_float(pack.v[i]);
-}
-
-template <typename T, int VEC>
-__device__ __forceinline__ void store_pack(T* p, const float (&in)[VEC]) {
-  Pack<T, VEC> pack;
-#pragma unroll
-  for (int i = 0; i < VEC; ++i) pack.v[i] = from_float<T>(in[i]);
-  *reinterpret_cast<Pack<T, VEC>*>(p) = pack;
-}
-
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
-  return x;
-}
 
 // A row is kept in registers as CHUNKS x VEC values per lane (CHUNKS x 32 x VEC >= cols): the
 // launcher picks the smallest CHUNKS that covers the row, so short rows use few registers and

@@ -1,14 +1,9 @@
 #include "rotary/rotary.h"
 
-#include "common/element_type.cuh"
+#include "common/packed_access.cuh"
 
 namespace mhla_kernels {
 namespace {
-
-template <typename T, int VEC>
-struct alignas(sizeof(T) * VEC) Pack {
-  T v[VEC];
-};
 
 // One thread per VEC adjacent pairs of one (b, t, h) row, for every part: consecutive threads
 // take consecutive pair groups of a row, so a warp's loads and stores are contiguous runs.
