@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "core/cuda_stream.h"
 #include "core/kernel_dtype.h"
 #include "gated_rms_norm/gated_rms_norm.h"
 #endif
@@ -26,10 +27,6 @@ void check_shapes(const torch::Tensor& x, const torch::Tensor& gate, const torch
 namespace kernels = mhla_kernels;
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
-
-cudaStream_t stream_of(const torch::Tensor& t) {
-  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
-}
 
 kernels::GatedRmsNormArgs args_for(const torch::Tensor& x, const torch::Tensor& gate,
                                    const torch::Tensor& weight, const torch::Tensor& rstd,

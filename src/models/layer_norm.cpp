@@ -8,6 +8,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "core/cuda_stream.h"
 #include "core/kernel_dtype.h"
 #include "layer_norm/layer_norm.h"
 #include "models/layer_norm_launch.h"
@@ -25,10 +26,6 @@ bool fused_norm_disabled() {
 namespace kernels = mhla_kernels;
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
-
-cudaStream_t stream_of(const torch::Tensor& t) {
-  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
-}
 
 // Weight and bias arrive as 0-element tensors when the norm has no affine part: a custom
 // Function's tensor arguments must be defined.

@@ -9,6 +9,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "core/cuda_stream.h"
 #include "core/kernel_dtype.h"
 #include "layer_norm/layer_norm.h"
 #include "models/layer_norm_launch.h"
@@ -21,10 +22,6 @@ namespace {
 namespace kernels = mhla_kernels;
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
-
-cudaStream_t stream_of(const torch::Tensor& t) {
-  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
-}
 
 // What the norm writes: the autocast dtype under autocast (the next matmul's input), else x's.
 torch::ScalarType normed_type(const torch::Tensor& x) {
