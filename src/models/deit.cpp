@@ -91,13 +91,7 @@ torch::Tensor Deit::forward(const torch::Tensor& images) {
     x = torch::constant_pad_nd(x, {pad_before_, pad_after_, pad_before_, pad_after_}, 0.0);
   }
   x = layout_.to_tokens(patch_embed_->forward(x)) + pos_embed_;
-  // Each block hands the next its input already normalized (residual add + norm fused).
-  auto normed = blocks_.front()->norm1().forward(x);
-  for (size_t i = 0; i < blocks_.size(); ++i) {
-    auto& next_norm = i + 1 < blocks_.size() ? blocks_[i + 1]->norm1() : *norm_;
-    std::tie(x, normed) = blocks_[i]->forward_normed(x, normed, next_norm);
-  }
-  x = normed.mean(1);
+  x = forward_blocks(blocks_, x, *norm_).mean(1);
   return head_->forward(x);
 }
 

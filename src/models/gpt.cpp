@@ -86,13 +86,7 @@ torch::Tensor Gpt::forward(const torch::Tensor& tokens) {
   if (!position_embedding_.is_empty()) {
     x = x + position_embedding_->forward(torch::arange(t, tokens.options()));
   }
-  // Each block hands the next its input already normalized (residual add + norm fused).
-  auto normed = blocks_.front()->norm1().forward(x);
-  for (size_t i = 0; i < blocks_.size(); ++i) {
-    auto& next_norm = i + 1 < blocks_.size() ? blocks_[i + 1]->norm1() : *norm_;
-    std::tie(x, normed) = blocks_[i]->forward_normed(x, normed, next_norm);
-  }
-  return torch::matmul(normed, token_embedding_->weight.t());  // tied head
+  return torch::matmul(forward_blocks(blocks_, x, *norm_), token_embedding_->weight.t());  // tied head
 }
 
 std::vector<DecodeState> Gpt::new_decode_states() const {

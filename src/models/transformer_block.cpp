@@ -1,5 +1,7 @@
 #include "models/transformer_block.h"
 
+#include <tuple>
+
 #include "models/residual_add.h"
 #include "models/residual_norm.h"
 
@@ -55,6 +57,16 @@ std::pair<torch::Tensor, torch::Tensor> TransformerBlockImpl::forward_normed(
   auto out = residual_add_norm(middle.sum, mlp_.forward<torch::Tensor>(middle.normed),
                                drop_path_rate_, is_training(), next_norm);
   return {out.sum, out.normed};
+}
+
+torch::Tensor forward_blocks(std::vector<TransformerBlock>& blocks, torch::Tensor x,
+                             LayerNormImpl& final_norm) {
+  auto normed = blocks.front()->norm1().forward(x);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    auto& next_norm = i + 1 < blocks.size() ? blocks[i + 1]->norm1() : final_norm;
+    std::tie(x, normed) = blocks[i]->forward_normed(x, normed, next_norm);
+  }
+  return normed;
 }
 
 torch::Tensor TransformerBlockImpl::step(const torch::Tensor& x, DecodeState& state) {

@@ -2,6 +2,7 @@
 // Pre-norm transformer block: x + drop_path(attn(LN(x))), then x + drop_path(mlp(LN(x))).
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -57,5 +58,10 @@ class TransformerBlockImpl : public torch::nn::Module {
   double drop_path_rate_;
 };
 TORCH_MODULE(TransformerBlock);
+
+// final_norm(x after every block), the blocks chained through forward_normed: each hands the
+// next its input already normalized (residual add + norm fused). Needs at least one block.
+torch::Tensor forward_blocks(std::vector<TransformerBlock>& blocks, torch::Tensor x,
+                             LayerNormImpl& final_norm);
 
 }  // namespace mhla
