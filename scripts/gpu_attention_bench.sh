@@ -8,7 +8,9 @@
 #           (reference, cuda) at the LM shapes (B*T = 32,768, H = 8, D = 128) beside SDPA and fla ->
 #           attention_lm.md. fla comes from wheels in .whl (carry it; see README "GPU bench"),
 #           installed without dependencies into /tmp/site. PEER_TIMEOUT (default 300 s) bounds
-#           the peer script; the lines it printed before the limit are kept.
+#           the peer script; the lines it printed before the limit are kept. Triton's compile
+#           cache comes back as $OUT/triton_cache.tgz (stage it as .gpu_stage/triton_cache.tgz to
+#           skip recompiling fla's kernels next time).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 bin=${MHLA_BIN:-build-gpu/mhla}
@@ -31,9 +33,15 @@ if [ "$mode" = lm ]; then
   fi
   # The peer script appends each line to $OUT/anchors.jsonl as it goes: a time limit (fla's first
   # Triton compilations can take minutes on a fresh machine) keeps what finished before it.
+  # Triton's compile cache travels between sessions: a .gpu_stage/triton_cache.tgz from an earlier
+  # call (copy $OUT/triton_cache.tgz there) is unpacked first, and the cache is packed again after.
+  export TRITON_CACHE_DIR=/tmp/triton_cache
+  mkdir -p "$TRITON_CACHE_DIR"
+  [ -f .gpu_stage/triton_cache.tgz ] && tar xzf .gpu_stage/triton_cache.tgz -C "$TRITON_CACHE_DIR"
   : > "$OUT/anchors.jsonl"
   OUT=$OUT timeout "${PEER_TIMEOUT:-300}" python3 .gpu_stage/bench/peers_attention.py lm > /dev/null 2>&1 ||
     echo "peers_attention.py lm stopped (exit $?): the table has what it printed before"
+  tar czf "$OUT/triton_cache.tgz" -C "$TRITON_CACHE_DIR" . && du -h "$OUT/triton_cache.tgz"
   grep '"kind": "lm"' "$OUT/anchors.jsonl" > "$OUT/peers_lm.jsonl"
   python3 scripts/lm_attention_table.py "$ours" "$OUT/peers_lm.jsonl" > "$OUT/attention_lm.md"
   cat "$OUT/attention_lm.md"
