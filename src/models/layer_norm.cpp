@@ -70,20 +70,18 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
     return {dx, param_grads.dweight, param_grads.dbias, torch::Tensor(), torch::Tensor()};
   }
 };
-
-// Autocast runs torch's layer_norm in fp32; the kernel instead writes what the next op would
-// cast to.
-torch::ScalarType output_type(const torch::Tensor& x) {
-  if (at::autocast::is_autocast_enabled(at::kCUDA)) {
-    return at::autocast::get_autocast_dtype(at::kCUDA);
-  }
-  return x.scalar_type();
-}
 #endif
 
 }  // namespace
 
 #ifdef MHLA_WITH_CUDA_KERNELS
+torch::ScalarType layer_norm_output_type(const torch::Tensor& x) {
+  if (at::autocast::is_autocast_enabled(at::kCUDA)) {
+    return at::autocast::get_autocast_dtype(at::kCUDA);
+  }
+  return x.scalar_type();
+}
+
 mhla_kernels::LayerNormBackwardArgs layer_norm_backward_args(const torch::Tensor& x,
                                                              const torch::Tensor& dy,
                                                              const torch::Tensor& stats,
@@ -142,7 +140,7 @@ torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight,
                            bias.device() == x.device()))) {
     auto none = torch::empty({0}, x.options().dtype(torch::kFloat32));
     return LayerNormFunction::apply(x, weight.defined() ? weight : none,
-                                    bias.defined() ? bias : none, eps, output_type(x));
+                                    bias.defined() ? bias : none, eps, layer_norm_output_type(x));
   }
 #endif
   return torch::layer_norm(x, {x.size(-1)}, weight, bias, eps);

@@ -9,6 +9,10 @@
 
 namespace mhla {
 
+// The dtype the norm kernels write: under autocast the autocast dtype (what the next matmul would
+// cast to; torch's layer_norm would write fp32), else x's.
+torch::ScalarType layer_norm_output_type(const torch::Tensor& x);
+
 struct LayerNormParamGrads {
   torch::Tensor dweight, dbias, workspace;  // undefined without a weight
 };

@@ -5,7 +5,6 @@
 #include "models/residual_add.h"
 
 #ifdef MHLA_WITH_CUDA_KERNELS
-#include <ATen/autocast_mode.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -23,19 +22,11 @@ namespace kernels = mhla_kernels;
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-// What the norm writes: the autocast dtype under autocast (the next matmul's input), else x's.
-torch::ScalarType normed_type(const torch::Tensor& x) {
-  if (at::autocast::is_autocast_enabled(at::kCUDA)) {
-    return at::autocast::get_autocast_dtype(at::kCUDA);
-  }
-  return x.scalar_type();
-}
-
 bool uses_kernel(const torch::Tensor& x, const torch::Tensor& branch, const LayerNormImpl& norm) {
   static const bool enabled = environment_switch("MHLA_FUSED_RESIDUAL_NORM", true);
   return enabled && layer_norm_uses_kernel(x, norm.weight) && x.scalar_type() == torch::kFloat32 &&
          x.dim() >= 2 && branch.sizes() == x.sizes() && branch.device() == x.device() &&
-         branch.scalar_type() == normed_type(x) &&
+         branch.scalar_type() == layer_norm_output_type(x) &&
          (!norm.bias.defined() || (norm.bias.scalar_type() == torch::kFloat32 &&
                                    norm.bias.is_contiguous() && norm.bias.device() == x.device()));
 }
