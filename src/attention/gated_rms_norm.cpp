@@ -114,7 +114,7 @@ torch::Tensor gated_rms_norm_kernel(const torch::Tensor& x, const torch::Tensor&
 torch::Tensor gated_rms_norm(const torch::Tensor& x, const torch::Tensor& gate,
                              const torch::Tensor& weight, double eps) {
 #ifdef MHLA_WITH_CUDA_KERNELS
-  static const bool enabled = environment_switch("MHLA_FUSED_GATED_NORM", false);
+  static const bool enabled = environment_switch("MHLA_FUSED_GATED_NORM", true);
   if (enabled && x.dim() > 0 && gate.sizes() == x.sizes() && kernel_takes(x, gate, weight)) {
     return gated_rms_norm_kernel(x, gate, weight, eps);
   }
