@@ -261,18 +261,30 @@ TEST_CASE("attention: backends are checked by name and device", "[attention][reg
   CHECK_THROWS_WITH(select_backend("linear", type, "cudnn", torch::kCPU, "c.yaml:4"),
                     "c.yaml:4: attention type 'linear' has no backend 'cudnn' in this build; available: " + available);
   CHECK_NOTHROW(select_backend("linear", type, "auto", torch::kCPU, "x"));
-  // auto on the CPU is the reference; a bidirectional-only backend refuses causal layers.
+  // auto on the CPU is the reference.
   CHECK(&select_backend("linear", type, "auto", torch::kCPU, "x", true) == &type.backends.at("reference"));
   if (type.backends.count("cuda")) {
     CHECK_THROWS_WITH(select_backend("linear", type, "cuda", torch::kCPU, "c.yaml:5"),
                       "c.yaml:5: backend 'cuda' of attention type 'linear' needs a CUDA device, the run is on cpu");
-    CHECK_THROWS_WITH(select_backend("mhla", attention_registry().get("mhla"), "cuda", torch::kCUDA, "c.yaml:6", true),
-                      "c.yaml:6: backend 'cuda' of attention type 'mhla' implements the bidirectional op only; "
-                      "causal layers run on 'reference' (or say backend: auto)");
-    // auto on a GPU skips it for causal layers.
-    CHECK(&select_backend("linear", type, "auto", torch::kCUDA, "x", true) == &type.backends.at("reference"));
+    // The kernels have both modes: auto on a GPU takes them for causal layers too.
+    CHECK(&select_backend("linear", type, "auto", torch::kCUDA, "x", true) == &type.backends.at("cuda"));
     CHECK(&select_backend("linear", type, "auto", torch::kCUDA, "x", false) == &type.backends.at("cuda"));
+    CHECK(&select_backend("mhla", attention_registry().get("mhla"), "auto", torch::kCUDA, "x", true) ==
+          &attention_registry().get("mhla").backends.at("cuda"));
   }
+  // A backend without a causal mode refuses causal layers by name, and auto skips it for them.
+  AttentionType partial;
+  const OpFn any = [](const torch::Tensor& q, const torch::Tensor&, const torch::Tensor&,
+                      const OpArgs&) { return q; };
+  partial.backends = {{"reference", any}, {"fast", any}};
+  partial.gpu_preference = {"fast"};
+  partial.causal_modes = {false, true};
+  partial.bidirectional_only = {"fast"};
+  CHECK_THROWS_WITH(select_backend("toy", partial, "fast", torch::kCUDA, "c.yaml:6", true),
+                    "c.yaml:6: backend 'fast' of attention type 'toy' implements the bidirectional op only; "
+                    "causal layers run on 'reference' (or say backend: auto)");
+  CHECK(&select_backend("toy", partial, "auto", torch::kCUDA, "x", true) == &partial.backends.at("reference"));
+  CHECK(&select_backend("toy", partial, "auto", torch::kCUDA, "x", false) == &partial.backends.at("fast"));
   CHECK_THROWS_WITH(attention_registry().get("flash"),
                     "unknown attention type 'flash'; registered: gated_deltanet, kda, linear, mhla, softmax");
 }

@@ -28,6 +28,7 @@ const OpShape kShapes[] = {
     {"long blocks (several GPU chunks per block)", 1, 2, 1200, 64, 2},
     {"16 blocks of 16 tokens (the vision shape; resident kernels)", 2, 3, 256, 64, 16},
     {"D = 32 at 512 tokens (resident kernels)", 1, 2, 512, 32, 8},
+    {"more causal blocks (12) than trained (3): the long-sequence policy", 1, 2, 768, 64, 3},
 };
 
 struct Result {
@@ -154,19 +155,22 @@ TEST_CASE("ops: GPU backends read strided q/k/v views (the fused QKV layout) exa
     const auto& type = attention_registry().get(name);
     for (const auto& [backend, fn] : type.backends) {
       if (backend == "reference") continue;  // it copies its inputs first; the kernels read views
-      INFO(name << " / " << backend);
-      const int64_t b = 3, n = 96, h = 2, d = 64;
-      OpArgs args = type.make_args({b, n, h, d, 4, false}, torch::TensorOptions().device(torch::kCUDA));
-      auto qkv = torch::randn({b, n, 3, h, d}, options).requires_grad_(true);  // [B, N, 3, H, D]
-      auto grad_out = torch::randn({b, n, h, d}, options);
-      auto strided = fn(qkv.select(2, 0), qkv.select(2, 1), qkv.select(2, 2), args);
-      strided.backward(grad_out);
-      std::vector<torch::Tensor> copies;
-      for (int i = 0; i < 3; ++i) copies.push_back(qkv.select(2, i).detach().contiguous().requires_grad_(true));
-      auto dense = fn(copies[0], copies[1], copies[2], args);
-      dense.backward(grad_out);
-      CHECK(torch::equal(strided, dense));
-      for (int i = 0; i < 3; ++i) CHECK(torch::equal(qkv.grad().select(2, i), copies[i].grad()));
+      for (bool causal : {false, true}) {
+        if (causal && backend != "cuda") continue;  // the causal kernels of the `cuda` backend
+        INFO(name << " / " << backend << (causal ? " (causal)" : ""));
+        const int64_t b = 3, n = 96, h = 2, d = 64;
+        OpArgs args = type.make_args({b, n, h, d, 4, causal}, torch::TensorOptions().device(torch::kCUDA));
+        auto qkv = torch::randn({b, n, 3, h, d}, options).requires_grad_(true);  // [B, N, 3, H, D]
+        auto grad_out = torch::randn({b, n, h, d}, options);
+        auto strided = fn(qkv.select(2, 0), qkv.select(2, 1), qkv.select(2, 2), args);
+        strided.backward(grad_out);
+        std::vector<torch::Tensor> copies;
+        for (int i = 0; i < 3; ++i) copies.push_back(qkv.select(2, i).detach().contiguous().requires_grad_(true));
+        auto dense = fn(copies[0], copies[1], copies[2], args);
+        dense.backward(grad_out);
+        CHECK(torch::equal(strided, dense));
+        for (int i = 0; i < 3; ++i) CHECK(torch::equal(qkv.grad().select(2, i), copies[i].grad()));
+      }
     }
   }
 }

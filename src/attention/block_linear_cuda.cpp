@@ -5,7 +5,9 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "attention/causal_block_linear_cuda.h"
 #include "attention/causal_linear.h"
+#include "attention/kernel_views.h"
 #include "core/error.h"
 #include "core/kernel_dtype.h"
 #include "linear_attn/linear_attn.h"
@@ -17,32 +19,6 @@ namespace mhla {
 namespace {
 
 namespace kernels = mhla_kernels;
-
-kernels::DType kernel_dtype(torch::ScalarType type) {
-  const auto dtype = kernel_dtype_of(type);
-  if (!dtype) {
-    fail("cuda attention: unsupported dtype {} (float32, float16, bfloat16)", c10::toString(type));
-  }
-  return *dtype;
-}
-
-// A [B, N, H, D] view the kernels can read in 16-byte vectors: last dimension contiguous, every
-// row aligned. The q/k/v slices of the fused QKV projection qualify as they are.
-torch::Tensor readable(const torch::Tensor& t, torch::ScalarType dtype) {
-  auto x = t.scalar_type() == dtype ? t : t.to(dtype);
-  const int64_t vector = 16 / static_cast<int64_t>(x.element_size());
-  bool ok = x.stride(3) == 1 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
-  for (int i = 0; i < 3; ++i) ok = ok && x.stride(i) % vector == 0;
-  return ok ? x : x.contiguous();
-}
-
-kernels::TokenTensor view_of(const torch::Tensor& t) {
-  return {t.data_ptr(), t.stride(0), t.stride(1), t.stride(2)};
-}
-
-void check_launch(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) fail("{}: CUDA error: {}", what, cudaGetErrorString(err));
-}
 
 void check_inputs(const char* op, const torch::Tensor& q, const torch::Tensor& k,
                   const torch::Tensor& v, int64_t blocks) {
@@ -77,20 +53,6 @@ void check_causal_inputs(const char* op, const torch::Tensor& q, const torch::Te
 kernels::BlockLinearShape shape_of(const torch::Tensor& q, int64_t blocks) {
   return {static_cast<int>(q.size(0)), static_cast<int>(q.size(1)), static_cast<int>(q.size(2)),
           static_cast<int>(q.size(3)), static_cast<int>(blocks)};
-}
-
-// The kernels compute in v's dtype; q and k may arrive in another (autocast), and their
-// gradients go back in the dtype they came in.
-void remember_input_dtypes(torch::autograd::AutogradContext* ctx, const torch::Tensor& q,
-                           const torch::Tensor& k) {
-  ctx->saved_data["input_dtype_q"] = static_cast<int64_t>(q.scalar_type());
-  ctx->saved_data["input_dtype_k"] = static_cast<int64_t>(k.scalar_type());
-}
-
-std::pair<torch::ScalarType, torch::ScalarType> input_dtypes(
-    torch::autograd::AutogradContext* ctx) {
-  return {static_cast<torch::ScalarType>(ctx->saved_data["input_dtype_q"].toInt()),
-          static_cast<torch::ScalarType>(ctx->saved_data["input_dtype_k"].toInt())};
 }
 
 // One autograd function for both ops: without a mixing matrix it calls the linear-attention
@@ -399,7 +361,7 @@ torch::Tensor causal_dense_or_reference(const torch::Tensor& q, const torch::Ten
 
 torch::Tensor linear_attention_cuda(const torch::Tensor& q, const torch::Tensor& k,
                                     const torch::Tensor& v, const OpArgs& args) {
-  if (args.causal) fail("linear (cuda): the kernels implement the bidirectional op only");
+  if (args.causal) return causal_block_linear_cuda(q, k, v, torch::Tensor());
   check_inputs("linear", q, k, v, 1);
   // Autograd functions take defined tensors only: an empty one means "no mixing".
   return block_linear_resident_or_states(q, k, v,
@@ -408,7 +370,7 @@ torch::Tensor linear_attention_cuda(const torch::Tensor& q, const torch::Tensor&
 
 torch::Tensor mhla_cuda(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const OpArgs& args) {
-  if (args.causal) fail("mhla (cuda): the kernels implement the bidirectional op only");
+  if (args.causal) return causal_block_linear_cuda(q, k, v, args.mixing);
   check_inputs("mhla", q, k, v, args.blocks);
   if (!args.mixing.defined() || args.mixing.dim() != 2 || args.mixing.size(0) != args.blocks ||
       args.mixing.size(1) != args.blocks) {

@@ -1,7 +1,8 @@
 #pragma once
-// The `cuda` backend of bidirectional linear attention and MHLA: autograd functions around the
-// fused kernels in kernels/linear_attn and kernels/mhla (forward and backward, gradients for q, k,
-// v and the mixing matrix). Built only where the CUDA kernels are (MHLA_WITH_CUDA_KERNELS).
+// The `cuda` backend of linear attention and MHLA: autograd functions around the fused kernels in
+// kernels/linear_attn and kernels/mhla (forward and backward, gradients for q, k, v and the mixing
+// matrix). Bidirectional ops run here; causal ones go to causal_block_linear_cuda.h. Built only
+// where the CUDA kernels are (MHLA_WITH_CUDA_KERNELS).
 #include "attention/attention_op.h"
 
 namespace mhla {

@@ -21,10 +21,9 @@ void register_linear_attention(Registry<AttentionType>& registry) {
   type.decode = [](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                    const OpArgs&, DecodeState& state) { return causal_linear_decode(q, k, v, state); };
 #ifdef MHLA_WITH_CUDA_KERNELS
-  type.backends["cuda"] = linear_attention_cuda;  // fused kernels, bidirectional
+  type.backends["cuda"] = linear_attention_cuda;  // fused kernels, bidirectional and causal
   type.gpu_preference = {"cuda"};
   type.backends["cuda_dense"] = linear_attention_cuda_dense;  // dense masked form, short sequences
-  type.bidirectional_only = {"cuda"};
 #endif
   type.backends["reference"] = linear_attention_reference;
   type.make_layer = [](const AttentionSpec& spec, const AttentionType& t) {

@@ -121,10 +121,9 @@ void register_mhla_attention(Registry<AttentionType>& registry) {
     return causal_mhla_decode(q, k, v, args.mixing, state);
   };
 #ifdef MHLA_WITH_CUDA_KERNELS
-  type.backends["cuda"] = mhla_cuda;  // fused kernels, bidirectional
+  type.backends["cuda"] = mhla_cuda;  // fused kernels, bidirectional and causal
   type.gpu_preference = {"cuda"};
   type.backends["cuda_dense"] = mhla_cuda_dense;  // dense masked form, short sequences
-  type.bidirectional_only = {"cuda"};
 #endif
   type.backends["reference"] = mhla_reference;
   type.make_layer = [](const AttentionSpec& spec, const AttentionType& t) {

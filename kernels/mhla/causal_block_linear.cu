@@ -1,0 +1,645 @@
+// Causal block linear attention (causal linear attention and causal MHLA), forward and backward.
+// One CTA per (batch*head, 64-token block) for the token passes; the prefix passes sweep the
+// blocks of one sequence per state element. See causal_block_linear.h for the math.
+#include "common/packed_access.cuh"
+#include "mhla/causal_block_linear.h"
+#include "mhla/state_tiles.cuh"
+#include "mhla/tiles.cuh"
+
+namespace mhla_kernels {
+namespace {
+
+using namespace tiles;
+
+constexpr int kC = kCausalBlockTokens;  // tokens per block (== kTile: one tile per block)
+constexpr int kLdScore = kC + 4;        // fp32 64 x 64 tiles
+constexpr int kLdScoreE = kC + 8;       // 64 x 64 tiles of tensor-core elements
+static_assert(kC == kTile, "one shared-memory tile per causal block");
+
+// c [m][n] (fp32, ldc) = (or +=, when Accumulate) A x B for A [m][k] (lda; stored [k][m] when
+// TransA) and B [k][n] (ldb; stored [n][k] when TransB); m, n multiples of 16, k of the MMA depth.
+template <typename T, bool TransA, bool TransB>
+__device__ void gemm(const typename Mma<T>::elem* a, int lda, const typename Mma<T>::elem* b,
+                     int ldb, float* c, int ldc, int m, int n, int k, bool accumulate) {
+  using ALayout = std::conditional_t<TransA, wmma::col_major, wmma::row_major>;
+  using BLayout = std::conditional_t<TransB, wmma::col_major, wmma::row_major>;
+  const int warp = threadIdx.x / 32, tiles_n = n / 16, count = (m / 16) * tiles_n;
+  for (int f = warp; f < count; f += kWarps) {
+    const int fm = f / tiles_n, fn = f % tiles_n;
+    float* out = c + fm * 16 * ldc + fn * 16;
+    FragC<T> acc;
+    if (accumulate) {
+      wmma::load_matrix_sync(acc, out, ldc, wmma::mem_row_major);
+    } else {
+      wmma::fill_fragment(acc, 0.f);
+    }
+    for (int kk = 0; kk < k; kk += Mma<T>::k) {
+      FragA<T, ALayout> fa;
+      FragB<T, BLayout> fb;
+      load_fragment<T>(fa, TransA ? a + kk * lda + fm * 16 : a + fm * 16 * lda + kk, lda);
+      load_fragment<T>(fb, TransB ? b + fn * 16 * ldb + kk : b + kk * ldb + fn * 16, ldb);
+      wmma::mma_sync(acc, fa, fb, acc);
+    }
+    wmma::store_matrix_sync(out, acc, ldc, wmma::mem_row_major);
+  }
+}
+
+__host__ __device__ constexpr int blocks_of(int tokens) { return (tokens + kC - 1) / kC; }
+
+// The weights w_ij of the header (m == nullptr: linear attention, all ones).
+struct CausalWeights {
+  const float* m;
+  int M;
+  __device__ __forceinline__ float at(int i, int j) const {
+    if (m == nullptr) return 1.f;
+    if (i < M) return m[i * M + j];
+    const int c = j - i + M - 1;
+    return m[(M - 1) * M + (c > 0 ? c : 0)];
+  }
+  __device__ __forceinline__ float tail() const { return m == nullptr ? 1.f : m[(M - 1) * M]; }
+  // Earlier blocks read with their own weight (the sliding window); older ones go through tail().
+  __device__ __forceinline__ int window() const { return m == nullptr ? 0 : M - 1; }
+  // Where the gradient of w_ii goes in the learned matrix.
+  __device__ __forceinline__ int diagonal_index(int i) const {
+    return i < M ? i * M + i : (M - 1) * M + M - 1;
+  }
+};
+
+struct BlockWork {  // one 64-token block of one (batch, head)
+  int bh, b, h, block, begin, valid;
+};
+
+__device__ __forceinline__ BlockWork block_work(const CausalBlockLinearShape& s) {
+  BlockWork w;
+  w.bh = blockIdx.y;
+  w.b = w.bh / s.heads;
+  w.h = w.bh % s.heads;
+  w.block = blockIdx.x;
+  w.begin = w.block * kC;
+  w.valid = min(kC, s.tokens - w.begin);
+  return w;
+}
+
+__device__ __forceinline__ size_t state_offset(const BlockWork& w, int blocks, int state) {
+  return (static_cast<size_t>(w.bh) * blocks + w.block) * state;
+}
+
+__device__ __forceinline__ size_t out_row(const CausalBlockLinearShape& s, const BlockWork& w,
+                                          int r) {
+  return (static_cast<size_t>(w.b) * s.tokens + w.begin + r) * s.heads + w.h;
+}
+
+// Bump allocator over dynamic shared memory (128-byte aligned pieces).
+struct SharedCursor {
+  unsigned char* at;
+  template <typename X>
+  __device__ X* take(size_t count) {
+    X* p = reinterpret_cast<X*>(at);
+    at += align128(count * sizeof(X));
+    return p;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+
+template <typename T, int D>
+__host__ __device__ constexpr size_t states_smem() {
+  using L = Layout<T, D>;
+  return 2 * align128(kC * L::lde * sizeof(typename Mma<T>::elem));
+}
+
+// S_j = phi(K_j)^T [V_j, 1] for one block.
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) states_kernel(CausalBlockLinearForward p) {
+  using L = Layout<T, D>;
+  using E = typename Mma<T>::elem;
+  extern __shared__ __align__(128) unsigned char smem[];
+  SharedCursor cursor{smem};
+  E* kf = cursor.take<E>(kC * L::lde);
+  E* vt = cursor.take<E>(kC * L::lde);
+  const BlockWork w = block_work(p.shape);
+  load_features<T, D>(p.k, w.b, w.h, w.begin, w.valid, kC, kf, nullptr);
+  load_plain<T, D>(p.v, w.b, w.h, w.begin, w.valid, kC, vt);
+  __syncthreads();
+  FragC<T> acc[L::frags_per_warp];
+#pragma unroll
+  for (int u = 0; u < L::frags_per_warp; ++u) wmma::fill_fragment(acc[u], 0.f);
+  accumulate_at_b<T, D>(acc, kf, vt, kC);
+  float* state = p.states + state_offset(w, blocks_of(p.shape.tokens), L::state);
+  write_state<T, D>(acc, state, /*atomic=*/false, nullptr);
+  if (threadIdx.x < D) {
+    float z = 0.f;
+    for (int r = 0; r < w.valid; ++r) z += to_float(kf[r * L::lde + threadIdx.x]);
+    state[D * D + threadIdx.x] = z;
+  }
+}
+
+// P_i = sum_{d=1}^{min(i, W)} w(i, i-d) S_{i-d} + [i >= M] tail * R, R = sum_{j <= i-M} S_j, for
+// one state element per thread. The last W states sit in a per-thread shared-memory ring (slot
+// j % W), R in a register: each state is read once and each prefix written once.
+__global__ void __launch_bounds__(kThreads)
+    prefix_kernel(const float* states, float* prefix, CausalWeights mix, int blocks, int state) {
+  extern __shared__ __align__(128) float ring[];  // [W][kThreads]
+  const int e = blockIdx.x * kThreads + threadIdx.x;
+  if (e >= state) return;  // the ring is per thread: no barrier below
+  const int W = mix.window(), M = W + 1, t = threadIdx.x;
+  const size_t base = static_cast<size_t>(blockIdx.y) * blocks * state + e;
+  const float tail = mix.tail();
+  float r = 0.f;
+  for (int i = 0; i < blocks; ++i) {
+    float p = i >= M ? tail * r : 0.f;
+    const int reach = min(i, W);
+    int slot = reach > 0 ? (i - 1) % W : 0;
+    for (int d = 1; d <= reach; ++d) {
+      p += mix.at(i, i - d) * ring[slot * kThreads + t];
+      slot = slot == 0 ? W - 1 : slot - 1;
+    }
+    prefix[base + static_cast<size_t>(i) * state] = p;
+    const float s = states[base + static_cast<size_t>(i) * state];
+    if (W == 0) {
+      r += s;
+    } else {
+      const int at = (i % W) * kThreads + t;
+      if (i >= W) r += ring[at];  // S_{i-W} leaves the window
+      ring[at] = s;
+    }
+  }
+}
+
+template <typename T, int D>
+__host__ __device__ constexpr size_t output_smem() {
+  using L = Layout<T, D>;
+  using E = typename Mma<T>::elem;
+  return align128(D * L::lde * sizeof(E)) + 3 * align128(kC * L::lde * sizeof(E)) +
+         align128(kC * L::ldf * 4) + align128(kC * kLdScore * 4) +
+         align128(kC * kLdScoreE * sizeof(E)) + align128(D * 4) + align128(kC * 4);
+}
+
+// Row sums of a masked fp32 score tile plus phi(q) . z and the epsilon: the denominators of a
+// block (one warp per row).
+template <typename T, int D>
+__device__ void denominators(const float* scores, const typename Mma<T>::elem* qf, const float* z,
+                             float diagonal_weight, float* den) {
+  using L = Layout<T, D>;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int r = warp; r < kC; r += kWarps) {
+    float sum = 0.f;
+    for (int s = lane; s <= r; s += 32) sum += scores[r * kLdScore + s];
+    sum *= diagonal_weight;
+    for (int d = lane; d < D; d += 32) sum += to_float(qf[r * L::lde + d]) * z[d];
+    sum = warp_sum(sum);
+    if (lane == 0) den[r] = sum + kDenominatorEps;
+  }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) output_kernel(CausalBlockLinearForward p) {
+  using L = Layout<T, D>;
+  using E = typename Mma<T>::elem;
+  extern __shared__ __align__(128) unsigned char smem[];
+  SharedCursor cursor{smem};
+  E* prefix = cursor.take<E>(D * L::lde);
+  E* qf = cursor.take<E>(kC * L::lde);
+  E* kf = cursor.take<E>(kC * L::lde);
+  E* vt = cursor.take<E>(kC * L::lde);
+  float* numerator = cursor.take<float>(kC * L::ldf);
+  float* scores = cursor.take<float>(kC * kLdScore);
+  E* masked = cursor.take<E>(kC * kLdScoreE);
+  float* z = cursor.take<float>(D);
+  float* den = cursor.take<float>(kC);
+  const BlockWork w = block_work(p.shape);
+  const int blocks = blocks_of(p.shape.tokens);
+  const CausalWeights mix{p.mixing, p.shape.mixing_blocks};
+  const float diagonal_weight = mix.at(w.block, w.block);
+  load_state<T, D>(p.prefix + state_offset(w, blocks, L::state), prefix, z);
+  load_features<T, D>(p.q, w.b, w.h, w.begin, w.valid, kC, qf, nullptr);
+  load_features<T, D>(p.k, w.b, w.h, w.begin, w.valid, kC, kf, nullptr);
+  load_plain<T, D>(p.v, w.b, w.h, w.begin, w.valid, kC, vt);
+  __syncthreads();
+  gemm<T, false, false>(qf, L::lde, prefix, L::lde, numerator, L::ldf, kC, D, D, false);
+  gemm<T, false, true>(qf, L::lde, kf, L::lde, scores, kLdScore, kC, kC, D, false);
+  __syncthreads();
+  for (int i = threadIdx.x; i < kC * kC; i += kThreads) {
+    const int r = i / kC, s = i % kC;
+    masked[r * kLdScoreE + s] =
+        from_float<E>(s <= r ? diagonal_weight * scores[r * kLdScore + s] : 0.f);
+  }
+  denominators<T, D>(scores, qf, z, diagonal_weight, den);
+  __syncthreads();
+  gemm<T, false, false>(masked, kLdScoreE, vt, L::lde, numerator, L::ldf, kC, D, kC, true);
+  __syncthreads();
+  T* out = static_cast<T*>(p.out);
+  const int lane = threadIdx.x % L::lanes;
+  for (int r = threadIdx.x / L::lanes; r < w.valid; r += L::rows_per_pass) {
+    float x[L::vec];
+    const float inv = 1.f / den[r];
+#pragma unroll
+    for (int i = 0; i < L::vec; ++i) x[i] = numerator[r * L::ldf + lane * L::vec + i] * inv;
+    store_vector<T, D>(out + out_row(p.shape, w, r) * D + lane * L::vec, x);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward
+
+template <typename T, int D>
+__host__ __device__ constexpr size_t query_backward_smem() {
+  using L = Layout<T, D>;
+  using E = typename Mma<T>::elem;
+  return align128(D * L::lde * sizeof(E)) + 4 * align128(kC * L::lde * sizeof(E)) +
+         align128(kC * L::ldf * 4) + 2 * align128(kC * kLdScore * 4) +
+         2 * align128(kC * kLdScoreE * sizeof(E)) + align128(D * 4) + 3 * align128(kC * 4) +
+         align128(kWarps * 4);
+}
+
+// For one block i: dq; dP_i = phi(Q)^T [dO / den, dden]; the intra-block parts of d(phi(k)) and
+// dv, written into grad_k and grad_v for the key pass to complete; and dm_ii.
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) query_backward_kernel(CausalBlockLinearBackward p) {
+  using L = Layout<T, D>;
+  using E = typename Mma<T>::elem;
+  extern __shared__ __align__(128) unsigned char smem[];
+  SharedCursor cursor{smem};
+  E* prefix = cursor.take<E>(D * L::lde);
+  E* qf = cursor.take<E>(kC * L::lde);
+  E* kf = cursor.take<E>(kC * L::lde);
+  E* vt = cursor.take<E>(kC * L::lde);
+  E* dnum = cursor.take<E>(kC * L::lde);
+  float* dphi = cursor.take<float>(kC * L::ldf);
+  float* scores = cursor.take<float>(kC * kLdScore);
+  float* g = cursor.take<float>(kC * kLdScore);
+  E* g_masked = cursor.take<E>(kC * kLdScoreE);
+  E* scores_masked = cursor.take<E>(kC * kLdScoreE);
+  float* z = cursor.take<float>(D);
+  float* inv_rms = cursor.take<float>(kC);
+  float* den = cursor.take<float>(kC);
+  float* dden = cursor.take<float>(kC);
+  float* warp_partial = cursor.take<float>(kWarps);
+  const BlockWork w = block_work(p.shape);
+  const int blocks = blocks_of(p.shape.tokens);
+  const CausalWeights mix{p.mixing, p.shape.mixing_blocks};
+  const float diagonal_weight = mix.at(w.block, w.block);
+  const size_t offset = state_offset(w, blocks, L::state);
+  load_state<T, D>(p.prefix + offset, prefix, z);
+  load_features<T, D>(p.q, w.b, w.h, w.begin, w.valid, kC, qf, inv_rms);
+  load_features<T, D>(p.k, w.b, w.h, w.begin, w.valid, kC, kf, nullptr);
+  load_plain<T, D>(p.v, w.b, w.h, w.begin, w.valid, kC, vt);
+  __syncthreads();
+  gemm<T, false, true>(qf, L::lde, kf, L::lde, scores, kLdScore, kC, kC, D, false);
+  __syncthreads();
+  denominators<T, D>(scores, qf, z, diagonal_weight, den);
+  __syncthreads();
+  // d(numerator) = dO / den; d(den) = -(dO . o) / den.
+  const int lane = threadIdx.x % L::lanes;
+  for (int r = threadIdx.x / L::lanes; r < kC; r += L::rows_per_pass) {
+    float go[L::vec], o[L::vec];
+    float dot = 0.f;
+    if (r < w.valid) {
+      load_vector<T, D>(token_row<T, D>(p.grad_out, w.b, w.begin + r, w.h) + lane * L::vec, go);
+      load_vector<T, D>(token_row<T, D>(p.out, w.b, w.begin + r, w.h) + lane * L::vec, o);
+      const float inv = 1.f / den[r];
+#pragma unroll
+      for (int i = 0; i < L::vec; ++i) {
+        dot += go[i] * o[i];
+        go[i] *= inv;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < L::vec; ++i) go[i] = 0.f;
+    }
+    dot = row_sum<L::lanes>(dot);
+#pragma unroll
+    for (int i = 0; i < L::vec; ++i) dnum[r * L::lde + lane * L::vec + i] = from_float<E>(go[i]);
+    if (lane == 0) dden[r] = r < w.valid ? -dot / den[r] : 0.f;
+  }
+  __syncthreads();
+  gemm<T, false, true>(dnum, L::lde, vt, L::lde, g, kLdScore, kC, kC, D, false);  // dnum V^T
+  __syncthreads();
+  // g' = dnum . v_s + dden_t on the causal mask; dm_ii = sum g' * (phi(q_t) . phi(k_s)).
+  float diagonal_grad = 0.f;
+  for (int i = threadIdx.x; i < kC * kC; i += kThreads) {
+    const int r = i / kC, s = i % kC;
+    const bool on = s <= r;
+    const float gr = on ? g[r * kLdScore + s] + dden[r] : 0.f;
+    const float sc = on ? scores[r * kLdScore + s] : 0.f;
+    diagonal_grad += gr * sc;
+    g_masked[r * kLdScoreE + s] = from_float<E>(diagonal_weight * gr);
+    scores_masked[r * kLdScoreE + s] = from_float<E>(diagonal_weight * sc);
+  }
+  diagonal_grad = warp_sum(diagonal_grad);
+  if (threadIdx.x % 32 == 0) warp_partial[threadIdx.x / 32] = diagonal_grad;
+  __syncthreads();
+  if (threadIdx.x == 0 && p.mixing != nullptr) {
+    float sum = 0.f;
+    for (int i = 0; i < kWarps; ++i) sum += warp_partial[i];
+    atomicAdd(p.grad_mixing + mix.diagonal_index(w.block), sum);
+  }
+  // d(phi(q)) = dnum P^T + dden z^T (below) + g'_masked phi(K).
+  gemm<T, false, true>(dnum, L::lde, prefix, L::lde, dphi, L::ldf, kC, D, D, false);
+  __syncthreads();  // the next product adds to tiles another lane of the warp stored
+  gemm<T, false, false>(g_masked, kLdScoreE, kf, L::lde, dphi, L::ldf, kC, D, kC, true);
+  {  // dP_i = phi(Q)^T dnum, dz_i = phi(Q)^T dden: stored, one CTA per block.
+    FragC<T> acc[L::frags_per_warp];
+#pragma unroll
+    for (int u = 0; u < L::frags_per_warp; ++u) wmma::fill_fragment(acc[u], 0.f);
+    accumulate_at_b<T, D>(acc, qf, dnum, kC);
+    write_state<T, D>(acc, p.grad_prefix + offset, /*atomic=*/false, nullptr);
+    if (threadIdx.x < D) {
+      float dz = 0.f;
+      for (int r = 0; r < w.valid; ++r) dz += to_float(qf[r * L::lde + threadIdx.x]) * dden[r];
+      p.grad_prefix[offset + D * D + threadIdx.x] = dz;
+    }
+  }
+  __syncthreads();
+  T* grad_q = static_cast<T*>(p.grad_q);
+  // Whole warps run the row loop (feature_backward shuffles across a row's lanes).
+  for (int r = threadIdx.x / L::lanes; r < kC; r += L::rows_per_pass) {
+    float x[L::vec], gq[L::vec];
+    const bool live = r < w.valid;
+    if (live) load_vector<T, D>(token_row<T, D>(p.q, w.b, w.begin + r, w.h) + lane * L::vec, x);
+#pragma unroll
+    for (int i = 0; i < L::vec; ++i) {
+      const int d = lane * L::vec + i;
+      if (!live) x[i] = 0.f;
+      gq[i] = live ? dphi[r * L::ldf + d] + dden[r] * z[d] : 0.f;
+    }
+    feature_backward<T, D>(x, live ? inv_rms[r] : 0.f, gq);
+    if (live) store_vector<T, D>(grad_q + out_row(p.shape, w, r) * D + lane * L::vec, gq);
+  }
+  __syncthreads();
+  // Intra-block parts for the key pass: d(phi(k)) = g'_masked^T phi(Q), dv = masked^T dnum.
+  T* grad_k = static_cast<T*>(p.grad_k);
+  T* grad_v = static_cast<T*>(p.grad_v);
+  for (int pass = 0; pass < 2; ++pass) {
+    gemm<T, true, false>(pass == 0 ? g_masked : scores_masked, kLdScoreE, pass == 0 ? qf : dnum,
+                         L::lde, dphi, L::ldf, kC, D, kC, false);
+    __syncthreads();
+    T* dst = pass == 0 ? grad_k : grad_v;
+    for (int r = threadIdx.x / L::lanes; r < w.valid; r += L::rows_per_pass) {
+      store_vector<T, D>(dst + out_row(p.shape, w, r) * D + lane * L::vec,
+                         dphi + r * L::ldf + lane * L::vec);
+    }
+    __syncthreads();
+  }
+}
+
+// dS_j = sum_{i > j} w(i, j) dP_i and dm, one state element per thread, for (batch*head, column)
+// items walked by persistent CTAs. dm: rows i < M pair by pair (warp sums into this CTA's copy),
+// the sliding rows i >= M by window offset in a per-thread column; added to grad_mixing once.
+__global__ void __launch_bounds__(kThreads)
+    prefix_backward_kernel(const float* states, const float* grad_prefix, float* grad_states,
+                           float* grad_mixing, CausalWeights mix, int batch_heads, int blocks,
+                           int state) {
+  extern __shared__ __align__(128) float shared[];
+  const int W = mix.window(), M = W + 1, t = threadIdx.x, lane = t % 32;
+  float* ring = shared;                            // [max(W, 1)][kThreads]
+  float* sliding = ring + max(W, 1) * kThreads;    // [M][kThreads]
+  float* dm = sliding + M * kThreads;              // [M][M]
+  const bool mixes = mix.m != nullptr;
+  for (int i = t; i < M * M; i += kThreads) dm[i] = 0.f;
+  for (int k = 0; k < M; ++k) sliding[k * kThreads + t] = 0.f;
+  __syncthreads();
+  const float tail = mix.tail();
+  const int columns = (state + kThreads - 1) / kThreads;
+  for (int item = blockIdx.x; item < batch_heads * columns; item += gridDim.x) {
+    const int e = (item % columns) * kThreads + t;
+    const bool live = e < state;
+    const size_t base = static_cast<size_t>(item / columns) * blocks * state + (live ? e : 0);
+    if (mixes) {  // dm: the forward sweep again, with dP_i in place of the output.
+      float r = 0.f;
+      for (int i = 0; i < blocks; ++i) {
+        const float x = live ? grad_prefix[base + static_cast<size_t>(i) * state] : 0.f;
+        const int reach = min(i, W);
+        int slot = reach > 0 ? (i - 1) % W : 0;
+        if (i < M) {
+          for (int d = 1; d <= reach; ++d) {
+            const float v = warp_sum(x * ring[slot * kThreads + t]);
+            if (lane == 0) atomicAdd(dm + i * M + (i - d), v);
+            slot = slot == 0 ? W - 1 : slot - 1;
+          }
+        } else {
+          for (int d = 1; d <= W; ++d) {
+            sliding[(M - 1 - d) * kThreads + t] += x * ring[slot * kThreads + t];
+            slot = slot == 0 ? W - 1 : slot - 1;
+          }
+          sliding[t] += x * r;
+        }
+        const float s = live ? states[base + static_cast<size_t>(i) * state] : 0.f;
+        if (W == 0) {
+          r += s;
+        } else {
+          const int at = (i % W) * kThreads + t;
+          if (i >= W) r += ring[at];
+          ring[at] = s;
+        }
+      }
+    }
+    // dS_j = sum_{d=1}^{W} w(j+d, j) dP_{j+d} + tail * U, U = sum_{i >= j+M} dP_i: a reverse sweep
+    // with the next W prefix gradients in the ring.
+    float u = 0.f;
+    for (int j = blocks - 1; j >= 0; --j) {
+      const int reach = min(blocks - 1 - j, W);
+      float g = tail * u;
+      int slot = reach > 0 ? (j + 1) % W : 0;
+      for (int d = 1; d <= reach; ++d) {
+        g += mix.at(j + d, j) * ring[slot * kThreads + t];
+        slot = slot == W - 1 ? 0 : slot + 1;
+      }
+      if (live) grad_states[base + static_cast<size_t>(j) * state] = g;
+      const float x = live ? grad_prefix[base + static_cast<size_t>(j) * state] : 0.f;
+      if (W == 0) {
+        u += x;
+      } else {
+        const int at = (j % W) * kThreads + t;
+        if (j + W <= blocks - 1) u += ring[at];  // dP_{j+W} leaves the window
+        ring[at] = x;
+      }
+    }
+  }
+  if (!mixes) return;
+  for (int k = 0; k < M; ++k) {
+    const float v = warp_sum(sliding[k * kThreads + t]);
+    if (lane == 0) atomicAdd(dm + (M - 1) * M + k, v);
+  }
+  __syncthreads();
+  for (int i = t; i < M * M; i += kThreads) {
+    if (dm[i] != 0.f) atomicAdd(grad_mixing + i, dm[i]);
+  }
+}
+
+template <typename T, int D>
+__host__ __device__ constexpr size_t key_backward_smem() {
+  using L = Layout<T, D>;
+  using E = typename Mma<T>::elem;
+  return align128(D * L::lde * sizeof(E)) + 2 * align128(kC * L::lde * sizeof(E)) +
+         2 * align128(kC * L::ldf * 4) + align128(D * 4) + align128(kC * 4);
+}
+
+// dk and dv of one block: V dS_j^T + dz_j and phi(K) dS_j, plus the intra-block parts the query
+// pass left in grad_k (before the feature backward) and grad_v.
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) key_backward_kernel(CausalBlockLinearBackward p) {
+  using L = Layout<T, D>;
+  using E = typename Mma<T>::elem;
+  extern __shared__ __align__(128) unsigned char smem[];
+  SharedCursor cursor{smem};
+  E* ds = cursor.take<E>(D * L::lde);
+  E* kf = cursor.take<E>(kC * L::lde);
+  E* vt = cursor.take<E>(kC * L::lde);
+  float* dphi = cursor.take<float>(kC * L::ldf);
+  float* dv = cursor.take<float>(kC * L::ldf);
+  float* dz = cursor.take<float>(D);
+  float* inv_rms = cursor.take<float>(kC);
+  const BlockWork w = block_work(p.shape);
+  const int blocks = blocks_of(p.shape.tokens);
+  load_state<T, D>(p.grad_states + state_offset(w, blocks, L::state), ds, dz);
+  load_features<T, D>(p.k, w.b, w.h, w.begin, w.valid, kC, kf, inv_rms);
+  load_plain<T, D>(p.v, w.b, w.h, w.begin, w.valid, kC, vt);
+  __syncthreads();
+  multiply_tile<T, D, true>(vt, ds, dphi, kC);  // d(phi(k)) = V dS^T (+ dz below)
+  multiply_tile<T, D, false>(kf, ds, dv, kC);   // dV = phi(K) dS
+  __syncthreads();
+  T* grad_k = static_cast<T*>(p.grad_k);
+  T* grad_v = static_cast<T*>(p.grad_v);
+  const int lane = threadIdx.x % L::lanes;
+  for (int r = threadIdx.x / L::lanes; r < kC; r += L::rows_per_pass) {  // whole warps
+    float x[L::vec], g[L::vec], part[L::vec];
+    const bool live = r < w.valid;
+    const size_t row = out_row(p.shape, w, r);
+    if (live) {
+      load_vector<T, D>(grad_v + row * D + lane * L::vec, part);
+#pragma unroll
+      for (int i = 0; i < L::vec; ++i) g[i] = dv[r * L::ldf + lane * L::vec + i] + part[i];
+      store_vector<T, D>(grad_v + row * D + lane * L::vec, g);
+      load_vector<T, D>(grad_k + row * D + lane * L::vec, part);
+      load_vector<T, D>(token_row<T, D>(p.k, w.b, w.begin + r, w.h) + lane * L::vec, x);
+    }
+#pragma unroll
+    for (int i = 0; i < L::vec; ++i) {
+      const int d = lane * L::vec + i;
+      if (!live) x[i] = 0.f;
+      g[i] = live ? dphi[r * L::ldf + d] + dz[d] + part[i] : 0.f;
+    }
+    feature_backward<T, D>(x, live ? inv_rms[r] : 0.f, g);
+    if (live) store_vector<T, D>(grad_k + row * D + lane * L::vec, g);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Launchers
+
+int multiprocessors() {
+  static const int count = [] {
+    int device = 0, value = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device);
+    return value > 0 ? value : 1;
+  }();
+  return count;
+}
+
+int window_of(const float* mixing, int mixing_blocks) {
+  return mixing == nullptr ? 0 : mixing_blocks - 1;
+}
+
+template <typename T, int D>
+cudaError_t forward_for(const CausalBlockLinearForward& a, cudaStream_t stream) {
+  const auto& s = a.shape;
+  const int blocks = blocks_of(s.tokens), state = Layout<T, D>::state;
+  const dim3 grid(blocks, s.batch * s.heads);
+  cudaError_t err = cudaSuccess;
+  constexpr size_t states_bytes = states_smem<T, D>();
+  if ((err = allow_smem(states_kernel<T, D>, states_bytes)) != cudaSuccess) return err;
+  states_kernel<T, D><<<grid, kThreads, states_bytes, stream>>>(a);
+  const int window = window_of(a.mixing, s.mixing_blocks);
+  const size_t ring_bytes = static_cast<size_t>(window > 0 ? window : 1) * kThreads * 4;
+  if ((err = allow_smem(prefix_kernel, ring_bytes)) != cudaSuccess) return err;
+  prefix_kernel<<<dim3((state + kThreads - 1) / kThreads, s.batch * s.heads), kThreads, ring_bytes,
+                  stream>>>(a.states, a.prefix, CausalWeights{a.mixing, s.mixing_blocks}, blocks,
+                            state);
+  constexpr size_t output_bytes = output_smem<T, D>();
+  if ((err = allow_smem(output_kernel<T, D>, output_bytes)) != cudaSuccess) return err;
+  output_kernel<T, D><<<grid, kThreads, output_bytes, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <typename T, int D>
+cudaError_t backward_for(const CausalBlockLinearBackward& a, cudaStream_t stream) {
+  const auto& s = a.shape;
+  const int blocks = blocks_of(s.tokens), state = Layout<T, D>::state;
+  const dim3 grid(blocks, s.batch * s.heads);
+  const int m = s.mixing_blocks;
+  cudaError_t err = cudaSuccess;
+  if (a.mixing != nullptr &&
+      (err = cudaMemsetAsync(a.grad_mixing, 0, sizeof(float) * m * m, stream)) != cudaSuccess)
+    return err;
+  constexpr size_t query_bytes = query_backward_smem<T, D>();
+  if ((err = allow_smem(query_backward_kernel<T, D>, query_bytes)) != cudaSuccess) return err;
+  query_backward_kernel<T, D><<<grid, kThreads, query_bytes, stream>>>(a);
+  const int window = window_of(a.mixing, m);
+  const int mm = window + 1;
+  const size_t mix_bytes =
+      (static_cast<size_t>(window > 0 ? window : 1) * kThreads + mm * kThreads + mm * mm) * 4;
+  if ((err = allow_smem(prefix_backward_kernel, mix_bytes)) != cudaSuccess) return err;
+  const int items = s.batch * s.heads * ((state + kThreads - 1) / kThreads);
+  const int ctas = items < 2 * multiprocessors() ? items : 2 * multiprocessors();
+  prefix_backward_kernel<<<ctas, kThreads, mix_bytes, stream>>>(
+      a.states, a.grad_prefix, a.grad_states, a.grad_mixing, CausalWeights{a.mixing, m},
+      s.batch * s.heads, blocks, state);
+  constexpr size_t key_bytes = key_backward_smem<T, D>();
+  if ((err = allow_smem(key_backward_kernel<T, D>, key_bytes)) != cudaSuccess) return err;
+  key_backward_kernel<T, D><<<grid, kThreads, key_bytes, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <typename T, int D>
+struct ForwardPass {
+  static cudaError_t run(const CausalBlockLinearForward& a, cudaStream_t s) {
+    return forward_for<T, D>(a, s);
+  }
+};
+template <typename T, int D>
+struct BackwardPass {
+  static cudaError_t run(const CausalBlockLinearBackward& a, cudaStream_t s) {
+    return backward_for<T, D>(a, s);
+  }
+};
+
+constexpr size_t kMaxSharedBytes = 227 * 1024;
+
+}  // namespace
+
+int causal_blocks(int tokens) { return blocks_of(tokens); }
+
+size_t causal_block_linear_state_floats(const CausalBlockLinearShape& s) {
+  return static_cast<size_t>(s.batch) * s.heads * blocks_of(s.tokens) *
+         (static_cast<size_t>(s.head_dim) * s.head_dim + s.head_dim);
+}
+
+bool causal_block_linear_supported(const CausalBlockLinearShape& s, DType dtype) {
+  const bool dim_ok = s.head_dim == 32 || s.head_dim == 64 || s.head_dim == 128;
+  // fp32 tiles at D = 128 need more shared memory than an SM has (the query pass: ~390 KB).
+  const bool fits = !(dtype == DType::f32 && s.head_dim == 128) &&
+                    query_backward_smem<__nv_bfloat16, 128>() <= kMaxSharedBytes;
+  return dim_ok && fits && s.batch > 0 && s.heads > 0 && s.tokens > 0 &&
+         static_cast<int64_t>(s.batch) * s.heads <= 65535 && s.mixing_blocks >= 1 &&
+         s.mixing_blocks <= 64;
+}
+
+cudaError_t causal_block_linear_forward(const CausalBlockLinearForward& args, cudaStream_t stream) {
+  if (!causal_block_linear_supported(args.shape, args.dtype)) return cudaErrorInvalidValue;
+  if (args.mixing == nullptr && args.shape.mixing_blocks != 1) return cudaErrorInvalidValue;
+  auto run = launcher_for<CausalBlockLinearForward, ForwardPass>(args.dtype, args.shape.head_dim);
+  return run != nullptr ? run(args, stream) : cudaErrorInvalidValue;
+}
+
+cudaError_t causal_block_linear_backward(const CausalBlockLinearBackward& args,
+                                         cudaStream_t stream) {
+  if (!causal_block_linear_supported(args.shape, args.dtype)) return cudaErrorInvalidValue;
+  if (args.mixing == nullptr && args.shape.mixing_blocks != 1) return cudaErrorInvalidValue;
+  auto run = launcher_for<CausalBlockLinearBackward, BackwardPass>(args.dtype, args.shape.head_dim);
+  return run != nullptr ? run(args, stream) : cudaErrorInvalidValue;
+}
+
+}  // namespace mhla_kernels

@@ -1,0 +1,77 @@
+#pragma once
+// Causal block linear attention on the GPU (language models): causal linear attention and causal
+// MHLA, chunkwise with 64-token blocks, forward and backward.
+//
+//   phi(x) = relu(x / rms(x)) + 1e-6, S_j = sum_{t in block j} phi(k_t) [v_t, 1]^T   (fp32)
+//   P_i    = sum_{j < i} w_ij S_j                       (whole earlier blocks: the prefix)
+//   n_t    = phi(q_t) P_i + w_ii sum_{s <= t, s in block i} (phi(q_t) . phi(k_s)) [v_s, 1]
+//   o_t    = n_t[:D] / (n_t[D] + 1e-6)                  for t in block i
+//
+// Weights: linear attention has w = 1 everywhere. MHLA derives them from its learned
+// lower-triangular M x M matrix m with the long-sequence policy of src/attention/causal_linear.h:
+// w_ij = m_ij for i < M; for i >= M the last row slides, w_ij = m_{M-1, max(0, j - i + M - 1)}, so
+// a block past the trained length reads its M - 1 predecessors with their own weights and all
+// older history with m_{M-1,0}. The prefix pass therefore costs O(blocks x M) per state element,
+// whatever the sequence length.
+//
+// Five kernels: block states; the prefix (a sweep over blocks per state element); the output
+// (prefix product plus the masked intra-block product); in the backward a query pass (dq, dP_i,
+// the intra-block parts of dk and dv, dm_ii), the prefix backward (dS_j and dm) and a key pass
+// (dk, dv from dS_j plus the intra-block parts). Same conventions as block_linear_attention.h:
+// raw pointers, [B, T, H, D] views with a contiguous, 16-byte aligned last dimension, outputs
+// contiguous, fp32 accumulation, D in {32, 64, 128} (fp32 inputs: D <= 64), any T.
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "mhla/block_linear_attention.h"
+
+namespace mhla_kernels {
+
+constexpr int kCausalBlockTokens = 64;
+
+struct CausalBlockLinearShape {
+  int batch = 0, tokens = 0, heads = 0, head_dim = 0;
+  int mixing_blocks = 1;  // M of the learned matrix; 1 (with mixing == nullptr) for linear
+};
+
+// Blocks of one sequence, ceil(T / 64), and floats of one set of states (S and z of every batch,
+// head and block): B * H * blocks * (D * D + D).
+int causal_blocks(int tokens);
+size_t causal_block_linear_state_floats(const CausalBlockLinearShape& shape);
+
+// Whether the kernels take the shape and dtype (the binding runs the reference otherwise).
+bool causal_block_linear_supported(const CausalBlockLinearShape& shape, DType dtype);
+
+struct CausalBlockLinearForward {
+  CausalBlockLinearShape shape;
+  DType dtype = DType::bf16;
+  TokenTensor q, k, v;
+  const float* mixing = nullptr;  // [M, M] fp32 lower triangular, or nullptr (linear attention)
+  void* out = nullptr;            // [B, T, H, D] contiguous
+  float* states = nullptr;        // state floats: S_j, kept for the backward pass
+  float* prefix = nullptr;        // state floats: P_i, kept for the backward pass
+};
+
+struct CausalBlockLinearBackward {
+  CausalBlockLinearShape shape;
+  DType dtype = DType::bf16;
+  TokenTensor q, k, v, out, grad_out;
+  const float* mixing = nullptr;
+  const float* states = nullptr;  // from the forward pass
+  const float* prefix = nullptr;
+  void* grad_q = nullptr;  // [B, T, H, D] contiguous each
+  void* grad_k = nullptr;
+  void* grad_v = nullptr;
+  float* grad_mixing = nullptr;  // [M, M] fp32, overwritten (summed over batch and heads)
+  float* grad_prefix = nullptr;  // workspace, state floats
+  float* grad_states = nullptr;  // workspace, state floats
+};
+
+// cudaSuccess or the first launch error; cudaErrorInvalidValue for a shape the kernels do not take.
+cudaError_t causal_block_linear_forward(const CausalBlockLinearForward& args, cudaStream_t stream);
+cudaError_t causal_block_linear_backward(const CausalBlockLinearBackward& args,
+                                         cudaStream_t stream);
+
+}  // namespace mhla_kernels

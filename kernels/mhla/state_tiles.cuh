@@ -1,0 +1,97 @@
+#pragma once
+// Tensor-core products on D x D fp32 block states, shared by the bidirectional and the causal
+// block-linear-attention kernels: A^T B accumulated into a state, tile x state products, and a
+// state's trip between global memory (fp32) and shared memory (the tensor-core element type).
+#include "mhla/tiles.cuh"
+
+namespace mhla_kernels {
+namespace tiles {
+
+// acc (D x D, fragments spread over the warps) += A^T B for A, B tiles [rows][D].
+template <typename T, int D>
+__device__ __forceinline__ void accumulate_at_b(FragC<T> (&acc)[Layout<T, D>::frags_per_warp],
+                                                const typename Mma<T>::elem* a,
+                                                const typename Mma<T>::elem* b, int rows) {
+  using L = Layout<T, D>;
+  const int warp = threadIdx.x / 32;
+  for (int kk = 0; kk < rows; kk += Mma<T>::k) {
+#pragma unroll
+    for (int u = 0; u < L::frags_per_warp; ++u) {
+      const int f = warp + u * kWarps;
+      if (f < L::frags) {
+        const int fm = f / (D / 16), fn = f % (D / 16);
+        FragA<T, wmma::col_major> fa;
+        FragB<T, wmma::row_major> fb;
+        load_fragment<T>(fa, a + kk * L::lde + fm * 16, L::lde);
+        load_fragment<T>(fb, b + kk * L::lde + fn * 16, L::lde);
+        wmma::mma_sync(acc[u], fa, fb, acc[u]);
+      }
+    }
+  }
+}
+
+// out [rows][D] (fp32, ldf) = A [rows][D] x B (D x D), with B transposed when Transposed.
+template <typename T, int D, bool Transposed>
+__device__ __forceinline__ void multiply_tile(const typename Mma<T>::elem* a,
+                                              const typename Mma<T>::elem* b, float* out,
+                                              int rows) {
+  using L = Layout<T, D>;
+  using BLayout = std::conditional_t<Transposed, wmma::col_major, wmma::row_major>;
+  const int warp = threadIdx.x / 32;
+  const int count = (rows / 16) * (D / 16);
+  for (int f = warp; f < count; f += kWarps) {
+    const int fm = f / (D / 16), fn = f % (D / 16);
+    FragC<T> acc;
+    wmma::fill_fragment(acc, 0.f);
+    for (int kk = 0; kk < D; kk += Mma<T>::k) {
+      FragA<T, wmma::row_major> fa;
+      FragB<T, BLayout> fb;
+      load_fragment<T>(fa, a + fm * 16 * L::lde + kk, L::lde);
+      if constexpr (Transposed) {
+        load_fragment<T>(fb, b + fn * 16 * L::lde + kk, L::lde);
+      } else {
+        load_fragment<T>(fb, b + kk * L::lde + fn * 16, L::lde);
+      }
+      wmma::mma_sync(acc, fa, fb, acc);
+    }
+    wmma::store_matrix_sync(out + fm * 16 * L::ldf + fn * 16, acc, L::ldf, wmma::mem_row_major);
+  }
+}
+
+// Writes the D x D accumulators to a state in global memory: stored when one CTA owns it,
+// added atomically (through a per-warp staging tile) when several chunks share it.
+template <typename T, int D>
+__device__ void write_state(FragC<T> (&acc)[Layout<T, D>::frags_per_warp], float* state,
+                            bool atomic, float* staging) {
+  using L = Layout<T, D>;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* tile = staging + warp * 256;
+#pragma unroll
+  for (int u = 0; u < L::frags_per_warp; ++u) {
+    const int f = warp + u * kWarps;
+    if (f >= L::frags) continue;
+    const int fm = f / (D / 16), fn = f % (D / 16);
+    float* dst = state + fm * 16 * D + fn * 16;
+    if (!atomic) {
+      wmma::store_matrix_sync(dst, acc[u], D, wmma::mem_row_major);
+    } else {
+      wmma::store_matrix_sync(tile, acc[u], 16, wmma::mem_row_major);
+      __syncwarp();
+      for (int e = lane; e < 256; e += 32) atomicAdd(dst + (e / 16) * D + e % 16, tile[e]);
+      __syncwarp();
+    }
+  }
+}
+
+// Loads a D x (D + 1) state (S, then z) into shared memory: S as tensor-core elements, z in fp32.
+template <typename T, int D>
+__device__ void load_state(const float* state, typename Mma<T>::elem* s, float* z) {
+  using L = Layout<T, D>;
+  for (int e = threadIdx.x; e < D * D; e += kThreads) {
+    s[(e / D) * L::lde + e % D] = from_float<typename Mma<T>::elem>(state[e]);
+  }
+  for (int e = threadIdx.x; e < D; e += kThreads) z[e] = state[D * D + e];
+}
+
+}  // namespace tiles
+}  // namespace mhla_kernels

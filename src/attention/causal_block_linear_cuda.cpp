@@ -1,0 +1,125 @@
+#include "attention/causal_block_linear_cuda.h"
+
+#ifdef MHLA_WITH_CUDA_KERNELS
+
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "attention/causal_linear.h"
+#include "attention/kernel_views.h"
+#include "core/error.h"
+#include "core/kernel_dtype.h"
+#include "mhla/causal_block_linear.h"
+
+namespace mhla {
+namespace {
+
+namespace kernels = mhla_kernels;
+
+kernels::CausalBlockLinearShape causal_shape_of(const torch::Tensor& q,
+                                                const torch::Tensor& mixing) {
+  return {static_cast<int>(q.size(0)), static_cast<int>(q.size(1)), static_cast<int>(q.size(2)),
+          static_cast<int>(q.size(3)), mixing.numel() > 0 ? static_cast<int>(mixing.size(0)) : 1};
+}
+
+// Saves q, k, v, the output, the mixing matrix (empty: linear attention) and the fp32 block
+// states and prefixes.
+class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLinearFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q_in,
+                               const torch::Tensor& k_in, const torch::Tensor& v_in,
+                               const torch::Tensor& mixing_in) {
+    const auto dtype = v_in.scalar_type();
+    auto q = readable(q_in, dtype), k = readable(k_in, dtype), v = readable(v_in, dtype);
+    const bool mixes = mixing_in.numel() > 0;
+    auto mixing = mixes ? mixing_in.detach().to(torch::kFloat32).contiguous() : mixing_in;
+    const auto shape = causal_shape_of(q, mixing);
+    auto floats = q.options().dtype(torch::kFloat32);
+    const auto state_floats = static_cast<int64_t>(kernels::causal_block_linear_state_floats(shape));
+    auto states = torch::empty({state_floats}, floats), prefix = torch::empty({state_floats}, floats);
+    auto out = torch::empty(q.sizes(), v.options().memory_format(torch::MemoryFormat::Contiguous));
+    kernels::CausalBlockLinearForward a;
+    a.shape = shape;
+    a.dtype = kernel_dtype(dtype);
+    a.q = view_of(q), a.k = view_of(k), a.v = view_of(v);
+    a.mixing = mixes ? mixing.data_ptr<float>() : nullptr;
+    a.out = out.data_ptr();
+    a.states = states.data_ptr<float>();
+    a.prefix = prefix.data_ptr<float>();
+    const c10::cuda::CUDAGuard on_device(q.device());
+    auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+    check_launch(kernels::causal_block_linear_forward(a, stream), "causal block linear forward");
+    ctx->save_for_backward({q, k, v, out, mixing, states, prefix});
+    remember_input_dtypes(ctx, q_in, k_in);
+    return out;
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    auto saved = ctx->get_saved_variables();
+    auto q = saved[0], k = saved[1], v = saved[2], out = saved[3], mixing = saved[4];
+    auto states = saved[5], prefix = saved[6];
+    const bool mixes = mixing.numel() > 0;
+    auto grad_out = readable(grads[0], v.scalar_type());
+    auto contiguous = v.options().memory_format(torch::MemoryFormat::Contiguous);
+    auto dq = torch::empty(q.sizes(), contiguous), dk = torch::empty(q.sizes(), contiguous);
+    auto dv = torch::empty(q.sizes(), contiguous);
+    auto grad_prefix = torch::empty_like(states), grad_states = torch::empty_like(states);
+    torch::Tensor dmixing;
+    kernels::CausalBlockLinearBackward a;
+    a.shape = causal_shape_of(q, mixing);
+    a.dtype = kernel_dtype(v.scalar_type());
+    a.q = view_of(q), a.k = view_of(k), a.v = view_of(v), a.out = view_of(out);
+    a.grad_out = view_of(grad_out);
+    if (mixes) {
+      dmixing = torch::empty_like(mixing);
+      a.mixing = mixing.data_ptr<float>();
+      a.grad_mixing = dmixing.data_ptr<float>();
+    }
+    a.states = states.data_ptr<float>();
+    a.prefix = prefix.data_ptr<float>();
+    a.grad_q = dq.data_ptr(), a.grad_k = dk.data_ptr(), a.grad_v = dv.data_ptr();
+    a.grad_prefix = grad_prefix.data_ptr<float>();
+    a.grad_states = grad_states.data_ptr<float>();
+    const c10::cuda::CUDAGuard on_device(q.device());
+    auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+    check_launch(kernels::causal_block_linear_backward(a, stream), "causal block linear backward");
+    const auto [q_type, k_type] = input_dtypes(ctx);
+    return {dq.to(q_type), dk.to(k_type), dv, dmixing};
+  }
+};
+
+bool kernels_take(const torch::Tensor& q, const torch::Tensor& v, const torch::Tensor& mixing) {
+  const auto dtype = kernel_dtype_of(v.scalar_type());
+  if (!dtype || mixing.defined() && mixing.size(0) > 64) return false;
+  const auto empty = torch::Tensor();
+  return kernels::causal_block_linear_supported(
+      causal_shape_of(q, mixing.defined() ? mixing : empty), *dtype);
+}
+
+}  // namespace
+
+torch::Tensor causal_block_linear_cuda(const torch::Tensor& q, const torch::Tensor& k,
+                                       const torch::Tensor& v, const torch::Tensor& mixing) {
+  const char* op = mixing.defined() ? "mhla" : "linear";
+  if (q.dim() != 4 || !q.sizes().equals(k.sizes()) || !q.sizes().equals(v.sizes())) {
+    fail("{} (cuda, causal): q, k, v must have the same shape [B, T, H, D]; got {}, {}, {}", op,
+         c10::str(q.sizes()), c10::str(k.sizes()), c10::str(v.sizes()));
+  }
+  if (!q.is_cuda() || !k.is_cuda() || !v.is_cuda())
+    fail("{} (cuda, causal): inputs must be on a CUDA device", op);
+  if (mixing.defined() && (mixing.dim() != 2 || mixing.size(0) != mixing.size(1))) {
+    fail("mhla (cuda, causal): the mixing matrix must be square, got {}", c10::str(mixing.sizes()));
+  }
+  if (!kernels_take(q, v, mixing)) {
+    return mixing.defined() ? causal_mhla_reference(q, k, v, mixing)
+                            : causal_linear_attention_reference(q, k, v);
+  }
+  // Autograd functions take defined tensors only: an empty one means "no mixing".
+  return CausalBlockLinearFunction::apply(
+      q, k, v, mixing.defined() ? mixing : torch::empty({0}, q.options().dtype(torch::kFloat32)));
+}
+
+}  // namespace mhla
+
+#endif  // MHLA_WITH_CUDA_KERNELS

@@ -1,0 +1,114 @@
+// The causal block-linear kernels (kernels/mhla/causal_block_linear, the `cuda` backend of causal
+// linear attention and MHLA) against the plain-LibTorch reference in float64 on the same GPU:
+// outputs, dq, dk, dv and the learned mixing matrix's gradient, on small odd shapes (the
+// compute-sanitizer target) and at the language-model head size with more blocks than the mixing
+// matrix was trained for (the long-sequence policy). The op-test harness covers the rest of its
+// shape list.
+#include "attention/causal_linear.h"
+#include "catch_compat.h"
+#include "test_helpers.h"
+
+#ifdef MHLA_WITH_CUDA_KERNELS
+#include "attention/causal_block_linear_cuda.h"
+#endif
+
+using namespace mhla;
+
+namespace {
+
+struct CausalCase {
+  int64_t batch, heads, tokens, head_dim, mixing_blocks;  // mixing_blocks 0: linear attention
+};
+
+#ifdef MHLA_WITH_CUDA_KERNELS
+struct Grads {
+  torch::Tensor out, dq, dk, dv, dm;
+};
+
+Grads run(const torch::Tensor& q0, const torch::Tensor& k0, const torch::Tensor& v0,
+          const torch::Tensor& m0, const torch::Tensor& grad_out, bool kernel) {
+  auto leaf = [](const torch::Tensor& t) { return t.detach().clone().requires_grad_(true); };
+  auto q = leaf(q0), k = leaf(k0), v = leaf(v0);
+  auto m = m0.defined() ? leaf(m0) : torch::Tensor();
+  torch::Tensor out;
+  if (kernel) {
+    out = causal_block_linear_cuda(q, k, v, m);
+  } else {
+    out = m.defined() ? causal_mhla_reference(q, k, v, m) : causal_linear_attention_reference(q, k, v);
+  }
+  (out.to(torch::kFloat64) * grad_out).sum().backward();
+  return {out.detach(), q.grad(), k.grad(), v.grad(), m.defined() ? m.grad() : torch::Tensor()};
+}
+
+void check_case(const CausalCase& c) {
+  INFO("B=" << c.batch << " H=" << c.heads << " T=" << c.tokens << " D=" << c.head_dim
+            << " M=" << c.mixing_blocks);
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA);
+  const std::vector<int64_t> dims = {c.batch, c.tokens, c.heads, c.head_dim};
+  auto q = torch::randn(dims, cuda).to(torch::kBFloat16);
+  auto k = torch::randn(dims, cuda).to(torch::kBFloat16);
+  auto v = torch::randn(dims, cuda).to(torch::kBFloat16);
+  auto grad_out = torch::randn(dims, cuda.dtype(torch::kFloat64));
+  torch::Tensor m;
+  if (c.mixing_blocks > 0) {
+    m = torch::rand({c.mixing_blocks, c.mixing_blocks}, cuda).tril() + 1e-5;
+  }
+  auto got = run(q, k, v, m, grad_out, true);
+  auto f64 = [](const torch::Tensor& t) { return t.defined() ? t.to(torch::kFloat64) : t; };
+  auto expected = run(f64(q), f64(k), f64(v), f64(m), grad_out, false);
+  CHECK(got.out.scalar_type() == torch::kBFloat16);
+  CHECK(test::relative_error(got.out, expected.out) < 5e-3);
+  CHECK(test::relative_error(got.dq, expected.dq) < 8e-3);
+  CHECK(test::relative_error(got.dk, expected.dk) < 8e-3);
+  CHECK(test::relative_error(got.dv, expected.dv) < 8e-3);
+  if (m.defined()) {
+    // A row's scale does not change the normalized output: compare what is left after removing
+    // each row's own direction (its component is rounding noise on both sides).
+    auto mf = f64(m);
+    auto project = [&](const torch::Tensor& x) {
+      auto y = f64(x);
+      return y - (y * mf).sum(1, true) / (mf * mf).sum(1, true) * mf;
+    };
+    CHECK(test::relative_error(project(got.dm), project(expected.dm)) < 2e-2);
+    CHECK(got.dm.triu(1).abs().max().item<double>() == 0.0);  // the upper triangle gets nothing
+  }
+}
+#endif
+
+}  // namespace
+
+TEST_CASE("attention: causal block-linear kernels on small odd shapes", "[attention][gpu]") {
+#ifdef MHLA_WITH_CUDA_KERNELS
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device: skipped");
+    return;
+  }
+  torch::manual_seed(21);
+  // One partial block; a partial last block past M; M = 1; linear attention; D = 32 / 64 / 128.
+  for (const CausalCase& c : {CausalCase{1, 2, 40, 32, 4}, CausalCase{2, 3, 150, 64, 2},
+                              CausalCase{1, 1, 200, 128, 1}, CausalCase{2, 2, 130, 32, 0}}) {
+    check_case(c);
+  }
+#else
+  WARN("built without the CUDA kernels: skipped");
+#endif
+}
+
+TEST_CASE("attention: causal block-linear kernels at the language-model head size",
+          "[attention][gpu]") {
+#ifdef MHLA_WITH_CUDA_KERNELS
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device: skipped");
+    return;
+  }
+  torch::manual_seed(22);
+  // GPT's shape (16 trained blocks = 1,024 tokens); 33 blocks with a partial one past the trained
+  // 16 (the sliding last row); linear attention at the same size.
+  for (const CausalCase& c : {CausalCase{2, 8, 1024, 128, 16}, CausalCase{1, 4, 2100, 128, 16},
+                              CausalCase{1, 8, 2048, 128, 0}}) {
+    check_case(c);
+  }
+#else
+  WARN("built without the CUDA kernels: skipped");
+#endif
+}
