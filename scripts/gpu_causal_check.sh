@@ -30,7 +30,7 @@ fi
 step bench
 shapes=(--shape 16,8,2048,128 --shape 4,8,8192,128 --shape 1,8,32768,128)
 for op in linear mhla; do
-  timeout 120 "$bin" bench attention --op $op --causal --backend cuda reference "${shapes[@]}" \
+  timeout 120 "$bin" bench attention --op $op --causal --backend ${BENCH_BACKENDS:-cuda reference} "${shapes[@]}" \
     --blocks 16 --warmup 3 --iters 10 | grep '^{' | tee -a "$V/ours_lm.jsonl"
 done
 timeout 60 "$bin" bench attention --op gated_deltanet --causal --backend cuda "${shapes[@]}" \
@@ -41,7 +41,7 @@ if ls .whl/*.whl > /dev/null 2>&1; then
 fi
 export TRITON_CACHE_DIR=/tmp/triton_cache; mkdir -p "$TRITON_CACHE_DIR"
 [ -f .gpu_stage/triton_cache.tgz ] && tar xzf .gpu_stage/triton_cache.tgz -C "$TRITON_CACHE_DIR"
-OUT=$V timeout 200 python3 scripts/fla_linear_peer.py 2>&1 | grep '^{' | tee "$V/peers_lm.jsonl"
+[ "${SKIP_PEER:-0}" = 1 ] || OUT=$V timeout 200 python3 scripts/fla_linear_peer.py 2>&1 | grep '^{' | tee "$V/peers_lm.jsonl"
 tar czf "$V/triton_cache.tgz" -C "$TRITON_CACHE_DIR" . 2>/dev/null
 python3 scripts/lm_attention_table.py "$V/ours_lm.jsonl" "$V/peers_lm.jsonl" > "$V/attention_lm.md"
 

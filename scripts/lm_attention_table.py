@@ -35,8 +35,10 @@ columns = [
     ("softmax (ours, SDPA)", "ours", ("softmax", "reference")),
     ("fla linear", "peer", "fla_chunk_linear_attn"),
     ("linear reference", "ours", ("linear", "reference")),
+    ("linear cuda", "ours", ("linear", "cuda")),
     ("linear cuda_dense", "ours", ("linear", "cuda_dense")),
     ("MHLA reference", "ours", ("mhla", "reference")),
+    ("MHLA cuda", "ours", ("mhla", "cuda")),
     ("MHLA cuda_dense", "ours", ("mhla", "cuda_dense")),
     ("fla gated DeltaNet", "peer", "fla_chunk_gated_delta_rule"),
     ("gated DeltaNet reference", "ours", ("gated_deltanet", "reference")),
@@ -48,8 +50,9 @@ columns = [
 print("Causal attention, forward+backward ms, bf16, H = 8, D = 128, B·T = 32,768 (MHLA: 64-token "
       "blocks). Peers and ours from the same GPU run.\n")
 print("| T (B) | " + " | ".join(c[0] for c in columns) +
-      " | fla GDN / ours | fla KDA / ours | ours MHLA / ours linear | (ratios: our best backend) |")
-print("|" + "---|" * (len(columns) + 5))
+      " | fla GDN / ours | fla KDA / ours | ours MHLA / ours linear | fla linear / ours MHLA |"
+      " (ratios: our best backend) |")
+print("|" + "---|" * (len(columns) + 6))
 for n in sorted({r["N"] for r in ours}):
     def get(kind, key):
         return theirs.get((key, n)) if kind == "peer" else mine.get((key[0], key[1], n))
@@ -65,7 +68,8 @@ for n in sorted({r["N"] for r in ours}):
     print(f"| {n} ({b}) | " + " | ".join(row) +
           f" | {ratio(ms(theirs.get(('fla_chunk_gated_delta_rule', n)), 'fwdbwd_ms'), ms(gdn, 'fwd_bwd_ms'))}"
           f" | {ratio(ms(theirs.get(('fla_chunk_kda', n)), 'fwdbwd_ms'), ms(kda, 'fwd_bwd_ms'))}"
-          f" | {ratio(best('mhla'), best('linear'))} | |")
+          f" | {ratio(best('mhla'), best('linear'))}"
+          f" | {ratio(ms(theirs.get(('fla_chunk_linear_attn', n)), 'fwdbwd_ms'), best('mhla'))} | |")
 if errors:
     print("\nPeer errors: " + "; ".join(f"{r.get('op', '')} {r.get('N', '')}: {r['error'][:160]}"
                                        for r in errors))

@@ -69,8 +69,12 @@ void check_case(const CausalCase& c) {
       auto y = f64(x);
       return y - (y * mf).sum(1, true) / (mf * mf).sum(1, true) * mf;
     };
-    CHECK(test::relative_error(project(got.dm), project(expected.dm)) < 2e-2);
     CHECK(got.dm.triu(1).abs().max().item<double>() == 0.0);  // the upper triangle gets nothing
+    // With one block in use or M = 1 only the rows' own directions carry gradient: nothing left.
+    auto e = project(expected.dm);
+    if (e.norm().item<double>() > 1e-2 * expected.dm.norm().item<double>()) {
+      CHECK(test::relative_error(project(got.dm), e) < 2e-2);
+    }
   }
 }
 #endif
@@ -84,9 +88,11 @@ TEST_CASE("attention: causal block-linear kernels on small odd shapes", "[attent
     return;
   }
   torch::manual_seed(21);
-  // One partial block; a partial last block past M; M = 1; linear attention; D = 32 / 64 / 128.
+  // One partial block; a partial last block past M; M = 1; linear attention; D = 32 / 64 / 128;
+  // eleven blocks past M = 3 (the sliding row with a two-block window and the tail).
   for (const CausalCase& c : {CausalCase{1, 2, 40, 32, 4}, CausalCase{2, 3, 150, 64, 2},
-                              CausalCase{1, 1, 200, 128, 1}, CausalCase{2, 2, 130, 32, 0}}) {
+                              CausalCase{1, 1, 200, 128, 1}, CausalCase{2, 2, 130, 32, 0},
+                              CausalCase{1, 2, 900, 64, 3}}) {
     check_case(c);
   }
 #else

@@ -46,7 +46,8 @@ __device__ void gemm(const typename Mma<T>::elem* a, int lda, const typename Mma
 
 __host__ __device__ constexpr int blocks_of(int tokens) { return (tokens + kC - 1) / kC; }
 
-// The weights w_ij of the header (m == nullptr: linear attention, all ones).
+// The weights w_ij of the header (m == nullptr: linear attention, all ones). The prefix passes
+// read them through a shared-memory copy (RowWeights) in their inner loops.
 struct CausalWeights {
   const float* m;
   int M;
@@ -64,6 +65,21 @@ struct CausalWeights {
     return i < M ? i * M + i : (M - 1) * M + M - 1;
   }
 };
+
+// The mixing matrix in shared memory for the prefix sweeps: row(i)[-d] is w(i, i - d), d >= 1
+// (m_{i, i-d} inside the trained length, m_{M-1, M-1-d} for the sliding rows past it).
+struct RowWeights {
+  const float* ms;  // [M][M] in shared memory
+  int M;
+  __device__ __forceinline__ const float* row(int i) const {
+    return i < M ? ms + i * M + i : ms + (M - 1) * M + M - 1;
+  }
+};
+
+__device__ __forceinline__ void stage_mixing(const CausalWeights& mix, float* ms) {
+  if (mix.m == nullptr) return;
+  for (int i = threadIdx.x; i < mix.M * mix.M; i += kThreads) ms[i] = mix.m[i];
+}
 
 struct BlockWork {  // one 64-token block of one (batch, head)
   int bh, b, h, block, begin, valid;
@@ -140,19 +156,25 @@ __global__ void __launch_bounds__(kThreads) states_kernel(CausalBlockLinearForwa
 // j % W), R in a register: each state is read once and each prefix written once.
 __global__ void __launch_bounds__(kThreads)
     prefix_kernel(const float* states, float* prefix, CausalWeights mix, int blocks, int state) {
-  extern __shared__ __align__(128) float ring[];  // [W][kThreads]
-  const int e = blockIdx.x * kThreads + threadIdx.x;
-  if (e >= state) return;  // the ring is per thread: no barrier below
+  extern __shared__ __align__(128) float shared[];
   const int W = mix.window(), M = W + 1, t = threadIdx.x;
+  float* ms = shared;               // [M][M]
+  float* ring = shared + M * M;    // [W][kThreads]
+  stage_mixing(mix, ms);
+  __syncthreads();
+  const int e = blockIdx.x * kThreads + t;
+  if (e >= state) return;  // the ring is per thread: no barrier below
+  const RowWeights weights{ms, M};
   const size_t base = static_cast<size_t>(blockIdx.y) * blocks * state + e;
   const float tail = mix.tail();
   float r = 0.f;
   for (int i = 0; i < blocks; ++i) {
     float p = i >= M ? tail * r : 0.f;
     const int reach = min(i, W);
+    const float* w = weights.row(i);
     int slot = reach > 0 ? (i - 1) % W : 0;
     for (int d = 1; d <= reach; ++d) {
-      p += mix.at(i, i - d) * ring[slot * kThreads + t];
+      p += w[-d] * ring[slot * kThreads + t];
       slot = slot == 0 ? W - 1 : slot - 1;
     }
     prefix[base + static_cast<size_t>(i) * state] = p;
@@ -393,9 +415,12 @@ __global__ void __launch_bounds__(kThreads)
                            int state) {
   extern __shared__ __align__(128) float shared[];
   const int W = mix.window(), M = W + 1, t = threadIdx.x, lane = t % 32;
-  float* ring = shared;                            // [max(W, 1)][kThreads]
+  float* ms = shared;                              // [M][M]: the mixing matrix
+  float* ring = ms + M * M;                        // [max(W, 1)][kThreads]
   float* sliding = ring + max(W, 1) * kThreads;    // [M][kThreads]
-  float* dm = sliding + M * kThreads;              // [M][M]
+  float* dm = sliding + M * kThreads;              // [M][M], this CTA's sum
+  stage_mixing(mix, ms);
+  const RowWeights weights{ms, M};
   const bool mixes = mix.m != nullptr;
   for (int i = t; i < M * M; i += kThreads) dm[i] = 0.f;
   for (int k = 0; k < M; ++k) sliding[k * kThreads + t] = 0.f;
@@ -443,7 +468,7 @@ __global__ void __launch_bounds__(kThreads)
       float g = tail * u;
       int slot = reach > 0 ? (j + 1) % W : 0;
       for (int d = 1; d <= reach; ++d) {
-        g += mix.at(j + d, j) * ring[slot * kThreads + t];
+        g += weights.row(j + d)[-d] * ring[slot * kThreads + t];
         slot = slot == W - 1 ? 0 : slot + 1;
       }
       if (live) grad_states[base + static_cast<size_t>(j) * state] = g;
@@ -553,7 +578,8 @@ cudaError_t forward_for(const CausalBlockLinearForward& a, cudaStream_t stream) 
   if ((err = allow_smem(states_kernel<T, D>, states_bytes)) != cudaSuccess) return err;
   states_kernel<T, D><<<grid, kThreads, states_bytes, stream>>>(a);
   const int window = window_of(a.mixing, s.mixing_blocks);
-  const size_t ring_bytes = static_cast<size_t>(window > 0 ? window : 1) * kThreads * 4;
+  const size_t ring_bytes =
+      (static_cast<size_t>(window + 1) * (window + 1) + (window > 0 ? window : 1) * kThreads) * 4;
   if ((err = allow_smem(prefix_kernel, ring_bytes)) != cudaSuccess) return err;
   prefix_kernel<<<dim3((state + kThreads - 1) / kThreads, s.batch * s.heads), kThreads, ring_bytes,
                   stream>>>(a.states, a.prefix, CausalWeights{a.mixing, s.mixing_blocks}, blocks,
@@ -580,7 +606,7 @@ cudaError_t backward_for(const CausalBlockLinearBackward& a, cudaStream_t stream
   const int window = window_of(a.mixing, m);
   const int mm = window + 1;
   const size_t mix_bytes =
-      (static_cast<size_t>(window > 0 ? window : 1) * kThreads + mm * kThreads + mm * mm) * 4;
+      (static_cast<size_t>(window > 0 ? window : 1) * kThreads + mm * kThreads + 2 * mm * mm) * 4;
   if ((err = allow_smem(prefix_backward_kernel, mix_bytes)) != cudaSuccess) return err;
   const int items = s.batch * s.heads * ((state + kThreads - 1) / kThreads);
   const int ctas = items < 2 * multiprocessors() ? items : 2 * multiprocessors();
