@@ -1,6 +1,8 @@
 // Causal block linear attention (causal linear attention and causal MHLA), forward and backward.
 // One CTA per (batch*head, 64-token block) for the token passes; the prefix passes sweep the
 // blocks of one sequence per state element. See causal_block_linear.h for the math.
+#include <algorithm>
+
 #include "common/packed_access.cuh"
 #include "mhla/causal_block_linear.h"
 #include "mhla/state_tiles.cuh"
@@ -11,7 +13,8 @@ namespace {
 
 using namespace tiles;
 
-constexpr int kC = kCausalBlockTokens;  // tokens per block (== kTile: one tile per block)
+constexpr int kC = kCausalBlockTokens;
+constexpr size_t kMaxSharedBytes = 227 * 1024;  // tokens per block (== kTile: one tile per block)
 constexpr int kLdScore = kC + 4;        // fp32 64 x 64 tiles
 constexpr int kLdScoreE = kC + 8;       // 64 x 64 tiles of tensor-core elements
 static_assert(kC == kTile, "one shared-memory tile per causal block");
@@ -167,8 +170,10 @@ __global__ void __launch_bounds__(kThreads)
   const RowWeights weights{ms, M};
   const size_t base = static_cast<size_t>(blockIdx.y) * blocks * state + e;
   const float tail = mix.tail();
-  float r = 0.f;
+  float r = 0.f, s = states[base];
   for (int i = 0; i < blocks; ++i) {
+    // The next state is loaded before this one is used (the sweep is latency-bound otherwise).
+    const float s_next = i + 1 < blocks ? states[base + static_cast<size_t>(i + 1) * state] : 0.f;
     float p = i >= M ? tail * r : 0.f;
     const int reach = min(i, W);
     const float* w = weights.row(i);
@@ -178,7 +183,6 @@ __global__ void __launch_bounds__(kThreads)
       slot = slot == 0 ? W - 1 : slot - 1;
     }
     prefix[base + static_cast<size_t>(i) * state] = p;
-    const float s = states[base + static_cast<size_t>(i) * state];
     if (W == 0) {
       r += s;
     } else {
@@ -186,6 +190,7 @@ __global__ void __launch_bounds__(kThreads)
       if (i >= W) r += ring[at];  // S_{i-W} leaves the window
       ring[at] = s;
     }
+    s = s_next;
   }
 }
 
@@ -406,23 +411,26 @@ __global__ void __launch_bounds__(kThreads) query_backward_kernel(CausalBlockLin
   }
 }
 
-// dS_j = sum_{i > j} w(i, j) dP_i and dm, one state element per thread, for (batch*head, column)
-// items walked by persistent CTAs. dm: rows i < M pair by pair (warp sums into this CTA's copy),
-// the sliding rows i >= M by window offset in a per-thread column; added to grad_mixing once.
+// dS_j = sum_{i > j} w(i, j) dP_i, one state element per thread, for (batch*head, column) items
+// walked by persistent CTAs; and, past the trained length (blocks > M), the gradient of the
+// sliding row m_{M-1,:} by window offset in a per-thread shared-memory column, added to
+// grad_mixing once per CTA. The rows inside the trained length are the caller's (a GEMM over the
+// states: dm_ij += sum <dP_i, S_j> for j < i < M). Loads of the next block are issued before the
+// current one is used: the sweeps are latency-bound otherwise.
 __global__ void __launch_bounds__(kThreads)
     prefix_backward_kernel(const float* states, const float* grad_prefix, float* grad_states,
                            float* grad_mixing, CausalWeights mix, int batch_heads, int blocks,
                            int state) {
   extern __shared__ __align__(128) float shared[];
   const int W = mix.window(), M = W + 1, t = threadIdx.x, lane = t % 32;
-  float* ms = shared;                              // [M][M]: the mixing matrix
-  float* ring = ms + M * M;                        // [max(W, 1)][kThreads]
-  float* sliding = ring + max(W, 1) * kThreads;    // [M][kThreads]
-  float* dm = sliding + M * kThreads;              // [M][M], this CTA's sum
+  float* ms = shared;                            // [M][M]: the mixing matrix
+  float* ring = ms + M * M;                      // [max(W, 1)][kThreads]
+  float* sliding = ring + max(W, 1) * kThreads;  // [M][kThreads]
+  float* dm_row = sliding + M * kThreads;        // [M]: this CTA's sum for row M - 1
   stage_mixing(mix, ms);
   const RowWeights weights{ms, M};
-  const bool mixes = mix.m != nullptr;
-  for (int i = t; i < M * M; i += kThreads) dm[i] = 0.f;
+  const bool slides = mix.m != nullptr && blocks > M;
+  for (int k = t; k < M; k += kThreads) dm_row[k] = 0.f;
   for (int k = 0; k < M; ++k) sliding[k * kThreads + t] = 0.f;
   __syncthreads();
   const float tail = mix.tail();
@@ -431,26 +439,21 @@ __global__ void __launch_bounds__(kThreads)
     const int e = (item % columns) * kThreads + t;
     const bool live = e < state;
     const size_t base = static_cast<size_t>(item / columns) * blocks * state + (live ? e : 0);
-    if (mixes) {  // dm: the forward sweep again, with dP_i in place of the output.
-      float r = 0.f;
+    auto load = [&](const float* p, int i) {
+      return live && i >= 0 && i < blocks ? p[base + static_cast<size_t>(i) * state] : 0.f;
+    };
+    if (slides) {  // dm of the sliding rows: the forward sweep again, dP_i in place of the output.
+      float r = 0.f, x = load(grad_prefix, 0), s = load(states, 0);
       for (int i = 0; i < blocks; ++i) {
-        const float x = live ? grad_prefix[base + static_cast<size_t>(i) * state] : 0.f;
-        const int reach = min(i, W);
-        int slot = reach > 0 ? (i - 1) % W : 0;
-        if (i < M) {
-          for (int d = 1; d <= reach; ++d) {
-            const float v = warp_sum(x * ring[slot * kThreads + t]);
-            if (lane == 0) atomicAdd(dm + i * M + (i - d), v);
-            slot = slot == 0 ? W - 1 : slot - 1;
-          }
-        } else {
+        const float x_next = load(grad_prefix, i + 1), s_next = load(states, i + 1);
+        if (i >= M) {
+          int slot = W > 0 ? (i - 1) % W : 0;
           for (int d = 1; d <= W; ++d) {
             sliding[(M - 1 - d) * kThreads + t] += x * ring[slot * kThreads + t];
             slot = slot == 0 ? W - 1 : slot - 1;
           }
           sliding[t] += x * r;
         }
-        const float s = live ? states[base + static_cast<size_t>(i) * state] : 0.f;
         if (W == 0) {
           r += s;
         } else {
@@ -458,12 +461,14 @@ __global__ void __launch_bounds__(kThreads)
           if (i >= W) r += ring[at];
           ring[at] = s;
         }
+        x = x_next, s = s_next;
       }
     }
     // dS_j = sum_{d=1}^{W} w(j+d, j) dP_{j+d} + tail * U, U = sum_{i >= j+M} dP_i: a reverse sweep
     // with the next W prefix gradients in the ring.
-    float u = 0.f;
+    float u = 0.f, x = load(grad_prefix, blocks - 1);
     for (int j = blocks - 1; j >= 0; --j) {
+      const float x_next = load(grad_prefix, j - 1);
       const int reach = min(blocks - 1 - j, W);
       float g = tail * u;
       int slot = reach > 0 ? (j + 1) % W : 0;
@@ -472,7 +477,6 @@ __global__ void __launch_bounds__(kThreads)
         slot = slot == W - 1 ? 0 : slot + 1;
       }
       if (live) grad_states[base + static_cast<size_t>(j) * state] = g;
-      const float x = live ? grad_prefix[base + static_cast<size_t>(j) * state] : 0.f;
       if (W == 0) {
         u += x;
       } else {
@@ -480,17 +484,16 @@ __global__ void __launch_bounds__(kThreads)
         if (j + W <= blocks - 1) u += ring[at];  // dP_{j+W} leaves the window
         ring[at] = x;
       }
+      x = x_next;
     }
   }
-  if (!mixes) return;
+  if (!slides) return;
   for (int k = 0; k < M; ++k) {
     const float v = warp_sum(sliding[k * kThreads + t]);
-    if (lane == 0) atomicAdd(dm + (M - 1) * M + k, v);
+    if (lane == 0) atomicAdd(dm_row + k, v);
   }
   __syncthreads();
-  for (int i = t; i < M * M; i += kThreads) {
-    if (dm[i] != 0.f) atomicAdd(grad_mixing + i, dm[i]);
-  }
+  for (int k = t; k < M; k += kThreads) atomicAdd(grad_mixing + (M - 1) * M + k, dm_row[k]);
 }
 
 template <typename T, int D>
@@ -574,19 +577,25 @@ cudaError_t forward_for(const CausalBlockLinearForward& a, cudaStream_t stream) 
   const int blocks = blocks_of(s.tokens), state = Layout<T, D>::state;
   const dim3 grid(blocks, s.batch * s.heads);
   cudaError_t err = cudaSuccess;
-  constexpr size_t states_bytes = states_smem<T, D>();
-  if ((err = allow_smem(states_kernel<T, D>, states_bytes)) != cudaSuccess) return err;
-  states_kernel<T, D><<<grid, kThreads, states_bytes, stream>>>(a);
-  const int window = window_of(a.mixing, s.mixing_blocks);
-  const size_t ring_bytes =
-      (static_cast<size_t>(window + 1) * (window + 1) + (window > 0 ? window : 1) * kThreads) * 4;
-  if ((err = allow_smem(prefix_kernel, ring_bytes)) != cudaSuccess) return err;
-  prefix_kernel<<<dim3((state + kThreads - 1) / kThreads, s.batch * s.heads), kThreads, ring_bytes,
-                  stream>>>(a.states, a.prefix, CausalWeights{a.mixing, s.mixing_blocks}, blocks,
-                            state);
-  constexpr size_t output_bytes = output_smem<T, D>();
-  if ((err = allow_smem(output_kernel<T, D>, output_bytes)) != cudaSuccess) return err;
-  output_kernel<T, D><<<grid, kThreads, output_bytes, stream>>>(a);
+  if (a.passes & kCausalStatesPass) {
+    constexpr size_t bytes = states_smem<T, D>();
+    if ((err = allow_smem(states_kernel<T, D>, bytes)) != cudaSuccess) return err;
+    states_kernel<T, D><<<grid, kThreads, bytes, stream>>>(a);
+  }
+  if (a.passes & kCausalPrefixPass) {
+    const int window = window_of(a.mixing, s.mixing_blocks);
+    const size_t bytes =
+        (static_cast<size_t>(window + 1) * (window + 1) + (window > 0 ? window : 1) * kThreads) * 4;
+    if ((err = allow_smem(prefix_kernel, bytes)) != cudaSuccess) return err;
+    prefix_kernel<<<dim3((state + kThreads - 1) / kThreads, s.batch * s.heads), kThreads, bytes,
+                    stream>>>(a.states, a.prefix, CausalWeights{a.mixing, s.mixing_blocks}, blocks,
+                              state);
+  }
+  if (a.passes & kCausalOutputPass) {
+    constexpr size_t bytes = output_smem<T, D>();
+    if ((err = allow_smem(output_kernel<T, D>, bytes)) != cudaSuccess) return err;
+    output_kernel<T, D><<<grid, kThreads, bytes, stream>>>(a);
+  }
   return cudaGetLastError();
 }
 
@@ -597,25 +606,33 @@ cudaError_t backward_for(const CausalBlockLinearBackward& a, cudaStream_t stream
   const dim3 grid(blocks, s.batch * s.heads);
   const int m = s.mixing_blocks;
   cudaError_t err = cudaSuccess;
-  if (a.mixing != nullptr &&
-      (err = cudaMemsetAsync(a.grad_mixing, 0, sizeof(float) * m * m, stream)) != cudaSuccess)
-    return err;
-  constexpr size_t query_bytes = query_backward_smem<T, D>();
-  if ((err = allow_smem(query_backward_kernel<T, D>, query_bytes)) != cudaSuccess) return err;
-  query_backward_kernel<T, D><<<grid, kThreads, query_bytes, stream>>>(a);
-  const int window = window_of(a.mixing, m);
-  const int mm = window + 1;
-  const size_t mix_bytes =
-      (static_cast<size_t>(window > 0 ? window : 1) * kThreads + mm * kThreads + 2 * mm * mm) * 4;
-  if ((err = allow_smem(prefix_backward_kernel, mix_bytes)) != cudaSuccess) return err;
-  const int items = s.batch * s.heads * ((state + kThreads - 1) / kThreads);
-  const int ctas = items < 2 * multiprocessors() ? items : 2 * multiprocessors();
-  prefix_backward_kernel<<<ctas, kThreads, mix_bytes, stream>>>(
-      a.states, a.grad_prefix, a.grad_states, a.grad_mixing, CausalWeights{a.mixing, m},
-      s.batch * s.heads, blocks, state);
-  constexpr size_t key_bytes = key_backward_smem<T, D>();
-  if ((err = allow_smem(key_backward_kernel<T, D>, key_bytes)) != cudaSuccess) return err;
-  key_backward_kernel<T, D><<<grid, kThreads, key_bytes, stream>>>(a);
+  if (a.passes & kCausalQueryPass) {
+    if (a.mixing != nullptr &&
+        (err = cudaMemsetAsync(a.grad_mixing, 0, sizeof(float) * m * m, stream)) != cudaSuccess)
+      return err;
+    constexpr size_t bytes = query_backward_smem<T, D>();
+    if ((err = allow_smem(query_backward_kernel<T, D>, bytes)) != cudaSuccess) return err;
+    query_backward_kernel<T, D><<<grid, kThreads, bytes, stream>>>(a);
+  }
+  if (a.passes & kCausalPrefixPass) {
+    const int window = window_of(a.mixing, m), mm = window + 1;
+    const size_t bytes = (static_cast<size_t>(mm) * mm + (window > 0 ? window : 1) * kThreads +
+                          static_cast<size_t>(mm) * kThreads + mm) *
+                         4;
+    if ((err = allow_smem(prefix_backward_kernel, bytes)) != cudaSuccess) return err;
+    // As many resident CTAs as shared memory allows: each thread's sweep waits on its loads.
+    const int per_sm = static_cast<int>(std::max<size_t>(1, std::min<size_t>(8, kMaxSharedBytes / bytes)));
+    const int items = s.batch * s.heads * ((state + kThreads - 1) / kThreads);
+    const int ctas = std::min(items, per_sm * multiprocessors());
+    prefix_backward_kernel<<<ctas, kThreads, bytes, stream>>>(
+        a.states, a.grad_prefix, a.grad_states, a.grad_mixing, CausalWeights{a.mixing, m},
+        s.batch * s.heads, blocks, state);
+  }
+  if (a.passes & kCausalKeyPass) {
+    constexpr size_t bytes = key_backward_smem<T, D>();
+    if ((err = allow_smem(key_backward_kernel<T, D>, bytes)) != cudaSuccess) return err;
+    key_backward_kernel<T, D><<<grid, kThreads, bytes, stream>>>(a);
+  }
   return cudaGetLastError();
 }
 
@@ -631,8 +648,6 @@ struct BackwardPass {
     return backward_for<T, D>(a, s);
   }
 };
-
-constexpr size_t kMaxSharedBytes = 227 * 1024;
 
 }  // namespace
 

@@ -14,10 +14,14 @@
 // older history with m_{M-1,0}. The prefix pass therefore costs O(blocks x M) per state element,
 // whatever the sequence length.
 //
-// Five kernels: block states; the prefix (a sweep over blocks per state element); the output
-// (prefix product plus the masked intra-block product); in the backward a query pass (dq, dP_i,
-// the intra-block parts of dk and dv, dm_ii), the prefix backward (dS_j and dm) and a key pass
-// (dk, dv from dS_j plus the intra-block parts). Same conventions as block_linear_attention.h:
+// Six kernels, launched as passes (`passes` selects; the binding runs a GEMM in place of a prefix
+// pass where that is cheaper): forward: block states; the prefix (a sweep over blocks per state
+// element); the output (prefix product plus the masked intra-block product). Backward: a query
+// pass (dq, dP_i, the intra-block parts of dk and dv, dm_ii; it zeroes grad_mixing first), the
+// prefix backward (dS_j, and the sliding row's dm past the trained length) and a key pass (dk, dv
+// from dS_j plus the intra-block parts). The mixing gradient of the rows inside the trained
+// length, dm_ij = sum over batch, heads and elements of dP_i * S_j (j < i < M), is left to the
+// caller: one batched GEMM over the states (src/attention/causal_block_linear_cuda.cpp). Same conventions as block_linear_attention.h:
 // raw pointers, [B, T, H, D] views with a contiguous, 16-byte aligned last dimension, outputs
 // contiguous, fp32 accumulation, D in {32, 64, 128} (fp32 inputs: D <= 64), any T.
 #include <cstddef>
@@ -44,7 +48,13 @@ size_t causal_block_linear_state_floats(const CausalBlockLinearShape& shape);
 // Whether the kernels take the shape and dtype (the binding runs the reference otherwise).
 bool causal_block_linear_supported(const CausalBlockLinearShape& shape, DType dtype);
 
+// Pass selection (bitmasks).
+constexpr unsigned kCausalStatesPass = 1, kCausalPrefixPass = 2, kCausalOutputPass = 4;
+constexpr unsigned kCausalQueryPass = 1, kCausalKeyPass = 4;  // backward; prefix as above
+constexpr unsigned kCausalAllPasses = 7;
+
 struct CausalBlockLinearForward {
+  unsigned passes = kCausalAllPasses;
   CausalBlockLinearShape shape;
   DType dtype = DType::bf16;
   TokenTensor q, k, v;
@@ -55,6 +65,7 @@ struct CausalBlockLinearForward {
 };
 
 struct CausalBlockLinearBackward {
+  unsigned passes = kCausalAllPasses;
   CausalBlockLinearShape shape;
   DType dtype = DType::bf16;
   TokenTensor q, k, v, out, grad_out;

@@ -22,8 +22,18 @@ kernels::CausalBlockLinearShape causal_shape_of(const torch::Tensor& q,
           static_cast<int>(q.size(3)), mixing.numel() > 0 ? static_cast<int>(mixing.size(0)) : 1};
 }
 
+// The prefix mixing as one batched GEMM: [nb, nb] weights (each batch*head the same) times the
+// [BH, nb, E] states. Used inside the trained length, where the weights are the learned matrix's
+// top-left corner and nb <= M is small (GPT's whole context); cuBLAS does it in microseconds.
+torch::Tensor mix_blocks(const torch::Tensor& weights, const torch::Tensor& blocks) {
+  return torch::bmm(weights.unsqueeze(0).expand({blocks.size(0), weights.size(0), weights.size(1)}),
+                    blocks);
+}
+
 // Saves q, k, v, the output, the mixing matrix (empty: linear attention) and the fp32 block
-// states and prefixes.
+// states and prefixes. Inside the trained length (blocks <= M) the prefix mixing and its backward
+// are GEMMs here; past it (and for linear attention) the kernels' prefix sweeps run. The mixing
+// gradient of the rows inside the trained length is always a GEMM here (see the kernel header).
 class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLinearFunction> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q_in,
@@ -34,9 +44,9 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     const bool mixes = mixing_in.numel() > 0;
     auto mixing = mixes ? mixing_in.detach().to(torch::kFloat32).contiguous() : mixing_in;
     const auto shape = causal_shape_of(q, mixing);
-    auto floats = q.options().dtype(torch::kFloat32);
-    const auto state_floats = static_cast<int64_t>(kernels::causal_block_linear_state_floats(shape));
-    auto states = torch::empty({state_floats}, floats), prefix = torch::empty({state_floats}, floats);
+    const int64_t blocks = kernels::causal_blocks(shape.tokens);
+    const int64_t batch_heads = q.size(0) * q.size(2), d = q.size(3);
+    auto states = torch::empty({batch_heads, blocks, d * d + d}, q.options().dtype(torch::kFloat32));
     auto out = torch::empty(q.sizes(), v.options().memory_format(torch::MemoryFormat::Contiguous));
     kernels::CausalBlockLinearForward a;
     a.shape = shape;
@@ -45,10 +55,22 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     a.mixing = mixes ? mixing.data_ptr<float>() : nullptr;
     a.out = out.data_ptr();
     a.states = states.data_ptr<float>();
-    a.prefix = prefix.data_ptr<float>();
     const c10::cuda::CUDAGuard on_device(q.device());
     auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
-    check_launch(kernels::causal_block_linear_forward(a, stream), "causal block linear forward");
+    a.passes = kernels::kCausalStatesPass;
+    check_launch(kernels::causal_block_linear_forward(a, stream), "causal block linear states");
+    torch::Tensor prefix;
+    if (mixes && blocks <= mixing.size(0)) {
+      prefix = mix_blocks(mixing.narrow(0, 0, blocks).narrow(1, 0, blocks).tril(-1), states);
+    } else {
+      prefix = torch::empty_like(states);
+      a.prefix = prefix.data_ptr<float>();
+      a.passes = kernels::kCausalPrefixPass;
+      check_launch(kernels::causal_block_linear_forward(a, stream), "causal block linear prefix");
+    }
+    a.prefix = prefix.data_ptr<float>();
+    a.passes = kernels::kCausalOutputPass;
+    check_launch(kernels::causal_block_linear_forward(a, stream), "causal block linear output");
     ctx->save_for_backward({q, k, v, out, mixing, states, prefix});
     remember_input_dtypes(ctx, q_in, k_in);
     return out;
@@ -60,11 +82,12 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     auto q = saved[0], k = saved[1], v = saved[2], out = saved[3], mixing = saved[4];
     auto states = saved[5], prefix = saved[6];
     const bool mixes = mixing.numel() > 0;
+    const int64_t blocks = states.size(1);
     auto grad_out = readable(grads[0], v.scalar_type());
     auto contiguous = v.options().memory_format(torch::MemoryFormat::Contiguous);
     auto dq = torch::empty(q.sizes(), contiguous), dk = torch::empty(q.sizes(), contiguous);
     auto dv = torch::empty(q.sizes(), contiguous);
-    auto grad_prefix = torch::empty_like(states), grad_states = torch::empty_like(states);
+    auto grad_prefix = torch::empty_like(states);
     torch::Tensor dmixing;
     kernels::CausalBlockLinearBackward a;
     a.shape = causal_shape_of(q, mixing);
@@ -80,10 +103,32 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     a.prefix = prefix.data_ptr<float>();
     a.grad_q = dq.data_ptr(), a.grad_k = dk.data_ptr(), a.grad_v = dv.data_ptr();
     a.grad_prefix = grad_prefix.data_ptr<float>();
-    a.grad_states = grad_states.data_ptr<float>();
     const c10::cuda::CUDAGuard on_device(q.device());
     auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
-    check_launch(kernels::causal_block_linear_backward(a, stream), "causal block linear backward");
+    a.passes = kernels::kCausalQueryPass;
+    check_launch(kernels::causal_block_linear_backward(a, stream), "causal block linear query pass");
+    torch::Tensor grad_states;
+    if (mixes && blocks <= mixing.size(0)) {
+      // dS_j = sum_i w_ij dP_i.
+      grad_states = mix_blocks(mixing.narrow(0, 0, blocks).narrow(1, 0, blocks).tril(-1).t(),
+                               grad_prefix);
+    } else {
+      grad_states = torch::empty_like(states);
+      a.grad_states = grad_states.data_ptr<float>();
+      a.passes = kernels::kCausalPrefixPass;
+      check_launch(kernels::causal_block_linear_backward(a, stream),
+                   "causal block linear prefix backward");
+    }
+    a.grad_states = grad_states.data_ptr<float>();
+    a.passes = kernels::kCausalKeyPass;
+    check_launch(kernels::causal_block_linear_backward(a, stream), "causal block linear key pass");
+    if (mixes) {  // dm_ij += sum <dP_i, S_j> for j < i inside the trained length
+      const int64_t dense = std::min<int64_t>(blocks, mixing.size(0));
+      auto pairs = torch::bmm(grad_prefix.narrow(1, 0, dense),
+                              states.narrow(1, 0, dense).transpose(1, 2))
+                       .sum(0);
+      dmixing.narrow(0, 0, dense).narrow(1, 0, dense).add_(pairs.tril(-1));
+    }
     const auto [q_type, k_type] = input_dtypes(ctx);
     return {dq.to(q_type), dk.to(k_type), dv, dmixing};
   }
