@@ -8,7 +8,8 @@
 #      (scripts/fla_linear_peer.py) in the same call;
 #   3. 60-step GPT probes for linear and MHLA, reference against cuda;
 #   4. the GPT table's linear, MHLA and hybrid rows trained again with the kernels.
-# Run from the repository root after `source scripts/gpu_env.sh` (binaries from
+# BENCH_BACKENDS (default "cuda reference"), SKIP_PEER=1 and SKIP_REFERENCE=1 (no reference
+# probes) shorten a repeat call. Run from the repository root after `source scripts/gpu_env.sh` (binaries from
 # `scripts/stage_gpu.sh --binaries`; carry .gpu_stage, data/text and .whl). Results in
 # $OUT/causal.tgz.
 set -uo pipefail
@@ -18,7 +19,7 @@ tests=${MHLA_TESTS_BIN:-build-gpu/tests/mhla_tests}
 t0=$(date +%s); step() { echo "== $1 (t=$(( $(date +%s) - t0 ))s)"; }
 
 step tests
-timeout 200 "$tests" "[gpu]" > "$V/gpu_tests.txt" 2>&1; echo "gpu tests rc=$?"
+timeout 200 "$tests" "${TEST_FILTER:-[gpu]}" > "$V/gpu_tests.txt" 2>&1; echo "gpu tests rc=$?"
 tail -3 "$V/gpu_tests.txt"; grep -B5 -A25 FAILED "$V/gpu_tests.txt" | head -120
 if command -v compute-sanitizer > /dev/null; then
   timeout 120 compute-sanitizer --tool memcheck "$tests" "attention: causal block-linear kernels on small odd shapes" \
@@ -51,9 +52,11 @@ probe() {  # LABEL CONFIG ARGS...
   OUT="$V/probes" MHLA_BIN="$bin" STEPS=60 timeout 60 scripts/gpu_throughput_probe.sh "$*" |
     tee -a "$V/probes.jsonl"
 }
-probe gpt_linear_reference $G --set attention.type=linear --set attention.backend=reference
+if [ "${SKIP_REFERENCE:-0}" != 1 ]; then
+  probe gpt_linear_reference $G --set attention.type=linear --set attention.backend=reference
+  probe gpt_mhla_reference $G --set attention.type=mhla --set attention.backend=reference
+fi
 probe gpt_linear_cuda $G --set attention.type=linear
-probe gpt_mhla_reference $G --set attention.type=mhla --set attention.backend=reference
 probe gpt_mhla_cuda $G --set attention.type=mhla
 probe gpt_softmax $G
 

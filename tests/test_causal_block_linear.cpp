@@ -10,6 +10,7 @@
 
 #ifdef MHLA_WITH_CUDA_KERNELS
 #include "attention/causal_block_linear_cuda.h"
+#include "core/device.h"
 #endif
 
 using namespace mhla;
@@ -114,6 +115,38 @@ TEST_CASE("attention: causal block-linear kernels at the language-model head siz
                               CausalCase{1, 8, 2048, 128, 0}}) {
     check_case(c);
   }
+#else
+  WARN("built without the CUDA kernels: skipped");
+#endif
+}
+
+TEST_CASE("attention: causal block-linear kernels under bf16 autocast (the training step's setting)",
+          "[attention][gpu]") {
+#ifdef MHLA_WITH_CUDA_KERNELS
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device: skipped");
+    return;
+  }
+  torch::manual_seed(23);
+  // Inside the trained length the prefix mixing is a GEMM on fp32 states: autocast must not turn
+  // it into bf16 (it did once: "expected scalar type Float but found BFloat16").
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA);
+  auto q = torch::randn({2, 256, 4, 64}, cuda.dtype(torch::kBFloat16)).requires_grad_(true);
+  auto k = torch::randn({2, 256, 4, 64}, cuda.dtype(torch::kBFloat16)).requires_grad_(true);
+  auto v = torch::randn({2, 256, 4, 64}, cuda.dtype(torch::kBFloat16)).requires_grad_(true);
+  auto m = (torch::rand({4, 4}, cuda).tril() + 1e-5).requires_grad_(true);
+  torch::Tensor out;
+  {
+    AutocastScope autocast(torch::Device(torch::kCUDA), true);
+    out = causal_block_linear_cuda(q, k, v, m);
+  }
+  out.to(torch::kFloat32).square().sum().backward();
+  auto expected = causal_mhla_reference(q.detach().to(torch::kFloat64), k.detach().to(torch::kFloat64),
+                                        v.detach().to(torch::kFloat64), m.detach().to(torch::kFloat64));
+  CHECK(out.scalar_type() == torch::kBFloat16);
+  CHECK(test::relative_error(out, expected) < 5e-3);
+  CHECK(m.grad().defined());
+  CHECK(m.grad().isfinite().all().item<bool>());
 #else
   WARN("built without the CUDA kernels: skipped");
 #endif

@@ -26,6 +26,8 @@ kernels::CausalBlockLinearShape causal_shape_of(const torch::Tensor& q,
 // [BH, nb, E] states. Used inside the trained length, where the weights are the learned matrix's
 // top-left corner and nb <= M is small (GPT's whole context); cuBLAS does it in microseconds.
 torch::Tensor mix_blocks(const torch::Tensor& weights, const torch::Tensor& blocks) {
+  // fp32 in, fp32 out: the states stay fp32 under autocast (which would run bmm in bf16).
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   return torch::bmm(weights.unsqueeze(0).expand({blocks.size(0), weights.size(0), weights.size(1)}),
                     blocks);
 }
@@ -123,6 +125,7 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     a.passes = kernels::kCausalKeyPass;
     check_launch(kernels::causal_block_linear_backward(a, stream), "causal block linear key pass");
     if (mixes) {  // dm_ij += sum <dP_i, S_j> for j < i inside the trained length
+      c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
       const int64_t dense = std::min<int64_t>(blocks, mixing.size(0));
       auto pairs = torch::bmm(grad_prefix.narrow(1, 0, dense),
                               states.narrow(1, 0, dense).transpose(1, 2))
