@@ -308,7 +308,7 @@ TEST_CASE("delta rule: the chunk-recurrence kernels equal the reference loop, va
   }
 }
 
-TEST_CASE("delta rule: the product-form unit-lower solve equals the triangular solve",
+TEST_CASE("delta rule: the unit-lower solve inverts I + A, values and gradients",
           "[attention]") {
   auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
   for (int64_t c : {1, 2, 5, 16, 64}) {
@@ -321,14 +321,14 @@ TEST_CASE("delta rule: the product-form unit-lower solve equals the triangular s
     auto decay = torch::rand({3, 2, c, c}, f64);
     auto a = (beta * torch::matmul(k, k.transpose(-1, -2)) * decay).tril(-1).requires_grad_(true);
     auto rhs = torch::randn({3, 2, c, 24}, f64).requires_grad_(true);
-    auto solved = unit_lower_solve(a, rhs, false);
-    auto product = unit_lower_solve(a, rhs, true);
-    CHECK(test::relative_error(product, solved) < 1e-12);
+    auto solved = unit_lower_solve(a, rhs);
+    auto inverse = torch::matmul(torch::linalg_inv(torch::eye(c, f64) + a), rhs);
+    CHECK(test::relative_error(solved, inverse) < 1e-12);
     auto up = torch::randn_like(solved);
     auto grads_solved = torch::autograd::grad({(solved * up).sum()}, {a, rhs});
-    auto grads_product = torch::autograd::grad({(product * up).sum()}, {a, rhs});
-    CHECK(test::relative_error(grads_product[1], grads_solved[1]) < 1e-12);
+    auto grads_inverse = torch::autograd::grad({(inverse * up).sum()}, {a, rhs});
+    CHECK(test::relative_error(grads_solved[1], grads_inverse[1]) < 1e-12);
     // dA of the solve is dense; only its lower part is A's (strictly lower) gradient.
-    CHECK(test::relative_error(grads_product[0].tril(-1), grads_solved[0].tril(-1)) < 1e-12);
+    CHECK(test::relative_error(grads_solved[0].tril(-1), grads_inverse[0].tril(-1)) < 1e-12);
   }
 }

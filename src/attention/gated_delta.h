@@ -44,10 +44,7 @@ torch::Tensor delta_rule_step(torch::Tensor& state, const torch::Tensor& q, cons
                               const torch::Tensor& g, double scale);
 
 // (I + A)^-1 R for a strictly lower-triangular A [..., C, C] (the chunk's WY system): a batched
-// triangular solve, or with product_form the nilpotent series as log2(C) squarings and products,
-// (I - A)(I + A^2)(I + A^4)... (matmuls only). The two-argument form picks by the environment
-// (MHLA_DELTA_SOLVE=product; default: the triangular solve) for A/B timing on a GPU.
-torch::Tensor unit_lower_solve(const torch::Tensor& a, const torch::Tensor& rhs, bool product_form);
+// triangular solve with a unit diagonal.
 torch::Tensor unit_lower_solve(const torch::Tensor& a, const torch::Tensor& rhs);
 
 }  // namespace mhla
