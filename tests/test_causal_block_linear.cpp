@@ -35,7 +35,8 @@ Grads run(const torch::Tensor& q0, const torch::Tensor& k0, const torch::Tensor&
   if (kernel) {
     out = causal_block_linear_cuda(q, k, v, m);
   } else {
-    out = m.defined() ? causal_mhla_reference(q, k, v, m) : causal_linear_attention_reference(q, k, v);
+    out = m.defined() ? causal_mhla_reference(q, k, v, m)
+                      : causal_linear_attention_reference(q, k, v);
   }
   (out.to(torch::kFloat64) * grad_out).sum().backward();
   return {out.detach(), q.grad(), k.grad(), v.grad(), m.defined() ? m.grad() : torch::Tensor()};
@@ -91,9 +92,9 @@ TEST_CASE("attention: causal block-linear kernels on small odd shapes", "[attent
   torch::manual_seed(21);
   // One partial block; a partial last block past M; M = 1; linear attention; D = 32 / 64 / 128;
   // eleven blocks past M = 3 (the sliding row with a two-block window and the tail).
-  for (const CausalCase& c : {CausalCase{1, 2, 40, 32, 4}, CausalCase{2, 3, 150, 64, 2},
-                              CausalCase{1, 1, 200, 128, 1}, CausalCase{2, 2, 130, 32, 0},
-                              CausalCase{1, 2, 900, 64, 3}}) {
+  for (const CausalCase& c :
+       {CausalCase{1, 2, 40, 32, 4}, CausalCase{2, 3, 150, 64, 2}, CausalCase{1, 1, 200, 128, 1},
+        CausalCase{2, 2, 130, 32, 0}, CausalCase{1, 2, 900, 64, 3}}) {
     check_case(c);
   }
 #else
@@ -120,8 +121,9 @@ TEST_CASE("attention: causal block-linear kernels at the language-model head siz
 #endif
 }
 
-TEST_CASE("attention: causal block-linear kernels under bf16 autocast (the training step's setting)",
-          "[attention][gpu]") {
+TEST_CASE(
+    "attention: causal block-linear kernels under bf16 autocast (the training step's setting)",
+    "[attention][gpu]") {
 #ifdef MHLA_WITH_CUDA_KERNELS
   if (!torch::cuda::is_available()) {
     WARN("no CUDA device: skipped");
@@ -141,8 +143,9 @@ TEST_CASE("attention: causal block-linear kernels under bf16 autocast (the train
     out = causal_block_linear_cuda(q, k, v, m);
   }
   out.to(torch::kFloat32).square().sum().backward();
-  auto expected = causal_mhla_reference(q.detach().to(torch::kFloat64), k.detach().to(torch::kFloat64),
-                                        v.detach().to(torch::kFloat64), m.detach().to(torch::kFloat64));
+  auto expected =
+      causal_mhla_reference(q.detach().to(torch::kFloat64), k.detach().to(torch::kFloat64),
+                            v.detach().to(torch::kFloat64), m.detach().to(torch::kFloat64));
   CHECK(out.scalar_type() == torch::kBFloat16);
   CHECK(test::relative_error(out, expected) < 5e-3);
   CHECK(m.grad().defined());

@@ -15,8 +15,8 @@ using namespace tiles;
 
 constexpr int kC = kCausalBlockTokens;
 constexpr size_t kMaxSharedBytes = 227 * 1024;  // tokens per block (== kTile: one tile per block)
-constexpr int kLdScore = kC + 4;        // fp32 64 x 64 tiles
-constexpr int kLdScoreE = kC + 8;       // 64 x 64 tiles of tensor-core elements
+constexpr int kLdScore = kC + 4;                // fp32 64 x 64 tiles
+constexpr int kLdScoreE = kC + 8;               // 64 x 64 tiles of tensor-core elements
 static_assert(kC == kTile, "one shared-memory tile per causal block");
 
 // c [m][n] (fp32, ldc) = (or +=, when Accumulate) A x B for A [m][k] (lda; stored [k][m] when
@@ -47,7 +47,9 @@ __device__ void gemm(const typename Mma<T>::elem* a, int lda, const typename Mma
   }
 }
 
-__host__ __device__ constexpr int blocks_of(int tokens) { return (tokens + kC - 1) / kC; }
+__host__ __device__ constexpr int blocks_of(int tokens) {
+  return (tokens + kC - 1) / kC;
+}
 
 // The weights w_ij of the header (m == nullptr: linear attention, all ones). The prefix passes
 // read them through a shared-memory copy (RowWeights) in their inner loops.
@@ -161,8 +163,8 @@ __global__ void __launch_bounds__(kThreads)
     prefix_kernel(const float* states, float* prefix, CausalWeights mix, int blocks, int state) {
   extern __shared__ __align__(128) float shared[];
   const int W = mix.window(), M = W + 1, t = threadIdx.x;
-  float* ms = shared;               // [M][M]
-  float* ring = shared + M * M;    // [W][kThreads]
+  float* ms = shared;            // [M][M]
+  float* ring = shared + M * M;  // [W][kThreads]
   stage_mixing(mix, ms);
   __syncthreads();
   const int e = blockIdx.x * kThreads + t;
@@ -621,7 +623,8 @@ cudaError_t backward_for(const CausalBlockLinearBackward& a, cudaStream_t stream
                          4;
     if ((err = allow_smem(prefix_backward_kernel, bytes)) != cudaSuccess) return err;
     // As many resident CTAs as shared memory allows: each thread's sweep waits on its loads.
-    const int per_sm = static_cast<int>(std::max<size_t>(1, std::min<size_t>(8, kMaxSharedBytes / bytes)));
+    const int per_sm =
+        static_cast<int>(std::max<size_t>(1, std::min<size_t>(8, kMaxSharedBytes / bytes)));
     const int items = s.batch * s.heads * ((state + kThreads - 1) / kThreads);
     const int ctas = std::min(items, per_sm * multiprocessors());
     prefix_backward_kernel<<<ctas, kThreads, bytes, stream>>>(
@@ -651,7 +654,9 @@ struct BackwardPass {
 
 }  // namespace
 
-int causal_blocks(int tokens) { return blocks_of(tokens); }
+int causal_blocks(int tokens) {
+  return blocks_of(tokens);
+}
 
 size_t causal_block_linear_state_floats(const CausalBlockLinearShape& s) {
   return static_cast<size_t>(s.batch) * s.heads * blocks_of(s.tokens) *

@@ -48,7 +48,8 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     const auto shape = causal_shape_of(q, mixing);
     const int64_t blocks = kernels::causal_blocks(shape.tokens);
     const int64_t batch_heads = q.size(0) * q.size(2), d = q.size(3);
-    auto states = torch::empty({batch_heads, blocks, d * d + d}, q.options().dtype(torch::kFloat32));
+    auto states =
+        torch::empty({batch_heads, blocks, d * d + d}, q.options().dtype(torch::kFloat32));
     auto out = torch::empty(q.sizes(), v.options().memory_format(torch::MemoryFormat::Contiguous));
     kernels::CausalBlockLinearForward a;
     a.shape = shape;
@@ -108,12 +109,13 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     const c10::cuda::CUDAGuard on_device(q.device());
     auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
     a.passes = kernels::kCausalQueryPass;
-    check_launch(kernels::causal_block_linear_backward(a, stream), "causal block linear query pass");
+    check_launch(kernels::causal_block_linear_backward(a, stream),
+                 "causal block linear query pass");
     torch::Tensor grad_states;
     if (mixes && blocks <= mixing.size(0)) {
       // dS_j = sum_i w_ij dP_i.
-      grad_states = mix_blocks(mixing.narrow(0, 0, blocks).narrow(1, 0, blocks).tril(-1).t(),
-                               grad_prefix);
+      grad_states =
+          mix_blocks(mixing.narrow(0, 0, blocks).narrow(1, 0, blocks).tril(-1).t(), grad_prefix);
     } else {
       grad_states = torch::empty_like(states);
       a.grad_states = grad_states.data_ptr<float>();
@@ -127,9 +129,9 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     if (mixes) {  // dm_ij += sum <dP_i, S_j> for j < i inside the trained length
       c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
       const int64_t dense = std::min<int64_t>(blocks, mixing.size(0));
-      auto pairs = torch::bmm(grad_prefix.narrow(1, 0, dense),
-                              states.narrow(1, 0, dense).transpose(1, 2))
-                       .sum(0);
+      auto pairs =
+          torch::bmm(grad_prefix.narrow(1, 0, dense), states.narrow(1, 0, dense).transpose(1, 2))
+              .sum(0);
       dmixing.narrow(0, 0, dense).narrow(1, 0, dense).add_(pairs.tril(-1));
     }
     const auto [q_type, k_type] = input_dtypes(ctx);

@@ -25,8 +25,7 @@ void check_launch(cudaError_t err, const char* what);
 
 void remember_input_dtypes(torch::autograd::AutogradContext* ctx, const torch::Tensor& q,
                            const torch::Tensor& k);
-std::pair<torch::ScalarType, torch::ScalarType> input_dtypes(
-    torch::autograd::AutogradContext* ctx);
+std::pair<torch::ScalarType, torch::ScalarType> input_dtypes(torch::autograd::AutogradContext* ctx);
 
 }  // namespace mhla
 #endif
