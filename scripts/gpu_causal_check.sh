@@ -3,8 +3,8 @@
 # causal linear attention and causal MHLA, kernels/mhla/causal_block_linear):
 #   1. every [gpu] test case (the op-test harness now runs the causal kernels too); memcheck of
 #      the small-shape causal test;
-#   2. `mhla bench attention --causal` for linear and MHLA (cuda, reference) and gated DeltaNet
-#      (cuda) at the LM shapes, then fla's chunk_linear_attn timed by the peer script's functions
+#   2. `mhla bench attention --causal` for linear and MHLA (cuda, reference; MHLA also with
+#      MHLA_CAUSAL_MIX_GEMM=1 and =0) and gated DeltaNet (cuda) at the LM shapes, then fla's chunk_linear_attn timed by the peer script's functions
 #      (scripts/fla_linear_peer.py) in the same call;
 #   3. 60-step GPT probes for linear and MHLA, reference against cuda;
 #   4. the GPT table's linear, MHLA and hybrid rows trained again with the kernels.
@@ -21,6 +21,12 @@ t0=$(date +%s); step() { echo "== $1 (t=$(( $(date +%s) - t0 ))s)"; }
 step tests
 timeout 200 "$tests" "${TEST_FILTER:-[gpu]}" > "$V/gpu_tests.txt" 2>&1; echo "gpu tests rc=$?"
 tail -3 "$V/gpu_tests.txt"; grep -B5 -A25 FAILED "$V/gpu_tests.txt" | head -120
+# The prefix mixing by GEMM at every length, and by the kernels' sweep at every length (defaults:
+# GEMMs inside the trained length, the sweep past it): the causal tests under each.
+for mode in 1 0; do
+  MHLA_CAUSAL_MIX_GEMM=$mode timeout 120 "$tests" "*causal block-linear*" > "$V/tests_mix_gemm_$mode.txt" 2>&1
+  echo "causal tests with MHLA_CAUSAL_MIX_GEMM=$mode rc=$?: $(tail -2 "$V/tests_mix_gemm_$mode.txt" | head -1)"
+done
 if command -v compute-sanitizer > /dev/null; then
   timeout 120 compute-sanitizer --tool memcheck "$tests" "attention: causal block-linear kernels on small odd shapes" \
     > "$V/memcheck.txt" 2>&1
@@ -33,6 +39,11 @@ shapes=(--shape 16,8,2048,128 --shape 4,8,8192,128 --shape 1,8,32768,128)
 for op in linear mhla; do
   timeout 120 "$bin" bench attention --op $op --causal --backend ${BENCH_BACKENDS:-cuda reference} "${shapes[@]}" \
     --blocks 16 --warmup 3 --iters 10 | grep '^{' | tee -a "$V/ours_lm.jsonl"
+done
+for mode in 1 0; do  # the A/B of the prefix mixing (see above)
+  MHLA_CAUSAL_MIX_GEMM=$mode timeout 120 "$bin" bench attention --op mhla --causal --backend cuda \
+    "${shapes[@]}" --blocks 16 --warmup 3 --iters 10 | grep '^{' |
+    sed "s/^{/{\"mix_gemm\": $mode, /" | tee -a "$V/mix_gemm_ab.jsonl"
 done
 timeout 60 "$bin" bench attention --op gated_deltanet --causal --backend cuda "${shapes[@]}" \
   --warmup 2 --iters 5 | grep '^{' | tee -a "$V/ours_lm.jsonl"

@@ -2,6 +2,8 @@
 
 #ifdef MHLA_WITH_CUDA_KERNELS
 
+#include <cstring>
+
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -23,8 +25,8 @@ kernels::CausalBlockLinearShape causal_shape_of(const torch::Tensor& q,
 }
 
 // The prefix mixing as one batched GEMM: [nb, nb] weights (each batch*head the same) times the
-// [BH, nb, E] states. Used inside the trained length, where the weights are the learned matrix's
-// top-left corner and nb <= M is small (GPT's whole context); cuBLAS does it in microseconds.
+// [BH, nb, E] states. Inside the trained length (nb <= M: GPT's whole context) it is the default;
+// cuBLAS does it in microseconds.
 torch::Tensor mix_blocks(const torch::Tensor& weights, const torch::Tensor& blocks) {
   // fp32 in, fp32 out: the states stay fp32 under autocast (which would run bmm in bf16).
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
@@ -32,10 +34,33 @@ torch::Tensor mix_blocks(const torch::Tensor& weights, const torch::Tensor& bloc
                     blocks);
 }
 
+// Where the prefix mixing runs. Unset: GEMMs inside the trained length, the kernels' sweep past it.
+// MHLA_CAUSAL_MIX_GEMM=1: GEMMs at every length (past the trained length with the expanded
+// matrix of the long-sequence policy, O(blocks^2) per state element); =0: the sweep everywhere.
+// For timing the two against each other on a GPU.
+bool mix_by_gemm(int64_t blocks, int64_t trained_blocks) {
+  static const int choice = [] {
+    const char* value = std::getenv("MHLA_CAUSAL_MIX_GEMM");
+    if (value == nullptr) return -1;
+    if (std::strcmp(value, "0") == 0) return 0;
+    return std::strcmp(value, "1") == 0 ? 1 : -1;
+  }();
+  return choice < 0 ? blocks <= trained_blocks : choice == 1;
+}
+
+// The strictly lower weights w_ij (j < i) of `blocks` blocks: the learned matrix's corner inside
+// the trained length, the policy's expansion past it.
+torch::Tensor strict_weights(const torch::Tensor& mixing, int64_t blocks) {
+  if (blocks <= mixing.size(0)) return mixing.narrow(0, 0, blocks).narrow(1, 0, blocks).tril(-1);
+  return causal_mixing_matrix(mixing, blocks).tril(-1);
+}
+
 // Saves q, k, v, the output, the mixing matrix (empty: linear attention) and the fp32 block
-// states and prefixes. Inside the trained length (blocks <= M) the prefix mixing and its backward
-// are GEMMs here; past it (and for linear attention) the kernels' prefix sweeps run. The mixing
-// gradient of the rows inside the trained length is always a GEMM here (see the kernel header).
+// states and prefixes. The prefix mixing and its backward are GEMMs here or the kernels' sweeps
+// (mix_by_gemm; linear attention always sweeps: a running sum). The mixing gradient of the rows
+// inside the trained length is a GEMM here in both cases (see the kernel header); past it the
+// sweep adds the sliding row's, or the GEMM path maps the expanded matrix's gradient back through
+// causal_mixing_matrix.
 class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLinearFunction> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q_in,
@@ -63,8 +88,8 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     a.passes = kernels::kCausalStatesPass;
     check_launch(kernels::causal_block_linear_forward(a, stream), "causal block linear states");
     torch::Tensor prefix;
-    if (mixes && blocks <= mixing.size(0)) {
-      prefix = mix_blocks(mixing.narrow(0, 0, blocks).narrow(1, 0, blocks).tril(-1), states);
+    if (mixes && mix_by_gemm(blocks, mixing.size(0))) {
+      prefix = mix_blocks(strict_weights(mixing, blocks), states);
     } else {
       prefix = torch::empty_like(states);
       a.prefix = prefix.data_ptr<float>();
@@ -112,10 +137,10 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     check_launch(kernels::causal_block_linear_backward(a, stream),
                  "causal block linear query pass");
     torch::Tensor grad_states;
-    if (mixes && blocks <= mixing.size(0)) {
+    const bool by_gemm = mixes && mix_by_gemm(blocks, mixing.size(0));
+    if (by_gemm) {
       // dS_j = sum_i w_ij dP_i.
-      grad_states =
-          mix_blocks(mixing.narrow(0, 0, blocks).narrow(1, 0, blocks).tril(-1).t(), grad_prefix);
+      grad_states = mix_blocks(strict_weights(mixing, blocks).t(), grad_prefix);
     } else {
       grad_states = torch::empty_like(states);
       a.grad_states = grad_states.data_ptr<float>();
@@ -126,13 +151,24 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     a.grad_states = grad_states.data_ptr<float>();
     a.passes = kernels::kCausalKeyPass;
     check_launch(kernels::causal_block_linear_backward(a, stream), "causal block linear key pass");
-    if (mixes) {  // dm_ij += sum <dP_i, S_j> for j < i inside the trained length
+    if (mixes) {
       c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-      const int64_t dense = std::min<int64_t>(blocks, mixing.size(0));
-      auto pairs =
-          torch::bmm(grad_prefix.narrow(1, 0, dense), states.narrow(1, 0, dense).transpose(1, 2))
-              .sum(0);
-      dmixing.narrow(0, 0, dense).narrow(1, 0, dense).add_(pairs.tril(-1));
+      const int64_t trained = mixing.size(0);
+      if (by_gemm && blocks > trained) {
+        // dw_ij = sum <dP_i, S_j> for every j < i, mapped back to the learned matrix through the
+        // policy's expansion (its autograd graph, rebuilt on a detached copy).
+        auto dw = torch::bmm(grad_prefix, states.transpose(1, 2)).sum(0).tril(-1);
+        torch::AutoGradMode grad_on(true);
+        auto leaf = mixing.detach().requires_grad_(true);
+        auto expanded = strict_weights(leaf, blocks);
+        dmixing.add_(torch::autograd::grad({expanded}, {leaf}, {dw})[0]);
+      } else {  // dm_ij += sum <dP_i, S_j> for j < i inside the trained length
+        const int64_t dense = std::min<int64_t>(blocks, trained);
+        auto pairs =
+            torch::bmm(grad_prefix.narrow(1, 0, dense), states.narrow(1, 0, dense).transpose(1, 2))
+                .sum(0);
+        dmixing.narrow(0, 0, dense).narrow(1, 0, dense).add_(pairs.tril(-1));
+      }
     }
     const auto [q_type, k_type] = input_dtypes(ctx);
     return {dq.to(q_type), dk.to(k_type), dv, dmixing};
