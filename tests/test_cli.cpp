@@ -188,6 +188,43 @@ TEST_CASE("cli: train, eval, a truncated checkpoint, and an existing run name", 
   CHECK(contains(error_line(truncated.output), "truncated"));
 }
 
+TEST_CASE("cli: a classifier trained with an EMA is evaluated with it, the trained weights beside",
+          "[cli]") {
+  test::TempDir dir("cli-ema");
+  const auto cwd = dir.str();
+  test::write_text(dir.path() / "tiny.yaml", kTiny);
+  auto train = test::run_mhla("train tiny.yaml --set run.name=ema --set train.ema_decay=0.9", cwd);
+  INFO(train.output);
+  REQUIRE(train.exit_code == 0);
+  CHECK(contains(train.output, "with the EMA weights"));
+  nlohmann::json eval_record;
+  std::ifstream metrics(dir.path() / "runs" / "ema" / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    auto record = nlohmann::json::parse(line);
+    if (record.contains("eval")) eval_record = record["eval"];
+  }
+  REQUIRE(eval_record.contains("accuracy_trained"));
+  CHECK(eval_record["weights"] == "ema");
+  // An average of different weights: the two models are not the same function.
+  CHECK(eval_record["loss"].get<double>() != eval_record["loss_trained"].get<double>());
+
+  auto json_of = [](const test::ProcessResult& r) {
+    return nlohmann::json::parse(r.output.substr(r.output.rfind("{\"")));
+  };
+  auto ema = test::run_mhla("eval runs/ema --set data.test_limit=100", cwd);
+  REQUIRE(ema.exit_code == 0);
+  auto ema_json = json_of(ema);
+  CHECK(ema_json["weights"] == "ema");
+  CHECK(ema_json["accuracy"].get<double>() == Approx(eval_record["accuracy"].get<double>()));
+  CHECK(ema_json["loss"].get<double>() == Approx(eval_record["loss"].get<double>()).epsilon(1e-6));
+  auto raw = test::run_mhla("eval runs/ema --set data.test_limit=100 --raw-weights", cwd);
+  REQUIRE(raw.exit_code == 0);
+  auto raw_json = json_of(raw);
+  CHECK(raw_json["weights"] == "trained");
+  CHECK(raw_json["loss"].get<double>() ==
+        Approx(eval_record["loss_trained"].get<double>()).epsilon(1e-6));
+}
+
 TEST_CASE("cli: SIGTERM writes a checkpoint and exits; --resume finishes the run", "[cli]") {
   test::TempDir dir("cli-signal");
   test::write_text(dir.path() / "long.yaml",

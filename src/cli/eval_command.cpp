@@ -83,12 +83,23 @@ int run_eval(const EvalArgs& args) {
   if (config.train.threads > 0) torch::set_num_threads(static_cast<int>(config.train.threads));
   const auto& entry = model_registry().get(config.model.name);
   auto model = entry.make(config);
-  load_model_weights(*model, checkpoint.weights, checkpoint.dir + "/model.safetensors");
+  // Classifiers trained with an EMA are evaluated with it, as during training (--raw-weights: the
+  // trained weights); other tasks evaluate the trained weights here.
+  const bool use_ema =
+      entry.task == "classification" && !checkpoint.ema.empty() && !args.raw_weights;
+  TensorMap weights = checkpoint.weights;
+  if (use_ema) {
+    for (const auto& [name, tensor] : checkpoint.ema) weights[name] = tensor;
+  }
+  load_model_weights(*model, weights,
+                     checkpoint.dir + (use_ema ? "/ema.safetensors" : "/model.safetensors"));
   model->to(device);
   auto task = task_registry().get(entry.task).make(config, device);
   auto report = task->evaluate(*model);
-  logger().info("{} (step {}): {}", checkpoint.dir, checkpoint.state.step, report.summary);
+  logger().info("{} (step {}, {} weights): {}", checkpoint.dir, checkpoint.state.step,
+                use_ema ? "EMA" : "trained", report.summary);
   nlohmann::json out = report.metrics;
+  out["weights"] = use_ema ? "ema" : "trained";
   out["checkpoint"] = checkpoint.dir;
   out["step"] = checkpoint.state.step;
   out["device"] = device.str();
@@ -128,7 +139,7 @@ Command add_eval_command(CLI::App& parent) {
       "--fid-network", args->fid_network,
       "--fid: feature network run folder (default: the config's diffusion.fid_network)");
   app->add_flag("--raw-weights", args->raw_weights,
-                "--fid: sample with the trained weights, not the EMA");
+                "use the trained weights, not the EMA (--fid sampling; classifiers' accuracy)");
   return {app, [args] { return run_eval(*args); }};
 }
 

@@ -261,7 +261,8 @@ class Schema {
     boolean("train.ema_warmup", &t.ema_warmup,
             "ramp the EMA decay as min(ema_decay, (1 + n) / (10 + n)) over the first n updates");
     real("train.ema_decay", &t.ema_decay, 0, 0.999999,
-         "EMA of the weights after every step (0 = off); saved as ema.safetensors");
+         "EMA of the weights after every step (0 = off); saved as ema.safetensors; diffusion "
+         "samples with it, classifiers are evaluated with it (trained weights' accuracy beside)");
 
     auto& f = c_.diffusion;
     text("diffusion.schedule", &f.schedule, {"linear", "cosine"}, "", "DDPM beta schedule");

@@ -15,6 +15,7 @@
 #include "image/png_writer.h"
 #include "models/dit.h"
 #include "train/checkpoint.h"
+#include "train/ema.h"
 #include "train/task.h"
 
 namespace mhla {
@@ -186,13 +187,7 @@ class DiffusionTask : public Task {
     std::shared_ptr<Model> ema_model;
     Model* sampler = &model;
     if (sampling_weights_) {
-      ema_model = model_registry().get(config_.model.name).make(config_);
-      // The EMA covers the parameters and buffers it tracks; the rest (fixed buffers) as trained.
-      TensorMap weights = model_tensors(model);
-      for (auto& [name, tensor] : sampling_weights_()) weights[name] = tensor;
-      load_model_weights(*ema_model, weights, "EMA weights");
-      ema_model->to(device_);
-      ema_model->eval();
+      ema_model = model_with_ema(model, config_, sampling_weights_(), device_);
       sampler = ema_model.get();
     }
     GenerateOptions options;

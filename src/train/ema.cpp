@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "train/checkpoint.h"
 
 namespace mhla {
 
@@ -42,6 +43,17 @@ void Ema::load(const TensorMap& tensors, const std::string& file) {
     if (it->second.sizes() != shadow_[i].sizes()) fail("{}: EMA tensor '{}' has the wrong shape", file, names_[i]);
     shadow_[i].copy_(it->second);
   }
+}
+
+std::shared_ptr<Model> model_with_ema(Model& trained, const Config& config, const TensorMap& ema,
+                                      const torch::Device& device) {
+  auto model = model_registry().get(config.model.name).make(config);
+  TensorMap weights = model_tensors(trained);
+  for (const auto& [name, tensor] : ema) weights[name] = tensor;
+  load_model_weights(*model, weights, "EMA weights");
+  model->to(device);
+  model->eval();
+  return model;
 }
 
 }  // namespace mhla

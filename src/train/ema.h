@@ -1,11 +1,13 @@
 #pragma once
 // Exponential moving average of a model's parameters (and a copy of its buffers):
 // ema = decay * ema + (1 - decay) * param after every optimizer step. Saved in checkpoints as
-// ema.safetensors; generators evaluate and sample with it.
+// ema.safetensors; generators sample with it and classifiers are evaluated with it (the trained
+// weights' accuracy reported beside).
 #include <string>
 
 #include <torch/torch.h>
 
+#include "core/config.h"
 #include "models/model.h"
 #include "train/safetensors.h"
 
@@ -29,5 +31,10 @@ class Ema {
   std::vector<std::string> names_;
   std::vector<torch::Tensor> shadow_;
 };
+
+// A fresh model of config.model.name holding `trained`'s tensors with the EMA's in place of those
+// it tracks (the rest, fixed buffers, as trained), on `device`, in eval mode.
+std::shared_ptr<Model> model_with_ema(Model& trained, const Config& config, const TensorMap& ema,
+                                      const torch::Device& device);
 
 }  // namespace mhla
