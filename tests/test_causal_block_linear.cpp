@@ -97,6 +97,12 @@ TEST_CASE("attention: causal block-linear kernels on small odd shapes", "[attent
         CausalCase{2, 2, 130, 32, 0}, CausalCase{1, 2, 900, 64, 3}}) {
     check_case(c);
   }
+  // A mixing matrix left on the host is refused by name, not read through a host pointer.
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  auto q = torch::randn({1, 64, 2, 32}, cuda);
+  auto host_mixing = torch::rand({4, 4}).tril();
+  CHECK(test::contains(test::error_of([&] { causal_block_linear_cuda(q, q, q, host_mixing); }),
+                       "mhla (cuda, causal): the mixing matrix is on cpu but q is on cuda:0"));
 #else
   WARN("built without the CUDA kernels: skipped");
 #endif

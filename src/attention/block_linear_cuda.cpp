@@ -36,6 +36,7 @@ void check_inputs(const char* op, const torch::Tensor& q, const torch::Tensor& k
   }
   if (q.size(0) * q.size(2) > 65535)
     fail("{} (cuda): B*H = {} exceeds 65535", op, q.size(0) * q.size(2));
+  check_same_device(fmt::format("{} (cuda)", op), q, {{"k", k}, {"v", v}});
 }
 
 // Causal cuda_dense falls back to the reference for what the kernels do not take, so only
@@ -376,6 +377,7 @@ torch::Tensor mhla_cuda(const torch::Tensor& q, const torch::Tensor& k, const to
       args.mixing.size(1) != args.blocks) {
     fail("mhla (cuda): mixing must be [blocks, blocks] = [{}, {}]", args.blocks, args.blocks);
   }
+  check_same_device("mhla (cuda)", q, {{"the mixing matrix", args.mixing}});
   return block_linear_resident_or_states(q, k, v, args.mixing, args.blocks);
 }
 
@@ -398,6 +400,7 @@ torch::Tensor mhla_cuda_dense(const torch::Tensor& q, const torch::Tensor& k,
         args.mixing.size(0) != args.mixing.size(1)) {
       fail("mhla (cuda_dense): the causal mixing matrix must be square");
     }
+    check_same_device("mhla (cuda_dense, causal)", q, {{"the mixing matrix", args.mixing}});
     return causal_dense_or_reference(q, k, v, args.mixing);
   }
   check_inputs("mhla", q, k, v, args.blocks);
@@ -405,6 +408,7 @@ torch::Tensor mhla_cuda_dense(const torch::Tensor& q, const torch::Tensor& k,
       args.mixing.size(1) != args.blocks) {
     fail("mhla (cuda_dense): mixing must be [blocks, blocks] = [{}, {}]", args.blocks, args.blocks);
   }
+  check_same_device("mhla (cuda_dense)", q, {{"the mixing matrix", args.mixing}});
   return block_linear_dense_or_states(q, k, v, args.mixing, args.blocks);
 }
 

@@ -194,6 +194,8 @@ torch::Tensor causal_block_linear_cuda(const torch::Tensor& q, const torch::Tens
   }
   if (!q.is_cuda() || !k.is_cuda() || !v.is_cuda())
     fail("{} (cuda, causal): inputs must be on a CUDA device", op);
+  check_same_device(fmt::format("{} (cuda, causal)", op), q,
+                    {{"k", k}, {"v", v}, {"the mixing matrix", mixing}});
   if (mixing.defined() && (mixing.dim() != 2 || mixing.size(0) != mixing.size(1))) {
     fail("mhla (cuda, causal): the mixing matrix must be square, got {}", c10::str(mixing.sizes()));
   }

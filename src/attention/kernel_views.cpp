@@ -35,6 +35,15 @@ void check_launch(cudaError_t err, const char* what) {
   if (err != cudaSuccess) fail("{}: CUDA error: {}", what, cudaGetErrorString(err));
 }
 
+void check_same_device(const std::string& op, const torch::Tensor& q,
+                       std::initializer_list<std::pair<const char*, torch::Tensor>> others) {
+  for (const auto& [name, t] : others) {
+    if (t.defined() && t.device() != q.device()) {
+      fail("{}: {} is on {} but q is on {}", op, name, t.device().str(), q.device().str());
+    }
+  }
+}
+
 // The kernels compute in v's dtype; q and k may arrive in another (autocast), and their
 // gradients go back in the dtype they came in.
 void remember_input_dtypes(torch::autograd::AutogradContext* ctx, const torch::Tensor& q,

@@ -4,6 +4,8 @@
 // launch check that names the op, and the input dtypes an autograd function sends its gradients
 // back in (the kernels compute in v's dtype; q and k may arrive in another under autocast).
 #ifdef MHLA_WITH_CUDA_KERNELS
+#include <initializer_list>
+#include <string>
 #include <utility>
 
 #include <cuda_runtime.h>
@@ -22,6 +24,11 @@ torch::Tensor readable(const torch::Tensor& t, torch::ScalarType dtype);
 mhla_kernels::TokenTensor view_of(const torch::Tensor& t);
 
 void check_launch(cudaError_t err, const char* what);
+
+// Fails, naming the op and the tensor, unless every defined tensor is on q's device (a kernel
+// handed a pointer from another device or from the host reads garbage or faults).
+void check_same_device(const std::string& op, const torch::Tensor& q,
+                       std::initializer_list<std::pair<const char*, torch::Tensor>> others);
 
 void remember_input_dtypes(torch::autograd::AutogradContext* ctx, const torch::Tensor& q,
                            const torch::Tensor& k);
