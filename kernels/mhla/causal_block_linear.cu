@@ -658,11 +658,6 @@ int causal_blocks(int tokens) {
   return blocks_of(tokens);
 }
 
-size_t causal_block_linear_state_floats(const CausalBlockLinearShape& s) {
-  return static_cast<size_t>(s.batch) * s.heads * blocks_of(s.tokens) *
-         (static_cast<size_t>(s.head_dim) * s.head_dim + s.head_dim);
-}
-
 bool causal_block_linear_supported(const CausalBlockLinearShape& s, DType dtype) {
   const bool dim_ok = s.head_dim == 32 || s.head_dim == 64 || s.head_dim == 128;
   // fp32 tiles at D = 128 need more shared memory than an SM has (the query pass: ~390 KB).

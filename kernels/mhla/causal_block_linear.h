@@ -41,10 +41,9 @@ struct CausalBlockLinearShape {
   int mixing_blocks = 1;  // M of the learned matrix; 1 (with mixing == nullptr) for linear
 };
 
-// Blocks of one sequence, ceil(T / 64), and floats of one set of states (S and z of every batch,
-// head and block): B * H * blocks * (D * D + D).
+// Blocks of one sequence, ceil(T / 64). A set of states (S and z of every batch, head and block)
+// is B * H * blocks * (D * D + D) floats, laid out [B * H, blocks, D * D + D].
 int causal_blocks(int tokens);
-size_t causal_block_linear_state_floats(const CausalBlockLinearShape& shape);
 
 // Whether the kernels take the shape and dtype (the binding runs the reference otherwise).
 bool causal_block_linear_supported(const CausalBlockLinearShape& shape, DType dtype);
@@ -61,8 +60,8 @@ struct CausalBlockLinearForward {
   TokenTensor q, k, v;
   const float* mixing = nullptr;  // [M, M] fp32 lower triangular, or nullptr (linear attention)
   void* out = nullptr;            // [B, T, H, D] contiguous
-  float* states = nullptr;        // state floats: S_j, kept for the backward pass
-  float* prefix = nullptr;        // state floats: P_i, kept for the backward pass
+  float* states = nullptr;        // a set of states: S_j, kept for the backward pass
+  float* prefix = nullptr;        // a set of states: P_i, kept for the backward pass
 };
 
 struct CausalBlockLinearBackward {
@@ -77,8 +76,8 @@ struct CausalBlockLinearBackward {
   void* grad_k = nullptr;
   void* grad_v = nullptr;
   float* grad_mixing = nullptr;  // [M, M] fp32, overwritten (summed over batch and heads)
-  float* grad_prefix = nullptr;  // workspace, state floats
-  float* grad_states = nullptr;  // workspace, state floats
+  float* grad_prefix = nullptr;  // a set of states (workspace)
+  float* grad_states = nullptr;  // a set of states (workspace)
 };
 
 // cudaSuccess or the first launch error; cudaErrorInvalidValue for a shape the kernels do not take.
