@@ -405,26 +405,33 @@ cudaError_t forward_for(const BlockLinearForward& a, cudaStream_t stream) {
   const dim3 grid(s.blocks * chunks, s.batch * s.heads);
   const size_t state_bytes = block_linear_state_floats(s) * sizeof(float);
   cudaError_t err = cudaSuccess;
-  if (chunks > 1 && (err = cudaMemsetAsync(a.states, 0, state_bytes, stream)) != cudaSuccess)
-    return err;
-  constexpr size_t states_bytes = states_smem<T, D>();
-  if ((err = allow_smem(states_kernel<T, D>, states_bytes)) != cudaSuccess) return err;
-  states_kernel<T, D><<<grid, kThreads, states_bytes, stream>>>(a, chunks);
-  if (a.mixing != nullptr) {
-    const int state = Layout<T, D>::state;
-    const size_t mix_bytes =
-        (static_cast<size_t>(s.blocks) * s.blocks + static_cast<size_t>(s.blocks) * kThreads) * 4;
-    if ((err = allow_smem(mix_kernel, mix_bytes)) != cudaSuccess) return err;
-    mix_kernel<<<dim3((state + kThreads - 1) / kThreads, s.batch * s.heads), kThreads, mix_bytes,
-                 stream>>>(a.states, a.mixing, a.mixed, s.blocks, state);
-  } else if (a.mixed != a.states) {
-    if ((err = cudaMemcpyAsync(a.mixed, a.states, state_bytes, cudaMemcpyDeviceToDevice, stream)) !=
-        cudaSuccess)
+  if (a.passes & kBlockStatesPass) {
+    if (chunks > 1 && (err = cudaMemsetAsync(a.states, 0, state_bytes, stream)) != cudaSuccess)
       return err;
+    constexpr size_t states_bytes = states_smem<T, D>();
+    if ((err = allow_smem(states_kernel<T, D>, states_bytes)) != cudaSuccess) return err;
+    states_kernel<T, D><<<grid, kThreads, states_bytes, stream>>>(a, chunks);
   }
-  constexpr size_t output_bytes = output_smem<T, D>();
-  if ((err = allow_smem(output_kernel<T, D>, output_bytes)) != cudaSuccess) return err;
-  output_kernel<T, D><<<grid, kThreads, output_bytes, stream>>>(a, chunks);
+  if (a.passes & kBlockMixPass) {
+    if (a.mixing != nullptr) {
+      const int state = Layout<T, D>::state;
+      const size_t mix_bytes =
+          (static_cast<size_t>(s.blocks) * s.blocks + static_cast<size_t>(s.blocks) * kThreads) *
+          4;
+      if ((err = allow_smem(mix_kernel, mix_bytes)) != cudaSuccess) return err;
+      mix_kernel<<<dim3((state + kThreads - 1) / kThreads, s.batch * s.heads), kThreads,
+                   mix_bytes, stream>>>(a.states, a.mixing, a.mixed, s.blocks, state);
+    } else if (a.mixed != a.states) {
+      if ((err = cudaMemcpyAsync(a.mixed, a.states, state_bytes, cudaMemcpyDeviceToDevice,
+                                 stream)) != cudaSuccess)
+        return err;
+    }
+  }
+  if (a.passes & kBlockOutputPass) {
+    constexpr size_t output_bytes = output_smem<T, D>();
+    if ((err = allow_smem(output_kernel<T, D>, output_bytes)) != cudaSuccess) return err;
+    output_kernel<T, D><<<grid, kThreads, output_bytes, stream>>>(a, chunks);
+  }
   return cudaGetLastError();
 }
 
@@ -435,33 +442,40 @@ cudaError_t backward_for(const BlockLinearBackward& a, cudaStream_t stream) {
   const dim3 grid(s.blocks * chunks, s.batch * s.heads);
   const size_t state_bytes = block_linear_state_floats(s) * sizeof(float);
   cudaError_t err = cudaSuccess;
-  if (chunks > 1 && (err = cudaMemsetAsync(a.grad_mixed, 0, state_bytes, stream)) != cudaSuccess)
-    return err;
-  constexpr size_t query_bytes = query_backward_smem<T, D>();
-  if ((err = allow_smem(query_backward_kernel<T, D>, query_bytes)) != cudaSuccess) return err;
-  query_backward_kernel<T, D><<<grid, kThreads, query_bytes, stream>>>(a, chunks);
-  if (a.mixing != nullptr) {
-    const int state = Layout<T, D>::state;
-    if ((err = cudaMemsetAsync(a.grad_mixing, 0, sizeof(float) * s.blocks * s.blocks, stream)) !=
-        cudaSuccess)
+  if (a.passes & kBlockQueryPass) {
+    if (chunks > 1 &&
+        (err = cudaMemsetAsync(a.grad_mixed, 0, state_bytes, stream)) != cudaSuccess)
       return err;
-    const size_t mix_bytes = (static_cast<size_t>(s.blocks) * s.blocks +
-                              2 * static_cast<size_t>(s.blocks) * (kMixColumns + 1)) *
-                             4;
-    if ((err = allow_smem(mix_backward_kernel, mix_bytes)) != cudaSuccess) return err;
-    const int items = s.batch * s.heads * ((state + kMixColumns - 1) / kMixColumns);
-    const int ctas = items < 2 * multiprocessors() ? items : 2 * multiprocessors();
-    mix_backward_kernel<<<ctas, kThreads, mix_bytes, stream>>>(a.grad_mixed, a.states, a.mixing,
-                                                               a.grad_states, a.grad_mixing,
-                                                               s.batch * s.heads, s.blocks, state);
-  } else if (a.grad_states != a.grad_mixed) {
-    if ((err = cudaMemcpyAsync(a.grad_states, a.grad_mixed, state_bytes, cudaMemcpyDeviceToDevice,
-                               stream)) != cudaSuccess)
-      return err;
+    constexpr size_t query_bytes = query_backward_smem<T, D>();
+    if ((err = allow_smem(query_backward_kernel<T, D>, query_bytes)) != cudaSuccess) return err;
+    query_backward_kernel<T, D><<<grid, kThreads, query_bytes, stream>>>(a, chunks);
   }
-  constexpr size_t key_bytes = key_backward_smem<T, D>();
-  if ((err = allow_smem(key_backward_kernel<T, D>, key_bytes)) != cudaSuccess) return err;
-  key_backward_kernel<T, D><<<grid, kThreads, key_bytes, stream>>>(a, chunks);
+  if (a.passes & kBlockMixPass) {
+    if (a.mixing != nullptr) {
+      const int state = Layout<T, D>::state;
+      if ((err = cudaMemsetAsync(a.grad_mixing, 0, sizeof(float) * s.blocks * s.blocks,
+                                 stream)) != cudaSuccess)
+        return err;
+      const size_t mix_bytes = (static_cast<size_t>(s.blocks) * s.blocks +
+                                2 * static_cast<size_t>(s.blocks) * (kMixColumns + 1)) *
+                               4;
+      if ((err = allow_smem(mix_backward_kernel, mix_bytes)) != cudaSuccess) return err;
+      const int items = s.batch * s.heads * ((state + kMixColumns - 1) / kMixColumns);
+      const int ctas = items < 2 * multiprocessors() ? items : 2 * multiprocessors();
+      mix_backward_kernel<<<ctas, kThreads, mix_bytes, stream>>>(
+          a.grad_mixed, a.states, a.mixing, a.grad_states, a.grad_mixing, s.batch * s.heads,
+          s.blocks, state);
+    } else if (a.grad_states != a.grad_mixed) {
+      if ((err = cudaMemcpyAsync(a.grad_states, a.grad_mixed, state_bytes,
+                                 cudaMemcpyDeviceToDevice, stream)) != cudaSuccess)
+        return err;
+    }
+  }
+  if (a.passes & kBlockKeyPass) {
+    constexpr size_t key_bytes = key_backward_smem<T, D>();
+    if ((err = allow_smem(key_backward_kernel<T, D>, key_bytes)) != cudaSuccess) return err;
+    key_backward_kernel<T, D><<<grid, kThreads, key_bytes, stream>>>(a, chunks);
+  }
   return cudaGetLastError();
 }
 

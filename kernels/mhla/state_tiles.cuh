@@ -2,6 +2,9 @@
 // Tensor-core products on D x D fp32 block states, shared by the bidirectional and the causal
 // block-linear-attention kernels: A^T B accumulated into a state, tile x state products, and a
 // state's trip between global memory (fp32) and shared memory (the tensor-core element type).
+#include <cstdint>
+
+#include "common/packed_access.cuh"
 #include "mhla/tiles.cuh"
 
 namespace mhla_kernels {
@@ -84,11 +87,39 @@ __device__ void write_state(FragC<T> (&acc)[Layout<T, D>::frags_per_warp], float
 }
 
 // Loads a D x (D + 1) state (S, then z) into shared memory: S as tensor-core elements, z in fp32.
+// Every block pass starts here, so the loads are 16 bytes wide and issued in batches before any
+// store: the scalar load-convert-store loop this replaces waited one global-memory latency per
+// element group (~20 us per CTA at D = 128, most of the causal output pass). A state starts at a
+// multiple of D * (D + 1) floats, 16-byte aligned when its buffer is.
 template <typename T, int D>
 __device__ void load_state(const float* state, typename Mma<T>::elem* s, float* z) {
   using L = Layout<T, D>;
-  for (int e = threadIdx.x; e < D * D; e += kThreads) {
-    s[(e / D) * L::lde + e % D] = from_float<typename Mma<T>::elem>(state[e]);
+  using E = typename Mma<T>::elem;
+  constexpr int kPerRow = D / 4, kCount = D * kPerRow;  // float4 groups of S
+  constexpr int kPerThread = kCount / kThreads > 0 ? kCount / kThreads : 1;
+  constexpr int kBatch = kPerThread < 16 ? kPerThread : 16;
+  if (reinterpret_cast<uintptr_t>(state) % 16 != 0) {  // not from a whole-state buffer
+    for (int e = threadIdx.x; e < D * D; e += kThreads) {
+      s[(e / D) * L::lde + e % D] = from_float<E>(state[e]);
+    }
+  } else {
+    const float4* src = reinterpret_cast<const float4*>(state);
+    for (int first = threadIdx.x; first < kCount; first += kBatch * kThreads) {
+      float4 x[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int e = first + u * kThreads;
+        if (e < kCount) x[u] = __ldg(src + e);
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int e = first + u * kThreads;
+        if (e < kCount) {
+          const float v[4] = {x[u].x, x[u].y, x[u].z, x[u].w};
+          store_pack<E, 4>(s + (e / kPerRow) * L::lde + (e % kPerRow) * 4, v);
+        }
+      }
+    }
   }
   for (int e = threadIdx.x; e < D; e += kThreads) z[e] = state[D * D + e];
 }

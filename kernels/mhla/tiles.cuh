@@ -119,21 +119,46 @@ __device__ __forceinline__ float row_sum(float x) {
   return x;
 }
 
-// phi(x) of `valid` token rows starting at token n0 into dst (rows up to `rows` zero-filled; the
-// padding must be zero, not the feature floor); 1/rms per row into inv_rms when asked.
+// The token rows of one tile, loaded by this thread: every row's 16-byte load is issued before
+// the first is used (one global-memory latency per tile instead of one per pass over the rows).
+template <typename T, int D>
+struct TileRows {
+  using L = Layout<T, D>;
+  static constexpr int passes = (kTile + L::rows_per_pass - 1) / L::rows_per_pass;
+  float x[passes][L::vec];
+
+  // Rows r < valid from token n0 on; rows valid <= r < rows are zero.
+  __device__ __forceinline__ void load(const TokenTensor& src, int b, int h, int n0, int valid,
+                                       int rows) {
+    const int lane = threadIdx.x % L::lanes, first = threadIdx.x / L::lanes;
+#pragma unroll
+    for (int pass = 0; pass < passes; ++pass) {
+      const int r = first + pass * L::rows_per_pass;
+      if (r < valid && r < rows) {
+        load_vector<T, D>(token_row<T, D>(src, b, n0 + r, h) + lane * L::vec, x[pass]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < L::vec; ++i) x[pass][i] = 0.f;
+      }
+    }
+  }
+};
+
+// phi(x) of `valid` token rows starting at token n0 into dst (rows up to `rows` <= kTile
+// zero-filled; the padding must be zero, not the feature floor); 1/rms per row into inv_rms when
+// asked.
 template <typename T, int D>
 __device__ void load_features(const TokenTensor& src, int b, int h, int n0, int valid, int rows,
                               typename Mma<T>::elem* dst, float* inv_rms) {
   using L = Layout<T, D>;
-  const int lane = threadIdx.x % L::lanes;
-  for (int r = threadIdx.x / L::lanes; r < rows; r += L::rows_per_pass) {
-    float x[L::vec];
-    if (r < valid) {
-      load_vector<T, D>(token_row<T, D>(src, b, n0 + r, h) + lane * L::vec, x);
-    } else {
+  TileRows<T, D> tile;
+  tile.load(src, b, h, n0, valid, rows);
+  const int lane = threadIdx.x % L::lanes, first = threadIdx.x / L::lanes;
 #pragma unroll
-      for (int i = 0; i < L::vec; ++i) x[i] = 0.f;
-    }
+  for (int pass = 0; pass < TileRows<T, D>::passes; ++pass) {
+    const int r = first + pass * L::rows_per_pass;
+    if (r >= rows) break;  // uniform over the row's lanes: rows is a multiple of 16
+    const float* x = tile.x[pass];
     float squares = 0.f;
 #pragma unroll
     for (int i = 0; i < L::vec; ++i) squares += x[i] * x[i];
@@ -151,18 +176,16 @@ template <typename T, int D>
 __device__ void load_plain(const TokenTensor& src, int b, int h, int n0, int valid, int rows,
                            typename Mma<T>::elem* dst) {
   using L = Layout<T, D>;
-  const int lane = threadIdx.x % L::lanes;
-  for (int r = threadIdx.x / L::lanes; r < rows; r += L::rows_per_pass) {
-    float x[L::vec];
-    if (r < valid) {
-      load_vector<T, D>(token_row<T, D>(src, b, n0 + r, h) + lane * L::vec, x);
-    } else {
+  TileRows<T, D> tile;
+  tile.load(src, b, h, n0, valid, rows);
+  const int lane = threadIdx.x % L::lanes, first = threadIdx.x / L::lanes;
 #pragma unroll
-      for (int i = 0; i < L::vec; ++i) x[i] = 0.f;
-    }
+  for (int pass = 0; pass < TileRows<T, D>::passes; ++pass) {
+    const int r = first + pass * L::rows_per_pass;
+    if (r >= rows) break;
 #pragma unroll
     for (int i = 0; i < L::vec; ++i)
-      dst[r * L::lde + lane * L::vec + i] = from_float<typename Mma<T>::elem>(x[i]);
+      dst[r * L::lde + lane * L::vec + i] = from_float<typename Mma<T>::elem>(tile.x[pass][i]);
   }
 }
 

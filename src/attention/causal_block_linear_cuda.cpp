@@ -2,6 +2,7 @@
 
 #ifdef MHLA_WITH_CUDA_KERNELS
 
+#include <algorithm>
 #include <cstring>
 
 #include <c10/cuda/CUDAGuard.h>
@@ -9,6 +10,7 @@
 
 #include "attention/causal_linear.h"
 #include "attention/kernel_views.h"
+#include "attention/state_mixing.h"
 #include "core/error.h"
 #include "core/kernel_dtype.h"
 #include "mhla/causal_block_linear.h"
@@ -24,20 +26,14 @@ kernels::CausalBlockLinearShape causal_shape_of(const torch::Tensor& q,
           static_cast<int>(q.size(3)), mixing.numel() > 0 ? static_cast<int>(mixing.size(0)) : 1};
 }
 
-// The prefix mixing as one batched GEMM: [nb, nb] weights (each batch*head the same) times the
-// [BH, nb, E] states. Inside the trained length (nb <= M: GPT's whole context) it is the default;
-// cuBLAS does it in microseconds.
-torch::Tensor mix_blocks(const torch::Tensor& weights, const torch::Tensor& blocks) {
-  // fp32 in, fp32 out: the states stay fp32 under autocast (which would run bmm in bf16).
-  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-  return torch::bmm(weights.unsqueeze(0).expand({blocks.size(0), weights.size(0), weights.size(1)}),
-                    blocks);
-}
+// Where the prefix mixing runs. Unset: GEMMs up to kGemmMixBlocks blocks (inside the trained length
+// and, past it, with the expanded matrix of the long-sequence policy), the kernels' sweep beyond.
+// The GEMMs cost O(blocks^2) per state element, the sweep O(blocks x M) but latency-bound: on the
+// H200 at B*T = 32,768, H = 8, D = 128, M = 16 (session 8 call 1) the GEMMs took MHLA's
+// forward+backward from 5.18 to 4.35 ms at 32 blocks and from 5.60 to 4.95 ms at 128, and the sweep
+// won at 512 (5.73 against 7.97 ms). MHLA_CAUSAL_MIX_GEMM=1 / =0 forces either at every length.
+constexpr int64_t kGemmMixBlocks = 128;
 
-// Where the prefix mixing runs. Unset: GEMMs inside the trained length, the kernels' sweep past it.
-// MHLA_CAUSAL_MIX_GEMM=1: GEMMs at every length (past the trained length with the expanded
-// matrix of the long-sequence policy, O(blocks^2) per state element); =0: the sweep everywhere.
-// For timing the two against each other on a GPU.
 bool mix_by_gemm(int64_t blocks, int64_t trained_blocks) {
   static const int choice = [] {
     const char* value = std::getenv("MHLA_CAUSAL_MIX_GEMM");
@@ -45,7 +41,7 @@ bool mix_by_gemm(int64_t blocks, int64_t trained_blocks) {
     if (std::strcmp(value, "0") == 0) return 0;
     return std::strcmp(value, "1") == 0 ? 1 : -1;
   }();
-  return choice < 0 ? blocks <= trained_blocks : choice == 1;
+  return choice < 0 ? blocks <= std::max(trained_blocks, kGemmMixBlocks) : choice == 1;
 }
 
 // The strictly lower weights w_ij (j < i) of `blocks` blocks: the learned matrix's corner inside
@@ -89,7 +85,7 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     check_launch(kernels::causal_block_linear_forward(a, stream), "causal block linear states");
     torch::Tensor prefix;
     if (mixes && mix_by_gemm(blocks, mixing.size(0))) {
-      prefix = mix_blocks(strict_weights(mixing, blocks), states);
+      prefix = mix_block_states(strict_weights(mixing, blocks), states);
     } else {
       prefix = torch::empty_like(states);
       a.prefix = prefix.data_ptr<float>();
@@ -140,7 +136,7 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     const bool by_gemm = mixes && mix_by_gemm(blocks, mixing.size(0));
     if (by_gemm) {
       // dS_j = sum_i w_ij dP_i.
-      grad_states = mix_blocks(strict_weights(mixing, blocks).t(), grad_prefix);
+      grad_states = mix_block_states(strict_weights(mixing, blocks).t(), grad_prefix);
     } else {
       grad_states = torch::empty_like(states);
       a.grad_states = grad_states.data_ptr<float>();
@@ -157,16 +153,16 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
       if (by_gemm && blocks > trained) {
         // dw_ij = sum <dP_i, S_j> for every j < i, mapped back to the learned matrix through the
         // policy's expansion (its autograd graph, rebuilt on a detached copy).
-        auto dw = torch::bmm(grad_prefix, states.transpose(1, 2)).sum(0).tril(-1);
+        auto dw = (blocks <= 64 ? block_pair_products(grad_prefix, states, blocks)
+                                : torch::bmm(grad_prefix, states.transpose(1, 2)).sum(0))
+                      .tril(-1);
         torch::AutoGradMode grad_on(true);
         auto leaf = mixing.detach().requires_grad_(true);
         auto expanded = strict_weights(leaf, blocks);
         dmixing.add_(torch::autograd::grad({expanded}, {leaf}, {dw})[0]);
       } else {  // dm_ij += sum <dP_i, S_j> for j < i inside the trained length
         const int64_t dense = std::min<int64_t>(blocks, trained);
-        auto pairs =
-            torch::bmm(grad_prefix.narrow(1, 0, dense), states.narrow(1, 0, dense).transpose(1, 2))
-                .sum(0);
+        auto pairs = block_pair_products(grad_prefix, states, dense);
         dmixing.narrow(0, 0, dense).narrow(1, 0, dense).add_(pairs.tril(-1));
       }
     }

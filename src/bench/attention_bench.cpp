@@ -36,7 +36,14 @@ nlohmann::json bench_attention(const AttentionBenchCase& c, const torch::Device&
     torch::NoGradGuard no_grad;
     op(q, k, v, args);
   });
+  // Gradients are dropped before each call, as the peer scripts do (`t.grad = None`): otherwise
+  // autograd adds every new gradient into the old one, three extra elementwise passes.
+  std::vector<torch::Tensor*> leaves = {&q, &k, &v};
+  for (auto* t : {&args.mixing, &args.beta, &args.gate}) {
+    if (t->defined()) leaves.push_back(t);
+  }
   const double fwd_bwd_ms = mean_ms_per_call(device, c.warmup, c.iters, [&] {
+    for (auto* t : leaves) t->mutable_grad().reset();
     auto out = op(q, k, v, args);
     out.backward(grad_out);
   });

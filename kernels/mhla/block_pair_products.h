@@ -1,0 +1,28 @@
+#pragma once
+// The mixing-matrix gradient of block linear attention: G_ij = sum over batch*head and state
+// elements of X_i * Y_j, for two sets of fp32 block states X (the gradient of the mixed states or
+// prefixes) and Y (the block states), each laid out [batch*head, blocks, elements].
+//
+// A skinny contraction (G is at most 64 x 64; the summed dimension is batch*head*elements, often
+// millions): cuBLAS runs it as a strided-batched GEMV at a third of the copy bandwidth, so it has
+// a kernel of its own. Persistent CTAs walk (batch*head, 128-element column) items; each thread
+// keeps a 4 x 4 tile of G in registers and the CTA adds its sum into G atomically once.
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace mhla_kernels {
+
+struct BlockPairProducts {
+  const float* x = nullptr;  // [batch_heads, blocks, elements]
+  const float* y = nullptr;  // same layout
+  int batch_heads = 0, blocks = 0;
+  int rows = 0;           // G covers blocks i, j < rows (1..64, rows <= blocks)
+  int64_t elements = 0;   // per block state; a multiple of 4, 16-byte aligned rows
+  float* grad = nullptr;  // [rows, rows] fp32: the products are ADDED (zero it first)
+};
+
+// cudaErrorInvalidValue for sizes out of range.
+cudaError_t block_pair_products(const BlockPairProducts& args, cudaStream_t stream);
+
+}  // namespace mhla_kernels

@@ -1,0 +1,49 @@
+#include "attention/state_mixing.h"
+
+#ifdef MHLA_WITH_CUDA_KERNELS
+
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "attention/kernel_views.h"
+#include "core/error.h"
+#include "mhla/block_pair_products.h"
+
+namespace mhla {
+
+torch::Tensor mix_block_states(const torch::Tensor& weights, const torch::Tensor& states) {
+  // fp32 in, fp32 out: under autocast bmm would run in bf16.
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  return torch::bmm(weights.unsqueeze(0).expand({states.size(0), weights.size(0), weights.size(1)}),
+                    states);
+}
+
+torch::Tensor block_pair_products(const torch::Tensor& x, const torch::Tensor& y, int64_t rows) {
+  if (x.dim() != 3 || !x.sizes().equals(y.sizes()) || x.scalar_type() != torch::kFloat32 ||
+      y.scalar_type() != torch::kFloat32 || !x.is_contiguous() || !y.is_contiguous() ||
+      !x.is_cuda() || x.device() != y.device()) {
+    fail(
+        "block pair products: x and y must be contiguous fp32 [BH, blocks, E] on one GPU; got {} "
+        "{} and {} {}",
+        c10::toString(x.scalar_type()), c10::str(x.sizes()), c10::toString(y.scalar_type()),
+        c10::str(y.sizes()));
+  }
+  auto grad = torch::zeros({rows, rows}, x.options());
+  mhla_kernels::BlockPairProducts a;
+  a.x = x.data_ptr<float>();
+  a.y = y.data_ptr<float>();
+  a.batch_heads = static_cast<int>(x.size(0));
+  a.blocks = static_cast<int>(x.size(1));
+  a.rows = static_cast<int>(rows);
+  a.elements = x.size(2);
+  a.grad = grad.data_ptr<float>();
+  const c10::cuda::CUDAGuard on_device(x.device());
+  check_launch(mhla_kernels::block_pair_products(
+                   a, c10::cuda::getCurrentCUDAStream(x.device().index()).stream()),
+               "block pair products");
+  return grad;
+}
+
+}  // namespace mhla
+
+#endif  // MHLA_WITH_CUDA_KERNELS

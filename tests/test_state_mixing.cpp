@@ -1,0 +1,48 @@
+// The GPU helpers that mix fp32 block states for the MHLA bindings (src/attention/state_mixing):
+// the pair-products kernel against a float64 contraction, over row counts that pad (3), fill
+// whole 4 x 4 tiles with several column groups (16), use every thread with one group (64), and
+// an element count that ends inside an item (D = 32: 1,056 floats per state).
+#include "catch_compat.h"
+#include "test_helpers.h"
+
+#ifdef MHLA_WITH_CUDA_KERNELS
+#include "attention/state_mixing.h"
+#include "core/error.h"
+#endif
+
+using namespace mhla;
+
+TEST_CASE("attention: block pair products (mixing gradient) against float64", "[attention][gpu]") {
+#ifdef MHLA_WITH_CUDA_KERNELS
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device: skipped");
+    return;
+  }
+  torch::manual_seed(31);
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
+  struct Case {
+    int64_t batch_heads, blocks, rows, elements;
+  };
+  for (const Case& c : {Case{3, 5, 3, 1056}, Case{7, 16, 16, 4160}, Case{2, 64, 64, 1056},
+                        Case{5, 33, 16, 16512}, Case{1, 1, 1, 4}}) {
+    INFO("BH=" << c.batch_heads << " blocks=" << c.blocks << " rows=" << c.rows
+               << " E=" << c.elements);
+    auto x = torch::randn({c.batch_heads, c.blocks, c.elements}, cuda);
+    auto y = torch::randn({c.batch_heads, c.blocks, c.elements}, cuda);
+    auto got = block_pair_products(x, y, c.rows);
+    auto xd = x.narrow(1, 0, c.rows).to(torch::kFloat64);
+    auto yd = y.narrow(1, 0, c.rows).to(torch::kFloat64);
+    auto expected = torch::einsum("bie,bje->ij", {xd, yd});
+    REQUIRE(got.sizes() == expected.sizes());
+    CHECK(test::relative_error(got, expected) < 1e-4);
+  }
+  // Bad input is refused by name, not read out of bounds.
+  auto x = torch::randn({2, 4, 8}, cuda);
+  CHECK(test::contains(test::error_of([&] { block_pair_products(x, x.to(torch::kFloat64), 2); }),
+                       "block pair products: x and y must be contiguous fp32"));
+  CHECK(test::contains(test::error_of([&] { block_pair_products(x, x, 5); }),
+                       "block pair products: CUDA error"));
+#else
+  WARN("built without the CUDA kernels: skipped");
+#endif
+}
