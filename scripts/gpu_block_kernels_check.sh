@@ -5,7 +5,8 @@
 # (scripts/gpu_attention_bench.sh vision), and the causal LM shapes beside fla's
 # chunk_linear_attn (scripts/fla_linear_peer.py; carry .whl and, to skip Triton's compile,
 # .gpu_stage/triton_cache.tgz). Binaries from `scripts/stage_gpu.sh --binaries`; run after
-# `source scripts/gpu_env.sh`. Results in $OUT/blocks.tgz. SKIP_VISION=1 / SKIP_PEER=1 shorten it.
+# `source scripts/gpu_env.sh`. Results in $OUT/blocks.tgz. SKIP_VISION=1 / SKIP_PEER=1 shorten it;
+# MIX_AB=1 adds the causal MHLA bench with MHLA_CAUSAL_MIX_GEMM=1 and =0.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; V=$OUT/blocks; mkdir -p "$V"
 bin=${MHLA_BIN:-build-gpu/mhla}
@@ -32,6 +33,13 @@ for op in linear mhla; do
   timeout 120 "$bin" bench attention --op $op --causal --backend cuda "${shapes[@]}" \
     --blocks 16 --warmup 3 --iters 10 | grep '^{' | tee -a "$V/ours_lm.jsonl"
 done
+if [ "${MIX_AB:-0}" = 1 ]; then  # the causal prefix mixing as matrix products / as sweeps, everywhere
+  for mode in 1 0; do
+    MHLA_CAUSAL_MIX_GEMM=$mode timeout 120 "$bin" bench attention --op mhla --causal --backend cuda \
+      "${shapes[@]}" --blocks 16 --warmup 3 --iters 10 | grep '^{' |
+      sed "s/^{/{\"mix_gemm\": $mode, /" | tee -a "$V/mix_gemm_ab.jsonl"
+  done
+fi
 if [ "${SKIP_PEER:-0}" != 1 ]; then
   if ls .whl/*.whl > /dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

@@ -14,8 +14,14 @@ du -sh "$root/data/fashion-mnist" "$root/.gpu_stage"
 # (source scripts/gpu_env.sh there). Needs a CUDA-enabled build/ (scripts/build.sh with nvcc).
 if [ "${1:-}" = "--binaries" ]; then
   mkdir -p "$root/.gpu_stage/bin" "$root/.gpu_stage/lib"
-  for b in build/mhla build/tests/mhla_tests build/kernels/block_linear_smoke; do
-    [ -f "$root/$b" ] && cp "$root/$b" "$root/.gpu_stage/bin/" && strip "$root/.gpu_stage/bin/$(basename $b)"
+  # Stripped and gzipped (a quarter of the size: carry is limited to 64 MiB a call);
+  # scripts/gpu_env.sh unpacks them on the GPU machine.
+  rm -f "$root"/.gpu_stage/bin/*
+  for b in build/mhla build/tests/mhla_tests; do
+    [ -f "$root/$b" ] || continue
+    name=$(basename "$b")
+    strip -o "$root/.gpu_stage/bin/$name" "$root/$b"
+    gzip -f -6 "$root/.gpu_stage/bin/$name"
   done
   for lib in libyaml-cpp.so.0.7 libcudart.so.13; do
     path=$(ldd "$root/build/mhla" | awk -v l=$lib '$1 == l {print $3}')

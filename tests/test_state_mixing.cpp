@@ -1,5 +1,7 @@
 // The GPU helpers that mix fp32 block states for the MHLA bindings (src/attention/state_mixing):
-// the pair-products kernel against a float64 contraction, over row counts that pad (3), fill
+// the state-mix kernel against a float64 matrix product (dense, strictly lower and strictly upper
+// weights; block counts that fill no, one and several 16-block groups; cuBLAS past 128 blocks),
+// and the pair-products kernel against a float64 contraction, over row counts that pad (3), fill
 // whole 4 x 4 tiles with several column groups (16), use every thread with one group (64), and
 // an element count that ends inside an item (D = 32: 1,056 floats per state).
 #include "catch_compat.h"
@@ -11,6 +13,50 @@
 #endif
 
 using namespace mhla;
+
+TEST_CASE("attention: block state mix against float64", "[attention][gpu]") {
+#ifdef MHLA_WITH_CUDA_KERNELS
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device: skipped");
+    return;
+  }
+  torch::manual_seed(32);
+  using mhla_kernels::MixPattern;
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
+  struct Case {
+    int64_t batch_heads, blocks, elements;
+  };
+  for (const Case& c : {Case{3, 1, 1056}, Case{2, 3, 4160}, Case{5, 16, 4160}, Case{2, 33, 1056},
+                        Case{1, 64, 16512}, Case{2, 70, 1056}, Case{1, 128, 1056},
+                        Case{1, 130, 1056}}) {
+    for (const MixPattern pattern : {MixPattern::dense, MixPattern::lower, MixPattern::upper}) {
+      INFO("BH=" << c.batch_heads << " blocks=" << c.blocks << " E=" << c.elements
+                 << " pattern=" << static_cast<int>(pattern));
+      auto states = torch::randn({c.batch_heads, c.blocks, c.elements}, cuda);
+      auto weights = torch::rand({c.blocks, c.blocks}, cuda);
+      if (pattern == MixPattern::lower) weights = weights.tril(-1);
+      if (pattern == MixPattern::upper) weights = weights.triu(1);
+      auto got = mix_block_states(weights, states, pattern);
+      auto expected = torch::matmul(weights.to(torch::kFloat64), states.to(torch::kFloat64));
+      REQUIRE(got.sizes() == expected.sizes());
+      if (c.blocks == 1 && pattern != MixPattern::dense) {
+        CHECK(got.abs().max().item<double>() == 0.0);  // the only weight is on the diagonal
+      } else {
+        CHECK(test::relative_error(got, expected) < 1e-5);
+      }
+    }
+  }
+  // A transposed (non-contiguous) weight view is read as the matrix it shows.
+  auto states = torch::randn({4, 16, 4160}, cuda);
+  auto weights = torch::rand({16, 16}, cuda);
+  auto expected = torch::matmul(weights.t().to(torch::kFloat64), states.to(torch::kFloat64));
+  CHECK(test::relative_error(mix_block_states(weights.t(), states), expected) < 1e-5);
+  CHECK(test::contains(test::error_of([&] { mix_block_states(weights.narrow(0, 0, 8), states); }),
+                       "block state mix: states must be fp32 [BH, blocks, E]"));
+#else
+  WARN("built without the CUDA kernels: skipped");
+#endif
+}
 
 TEST_CASE("attention: block pair products (mixing gradient) against float64", "[attention][gpu]") {
 #ifdef MHLA_WITH_CUDA_KERNELS

@@ -56,11 +56,20 @@ __global__ void __launch_bounds__(kThreads) states_kernel(BlockLinearForward p, 
 #pragma unroll
   for (int u = 0; u < L::frags_per_warp; ++u) wmma::fill_fragment(acc[u], 0.f);
   float z = 0.f;  // thread d < D: sum of phi(k)[d]
+  // The next tile's k and v rows are loaded into registers while this tile's product runs.
+  TileRows<T, D> k_rows, v_rows;
+  auto issue = [&](int n0) {
+    const int valid = min(kTile, w.end - n0), rows = (valid + 15) / 16 * 16;
+    k_rows.load(p.k, w.b, w.h, n0, valid, rows);
+    v_rows.load(p.v, w.b, w.h, n0, valid, rows);
+  };
+  if (w.begin < w.end) issue(w.begin);
   for (int n0 = w.begin; n0 < w.end; n0 += kTile) {
     const int valid = min(kTile, w.end - n0), rows = (valid + 15) / 16 * 16;
     __syncthreads();
-    load_features<T, D>(p.k, w.b, w.h, n0, valid, rows, kf, nullptr);
-    load_plain<T, D>(p.v, w.b, w.h, n0, valid, rows, vt);
+    k_rows.store_features(valid, rows, kf, nullptr);
+    v_rows.store_plain(rows, vt);
+    if (n0 + kTile < w.end) issue(n0 + kTile);
     __syncthreads();
     if (threadIdx.x < D) {
       for (int r = 0; r < valid; ++r) z += to_float(kf[r * L::lde + threadIdx.x]);
@@ -103,6 +112,13 @@ __global__ void __launch_bounds__(kThreads) output_kernel(BlockLinearForward p, 
   float* z = reinterpret_cast<float*>(take(D * 4));
   float* denominator = reinterpret_cast<float*>(take(kTile * 4));
   const Work w = work_of(p.shape, chunks);
+  // The first tile's q rows are in flight with the state; each next tile's during this one's work.
+  TileRows<T, D> q_rows;
+  auto issue = [&](int n0) {
+    const int valid = min(kTile, w.end - n0), rows = (valid + 15) / 16 * 16;
+    q_rows.load(p.q, w.b, w.h, n0, valid, rows);
+  };
+  if (w.begin < w.end) issue(w.begin);
   load_state<T, D>(p.mixed + (static_cast<size_t>(w.bh) * p.shape.blocks + w.block) * L::state, s,
                    z);
   T* out = static_cast<T*>(p.out);
@@ -110,7 +126,8 @@ __global__ void __launch_bounds__(kThreads) output_kernel(BlockLinearForward p, 
   for (int n0 = w.begin; n0 < w.end; n0 += kTile) {
     const int valid = min(kTile, w.end - n0), rows = (valid + 15) / 16 * 16;
     __syncthreads();
-    load_features<T, D>(p.q, w.b, w.h, n0, valid, rows, qf, nullptr);
+    q_rows.store_features(valid, rows, qf, nullptr);
+    if (n0 + kTile < w.end) issue(n0 + kTile);
     __syncthreads();
     for (int r = threadIdx.x; r < valid; r += kThreads) {
       float dot = 0.f;
@@ -184,6 +201,16 @@ __global__ void __launch_bounds__(kThreads)
   float* staging = reinterpret_cast<float*>(cursor);
   const Work w = work_of(p.shape, chunks);
   const size_t state_offset = (static_cast<size_t>(w.bh) * p.shape.blocks + w.block) * L::state;
+  // A tile's q, dO and o rows are loaded together (the first tile's with the state); q's raw
+  // rows stay in registers for the feature backward at the end of the tile.
+  TileRows<T, D> q_rows, go_rows, o_rows;
+  auto issue = [&](int n0) {
+    const int valid = min(kTile, w.end - n0), rows = (valid + 15) / 16 * 16;
+    q_rows.load(p.q, w.b, w.h, n0, valid, rows);
+    go_rows.load(p.grad_out, w.b, w.h, n0, valid, rows);
+    o_rows.load(p.out, w.b, w.h, n0, valid, rows);
+  };
+  if (w.begin < w.end) issue(w.begin);
   load_state<T, D>(p.mixed + state_offset, s, z);
 
   FragC<T> acc[L::frags_per_warp];
@@ -194,8 +221,9 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = threadIdx.x % L::lanes;
   for (int n0 = w.begin; n0 < w.end; n0 += kTile) {
     const int valid = min(kTile, w.end - n0), rows = (valid + 15) / 16 * 16;
+    if (n0 != w.begin) issue(n0);
     __syncthreads();
-    load_features<T, D>(p.q, w.b, w.h, n0, valid, rows, qf, inv_rms);
+    q_rows.store_features(valid, rows, qf, inv_rms);
     __syncthreads();
     for (int r = threadIdx.x; r < valid; r += kThreads) {
       float dot = 0.f;
@@ -204,12 +232,15 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
     // d(numerator) = dO / den; d(den) = -(dO . o) / den.
-    for (int r = threadIdx.x / L::lanes; r < rows; r += L::rows_per_pass) {
+#pragma unroll
+    for (int pass = 0; pass < TileRows<T, D>::passes; ++pass) {
+      const int r = TileRows<T, D>::row(pass);
+      if (r >= rows) break;
       float g[L::vec], o[L::vec];
       float dot = 0.f;
       if (r < valid) {
-        load_vector<T, D>(token_row<T, D>(p.grad_out, w.b, n0 + r, w.h) + lane * L::vec, g);
-        load_vector<T, D>(token_row<T, D>(p.out, w.b, n0 + r, w.h) + lane * L::vec, o);
+        go_rows.values(pass, g);
+        o_rows.values(pass, o);
         const float inv = 1.f / denominator[r];
 #pragma unroll
         for (int i = 0; i < L::vec; ++i) {
@@ -234,10 +265,13 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     // Whole warps run the row loop (feature_backward shuffles across a row's lanes); rows past
     // `valid` compute on zeros and store nothing.
-    for (int r = threadIdx.x / L::lanes; r < rows; r += L::rows_per_pass) {
+#pragma unroll
+    for (int pass = 0; pass < TileRows<T, D>::passes; ++pass) {
+      const int r = TileRows<T, D>::row(pass);
+      if (r >= rows) break;
       float x[L::vec], g[L::vec];
       const bool live = r < valid;
-      if (live) load_vector<T, D>(token_row<T, D>(p.q, w.b, n0 + r, w.h) + lane * L::vec, x);
+      q_rows.values(pass, x);
 #pragma unroll
       for (int i = 0; i < L::vec; ++i) {
         const int d = lane * L::vec + i;
@@ -341,6 +375,15 @@ __global__ void __launch_bounds__(kThreads) key_backward_kernel(BlockLinearBackw
   float* dz = reinterpret_cast<float*>(take(D * 4));
   float* inv_rms = reinterpret_cast<float*>(take(kTile * 4));
   const Work w = work_of(p.shape, chunks);
+  // A tile's k and v rows are loaded together (the first tile's with dS); k's raw rows stay in
+  // registers for the feature backward.
+  TileRows<T, D> k_rows, v_rows;
+  auto issue = [&](int n0) {
+    const int valid = min(kTile, w.end - n0), rows = (valid + 15) / 16 * 16;
+    k_rows.load(p.k, w.b, w.h, n0, valid, rows);
+    v_rows.load(p.v, w.b, w.h, n0, valid, rows);
+  };
+  if (w.begin < w.end) issue(w.begin);
   load_state<T, D>(
       p.grad_states + (static_cast<size_t>(w.bh) * p.shape.blocks + w.block) * L::state, ds, dz);
   T* grad_k = static_cast<T*>(p.grad_k);
@@ -348,23 +391,26 @@ __global__ void __launch_bounds__(kThreads) key_backward_kernel(BlockLinearBackw
   const int lane = threadIdx.x % L::lanes;
   for (int n0 = w.begin; n0 < w.end; n0 += kTile) {
     const int valid = min(kTile, w.end - n0), rows = (valid + 15) / 16 * 16;
+    if (n0 != w.begin) issue(n0);
     __syncthreads();
-    load_features<T, D>(p.k, w.b, w.h, n0, valid, rows, kf, inv_rms);
-    load_plain<T, D>(p.v, w.b, w.h, n0, valid, rows, vt);
+    k_rows.store_features(valid, rows, kf, inv_rms);
+    v_rows.store_plain(rows, vt);
     __syncthreads();
     multiply_tile<T, D, true>(vt, ds, dphi, rows);  // d(phi(k)) = V dS^T (+ dz below)
     multiply_tile<T, D, false>(kf, ds, dv, rows);   // dV = phi(K) dS
     __syncthreads();
-    for (int r = threadIdx.x / L::lanes; r < rows;
-         r += L::rows_per_pass) {  // whole warps, as above
+#pragma unroll
+    for (int pass = 0; pass < TileRows<T, D>::passes; ++pass) {  // whole warps, as above
+      const int r = TileRows<T, D>::row(pass);
+      if (r >= rows) break;
       float x[L::vec], g[L::vec];
       const bool live = r < valid;
       const size_t row = (static_cast<size_t>(w.b) * p.shape.tokens + n0 + r) * p.shape.heads + w.h;
+      k_rows.values(pass, x);
       if (live) {
 #pragma unroll
         for (int i = 0; i < L::vec; ++i) g[i] = dv[r * L::ldf + lane * L::vec + i];
         store_vector<T, D>(grad_v + row * D + lane * L::vec, g);
-        load_vector<T, D>(token_row<T, D>(p.k, w.b, n0 + r, w.h) + lane * L::vec, x);
       }
 #pragma unroll
       for (int i = 0; i < L::vec; ++i) {

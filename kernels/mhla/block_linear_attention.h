@@ -33,7 +33,7 @@ struct BlockLinearShape {
 // Floats of one set of states (S and z for every batch, head and block): B * H * M * (D*D + D).
 size_t block_linear_state_floats(const BlockLinearShape& shape);
 
-// Pass selection (bitmasks): a caller that mixes the states itself (the MHLA binding, by GEMM) runs
+// Pass selection (bitmasks): a caller that mixes the states itself (the MHLA binding, by its state-mix kernel) runs
 // the states and output passes (forward) or the query and key passes (backward) around its own.
 constexpr unsigned kBlockStatesPass = 1, kBlockMixPass = 2, kBlockOutputPass = 4;
 constexpr unsigned kBlockQueryPass = 1, kBlockKeyPass = 4;  // backward; mixing as above

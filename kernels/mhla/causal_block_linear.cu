@@ -196,6 +196,51 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The same sweep with the window W a compile-time constant (the common matrix sizes): the last W
+// states and the sliding row's weights sit in registers instead of a shared-memory ring, whose
+// two shared-memory reads per product were the generic sweep's cost.
+template <int W>
+__global__ void __launch_bounds__(kThreads)
+    prefix_window_kernel(const float* states, float* prefix, CausalWeights mix, int blocks,
+                         int state) {
+  constexpr int M = W + 1;
+  __shared__ float ms[M * M];
+  for (int i = threadIdx.x; i < M * M; i += kThreads) ms[i] = mix.m[i];
+  __syncthreads();
+  const int e = blockIdx.x * kThreads + threadIdx.x;
+  if (e >= state) return;
+  float c[W + 1];  // c[d] = w(i, i - d) of the sliding rows i >= M
+#pragma unroll
+  for (int d = 1; d <= W; ++d) c[d] = ms[(M - 1) * M + M - 1 - d];
+  const float tail = ms[(M - 1) * M];
+  const size_t base = static_cast<size_t>(blockIdx.y) * blocks * state + e;
+  float history[W];  // history[d - 1] = S_{i-d}
+#pragma unroll
+  for (int d = 0; d < W; ++d) history[d] = 0.f;
+  float r = 0.f, s = states[base];
+  for (int i = 0; i < blocks; ++i) {
+    const float s_next = i + 1 < blocks ? states[base + static_cast<size_t>(i + 1) * state] : 0.f;
+    float p = 0.f;
+    if (i >= M) {
+      p = tail * r;
+#pragma unroll
+      for (int d = 1; d <= W; ++d) p += c[d] * history[d - 1];
+    } else {
+      const float* row = ms + i * M + i;  // row[-d] = m_{i, i-d}
+#pragma unroll
+      for (int d = 1; d <= W; ++d) {
+        if (d <= i) p += row[-d] * history[d - 1];
+      }
+    }
+    prefix[base + static_cast<size_t>(i) * state] = p;
+    if (i >= W) r += history[W - 1];  // S_{i-W} leaves the window
+#pragma unroll
+    for (int d = W - 1; d > 0; --d) history[d] = history[d - 1];
+    history[0] = s;
+    s = s_next;
+  }
+}
+
 template <typename T, int D>
 __host__ __device__ constexpr size_t output_smem() {
   using L = Layout<T, D>;
@@ -241,10 +286,16 @@ __global__ void __launch_bounds__(kThreads) output_kernel(CausalBlockLinearForwa
   const int blocks = blocks_of(p.shape.tokens);
   const CausalWeights mix{p.mixing, p.shape.mixing_blocks};
   const float diagonal_weight = mix.at(w.block, w.block);
+  // Every load of the block (q, k, v rows and the prefix state) is in flight before the first
+  // is used: one global-memory latency per CTA.
+  TileRows<T, D> q_rows, k_rows, v_rows;
+  q_rows.load(p.q, w.b, w.h, w.begin, w.valid, kC);
+  k_rows.load(p.k, w.b, w.h, w.begin, w.valid, kC);
+  v_rows.load(p.v, w.b, w.h, w.begin, w.valid, kC);
   load_state<T, D>(p.prefix + state_offset(w, blocks, L::state), prefix, z);
-  load_features<T, D>(p.q, w.b, w.h, w.begin, w.valid, kC, qf, nullptr);
-  load_features<T, D>(p.k, w.b, w.h, w.begin, w.valid, kC, kf, nullptr);
-  load_plain<T, D>(p.v, w.b, w.h, w.begin, w.valid, kC, vt);
+  q_rows.store_features(w.valid, kC, qf, nullptr);
+  k_rows.store_features(w.valid, kC, kf, nullptr);
+  v_rows.store_plain(kC, vt);
   __syncthreads();
   gemm<T, false, false>(qf, L::lde, prefix, L::lde, numerator, L::ldf, kC, D, D, false);
   gemm<T, false, true>(qf, L::lde, kf, L::lde, scores, kLdScore, kC, kC, D, false);
@@ -310,10 +361,23 @@ __global__ void __launch_bounds__(kThreads) query_backward_kernel(CausalBlockLin
   const CausalWeights mix{p.mixing, p.shape.mixing_blocks};
   const float diagonal_weight = mix.at(w.block, w.block);
   const size_t offset = state_offset(w, blocks, L::state);
-  load_state<T, D>(p.prefix + offset, prefix, z);
-  load_features<T, D>(p.q, w.b, w.h, w.begin, w.valid, kC, qf, inv_rms);
-  load_features<T, D>(p.k, w.b, w.h, w.begin, w.valid, kC, kf, nullptr);
-  load_plain<T, D>(p.v, w.b, w.h, w.begin, w.valid, kC, vt);
+  // q, k, v rows and the prefix in flight together; q's raw rows stay in registers for the
+  // feature backward at the end.
+  TileRows<T, D> q_rows;
+  {
+    TileRows<T, D> k_rows, v_rows;
+    q_rows.load(p.q, w.b, w.h, w.begin, w.valid, kC);
+    k_rows.load(p.k, w.b, w.h, w.begin, w.valid, kC);
+    v_rows.load(p.v, w.b, w.h, w.begin, w.valid, kC);
+    load_state<T, D>(p.prefix + offset, prefix, z);
+    q_rows.store_features(w.valid, kC, qf, inv_rms);
+    k_rows.store_features(w.valid, kC, kf, nullptr);
+    v_rows.store_plain(kC, vt);
+  }
+  // dO and o rows: issued here, used after the scores product and the denominators.
+  TileRows<T, D> go_rows, o_rows;
+  go_rows.load(p.grad_out, w.b, w.h, w.begin, w.valid, kC);
+  o_rows.load(p.out, w.b, w.h, w.begin, w.valid, kC);
   __syncthreads();
   gemm<T, false, true>(qf, L::lde, kf, L::lde, scores, kLdScore, kC, kC, D, false);
   __syncthreads();
@@ -321,12 +385,15 @@ __global__ void __launch_bounds__(kThreads) query_backward_kernel(CausalBlockLin
   __syncthreads();
   // d(numerator) = dO / den; d(den) = -(dO . o) / den.
   const int lane = threadIdx.x % L::lanes;
-  for (int r = threadIdx.x / L::lanes; r < kC; r += L::rows_per_pass) {
+#pragma unroll
+  for (int pass = 0; pass < TileRows<T, D>::passes; ++pass) {
+    const int r = TileRows<T, D>::row(pass);
+    if (r >= kC) break;
     float go[L::vec], o[L::vec];
     float dot = 0.f;
     if (r < w.valid) {
-      load_vector<T, D>(token_row<T, D>(p.grad_out, w.b, w.begin + r, w.h) + lane * L::vec, go);
-      load_vector<T, D>(token_row<T, D>(p.out, w.b, w.begin + r, w.h) + lane * L::vec, o);
+      go_rows.values(pass, go);
+      o_rows.values(pass, o);
       const float inv = 1.f / den[r];
 #pragma unroll
       for (int i = 0; i < L::vec; ++i) {
@@ -383,10 +450,13 @@ __global__ void __launch_bounds__(kThreads) query_backward_kernel(CausalBlockLin
   __syncthreads();
   T* grad_q = static_cast<T*>(p.grad_q);
   // Whole warps run the row loop (feature_backward shuffles across a row's lanes).
-  for (int r = threadIdx.x / L::lanes; r < kC; r += L::rows_per_pass) {
+#pragma unroll
+  for (int pass = 0; pass < TileRows<T, D>::passes; ++pass) {
+    const int r = TileRows<T, D>::row(pass);
+    if (r >= kC) break;
     float x[L::vec], gq[L::vec];
     const bool live = r < w.valid;
-    if (live) load_vector<T, D>(token_row<T, D>(p.q, w.b, w.begin + r, w.h) + lane * L::vec, x);
+    q_rows.values(pass, x);
 #pragma unroll
     for (int i = 0; i < L::vec; ++i) {
       const int d = lane * L::vec + i;
@@ -498,6 +568,87 @@ __global__ void __launch_bounds__(kThreads)
   for (int k = t; k < M; k += kThreads) atomicAdd(grad_mixing + (M - 1) * M + k, dm_row[k]);
 }
 
+// prefix_backward_kernel with the window W a compile-time constant (see prefix_window_kernel):
+// the window of states or prefix gradients, the sliding row's weights and its gradient sums all
+// in registers.
+template <int W>
+__global__ void __launch_bounds__(kThreads)
+    prefix_window_backward_kernel(const float* states, const float* grad_prefix,
+                                  float* grad_states, float* grad_mixing, CausalWeights mix,
+                                  int batch_heads, int blocks, int state) {
+  constexpr int M = W + 1;
+  __shared__ float ms[M * M];
+  __shared__ float dm_row[M];
+  const int t = threadIdx.x, lane = t % 32;
+  for (int i = t; i < M * M; i += kThreads) ms[i] = mix.m[i];
+  for (int k = t; k < M; k += kThreads) dm_row[k] = 0.f;
+  __syncthreads();
+  float c[W + 1];
+#pragma unroll
+  for (int d = 1; d <= W; ++d) c[d] = ms[(M - 1) * M + M - 1 - d];
+  const float tail = ms[(M - 1) * M];
+  const bool slides = blocks > M;
+  float sliding[M];  // this thread's share of dm_{M-1, k}
+#pragma unroll
+  for (int k = 0; k < M; ++k) sliding[k] = 0.f;
+  const int columns = (state + kThreads - 1) / kThreads;
+  for (int item = blockIdx.x; item < batch_heads * columns; item += gridDim.x) {
+    const int e = (item % columns) * kThreads + t;
+    const bool live = e < state;
+    const size_t base = static_cast<size_t>(item / columns) * blocks * state + (live ? e : 0);
+    auto load = [&](const float* p, int i) {
+      return live && i >= 0 && i < blocks ? p[base + static_cast<size_t>(i) * state] : 0.f;
+    };
+    float history[W];
+    if (slides) {  // dm of the sliding rows: dm_{M-1, M-1-d} += dP_i . S_{i-d}, tail with R
+#pragma unroll
+      for (int d = 0; d < W; ++d) history[d] = 0.f;
+      float r = 0.f, x = load(grad_prefix, 0), s = load(states, 0);
+      for (int i = 0; i < blocks; ++i) {
+        const float x_next = load(grad_prefix, i + 1), s_next = load(states, i + 1);
+        if (i >= M) {
+#pragma unroll
+          for (int d = 1; d <= W; ++d) sliding[M - 1 - d] += x * history[d - 1];
+          sliding[0] += x * r;
+        }
+        if (i >= W) r += history[W - 1];
+#pragma unroll
+        for (int d = W - 1; d > 0; --d) history[d] = history[d - 1];
+        history[0] = s;
+        x = x_next, s = s_next;
+      }
+    }
+    // dS_j = sum_{d=1}^{W} w(j+d, j) dP_{j+d} + tail * U, U = sum_{i >= j+M} dP_i; history[d - 1]
+    // holds dP_{j+d} (zero past the last block).
+#pragma unroll
+    for (int d = 0; d < W; ++d) history[d] = 0.f;
+    float u = 0.f, x = load(grad_prefix, blocks - 1);
+    for (int j = blocks - 1; j >= 0; --j) {
+      const float x_next = load(grad_prefix, j - 1);
+      float g = tail * u;
+#pragma unroll
+      for (int d = 1; d <= W; ++d) {
+        const float w = j + d >= M ? c[d] : ms[(j + d) * M + j];
+        g += w * history[d - 1];
+      }
+      if (live) grad_states[base + static_cast<size_t>(j) * state] = g;
+      u += history[W - 1];  // dP_{j+W} leaves the window (zero when past the end)
+#pragma unroll
+      for (int d = W - 1; d > 0; --d) history[d] = history[d - 1];
+      history[0] = x;
+      x = x_next;
+    }
+  }
+  if (!slides) return;
+#pragma unroll
+  for (int k = 0; k < M; ++k) {
+    const float v = warp_sum(sliding[k]);
+    if (lane == 0) atomicAdd(dm_row + k, v);
+  }
+  __syncthreads();
+  for (int k = t; k < M; k += kThreads) atomicAdd(grad_mixing + (M - 1) * M + k, dm_row[k]);
+}
+
 template <typename T, int D>
 __host__ __device__ constexpr size_t key_backward_smem() {
   using L = Layout<T, D>;
@@ -523,27 +674,41 @@ __global__ void __launch_bounds__(kThreads) key_backward_kernel(CausalBlockLinea
   float* inv_rms = cursor.take<float>(kC);
   const BlockWork w = block_work(p.shape);
   const int blocks = blocks_of(p.shape.tokens);
-  load_state<T, D>(p.grad_states + state_offset(w, blocks, L::state), ds, dz);
-  load_features<T, D>(p.k, w.b, w.h, w.begin, w.valid, kC, kf, inv_rms);
-  load_plain<T, D>(p.v, w.b, w.h, w.begin, w.valid, kC, vt);
+  // k, v rows and dS in flight together; k's raw rows stay for the feature backward.
+  TileRows<T, D> k_rows;
+  {
+    TileRows<T, D> v_rows;
+    k_rows.load(p.k, w.b, w.h, w.begin, w.valid, kC);
+    v_rows.load(p.v, w.b, w.h, w.begin, w.valid, kC);
+    load_state<T, D>(p.grad_states + state_offset(w, blocks, L::state), ds, dz);
+    k_rows.store_features(w.valid, kC, kf, inv_rms);
+    v_rows.store_plain(kC, vt);
+  }
+  T* grad_k = static_cast<T*>(p.grad_k);
+  T* grad_v = static_cast<T*>(p.grad_v);
+  // The query pass's intra-block parts of dk and dv: issued here, used after the products.
+  TileRows<T, D> dk_part, dv_part;
+  dk_part.load_contiguous(grad_k, p.shape.tokens, p.shape.heads, w.b, w.h, w.begin, w.valid);
+  dv_part.load_contiguous(grad_v, p.shape.tokens, p.shape.heads, w.b, w.h, w.begin, w.valid);
   __syncthreads();
   multiply_tile<T, D, true>(vt, ds, dphi, kC);  // d(phi(k)) = V dS^T (+ dz below)
   multiply_tile<T, D, false>(kf, ds, dv, kC);   // dV = phi(K) dS
   __syncthreads();
-  T* grad_k = static_cast<T*>(p.grad_k);
-  T* grad_v = static_cast<T*>(p.grad_v);
   const int lane = threadIdx.x % L::lanes;
-  for (int r = threadIdx.x / L::lanes; r < kC; r += L::rows_per_pass) {  // whole warps
+#pragma unroll
+  for (int pass = 0; pass < TileRows<T, D>::passes; ++pass) {  // whole warps
+    const int r = TileRows<T, D>::row(pass);
+    if (r >= kC) break;
     float x[L::vec], g[L::vec], part[L::vec];
     const bool live = r < w.valid;
     const size_t row = out_row(p.shape, w, r);
+    k_rows.values(pass, x);
     if (live) {
-      load_vector<T, D>(grad_v + row * D + lane * L::vec, part);
+      dv_part.values(pass, part);
 #pragma unroll
       for (int i = 0; i < L::vec; ++i) g[i] = dv[r * L::ldf + lane * L::vec + i] + part[i];
       store_vector<T, D>(grad_v + row * D + lane * L::vec, g);
-      load_vector<T, D>(grad_k + row * D + lane * L::vec, part);
-      load_vector<T, D>(token_row<T, D>(p.k, w.b, w.begin + r, w.h) + lane * L::vec, x);
+      dk_part.values(pass, part);
     }
 #pragma unroll
     for (int i = 0; i < L::vec; ++i) {
@@ -573,6 +738,57 @@ int window_of(const float* mixing, int mixing_blocks) {
   return mixing == nullptr ? 0 : mixing_blocks - 1;
 }
 
+// The prefix sweeps with a compile-time window, for the windows they are built for.
+template <int W>
+struct PrefixWindowForward {
+  static cudaError_t run(const CausalBlockLinearForward& a, cudaStream_t stream, int state) {
+    const auto& s = a.shape;
+    prefix_window_kernel<W><<<dim3((state + kThreads - 1) / kThreads, s.batch * s.heads),
+                              kThreads, 0, stream>>>(
+        a.states, a.prefix, CausalWeights{a.mixing, s.mixing_blocks}, blocks_of(s.tokens), state);
+    return cudaGetLastError();
+  }
+};
+
+template <int W>
+struct PrefixWindowBackward {
+  static cudaError_t run(const CausalBlockLinearBackward& a, cudaStream_t stream, int state) {
+    const auto& s = a.shape;
+    const int items = s.batch * s.heads * ((state + kThreads - 1) / kThreads);
+    const int ctas = std::min(items, 4 * multiprocessors());
+    prefix_window_backward_kernel<W><<<ctas, kThreads, 0, stream>>>(
+        a.states, a.grad_prefix, a.grad_states, a.grad_mixing,
+        CausalWeights{a.mixing, s.mixing_blocks}, s.batch * s.heads, blocks_of(s.tokens), state);
+    return cudaGetLastError();
+  }
+};
+
+// Runs Pass<W> and returns true when the window has a compile-time kernel; false otherwise
+// (linear attention's running sum and other windows take the generic shared-memory sweep).
+template <template <int> class Pass, typename Args>
+bool prefix_by_window(int window, const Args& a, cudaStream_t stream, cudaError_t* err) {
+  const int state = a.shape.head_dim * a.shape.head_dim + a.shape.head_dim;
+  switch (window) {
+    case 2:
+      *err = Pass<2>::run(a, stream, state);
+      return true;
+    case 3:
+      *err = Pass<3>::run(a, stream, state);
+      return true;
+    case 7:
+      *err = Pass<7>::run(a, stream, state);
+      return true;
+    case 15:
+      *err = Pass<15>::run(a, stream, state);
+      return true;
+    case 31:
+      *err = Pass<31>::run(a, stream, state);
+      return true;
+    default:
+      return false;
+  }
+}
+
 template <typename T, int D>
 cudaError_t forward_for(const CausalBlockLinearForward& a, cudaStream_t stream) {
   const auto& s = a.shape;
@@ -584,7 +800,11 @@ cudaError_t forward_for(const CausalBlockLinearForward& a, cudaStream_t stream) 
     if ((err = allow_smem(states_kernel<T, D>, bytes)) != cudaSuccess) return err;
     states_kernel<T, D><<<grid, kThreads, bytes, stream>>>(a);
   }
-  if (a.passes & kCausalPrefixPass) {
+  if ((a.passes & kCausalPrefixPass) &&
+      prefix_by_window<PrefixWindowForward>(window_of(a.mixing, s.mixing_blocks), a, stream,
+                                            &err)) {
+    if (err != cudaSuccess) return err;
+  } else if (a.passes & kCausalPrefixPass) {
     const int window = window_of(a.mixing, s.mixing_blocks);
     const size_t bytes =
         (static_cast<size_t>(window + 1) * (window + 1) + (window > 0 ? window : 1) * kThreads) * 4;
@@ -616,7 +836,10 @@ cudaError_t backward_for(const CausalBlockLinearBackward& a, cudaStream_t stream
     if ((err = allow_smem(query_backward_kernel<T, D>, bytes)) != cudaSuccess) return err;
     query_backward_kernel<T, D><<<grid, kThreads, bytes, stream>>>(a);
   }
-  if (a.passes & kCausalPrefixPass) {
+  if ((a.passes & kCausalPrefixPass) &&
+      prefix_by_window<PrefixWindowBackward>(window_of(a.mixing, m), a, stream, &err)) {
+    if (err != cudaSuccess) return err;
+  } else if (a.passes & kCausalPrefixPass) {
     const int window = window_of(a.mixing, m), mm = window + 1;
     const size_t bytes = (static_cast<size_t>(mm) * mm + (window > 0 ? window : 1) * kThreads +
                           static_cast<size_t>(mm) * kThreads + mm) *

@@ -21,7 +21,7 @@
 // prefix backward (dS_j, and the sliding row's dm past the trained length) and a key pass (dk, dv
 // from dS_j plus the intra-block parts). The mixing gradient of the rows inside the trained
 // length, dm_ij = sum over batch, heads and elements of dP_i * S_j (j < i < M), is left to the
-// caller: one batched GEMM over the states (src/attention/causal_block_linear_cuda.cpp). Same
+// caller: a pair-products kernel over the states (src/attention/causal_block_linear_cuda.cpp). Same
 // conventions as block_linear_attention.h: raw pointers, [B, T, H, D] views with a contiguous,
 // 16-byte aligned last dimension, outputs contiguous, fp32 accumulation, D in {32, 64, 128} (fp32
 // inputs: D <= 64), any T.

@@ -119,74 +119,110 @@ __device__ __forceinline__ float row_sum(float x) {
   return x;
 }
 
-// The token rows of one tile, loaded by this thread: every row's 16-byte load is issued before
-// the first is used (one global-memory latency per tile instead of one per pass over the rows).
+// The token rows of one tile held by this thread as raw 16-byte words: load() issues every row's
+// load before any is used, so a kernel can start the loads of several tiles (and of a state)
+// and wait for them once, instead of one global-memory latency per pass over the rows.
 template <typename T, int D>
 struct TileRows {
   using L = Layout<T, D>;
   static constexpr int passes = (kTile + L::rows_per_pass - 1) / L::rows_per_pass;
-  float x[passes][L::vec];
+  uint4 raw[passes];
+
+  __device__ __forceinline__ static int row(int pass) {
+    return threadIdx.x / L::lanes + pass * L::rows_per_pass;
+  }
 
   // Rows r < valid from token n0 on; rows valid <= r < rows are zero.
   __device__ __forceinline__ void load(const TokenTensor& src, int b, int h, int n0, int valid,
                                        int rows) {
-    const int lane = threadIdx.x % L::lanes, first = threadIdx.x / L::lanes;
+    const int lane = threadIdx.x % L::lanes;
 #pragma unroll
     for (int pass = 0; pass < passes; ++pass) {
-      const int r = first + pass * L::rows_per_pass;
+      const int r = row(pass);
+      raw[pass] = make_uint4(0u, 0u, 0u, 0u);  // zero bits: 0.0 in every element type
       if (r < valid && r < rows) {
-        load_vector<T, D>(token_row<T, D>(src, b, n0 + r, h) + lane * L::vec, x[pass]);
-      } else {
-#pragma unroll
-        for (int i = 0; i < L::vec; ++i) x[pass][i] = 0.f;
+        raw[pass] = *reinterpret_cast<const uint4*>(token_row<T, D>(src, b, n0 + r, h) +
+                                                    lane * L::vec);
       }
+    }
+  }
+
+  // Rows r < valid of a contiguous [B, T, H, D] tensor (the binding's outputs and gradients).
+  __device__ __forceinline__ void load_contiguous(const T* base, int tokens, int heads, int b,
+                                                  int h, int n0, int valid) {
+    const int lane = threadIdx.x % L::lanes;
+#pragma unroll
+    for (int pass = 0; pass < passes; ++pass) {
+      const int r = row(pass);
+      raw[pass] = make_uint4(0u, 0u, 0u, 0u);
+      if (r < valid) {
+        const size_t at = ((static_cast<size_t>(b) * tokens + n0 + r) * heads + h) * D;
+        raw[pass] = *reinterpret_cast<const uint4*>(base + at + lane * L::vec);
+      }
+    }
+  }
+
+  __device__ __forceinline__ void values(int pass, float* x) const {
+    const T* v = reinterpret_cast<const T*>(&raw[pass]);
+#pragma unroll
+    for (int i = 0; i < L::vec; ++i) x[i] = to_float(v[i]);
+  }
+
+  // phi(x) of the rows into dst (rows valid <= r < `rows` zero: the padding must be zero, not
+  // the feature floor); 1/rms per row into inv_rms when asked. `rows` <= kTile, a multiple of 16.
+  __device__ void store_features(int valid, int rows, typename Mma<T>::elem* dst,
+                                 float* inv_rms) const {
+    const int lane = threadIdx.x % L::lanes;
+#pragma unroll
+    for (int pass = 0; pass < passes; ++pass) {
+      const int r = row(pass);
+      if (r >= rows) break;  // uniform over the row's lanes
+      float x[L::vec];
+      values(pass, x);
+      float squares = 0.f;
+#pragma unroll
+      for (int i = 0; i < L::vec; ++i) squares += x[i] * x[i];
+      const float scale = rsqrtf(row_sum<L::lanes>(squares) / D + kNormEps);
+#pragma unroll
+      for (int i = 0; i < L::vec; ++i) {
+        const float phi = r < valid ? fmaxf(x[i] * scale, 0.f) + kFeatureFloor : 0.f;
+        dst[r * L::lde + lane * L::vec + i] = from_float<typename Mma<T>::elem>(phi);
+      }
+      if (inv_rms != nullptr && lane == 0) inv_rms[r] = scale;
+    }
+  }
+
+  __device__ void store_plain(int rows, typename Mma<T>::elem* dst) const {
+    const int lane = threadIdx.x % L::lanes;
+#pragma unroll
+    for (int pass = 0; pass < passes; ++pass) {
+      const int r = row(pass);
+      if (r >= rows) break;
+      float x[L::vec];
+      values(pass, x);
+#pragma unroll
+      for (int i = 0; i < L::vec; ++i)
+        dst[r * L::lde + lane * L::vec + i] = from_float<typename Mma<T>::elem>(x[i]);
     }
   }
 };
 
 // phi(x) of `valid` token rows starting at token n0 into dst (rows up to `rows` <= kTile
-// zero-filled; the padding must be zero, not the feature floor); 1/rms per row into inv_rms when
-// asked.
+// zero-filled); 1/rms per row into inv_rms when asked.
 template <typename T, int D>
 __device__ void load_features(const TokenTensor& src, int b, int h, int n0, int valid, int rows,
                               typename Mma<T>::elem* dst, float* inv_rms) {
-  using L = Layout<T, D>;
   TileRows<T, D> tile;
   tile.load(src, b, h, n0, valid, rows);
-  const int lane = threadIdx.x % L::lanes, first = threadIdx.x / L::lanes;
-#pragma unroll
-  for (int pass = 0; pass < TileRows<T, D>::passes; ++pass) {
-    const int r = first + pass * L::rows_per_pass;
-    if (r >= rows) break;  // uniform over the row's lanes: rows is a multiple of 16
-    const float* x = tile.x[pass];
-    float squares = 0.f;
-#pragma unroll
-    for (int i = 0; i < L::vec; ++i) squares += x[i] * x[i];
-    const float scale = rsqrtf(row_sum<L::lanes>(squares) / D + kNormEps);
-#pragma unroll
-    for (int i = 0; i < L::vec; ++i) {
-      const float phi = r < valid ? fmaxf(x[i] * scale, 0.f) + kFeatureFloor : 0.f;
-      dst[r * L::lde + lane * L::vec + i] = from_float<typename Mma<T>::elem>(phi);
-    }
-    if (inv_rms != nullptr && lane == 0) inv_rms[r] = scale;
-  }
+  tile.store_features(valid, rows, dst, inv_rms);
 }
 
 template <typename T, int D>
 __device__ void load_plain(const TokenTensor& src, int b, int h, int n0, int valid, int rows,
                            typename Mma<T>::elem* dst) {
-  using L = Layout<T, D>;
   TileRows<T, D> tile;
   tile.load(src, b, h, n0, valid, rows);
-  const int lane = threadIdx.x % L::lanes, first = threadIdx.x / L::lanes;
-#pragma unroll
-  for (int pass = 0; pass < TileRows<T, D>::passes; ++pass) {
-    const int r = first + pass * L::rows_per_pass;
-    if (r >= rows) break;
-#pragma unroll
-    for (int i = 0; i < L::vec; ++i)
-      dst[r * L::lde + lane * L::vec + i] = from_float<typename Mma<T>::elem>(tile.x[pass][i]);
-  }
+  tile.store_plain(rows, dst);
 }
 
 // Backward of phi = relu(x / rms(x)) + floor for one token row held by L::lanes threads:

@@ -82,9 +82,9 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
     const c10::cuda::CUDAGuard on_device(q.device());  // launch on the inputs' GPU
     auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
     if (mixes) {
-      // States and output by the kernels, the mix between them by one batched GEMM (the kernels'
-      // own mixing pass was latency-bound: 125 us against a few tens for cuBLAS at B = 64,
-      // N = 1,024, H = 6, D = 64, M = 16 on the H200).
+      // States and output by the kernels, the mix between them by the state-mix kernel of
+      // src/attention/state_mixing.h (the kernels' own mixing pass, latency-bound, took 125 us
+      // at B = 64, N = 1,024, H = 6, D = 64, M = 16 on the H200).
       kernels::BlockLinearForward a;
       a.shape = shape;
       a.dtype = kernel_dtype(dtype);
@@ -131,7 +131,8 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
     auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
     torch::Tensor dmixing;
     if (mixes) {
-      // Query pass (dS'_i), then dS_j = sum_i m_ij dS'_i by GEMM and dm_ij = sum <dS'_i, S_j> by
+      // Query pass (dS'_i), then dS_j = sum_i m_ij dS'_i by the state-mix kernel and
+      // dm_ij = sum <dS'_i, S_j> by
       // the pair-products kernel, then the key pass.
       kernels::BlockLinearBackward a;
       a.shape = shape;

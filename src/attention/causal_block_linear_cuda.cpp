@@ -26,13 +26,15 @@ kernels::CausalBlockLinearShape causal_shape_of(const torch::Tensor& q,
           static_cast<int>(q.size(3)), mixing.numel() > 0 ? static_cast<int>(mixing.size(0)) : 1};
 }
 
-// Where the prefix mixing runs. Unset: GEMMs up to kGemmMixBlocks blocks (inside the trained length
-// and, past it, with the expanded matrix of the long-sequence policy), the kernels' sweep beyond.
-// The GEMMs cost O(blocks^2) per state element, the sweep O(blocks x M) but latency-bound: on the
-// H200 at B*T = 32,768, H = 8, D = 128, M = 16 (session 8 call 1) the GEMMs took MHLA's
-// forward+backward from 5.18 to 4.35 ms at 32 blocks and from 5.60 to 4.95 ms at 128, and the sweep
-// won at 512 (5.73 against 7.97 ms). MHLA_CAUSAL_MIX_GEMM=1 / =0 forces either at every length.
-constexpr int64_t kGemmMixBlocks = 128;
+// Where the prefix mixing runs. Unset: as a matrix product ("GEMM": the state-mix kernel of
+// state_mixing.h) up to kGemmMixBlocks blocks (inside the trained length and, past it, with the
+// expanded matrix of the long-sequence policy), the kernels' prefix sweep beyond. The products
+// cost O(blocks^2) per state element, the sweep O(blocks x M). On the H200 at B*T = 32,768, H = 8,
+// D = 128, M = 16 (session 8, experiments/attention_lm.md), with the sweep's window in registers,
+// MHLA's forward+backward took 2.73 ms by products against 2.84 by the sweep at 32 blocks, 3.84
+// against 2.89 at 128 and 6.62 against 2.93 at 512. MHLA_CAUSAL_MIX_GEMM=1 / =0 forces either at
+// every length.
+constexpr int64_t kGemmMixBlocks = 32;
 
 bool mix_by_gemm(int64_t blocks, int64_t trained_blocks) {
   static const int choice = [] {
@@ -85,7 +87,8 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     check_launch(kernels::causal_block_linear_forward(a, stream), "causal block linear states");
     torch::Tensor prefix;
     if (mixes && mix_by_gemm(blocks, mixing.size(0))) {
-      prefix = mix_block_states(strict_weights(mixing, blocks), states);
+      prefix = mix_block_states(strict_weights(mixing, blocks), states,
+                                kernels::MixPattern::lower);
     } else {
       prefix = torch::empty_like(states);
       a.prefix = prefix.data_ptr<float>();
@@ -136,7 +139,8 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     const bool by_gemm = mixes && mix_by_gemm(blocks, mixing.size(0));
     if (by_gemm) {
       // dS_j = sum_i w_ij dP_i.
-      grad_states = mix_block_states(strict_weights(mixing, blocks).t(), grad_prefix);
+      grad_states = mix_block_states(strict_weights(mixing, blocks).t(), grad_prefix,
+                                     kernels::MixPattern::upper);
     } else {
       grad_states = torch::empty_like(states);
       a.grad_states = grad_states.data_ptr<float>();

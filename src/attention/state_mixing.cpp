@@ -11,11 +11,40 @@
 
 namespace mhla {
 
-torch::Tensor mix_block_states(const torch::Tensor& weights, const torch::Tensor& states) {
-  // fp32 in, fp32 out: under autocast bmm would run in bf16.
-  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-  return torch::bmm(weights.unsqueeze(0).expand({states.size(0), weights.size(0), weights.size(1)}),
-                    states);
+torch::Tensor mix_block_states(const torch::Tensor& weights, const torch::Tensor& states,
+                               mhla_kernels::MixPattern pattern) {
+  const int64_t blocks = states.size(1);
+  if (states.dim() != 3 || weights.dim() != 2 || weights.size(0) != blocks ||
+      weights.size(1) != blocks || states.scalar_type() != torch::kFloat32 ||
+      weights.scalar_type() != torch::kFloat32 || !states.is_cuda() ||
+      weights.device() != states.device()) {
+    fail(
+        "block state mix: states must be fp32 [BH, blocks, E] on a GPU and weights fp32 "
+        "[blocks, blocks] on the same device; got {} {} and {} {}",
+        c10::toString(states.scalar_type()), c10::str(states.sizes()),
+        c10::toString(weights.scalar_type()), c10::str(weights.sizes()));
+  }
+  if (blocks > mhla_kernels::kMaxMixBlocks || states.size(2) % 4 != 0) {
+    // fp32 in, fp32 out: under autocast bmm would run in bf16.
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    return torch::bmm(weights.unsqueeze(0).expand({states.size(0), blocks, blocks}), states);
+  }
+  auto in = states.contiguous();
+  auto w = weights.contiguous();
+  auto out = torch::empty_like(in);
+  mhla_kernels::BlockStateMix a;
+  a.in = in.data_ptr<float>();
+  a.weights = w.data_ptr<float>();
+  a.out = out.data_ptr<float>();
+  a.batch_heads = static_cast<int>(in.size(0));
+  a.blocks = static_cast<int>(blocks);
+  a.elements = in.size(2);
+  a.pattern = pattern;
+  const c10::cuda::CUDAGuard on_device(in.device());
+  check_launch(mhla_kernels::block_state_mix(
+                   a, c10::cuda::getCurrentCUDAStream(in.device().index()).stream()),
+               "block state mix");
+  return out;
 }
 
 torch::Tensor block_pair_products(const torch::Tensor& x, const torch::Tensor& y, int64_t rows) {

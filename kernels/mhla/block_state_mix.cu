@@ -1,0 +1,82 @@
+// out[b, i] = sum_j w_ij in[b, j] over fp32 block states (see block_state_mix.h).
+#include <algorithm>
+
+#include "mhla/block_state_mix.h"
+
+namespace mhla_kernels {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kGroup = 16;  // output blocks accumulated at once (16 float4 per thread)
+constexpr int kBatch = 8;   // input blocks loaded at once
+
+__host__ __device__ constexpr int padded(int blocks) {
+  return (blocks + kGroup - 1) / kGroup * kGroup;
+}
+
+__global__ void __launch_bounds__(kThreads) state_mix_kernel(BlockStateMix p) {
+  extern __shared__ float ws[];  // [padded][padded], zero outside the matrix
+  const int np = padded(p.blocks);
+  for (int e = threadIdx.x; e < np * np; e += kThreads) {
+    const int i = e / np, j = e % np;
+    ws[e] = i < p.blocks && j < p.blocks ? p.weights[i * p.blocks + j] : 0.f;
+  }
+  __syncthreads();
+  const int64_t quads = p.elements / 4;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (c >= quads) return;
+  const size_t base = static_cast<size_t>(blockIdx.y) * p.blocks * quads + c;
+  const float4* in = reinterpret_cast<const float4*>(p.in) + base;
+  float4* out = reinterpret_cast<float4*>(p.out) + base;
+  for (int i0 = 0; i0 < p.blocks; i0 += kGroup) {
+    float4 acc[kGroup];
+#pragma unroll
+    for (int r = 0; r < kGroup; ++r) acc[r] = make_float4(0.f, 0.f, 0.f, 0.f);
+    const int j_begin = p.pattern == MixPattern::upper ? i0 : 0;
+    const int j_end = p.pattern == MixPattern::lower ? min(p.blocks, i0 + kGroup) : p.blocks;
+    for (int j0 = j_begin; j0 < j_end; j0 += kBatch) {
+      float4 x[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        x[u] = j0 + u < j_end ? __ldg(in + static_cast<size_t>(j0 + u) * quads)
+                              : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+#pragma unroll
+        for (int r = 0; r < kGroup; ++r) {
+          const float w = ws[(i0 + r) * np + j0 + u];  // j0 + u < np: j0 is a multiple of 8
+          acc[r].x += w * x[u].x;
+          acc[r].y += w * x[u].y;
+          acc[r].z += w * x[u].z;
+          acc[r].w += w * x[u].w;
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kGroup; ++r) {
+      if (i0 + r < p.blocks) out[static_cast<size_t>(i0 + r) * quads] = acc[r];
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t block_state_mix(const BlockStateMix& p, cudaStream_t stream) {
+  if (p.in == nullptr || p.weights == nullptr || p.out == nullptr || p.batch_heads <= 0 ||
+      p.batch_heads > 65535 || p.blocks < 1 || p.blocks > kMaxMixBlocks || p.elements <= 0 ||
+      p.elements % 4 != 0)
+    return cudaErrorInvalidValue;
+  const size_t bytes = static_cast<size_t>(padded(p.blocks)) * padded(p.blocks) * sizeof(float);
+  if (bytes > 48 * 1024) {
+    const cudaError_t err = cudaFuncSetAttribute(
+        state_mix_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+    if (err != cudaSuccess) return err;
+  }
+  const int64_t quads = p.elements / 4;
+  const dim3 grid(static_cast<unsigned>((quads + kThreads - 1) / kThreads), p.batch_heads);
+  state_mix_kernel<<<grid, kThreads, bytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace mhla_kernels
