@@ -26,9 +26,9 @@ TEST_CASE("attention: block state mix against float64", "[attention][gpu]") {
   struct Case {
     int64_t batch_heads, blocks, elements;
   };
-  for (const Case& c : {Case{3, 1, 1056}, Case{2, 3, 4160}, Case{5, 16, 4160}, Case{2, 33, 1056},
-                        Case{1, 64, 16512}, Case{2, 70, 1056}, Case{1, 128, 1056},
-                        Case{1, 130, 1056}}) {
+  for (const Case& c :
+       {Case{3, 1, 1056}, Case{2, 3, 4160}, Case{5, 16, 4160}, Case{2, 33, 1056},
+        Case{1, 64, 16512}, Case{2, 70, 1056}, Case{1, 128, 1056}, Case{1, 130, 1056}}) {
     for (const MixPattern pattern : {MixPattern::dense, MixPattern::lower, MixPattern::upper}) {
       INFO("BH=" << c.batch_heads << " blocks=" << c.blocks << " E=" << c.elements
                  << " pattern=" << static_cast<int>(pattern));
