@@ -8,8 +8,8 @@
 #      (scripts/fla_linear_peer.py) in the same call;
 #   3. 60-step GPT probes for linear and MHLA, reference against cuda;
 #   4. the GPT table's linear, MHLA and hybrid rows trained again with the kernels.
-# BENCH_BACKENDS (default "cuda reference"), SKIP_PEER=1 and SKIP_REFERENCE=1 (no reference
-# probes) shorten a repeat call. Run from the repository root after `source scripts/gpu_env.sh` (binaries from
+# BENCH_BACKENDS (default "cuda reference"), SKIP_PEER=1, SKIP_REFERENCE=1 (no reference
+# probes) and SKIP_ROWS=1 (no table rows) shorten a repeat call. Run from the repository root after `source scripts/gpu_env.sh` (binaries from
 # `scripts/stage_gpu.sh --binaries`; carry .gpu_stage, data/text and .whl). Results in
 # $OUT/causal.tgz.
 set -uo pipefail
