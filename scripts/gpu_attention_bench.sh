@@ -27,17 +27,11 @@ if [ "$mode" = lm ]; then
     "$bin" bench attention --op $op --causal --backend "${backends[@]}" "${lm_shapes[@]}" \
       --blocks 16 --warmup 2 --iters 5 | grep '^{' >> "$ours"
   done
-  if ls .whl/*.whl > /dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-  fi
   # The peer script appends each line to $OUT/anchors.jsonl as it goes: a time limit (fla's first
   # Triton compilations can take minutes on a fresh machine) keeps what finished before it.
   # Triton's compile cache travels between sessions: a .gpu_stage/triton_cache.tgz from an earlier
   # call (copy $OUT/triton_cache.tgz there) is unpacked first, and the cache is packed again after.
-  export TRITON_CACHE_DIR=/tmp/triton_cache
-  mkdir -p "$TRITON_CACHE_DIR"
-  [ -f .gpu_stage/triton_cache.tgz ] && tar xzf .gpu_stage/triton_cache.tgz -C "$TRITON_CACHE_DIR"
+  source scripts/gpu_fla_env.sh
   : > "$OUT/anchors.jsonl"
   OUT=$OUT timeout "${PEER_TIMEOUT:-300}" python3 .gpu_stage/bench/peers_attention.py lm > /dev/null 2>&1 ||
     echo "peers_attention.py lm stopped (exit $?): the table has what it printed before"

@@ -41,12 +41,7 @@ if [ "${MIX_AB:-0}" = 1 ]; then  # the causal prefix mixing as matrix products /
   done
 fi
 if [ "${SKIP_PEER:-0}" != 1 ]; then
-  if ls .whl/*.whl > /dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-  fi
-  export TRITON_CACHE_DIR=/tmp/triton_cache; mkdir -p "$TRITON_CACHE_DIR"
-  [ -f .gpu_stage/triton_cache.tgz ] && tar xzf .gpu_stage/triton_cache.tgz -C "$TRITON_CACHE_DIR"
+  source scripts/gpu_fla_env.sh
   OUT=$V timeout 200 python3 scripts/fla_linear_peer.py 2>&1 | grep '^{' | tee "$V/peers_lm.jsonl"
   python3 scripts/lm_attention_table.py "$V/ours_lm.jsonl" "$V/peers_lm.jsonl" > "$V/attention_lm.md"
 fi

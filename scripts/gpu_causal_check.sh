@@ -47,12 +47,7 @@ for mode in 1 0; do  # the A/B of the prefix mixing (see above)
 done
 timeout 60 "$bin" bench attention --op gated_deltanet --causal --backend cuda "${shapes[@]}" \
   --warmup 2 --iters 5 | grep '^{' | tee -a "$V/ours_lm.jsonl"
-if ls .whl/*.whl > /dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export TRITON_CACHE_DIR=/tmp/triton_cache; mkdir -p "$TRITON_CACHE_DIR"
-[ -f .gpu_stage/triton_cache.tgz ] && tar xzf .gpu_stage/triton_cache.tgz -C "$TRITON_CACHE_DIR"
+source scripts/gpu_fla_env.sh
 [ "${SKIP_PEER:-0}" = 1 ] || OUT=$V timeout 200 python3 scripts/fla_linear_peer.py 2>&1 | grep '^{' | tee "$V/peers_lm.jsonl"
 tar czf "$V/triton_cache.tgz" -C "$TRITON_CACHE_DIR" . 2>/dev/null
 python3 scripts/lm_attention_table.py "$V/ours_lm.jsonl" "$V/peers_lm.jsonl" > "$V/attention_lm.md"

@@ -31,10 +31,7 @@ for mode in 1 0; do
     "${shapes[@]}" --blocks 16 --warmup 3 --iters 10 | grep '^{' |
     sed "s/^{/{\"mix_gemm\": $mode, /" | tee -a "$V/mix_gemm_ab.jsonl"
 done
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-export TRITON_CACHE_DIR=/tmp/triton_cache; mkdir -p "$TRITON_CACHE_DIR"
-[ -f .gpu_stage/triton_cache.tgz ] && tar xzf .gpu_stage/triton_cache.tgz -C "$TRITON_CACHE_DIR"
+source scripts/gpu_fla_env.sh
 OUT=$V timeout 150 python3 scripts/fla_linear_peer.py 2>&1 | grep '^{' | tee "$V/peers_lm.jsonl"
 python3 scripts/lm_attention_table.py "$V/ours_lm.jsonl" "$V/peers_lm.jsonl" > "$V/attention_lm.md"
 cat "$V/attention_lm.md" | head -12

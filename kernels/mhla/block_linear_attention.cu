@@ -11,6 +11,7 @@
 // The feature map (RMSNorm without weight, relu, floor), the normalizer and their backward passes
 // are applied while tiles are loaded or written; products run on tensor cores (WMMA; tf32 for
 // fp32 inputs) from shared memory with fp32 accumulation. States stay fp32 in global memory.
+#include "common/device_info.h"
 #include "mhla/block_linear_attention.h"
 #include "mhla/state_tiles.cuh"
 #include "mhla/tiles.cuh"
@@ -431,16 +432,6 @@ namespace {
 int chunks_per_block(const BlockLinearShape& s) {
   const int length = s.tokens / s.blocks;
   return (length + kChunk - 1) / kChunk;
-}
-
-int multiprocessors() {
-  static const int count = [] {
-    int device = 0, value = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device);
-    return value > 0 ? value : 1;
-  }();
-  return count;
 }
 
 

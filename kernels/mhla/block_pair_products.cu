@@ -1,6 +1,7 @@
 // G_ij += sum X_i * Y_j over batch*head and state elements (see block_pair_products.h).
 #include <algorithm>
 
+#include "common/device_info.h"
 #include "mhla/block_pair_products.h"
 
 namespace mhla_kernels {
@@ -97,16 +98,6 @@ __global__ void __launch_bounds__(kThreads) pair_products_kernel(BlockPairProduc
     for (int g = 0; g < groups; ++g) sum += partial[(g * tiles + owner) * 16 + k];
     atomicAdd(p.grad + i * p.rows + j, sum);
   }
-}
-
-int multiprocessors() {
-  static const int count = [] {
-    int device = 0, value = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device);
-    return value > 0 ? value : 1;
-  }();
-  return count;
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // blocks of one sequence per state element. See causal_block_linear.h for the math.
 #include <algorithm>
 
+#include "common/device_info.h"
 #include "common/packed_access.cuh"
 #include "mhla/causal_block_linear.h"
 #include "mhla/state_tiles.cuh"
@@ -723,16 +724,6 @@ __global__ void __launch_bounds__(kThreads) key_backward_kernel(CausalBlockLinea
 
 // ---------------------------------------------------------------------------------------------
 // Launchers
-
-int multiprocessors() {
-  static const int count = [] {
-    int device = 0, value = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device);
-    return value > 0 ? value : 1;
-  }();
-  return count;
-}
 
 int window_of(const float* mixing, int mixing_blocks) {
   return mixing == nullptr ? 0 : mixing_blocks - 1;
