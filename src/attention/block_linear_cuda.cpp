@@ -132,8 +132,7 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
     torch::Tensor dmixing;
     if (mixes) {
       // Query pass (dS'_i), then dS_j = sum_i m_ij dS'_i by the state-mix kernel and
-      // dm_ij = sum <dS'_i, S_j> by
-      // the pair-products kernel, then the key pass.
+      // dm_ij = sum <dS'_i, S_j> by the pair-products kernel, then the key pass.
       kernels::BlockLinearBackward a;
       a.shape = shape;
       a.dtype = kernel_dtype(v.scalar_type());
