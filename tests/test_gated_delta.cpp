@@ -3,6 +3,7 @@
 #include "attention/delta_chunk_recurrence.h"
 #include "attention/gated_delta.h"
 #include "attention/gated_delta_decode.h"
+#include "attention/gated_delta_fused.h"
 #include "catch_compat.h"
 #include "test_helpers.h"
 
@@ -330,5 +331,67 @@ TEST_CASE("delta rule: the unit-lower solve inverts I + A, values and gradients"
     CHECK(test::relative_error(grads_solved[1], grads_inverse[1]) < 1e-12);
     // dA of the solve is dense; only its lower part is A's (strictly lower) gradient.
     CHECK(test::relative_error(grads_solved[0].tril(-1), grads_inverse[0].tril(-1)) < 1e-12);
+  }
+}
+
+TEST_CASE("delta rule: the fused gated DeltaNet kernels equal the reference, values and gradients",
+          "[attention][gpu]") {
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device: skipped");
+    return;
+  }
+  struct Case {
+    const char* what;
+    int64_t b, t, h, d;
+    double gate_scale;
+    bool initial_state;
+    torch::ScalarType dtype;
+  };
+  // fla's tolerances (relative RMS): o and final state 5e-3, dq/dk/dv/dh0 8e-3, dbeta/dg 2e-2.
+  const Case cases[] = {
+      {"T not a multiple of 64, initial state", 2, 300, 3, 128, 1.0, true, torch::kBFloat16},
+      {"no decay (g = 0)", 1, 256, 2, 128, 0.0, false, torch::kBFloat16},
+      {"strong decay", 2, 200, 2, 64, 8.0, true, torch::kBFloat16},
+      {"fewer tokens than a chunk", 3, 17, 2, 64, 1.0, true, torch::kBFloat16},
+      {"fp16, D = 64, many chunks", 1, 1000, 2, 64, 0.5, false, torch::kFloat16},
+  };
+  for (const auto& c : cases) {
+    INFO(c.what << " (B=" << c.b << " T=" << c.t << " H=" << c.h << " D=" << c.d << ")");
+    torch::manual_seed(7);
+    auto in = make_inputs(c.b, c.t, c.h, c.d, c.d, c.gate_scale, false, c.initial_state);
+    // Both sides see the inputs rounded to the kernels' dtype.
+    for (auto* x : {&in.q, &in.k, &in.v}) *x = x->to(c.dtype).to(torch::kFloat64);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+    auto w_out = torch::randn({c.b, c.t, c.h, c.d}, f64()).to(c.dtype).to(torch::kFloat64);
+    auto w_state = torch::randn({c.b, c.h, c.d, c.d}, f64());
+    auto expected = outputs_and_grads(true, in, scale, 64, w_out, w_state);
+
+    auto cuda = torch::TensorOptions().device(torch::kCUDA);
+    auto leaf = [&](const torch::Tensor& x, torch::ScalarType type) {
+      return x.to(cuda.dtype(type)).detach().requires_grad_(true);
+    };
+    auto q = leaf(in.q, c.dtype), k = leaf(in.k, c.dtype), v = leaf(in.v, c.dtype);
+    auto beta = leaf(in.beta, torch::kFloat32), g = leaf(in.g, torch::kFloat32);
+    torch::Tensor s0 = c.initial_state ? leaf(in.s0, torch::kFloat32) : torch::Tensor();
+    REQUIRE(gated_delta_fused_takes(q, k, v, g));
+    auto r = gated_delta_fused(q, k, v, beta, g, s0, scale);
+    CHECK(r.out.scalar_type() == c.dtype);
+    CHECK(r.final_state.scalar_type() == torch::kFloat32);
+    ((r.out.to(torch::kFloat32) * w_out.to(cuda.dtype(torch::kFloat32))).sum() +
+     (r.final_state * w_state.to(cuda.dtype(torch::kFloat32))).sum())
+        .backward();
+    std::vector<torch::Tensor> got = {r.out, r.final_state, q.grad(), k.grad(), v.grad(),
+                                      beta.grad(), g.grad()};
+    if (c.initial_state) got.push_back(s0.grad());
+    const char* names[] = {"o", "final state", "dq", "dk", "dv", "dbeta", "dg", "dh0"};
+    const double tolerance[] = {5e-3, 5e-3, 8e-3, 8e-3, 8e-3, 2e-2, 2e-2, 8e-3};
+    REQUIRE(got.size() == expected.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      INFO(names[i]);
+      REQUIRE(got[i].defined());
+      auto x = got[i].to(torch::kCPU, torch::kFloat64);
+      CHECK(x.isfinite().all().item<bool>());
+      CHECK(test::relative_error(x, expected[i]) < tolerance[i]);
+    }
   }
 }

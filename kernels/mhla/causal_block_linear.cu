@@ -20,32 +20,11 @@ constexpr int kLdScore = kC + 4;                // fp32 64 x 64 tiles
 constexpr int kLdScoreE = kC + 8;               // 64 x 64 tiles of tensor-core elements
 static_assert(kC == kTile, "one shared-memory tile per causal block");
 
-// c [m][n] (fp32, ldc) = (or +=, when Accumulate) A x B for A [m][k] (lda; stored [k][m] when
-// TransA) and B [k][n] (ldb; stored [n][k] when TransB); m, n multiples of 16, k of the MMA depth.
+// The CTA-wide tensor-core product of kernels/common/wmma_gemm.cuh with this file's warps.
 template <typename T, bool TransA, bool TransB>
 __device__ void gemm(const typename Mma<T>::elem* a, int lda, const typename Mma<T>::elem* b,
                      int ldb, float* c, int ldc, int m, int n, int k, bool accumulate) {
-  using ALayout = std::conditional_t<TransA, wmma::col_major, wmma::row_major>;
-  using BLayout = std::conditional_t<TransB, wmma::col_major, wmma::row_major>;
-  const int warp = threadIdx.x / 32, tiles_n = n / 16, count = (m / 16) * tiles_n;
-  for (int f = warp; f < count; f += kWarps) {
-    const int fm = f / tiles_n, fn = f % tiles_n;
-    float* out = c + fm * 16 * ldc + fn * 16;
-    FragC<T> acc;
-    if (accumulate) {
-      wmma::load_matrix_sync(acc, out, ldc, wmma::mem_row_major);
-    } else {
-      wmma::fill_fragment(acc, 0.f);
-    }
-    for (int kk = 0; kk < k; kk += Mma<T>::k) {
-      FragA<T, ALayout> fa;
-      FragB<T, BLayout> fb;
-      load_fragment<T>(fa, TransA ? a + kk * lda + fm * 16 : a + fm * 16 * lda + kk, lda);
-      load_fragment<T>(fb, TransB ? b + fn * 16 * ldb + kk : b + kk * ldb + fn * 16, ldb);
-      wmma::mma_sync(acc, fa, fb, acc);
-    }
-    wmma::store_matrix_sync(out, acc, ldc, wmma::mem_row_major);
-  }
+  wmma_tiles::gemm<T, kWarps, TransA, TransB>(a, lda, b, ldb, c, ldc, m, n, k, accumulate);
 }
 
 __host__ __device__ constexpr int blocks_of(int tokens) {

@@ -12,12 +12,18 @@
 #include <type_traits>
 
 #include "common/element_type.cuh"
+#include "common/wmma_gemm.cuh"
 #include "mhla/block_linear_attention.h"
 
 namespace mhla_kernels {
 namespace tiles {
 
 using namespace nvcuda;
+using mhla_kernels::wmma_tiles::FragA;
+using mhla_kernels::wmma_tiles::FragB;
+using mhla_kernels::wmma_tiles::FragC;
+using mhla_kernels::wmma_tiles::load_fragment;
+using mhla_kernels::wmma_tiles::Mma;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
@@ -27,44 +33,6 @@ constexpr int kMixColumns = 64;    // state elements per step of the mixing back
 constexpr float kFeatureFloor = 1e-6f;
 constexpr float kNormEps = 1e-6f;
 constexpr float kDenominatorEps = 1e-6f;
-
-// Shared-memory element type and tensor-core precision for an input type.
-template <typename T>
-struct Mma;
-template <>
-struct Mma<__nv_bfloat16> {
-  using elem = __nv_bfloat16;
-  using precision = __nv_bfloat16;
-  static constexpr int k = 16;
-};
-template <>
-struct Mma<__half> {
-  using elem = __half;
-  using precision = __half;
-  static constexpr int k = 16;
-};
-template <>
-struct Mma<float> {
-  using elem = float;
-  using precision = wmma::precision::tf32;
-  static constexpr int k = 8;
-};
-
-template <typename T, typename Layout>
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, Mma<T>::k, typename Mma<T>::precision, Layout>;
-template <typename T, typename Layout>
-using FragB = wmma::fragment<wmma::matrix_b, 16, 16, Mma<T>::k, typename Mma<T>::precision, Layout>;
-template <typename T>
-using FragC = wmma::fragment<wmma::accumulator, 16, 16, Mma<T>::k, float>;
-
-template <typename T, typename Frag>
-__device__ __forceinline__ void load_fragment(Frag& f, const typename Mma<T>::elem* p,
-                                              unsigned ld) {
-  wmma::load_matrix_sync(f, p, ld);
-  if constexpr (std::is_same_v<T, float>) {
-    for (int i = 0; i < f.num_elements; ++i) f.x[i] = wmma::__float_to_tf32(f.x[i]);
-  }
-}
 
 // Compile-time layout of one head dimension: padded leading dimensions (against bank conflicts,
 // keeping every 16-row fragment 32-byte aligned) and the vector loads of one token row.

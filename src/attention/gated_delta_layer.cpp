@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "attention/gated_delta.h"
+#include "attention/gated_delta_fused.h"
 #include "attention/gated_delta_decode.h"
 #include "attention/registrations.h"
 
@@ -116,6 +117,10 @@ torch::Tensor delta_rule_op(const torch::Tensor& q, const torch::Tensor& k, cons
                             const OpArgs& args, DeltaCarry carry) {
   TORCH_CHECK(args.causal, "delta rule ops are causal; bidirectional layers run two scans");
   TORCH_CHECK(args.beta.defined() && args.gate.defined(), "delta rule ops need beta and gate");
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  if (carry == DeltaCarry::kernel && gated_delta_fused_takes(q, k, v, args.gate)) {
+    return gated_delta_fused(q, k, v, args.beta, args.gate, /*initial_state=*/{}, scale).out;
+  }
   return delta_rule_chunked(q, k, v, args.beta, args.gate, /*initial_state=*/{},
                             1.0 / std::sqrt(static_cast<double>(q.size(3))), /*chunk=*/64, carry)
       .out;

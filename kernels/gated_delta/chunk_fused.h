@@ -1,0 +1,79 @@
+#pragma once
+// Fused chunked gated DeltaNet (one decay per head and token), forward and backward, chunk 64,
+// bf16 or fp16 q, k, v with fp32 states, gate sums and gradients of beta and g. Per chunk of 64
+// tokens with G the running sum of g inside the chunk, A_rs = beta_r (k_r . k_s) exp(G_r - G_s)
+// (s < r) and T = (I + A)^-1:
+//   W  = T diag(beta exp(G)) K,   U0 = T diag(beta) V                  (prepare, per chunk)
+//   u  = U0 - W S_i,  S_{i+1} = exp(G_C) S_i + (exp(G_C - G) . K)^T u  (states, sequential)
+//   o  = scale [(exp(G) . Q) S_i + (Q K^T . D) u],  D_rs = exp(G_r - G_s) for s <= r  (output)
+// The backward runs the same passes in reverse: du from the outputs (per chunk), the state
+// gradients carried from the last chunk to the first (sequential), then per chunk dq, the
+// output and state parts of dk and the gate, dW, and finally the WY system's backward (dk, dv,
+// dbeta, dg; dg is the reverse running sum of dG inside the chunk). Inputs are token-major
+// [B, T, H, D] (D contiguous); the per-chunk intermediates are [B*H, chunks, 64, D] (states
+// [B*H, chunks, Dk, Dv]). T need not be a multiple of 64: the last chunk is padded with
+// q = k = v = 0, beta = 0, g = 0, which neither write nor decay the state.
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "mhla/block_linear_attention.h"  // DType
+
+namespace mhla_kernels {
+
+constexpr int kGatedDeltaChunk = 64;
+
+// Key and value head dims the fused kernels take (Dk == Dv); others use the batched path.
+inline bool gated_delta_fused_supports(int key_dim, int value_dim) {
+  return key_dim == value_dim && (key_dim == 64 || key_dim == 128);
+}
+
+struct GatedDeltaArgs {
+  DType dtype = DType::bf16;  // of q, k, v, d_out and the element-type buffers below (not f32)
+  int batch = 0, tokens = 0, heads = 0, head_dim = 0;
+  float scale = 1.f;
+  // Inputs, token-major.
+  const void *q = nullptr, *k = nullptr, *v = nullptr;  // [B, T, H, D]
+  const float* beta = nullptr;                          // [B, T, H]
+  const float* gate = nullptr;                          // [B, T, H], log-space, <= 0
+  const float* initial_state = nullptr;                 // [B, H, D, D] or null (zeros)
+  // Forward results and the intermediates the backward reads.
+  float* gate_sums = nullptr;    // [BH, chunks * 64]: G
+  void* w = nullptr;             // [BH, chunks, 64, D]
+  void* u0 = nullptr;            // [BH, chunks, 64, D]
+  void* u = nullptr;             // [BH, chunks, 64, D]
+  void* states = nullptr;        // [BH, chunks, D, D]: the state entering each chunk
+  void* out = nullptr;           // [B, T, H, D]
+  float* final_state = nullptr;  // [B, H, D, D]
+  // Backward.
+  const void* d_out = nullptr;              // [B, T, H, D]
+  const float* final_state_grad = nullptr;  // [B, H, D, D] or null (zeros)
+  float* du_local = nullptr;                // [BH, chunks, 64, D] scratch
+  void* du = nullptr;                       // [BH, chunks, 64, D] scratch
+  void* state_grads = nullptr;              // [BH, chunks, D, D] scratch: dS leaving each chunk
+  float* dw = nullptr;                      // [BH, chunks, 64, D] scratch
+  float* dk_partial = nullptr;              // [BH, chunks, 64, D] scratch
+  float* dgate_partial = nullptr;           // [BH, chunks * 64] scratch
+  void *dq = nullptr, *dk = nullptr, *dv = nullptr;  // [B, T, H, D]
+  float* dbeta = nullptr;                            // [B, T, H]
+  float* dgate = nullptr;                            // [B, T, H]
+  float* initial_state_grad = nullptr;               // [B, H, D, D] or null (not wanted)
+};
+
+#ifdef __CUDACC__
+#define MHLA_GATED_DELTA_HD __host__ __device__
+#else
+#define MHLA_GATED_DELTA_HD
+#endif
+
+MHLA_GATED_DELTA_HD inline int gated_delta_chunks(int tokens) {
+  return (tokens + kGatedDeltaChunk - 1) / kGatedDeltaChunk;
+}
+
+// Fills gate_sums, w, u0, u, states, out and final_state.
+cudaError_t gated_delta_forward(const GatedDeltaArgs& args, cudaStream_t stream);
+// Reads the inputs and the forward's intermediates; fills the scratch buffers and dq, dk, dv,
+// dbeta, dgate and (when asked) initial_state_grad.
+cudaError_t gated_delta_backward(const GatedDeltaArgs& args, cudaStream_t stream);
+
+}  // namespace mhla_kernels

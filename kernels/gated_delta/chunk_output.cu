@@ -1,0 +1,150 @@
+// The parallel per-chunk passes that need the decayed causal scores P = (Q K^T) . D of a chunk
+// (D_rs = exp(G_r - G_s), s <= r): the forward output o = scale [(exp(G) . Q) S_i + P u], and
+// the backward's value gradient from the outputs, du_local = P^T dO'. One CTA per (chunk,
+// batch x head), products on tensor cores with fp32 accumulation.
+#include "gated_delta/chunk_passes.h"
+#include "gated_delta/chunk_tiles.cuh"
+
+namespace mhla_kernels {
+namespace gated_delta {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+
+template <int D>
+constexpr size_t output_bytes() {
+  return sizeof(float) * (kC * kLdSquare + kC * Ld<D>::f + 2 * kC) +
+         2 * (3 * kC * Ld<D>::e + D * Ld<D>::e + kC * kLdSquareE);
+}
+
+template <int D>
+constexpr size_t local_bytes() {
+  return sizeof(float) * (kC * kLdSquare + kC * Ld<D>::f + 2 * kC) +
+         2 * (3 * kC * Ld<D>::e + kC * kLdSquareE);
+}
+
+// P into p_bf (element type, zeros above the diagonal); q_s and k_s hold the raw rows, g the
+// gate sums; pf is fp32 scratch. Ends synchronized.
+template <typename T, int D>
+__device__ void decayed_scores(const T* q_s, const T* k_s, const float* g, float* pf, T* p_bf) {
+  gemm<T, kWarps, false, true>(q_s, Ld<D>::e, k_s, Ld<D>::e, pf, kLdSquare, kC, kC, D, false);
+  __syncthreads();
+  causal_decayed<T, kThreads>(p_bf, pf, g);
+  __syncthreads();
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) output_kernel(GatedDeltaArgs p) {
+  extern __shared__ __align__(128) unsigned char raw[];
+  float* pf = reinterpret_cast<float*>(raw);  // [64][68]
+  float* out_f = pf + kC * kLdSquare;         // [64][D + 4]
+  float* g = out_f + kC * Ld<D>::f;           // [64]
+  float* decay = g + kC;                      // [64]: exp(G_r)
+  T* q_s = reinterpret_cast<T*>(decay + kC);  // [64][D + 8]
+  T* k_s = q_s + kC * Ld<D>::e;               // [64][D + 8]
+  T* u_s = k_s + kC * Ld<D>::e;               // [64][D + 8]
+  T* st_s = u_s + kC * Ld<D>::e;              // [D][D + 8]: S_i
+  T* p_bf = st_s + D * Ld<D>::e;              // [64][72]
+  const ChunkPosition at(p, blockIdx.y, blockIdx.x);
+  const T* q = static_cast<const T*>(p.q);
+  const T* k = static_cast<const T*>(p.k);
+  load_rows<T, D, kThreads>(
+      q_s, Ld<D>::e, [&](int r) { return q + at.token(r, D, p.heads, p.tokens); }, at.valid,
+      nullptr);
+  load_rows<T, D, kThreads>(
+      k_s, Ld<D>::e, [&](int r) { return k + at.token(r, D, p.heads, p.tokens); }, at.valid,
+      nullptr);
+  load_matrix<T, kC, D, kThreads>(u_s, Ld<D>::e, static_cast<const T*>(p.u) + at.tile(0, D), D);
+  load_matrix<T, D, D, kThreads>(st_s, Ld<D>::e, static_cast<const T*>(p.states) + at.state(D), D);
+  load_gate_sums(g, p, at);
+  __syncthreads();
+  if (threadIdx.x < kC) decay[threadIdx.x] = __expf(g[threadIdx.x]);
+  decayed_scores<T, D>(q_s, k_s, g, pf, p_bf);
+  for (int e = threadIdx.x; e < kC * D; e += kThreads) {
+    const int r = e / D, c = e % D;
+    q_s[r * Ld<D>::e + c] = from_float<T>(decay[r] * to_float(q_s[r * Ld<D>::e + c]));
+  }
+  __syncthreads();
+  gemm<T, kWarps, false, false>(q_s, Ld<D>::e, st_s, Ld<D>::e, out_f, Ld<D>::f, kC, D, D, false);
+  __syncthreads();
+  gemm<T, kWarps, false, false>(p_bf, kLdSquareE, u_s, Ld<D>::e, out_f, Ld<D>::f, kC, D, kC, true);
+  __syncthreads();
+  T* out = static_cast<T*>(p.out);
+  for (int e = threadIdx.x; e < at.valid * (D / 8); e += kThreads) {
+    const int r = e / (D / 8), c = (e % (D / 8)) * 8;
+    float x[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) x[j] = p.scale * out_f[r * Ld<D>::f + c + j];
+    store_pack<T, 8>(out + at.token(r, D, p.heads, p.tokens) + c, x);
+  }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) local_value_grads_kernel(GatedDeltaArgs p) {
+  extern __shared__ __align__(128) unsigned char raw[];
+  float* pf = reinterpret_cast<float*>(raw);  // [64][68]
+  float* out_f = pf + kC * kLdSquare;         // [64][D + 4]
+  float* g = out_f + kC * Ld<D>::f;           // [64]
+  T* q_s = reinterpret_cast<T*>(g + 2 * kC);  // [64][D + 8]
+  T* k_s = q_s + kC * Ld<D>::e;               // [64][D + 8]
+  T* do_s = k_s + kC * Ld<D>::e;              // [64][D + 8]: dO' = scale dO
+  T* p_bf = do_s + kC * Ld<D>::e;             // [64][72]
+  const ChunkPosition at(p, blockIdx.y, blockIdx.x);
+  auto rows = [&](const void* base) {
+    return [&at, &p, base](int r) {
+      return static_cast<const T*>(base) + at.token(r, D, p.heads, p.tokens);
+    };
+  };
+  load_rows<T, D, kThreads>(q_s, Ld<D>::e, rows(p.q), at.valid, nullptr);
+  load_rows<T, D, kThreads>(k_s, Ld<D>::e, rows(p.k), at.valid, nullptr);
+  load_rows<T, D, kThreads>(do_s, Ld<D>::e, rows(p.d_out), at.valid, nullptr, p.scale);
+  load_gate_sums(g, p, at);
+  __syncthreads();
+  decayed_scores<T, D>(q_s, k_s, g, pf, p_bf);
+  gemm<T, kWarps, true, false>(p_bf, kLdSquareE, do_s, Ld<D>::e, out_f, Ld<D>::f, kC, D, kC, false);
+  __syncthreads();
+  float* dst = p.du_local + at.tile(0, D);
+  for (int e = threadIdx.x; e < kC * (D / 4); e += kThreads) {
+    const int r = e / (D / 4), c = (e % (D / 4)) * 4;
+    *reinterpret_cast<float4*>(dst + r * D + c) =
+        *reinterpret_cast<const float4*>(out_f + r * Ld<D>::f + c);
+  }
+}
+
+template <typename T, int D>
+struct Output {
+  static cudaError_t launch(const GatedDeltaArgs& a, cudaStream_t stream) {
+    constexpr size_t bytes = output_bytes<D>();
+    if (cudaError_t err = allow_shared(output_kernel<T, D>, bytes); err != cudaSuccess) return err;
+    const dim3 grid(gated_delta_chunks(a.tokens), a.batch * a.heads);
+    output_kernel<T, D><<<grid, kThreads, bytes, stream>>>(a);
+    return cudaGetLastError();
+  }
+};
+
+template <typename T, int D>
+struct LocalValueGrads {
+  static cudaError_t launch(const GatedDeltaArgs& a, cudaStream_t stream) {
+    constexpr size_t bytes = local_bytes<D>();
+    if (cudaError_t err = allow_shared(local_value_grads_kernel<T, D>, bytes); err != cudaSuccess) {
+      return err;
+    }
+    const dim3 grid(gated_delta_chunks(a.tokens), a.batch * a.heads);
+    local_value_grads_kernel<T, D><<<grid, kThreads, bytes, stream>>>(a);
+    return cudaGetLastError();
+  }
+};
+
+}  // namespace
+
+cudaError_t run_output(const GatedDeltaArgs& a, cudaStream_t stream) {
+  return dispatch<Output>(a, stream);
+}
+
+cudaError_t run_local_value_grads(const GatedDeltaArgs& a, cudaStream_t stream) {
+  return dispatch<LocalValueGrads>(a, stream);
+}
+
+}  // namespace gated_delta
+}  // namespace mhla_kernels

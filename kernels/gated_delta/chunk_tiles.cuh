@@ -1,0 +1,239 @@
+#pragma once
+// Shared-memory helpers of the fused gated-delta passes (kernels/gated_delta/chunk_*.cu): the
+// position of a chunk, 16-byte row loads (token-major rows or contiguous per-chunk tiles) with an
+// optional per-row factor, the running gate sum of a chunk, the decayed causal product tile,
+// forward and backward substitution through the chunk's unit-triangular system, and reductions.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "common/element_type.cuh"
+#include "common/packed_access.cuh"
+#include "common/wmma_gemm.cuh"
+#include "gated_delta/chunk_fused.h"
+
+namespace mhla_kernels {
+namespace gated_delta {
+
+using wmma_tiles::gemm;
+using wmma_tiles::Mma;
+
+constexpr int kC = kGatedDeltaChunk;
+constexpr int kLdSquare = kC + 4;   // fp32 64 x 64 tiles
+constexpr int kLdSquareE = kC + 8;  // element-type 64 x 64 tiles
+
+template <int D>
+struct Ld {
+  static constexpr int e = D + 8;  // element-type rows of D
+  static constexpr int f = D + 4;  // fp32 rows of D
+};
+
+// Where one CTA's chunk lies: batch, head, chunk index and its valid rows.
+struct ChunkPosition {
+  int b, h, bh, chunk, chunks, t0, valid;
+  __device__ ChunkPosition(const GatedDeltaArgs& p, int bh_index, int chunk_index) {
+    bh = bh_index;
+    b = bh / p.heads;
+    h = bh % p.heads;
+    chunk = chunk_index;
+    chunks = gated_delta_chunks(p.tokens);
+    t0 = chunk * kC;
+    valid = min(kC, p.tokens - t0);
+  }
+  // Offset of token row r (of this chunk) in a token-major [B, T, H, width] tensor.
+  __device__ int64_t token(int r, int width, int heads, int tokens) const {
+    return ((static_cast<int64_t>(b) * tokens + t0 + r) * heads + h) * width;
+  }
+  // Offset of row r in a per-chunk [BH, chunks, 64, width] buffer.
+  __device__ int64_t tile(int r, int width) const {
+    return ((static_cast<int64_t>(bh) * chunks + chunk) * kC + r) * width;
+  }
+  // Offset of this chunk's [D, D] state.
+  __device__ int64_t state(int d) const {
+    return (static_cast<int64_t>(bh) * chunks + chunk) * d * d;
+  }
+};
+
+// dst[r][c] = factor(r) * src_row(r)[c0 + c] for c < Cols, rows >= valid zero; 16-byte loads.
+// factor == nullptr: copied as is.
+template <typename T, int Cols, int Threads, typename RowPtr>
+__device__ void load_rows(T* dst, int ld, RowPtr src_row, int valid, const float* factor,
+                          float common = 1.f) {
+  constexpr int kVec = 8;  // elements per 16 bytes
+  constexpr int kPerRow = Cols / kVec;
+  for (int e = threadIdx.x; e < kC * kPerRow; e += Threads) {
+    const int r = e / kPerRow, c = (e % kPerRow) * kVec;
+    uint4 word = make_uint4(0, 0, 0, 0);
+    if (r < valid) word = *reinterpret_cast<const uint4*>(src_row(r) + c);
+    if (factor != nullptr || common != 1.f) {
+      const float f = (factor != nullptr ? factor[r] : 1.f) * common;
+      T* x = reinterpret_cast<T*>(&word);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) x[j] = from_float<T>(f * to_float(x[j]));
+    }
+    *reinterpret_cast<uint4*>(dst + r * ld + c) = word;
+  }
+}
+
+// dst[r][c] = src[r * width + c0 + c] for a fp32 [64][width] tile, 16-byte loads.
+template <int Cols, int Threads>
+__device__ void load_rows_f32(float* dst, int ld, const float* src, int width) {
+  constexpr int kPerRow = Cols / 4;
+  for (int e = threadIdx.x; e < kC * kPerRow; e += Threads) {
+    const int r = e / kPerRow, c = (e % kPerRow) * 4;
+    *reinterpret_cast<float4*>(dst + r * ld + c) =
+        *reinterpret_cast<const float4*>(src + static_cast<int64_t>(r) * width + c);
+  }
+}
+
+// A [Rows][Cols] element-type matrix from global (row stride width) into shared memory.
+template <typename T, int Rows, int Cols, int Threads>
+__device__ void load_matrix(T* dst, int ld, const T* src, int width) {
+  constexpr int kPerRow = Cols / 8;
+  for (int e = threadIdx.x; e < Rows * kPerRow; e += Threads) {
+    const int r = e / kPerRow, c = (e % kPerRow) * 8;
+    *reinterpret_cast<uint4*>(dst + r * ld + c) =
+        *reinterpret_cast<const uint4*>(src + static_cast<int64_t>(r) * width + c);
+  }
+}
+
+// The reverse: a [Rows][Cols] shared-memory element-type matrix out to global.
+template <typename T, int Rows, int Cols, int Threads>
+__device__ void store_matrix(T* dst, int width, const T* src, int ld) {
+  constexpr int kPerRow = Cols / 8;
+  for (int e = threadIdx.x; e < Rows * kPerRow; e += Threads) {
+    const int r = e / kPerRow, c = (e % kPerRow) * 8;
+    *reinterpret_cast<uint4*>(dst + static_cast<int64_t>(r) * width + c) =
+        *reinterpret_cast<const uint4*>(src + r * ld + c);
+  }
+}
+
+// Element-type copy of a fp32 [Rows][Cols] shared tile (scaled), in shared memory.
+template <typename T, int Rows, int Cols, int Threads>
+__device__ void convert_tile(T* dst, int ld_dst, const float* src, int ld_src, float scale = 1.f) {
+  for (int e = threadIdx.x; e < Rows * Cols; e += Threads) {
+    const int r = e / Cols, c = e % Cols;
+    dst[r * ld_dst + c] = from_float<T>(scale * src[r * ld_src + c]);
+  }
+}
+
+// In-place inclusive running sum of 64 values, by one warp.
+__device__ __forceinline__ void warp_running_sum64(float* x) {
+  const int lane = threadIdx.x % 32;
+  const float a = x[2 * lane], b = x[2 * lane + 1];
+  float pair = a + b, sum = pair;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const float up = __shfl_up_sync(0xffffffffu, sum, o);
+    if (lane >= o) sum += up;
+  }
+  const float before = sum - pair;
+  x[2 * lane] = before + a;
+  x[2 * lane + 1] = before + a + b;
+}
+
+// In-place reverse running sum (x[r] = sum over s >= r), by one warp.
+__device__ __forceinline__ void warp_reverse_running_sum64(float* x) {
+  const int lane = threadIdx.x % 32;
+  const float a = x[62 - 2 * lane], b = x[63 - 2 * lane];  // lane 0 takes the last pair
+  float pair = a + b, sum = pair;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const float up = __shfl_up_sync(0xffffffffu, sum, o);
+    if (lane >= o) sum += up;
+  }
+  const float after = sum - pair;
+  x[63 - 2 * lane] = after + b;
+  x[62 - 2 * lane] = after + a + b;
+}
+
+// The chunk's gate sums G (fp32, from the prepare pass) into shared memory.
+__device__ __forceinline__ void load_gate_sums(float* g, const GatedDeltaArgs& p,
+                                               const ChunkPosition& at) {
+  if (threadIdx.x < kC) {
+    g[threadIdx.x] =
+        p.gate_sums[(static_cast<int64_t>(at.bh) * at.chunks + at.chunk) * kC + threadIdx.x];
+  }
+}
+
+// x <- (I + A)^-1 x for one column held in registers: rows in order, A strictly lower ([64][68]
+// fp32, zeros on and above the diagonal, so whole float4 groups may be read).
+__device__ __forceinline__ void forward_substitute(const float* a, float (&x)[kC]) {
+#pragma unroll
+  for (int r = 1; r < kC; ++r) {
+    float acc = x[r];
+#pragma unroll
+    for (int s = 0; s < r; s += 4) {
+      const float4 w = *reinterpret_cast<const float4*>(a + r * kLdSquare + s);
+      acc -= w.x * x[s] + w.y * x[s + 1] + w.z * x[s + 2] + w.w * x[s + 3];
+    }
+    x[r] = acc;
+  }
+}
+
+// x <- (I + A)^-T x, rows in reverse, given at = A^T ([64][68], zeros on and below the diagonal).
+__device__ __forceinline__ void backward_substitute(const float* at, float (&x)[kC]) {
+#pragma unroll
+  for (int r = kC - 2; r >= 0; --r) {
+    float acc = x[r];
+#pragma unroll
+    for (int s = (r + 1) & ~3; s < kC; s += 4) {
+      const float4 w = *reinterpret_cast<const float4*>(at + r * kLdSquare + s);
+      acc -= w.x * x[s] + w.y * x[s + 1] + w.z * x[s + 2] + w.w * x[s + 3];
+    }
+    x[r] = acc;
+  }
+}
+
+// The chunk's causal decays: out[r][s] = in[r][s] * exp(G_r - G_s) for s <= r, else 0, as the
+// element type (in: fp32 [64][68], out [64][72]); exp(G_r - G_s) <= 1, so no overflow.
+template <typename T, int Threads>
+__device__ void causal_decayed(T* out, const float* in, const float* g) {
+  for (int e = threadIdx.x; e < kC * kC; e += Threads) {
+    const int r = e / kC, s = e % kC;
+    out[r * kLdSquareE + s] =
+        from_float<T>(s <= r ? in[r * kLdSquare + s] * __expf(g[r] - g[s]) : 0.f);
+  }
+}
+
+// Sum of x over the CTA; the result is valid in thread 0. `scratch` holds one float per warp.
+template <int Threads>
+__device__ float block_sum(float x, float* scratch) {
+  x = warp_sum(x);
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = x;
+  __syncthreads();
+  float total = 0.f;
+  if (threadIdx.x == 0) {
+    for (int w = 0; w < Threads / 32; ++w) total += scratch[w];
+  }
+  return total;
+}
+
+// Dispatch over the element type and the head dim for a launcher templated on both.
+template <template <typename, int> class Pass>
+cudaError_t dispatch(const GatedDeltaArgs& a, cudaStream_t stream) {
+  auto by_dim = [&](auto element) -> cudaError_t {
+    using T = decltype(element);
+    if (a.head_dim == 64) return Pass<T, 64>::launch(a, stream);
+    if (a.head_dim == 128) return Pass<T, 128>::launch(a, stream);
+    return cudaErrorInvalidValue;
+  };
+  switch (a.dtype) {
+    case DType::bf16:
+      return by_dim(__nv_bfloat16{});
+    case DType::f16:
+      return by_dim(__half{});
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+template <typename Kernel>
+cudaError_t allow_shared(Kernel kernel, size_t bytes) {
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(bytes));
+}
+
+}  // namespace gated_delta
+}  // namespace mhla_kernels
