@@ -12,6 +12,9 @@ import peers_attention as peer  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from fla.ops.gated_delta_rule import chunk_gated_delta_rule  # noqa: E402
+import fla.ops.common.chunk_o as _chunk_o  # noqa: E402
+
+_chunk_o.TRITON_ABOVE_3_7_1 = True  # timing only, as the peer script does (see its docstring)
 
 ops = [("fla_chunk_gated_delta_rule", lambda q, k, v, g, b: chunk_gated_delta_rule(q, k, v, g, b)[0], False)]
 if "--kda" in sys.argv:

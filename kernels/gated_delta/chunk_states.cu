@@ -6,7 +6,7 @@
 //   forward:  store S_i;  u = U0 - W S_i;  S_{i+1} = exp(G_C) S_i + K~^T u
 //   backward: store dS_{i+1};  du = du_local + K~ dS_{i+1};
 //             dS_i = exp(G_C) dS_{i+1} + [Q~ ; W]^T [dO' ; -du]
-// with K~ = exp(G_C - G) . K, Q~ = scale exp(G) . Q and dO' = scale dO.
+// with K~ = exp(G_C - G) . K, Q~ = exp(G) . Q and dO' = scale dO (the output's scale once).
 #include "gated_delta/chunk_passes.h"
 #include "gated_delta/chunk_tiles.cuh"
 
@@ -158,8 +158,8 @@ __global__ void __launch_bounds__(kThreads) states_backward_kernel(GatedDeltaArg
         kd, Ld<D>::e, [&](int r) { return k + at.token(r, D, p.heads, p.tokens); }, at.valid,
         to_end);
     load_rows<T, D, kThreads>(
-        qd, Ld<D>::e, [&](int r) { return q + at.token(r, D, p.heads, p.tokens); }, at.valid, decay,
-        p.scale);
+        qd, Ld<D>::e, [&](int r) { return q + at.token(r, D, p.heads, p.tokens); }, at.valid,
+        decay);
     __syncthreads();
     gemm<T, kWarps, false, false>(kd, Ld<D>::e, ds_bf, kLdSliceE, du_f, kLdSliceF, kC, kSlice, D,
                                   true);

@@ -60,8 +60,9 @@ class GatedDeltaFusedFunction : public torch::autograd::Function<GatedDeltaFused
     auto v = v_in.contiguous();
     auto beta = beta_in.to(torch::kFloat32).contiguous();
     auto g = g_in.to(torch::kFloat32).contiguous();
-    auto h0 = initial_state_in.defined() ? initial_state_in.to(torch::kFloat32).contiguous()
-                                         : torch::Tensor();
+    // An empty tensor stands for "no initial state" (autograd functions take no undefined inputs).
+    auto h0 = initial_state_in.numel() > 0 ? initial_state_in.to(torch::kFloat32).contiguous()
+                                           : torch::Tensor();
     const auto b = q.size(0), t = q.size(1), h = q.size(2), d = q.size(3);
     const int64_t chunks = kernels::gated_delta_chunks(static_cast<int>(t));
     const int64_t c = kernels::kGatedDeltaChunk;
@@ -156,7 +157,10 @@ DeltaRuleOutput gated_delta_fused(const torch::Tensor& q, const torch::Tensor& k
   check_same_device(
       "gated DeltaNet (fused kernels)", v,
       {{"q", q}, {"k", k}, {"beta", beta}, {"g", g}, {"initial_state", initial_state}});
-  auto outs = GatedDeltaFusedFunction::apply(q, k, v, beta, g, initial_state, scale);
+  auto outs = GatedDeltaFusedFunction::apply(
+      q, k, v, beta, g,
+      initial_state.defined() ? initial_state : torch::empty({0}, v.options().dtype(torch::kFloat32)),
+      scale);
   return {outs[0], outs[1]};
 #else
   return {};
