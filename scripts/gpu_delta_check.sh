@@ -21,4 +21,29 @@ if [ -z "${SKIP_PEER:-}" ]; then
   tail -5 "$V/peer.err"
   tar czf "$V/triton_cache.tgz" -C "$TRITON_CACHE_DIR" . 2>/dev/null
 fi
+# With BREAKDOWN=1: per-kernel GPU time (Nsight Compute durations) of one forward+backward at
+# T = 2,048 and 32,768 (the bench's warm-up and timed calls: 2 forward, 2 forward+backward).
+if [ -n "${BREAKDOWN:-}" ]; then
+  for s in 16,8,2048,128 1,8,32768,128; do
+    timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum --csv "$bin" bench \
+      attention --op gated_deltanet --causal --backend cuda --shape $s --warmup 1 --iters 1 \
+      > "$V/ncu_$s.csv" 2> /dev/null
+    python3 - "$V/ncu_$s.csv" <<'PY'
+import csv, re, sys
+rows = list(csv.reader(l for l in open(sys.argv[1]) if l.startswith('"')))
+head, rows = rows[0], rows[1:]
+n, v, u = (head.index(k) for k in ("Kernel Name", "Metric Value", "Metric Unit"))
+scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
+sums = {}
+for r in rows:
+    name = re.sub(r"<.*", "", r[n]).split("(")[0].split("::")[-1][:60]
+    t, c = sums.get(name, (0.0, 0))
+    sums[name] = (t + float(r[v].replace(",", "")) * scale[r[u]], c + 1)
+total = sum(t for t, _ in sums.values())
+print(sys.argv[1].split("/")[-1], "total us", round(total, 1))
+for name, (t, c) in sorted(sums.items(), key=lambda x: -x[1][0])[:14]:
+    print(f"  {t:9.1f} us  {c:4d}x  {name}")
+PY
+  done
+fi
 tar czf "$OUT/delta.tgz" -C "$OUT" delta

@@ -1,12 +1,12 @@
 // The sequential passes of the fused gated DeltaNet: the state carried from chunk to chunk
 // (forward) and its gradient carried back (backward). One CTA per (32 value columns, batch x
-// head) walks the chunks: its [D, 32] slice of the state stays in shared memory in fp32, with an
-// element-type copy as the tensor-core operand; each chunk is two (forward) or two fused
-// (backward) products against tiles the parallel passes prepared.
-//   forward:  store S_i;  u = U0 - W S_i;  S_{i+1} = exp(G_C) S_i + K~^T u
-//   backward: store dS_{i+1};  du = du_local + K~ dS_{i+1};
-//             dS_i = exp(G_C) dS_{i+1} + [Q~ ; W]^T [dO' ; -du]
-// with K~ = exp(G_C - G) . K, Q~ = exp(G) . Q and dO' = scale dO (the output's scale once).
+// head) walks the chunks. Its [D, 32] slice of the state lives in fp32 tensor-core accumulators
+// in registers for the whole walk, with an element-type copy in shared memory as the operand of
+// the next chunk's first product; the next chunk's tiles (from the parallel passes and the
+// inputs) load asynchronously into a second buffer while the current chunk computes.
+//   forward:  store S_i;  u = U0 - W S_i;  S_{i+1} = exp(G_C) S_i + K^T diag(exp(G_C - G)) u
+//   backward: store dS_{i+1};  du = du_local + diag(exp(G_C - G)) K dS_{i+1};
+//             dS_i = exp(G_C) dS_{i+1} + [Q ; W]^T [diag(scale exp(G)) dO ; -du]
 #include "gated_delta/chunk_passes.h"
 #include "gated_delta/chunk_tiles.cuh"
 
@@ -20,17 +20,77 @@ constexpr int kSlice = 32;             // value columns per CTA
 constexpr int kLdSliceE = kSlice + 8;  // element-type rows of the slice
 constexpr int kLdSliceF = kSlice + 4;  // fp32 rows of the slice
 
+using namespace nvcuda;
+using wmma_tiles::FragA;
+using wmma_tiles::FragB;
+using wmma_tiles::FragC;
+using wmma_tiles::load_fragment;
+
+// The state slice [D][32] as 16 x 16 accumulator tiles held in registers across chunks: warp w
+// owns tiles w, w + 4, ... (tile f at rows 16 (f / 2), columns 16 (f % 2)).
+template <typename T, int D>
+struct StateFragments {
+  static constexpr int kPerWarp = (D / 16) * (kSlice / 16) / kWarps;
+  FragC<T> f[kPerWarp];
+  __device__ static int row(int j) { return 16 * ((threadIdx.x / 32 + kWarps * j) / 2); }
+  __device__ static int col(int j) { return 16 * ((threadIdx.x / 32 + kWarps * j) % 2); }
+  __device__ void load(const float* s) {
+#pragma unroll
+    for (int j = 0; j < kPerWarp; ++j) {
+      wmma::load_matrix_sync(f[j], s + row(j) * kLdSliceF + col(j), kLdSliceF, wmma::mem_row_major);
+    }
+  }
+  __device__ void store(float* s) const {
+#pragma unroll
+    for (int j = 0; j < kPerWarp; ++j) {
+      wmma::store_matrix_sync(s + row(j) * kLdSliceF + col(j), f[j], kLdSliceF,
+                              wmma::mem_row_major);
+    }
+  }
+  // f = decay f + A^T B for A [Depth][D] (rows lda apart) and B [Depth][32] (rows ldb apart).
+  __device__ void decay_and_add(float decay, const T* a, int lda, const T* b, int ldb, int depth) {
+#pragma unroll
+    for (int j = 0; j < kPerWarp; ++j) {
+      for (int i = 0; i < f[j].num_elements; ++i) f[j].x[i] *= decay;
+      for (int kk = 0; kk < depth; kk += 16) {
+        FragA<T, wmma::col_major> fa;
+        FragB<T, wmma::row_major> fb;
+        load_fragment<T>(fa, a + kk * lda + row(j), lda);
+        load_fragment<T>(fb, b + kk * ldb + col(j), ldb);
+        wmma::mma_sync(f[j], fa, fb, f[j]);
+      }
+    }
+  }
+};
+
+// Shared-memory layouts (byte offsets). The next chunk's tiles load into the other stage while
+// the current chunk computes; the fp32 staging tile also holds the first product's result.
 template <int D>
-constexpr size_t forward_bytes() {
-  return sizeof(float) * (D * kLdSliceF + kC * kLdSliceF + 2 * kC) +
-         2 * (2 * kC * Ld<D>::e + 2 * kC * kLdSliceE + D * kLdSliceE);
-}
+struct ForwardLayout {
+  static constexpr size_t staging = 0;                           // f32 [D][36]
+  static constexpr size_t to_end = staging + 4 * D * kLdSliceF;  // f32 [64]
+  static constexpr size_t s_bf = to_end + 4 * kC;                // [D][40]
+  static constexpr size_t us_bf = s_bf + 2 * D * kLdSliceE;      // [64][40]
+  static constexpr size_t stage0 = us_bf + 2 * kC * kLdSliceE;
+  static constexpr size_t w = 0, k = w + 2 * kC * Ld<D>::e, u0 = k + 2 * kC * Ld<D>::e,
+                          g = u0 + 2 * kC * kLdSliceE, stage_bytes = g + 4 * kC;
+  static constexpr size_t bytes = stage0 + 2 * stage_bytes;
+};
 
 template <int D>
-constexpr size_t backward_bytes() {
-  return sizeof(float) * (D * kLdSliceF + kC * kLdSliceF + 3 * kC) +
-         2 * (3 * kC * Ld<D>::e + 2 * kC * kLdSliceE + D * kLdSliceE);
-}
+struct BackwardLayout {
+  static constexpr size_t staging = 0;  // f32 [D][36]
+  static constexpr size_t to_end = staging + 4 * D * kLdSliceF;
+  static constexpr size_t decay = to_end + 4 * kC;  // f32 [64]: scale exp(G_r)
+  static constexpr size_t ds_bf = decay + 4 * kC;   // [D][40]
+  static constexpr size_t stage0 = ds_bf + 2 * D * kLdSliceE;
+  // q and w adjacent (one product of depth 128 against d_out and du_neg, also adjacent).
+  static constexpr size_t q = 0, w = q + 2 * kC * Ld<D>::e, k = w + 2 * kC * Ld<D>::e,
+                          d_out = k + 2 * kC * Ld<D>::e, du_neg = d_out + 2 * kC * kLdSliceE,
+                          du_local = du_neg + 2 * kC * kLdSliceE, g = du_local + 4 * kC * kLdSliceF,
+                          stage_bytes = g + 4 * kC;
+  static constexpr size_t bytes = stage0 + 2 * stage_bytes;
+};
 
 // The state slice from global fp32 [D, D] (or zeros) into fp32 shared memory.
 template <int D>
@@ -49,146 +109,182 @@ __device__ void store_state_slice(float* dst, const float* s, int col0) {
   }
 }
 
-__device__ __forceinline__ void scale_tile(float* s, int rows, float factor) {
-  for (int e = threadIdx.x; e < rows * kSlice; e += kThreads) {
-    s[(e / kSlice) * kLdSliceF + e % kSlice] *= factor;
+__device__ __forceinline__ void copy_gate_sums_async(float* g, const GatedDeltaArgs& p, int bh,
+                                                     int chunks, int i) {
+  if (threadIdx.x < kC / 4) {
+    copy_async16(g + 4 * threadIdx.x,
+                 p.gate_sums + (static_cast<int64_t>(bh) * chunks + i) * kC + 4 * threadIdx.x,
+                 true);
   }
 }
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) states_forward_kernel(GatedDeltaArgs p) {
+  using L = ForwardLayout<D>;
   extern __shared__ __align__(128) unsigned char raw[];
-  float* s_f = reinterpret_cast<float*>(raw);  // [D][36]
-  float* u_f = s_f + D * kLdSliceF;            // [64][36]
-  float* g = u_f + kC * kLdSliceF;             // [64]
-  float* to_end = g + kC;                      // [64]
-  T* w_s = reinterpret_cast<T*>(to_end + kC);  // [64][D + 8]
-  T* kd = w_s + kC * Ld<D>::e;                 // [64][D + 8]: K~
-  T* u0_s = kd + kC * Ld<D>::e;                // [64][40]
-  T* u_bf = u0_s + kC * kLdSliceE;             // [64][40]
-  T* s_bf = u_bf + kC * kLdSliceE;             // [D][40]
+  float* staging = reinterpret_cast<float*>(raw + L::staging);  // S, or W S
+  float* to_end = reinterpret_cast<float*>(raw + L::to_end);
+  T* s_bf = reinterpret_cast<T*>(raw + L::s_bf);
+  T* us_bf = reinterpret_cast<T*>(raw + L::us_bf);  // diag(exp(G_C - G)) u
+  auto stage = [&](int s, size_t part) { return raw + L::stage0 + s * L::stage_bytes + part; };
   const int bh = blockIdx.y, col0 = blockIdx.x * kSlice;
-  const T* k = static_cast<const T*>(p.k);
-  const int64_t state0 = static_cast<int64_t>(bh) * D * D;
-  load_state_slice<D>(s_f, p.initial_state ? p.initial_state + state0 : nullptr, col0);
-  __syncthreads();
-  convert_tile<T, D, kSlice, kThreads>(s_bf, kLdSliceE, s_f, kLdSliceF);
   const int chunks = gated_delta_chunks(p.tokens);
-  for (int i = 0; i < chunks; ++i) {
+  const T* w = static_cast<const T*>(p.w);
+  const T* k = static_cast<const T*>(p.k);
+  const T* u0 = static_cast<const T*>(p.u0);
+  auto issue = [&](int i, int s) {
     const ChunkPosition at(p, bh, i);
-    __syncthreads();  // the previous chunk is done with every tile
-    load_gate_sums(g, p, at);
-    load_rows<T, D, kThreads>(
-        w_s, Ld<D>::e, [&](int r) { return static_cast<const T*>(p.w) + at.tile(r, D); }, kC,
-        nullptr);
-    load_rows<T, kSlice, kThreads>(
-        u0_s, kLdSliceE, [&](int r) { return static_cast<const T*>(p.u0) + at.tile(r, D) + col0; },
-        kC, nullptr);
+    copy_rows_async<T, D, kThreads>(
+        reinterpret_cast<T*>(stage(s, L::w)), Ld<D>::e, [&](int r) { return w + at.tile(r, D); },
+        kC);
+    copy_rows_async<T, D, kThreads>(
+        reinterpret_cast<T*>(stage(s, L::k)), Ld<D>::e,
+        [&](int r) { return k + at.token(r, D, p.heads, p.tokens); }, at.valid);
+    copy_rows_async<T, kSlice, kThreads>(
+        reinterpret_cast<T*>(stage(s, L::u0)), kLdSliceE,
+        [&](int r) { return u0 + at.tile(r, D) + col0; }, kC);
+    copy_gate_sums_async(reinterpret_cast<float*>(stage(s, L::g)), p, bh, chunks, i);
+    copy_async_commit();
+  };
+  issue(0, 0);
+  const int64_t state0 = static_cast<int64_t>(bh) * D * D;
+  load_state_slice<D>(staging, p.initial_state ? p.initial_state + state0 : nullptr, col0);
+  __syncthreads();
+  StateFragments<T, D> state;
+  state.load(staging);
+  convert_tile<T, D, kSlice, kThreads>(s_bf, kLdSliceE, staging, kLdSliceF);
+  for (int i = 0; i < chunks; ++i) {
+    const int s = i & 1;
+    const ChunkPosition at(p, bh, i);
+    if (i + 1 < chunks) {
+      issue(i + 1, s ^ 1);
+      copy_async_wait<1>();
+    } else {
+      copy_async_wait<0>();
+    }
+    __syncthreads();  // chunk i's tiles are in; s_bf holds S_i
+    const T* w_s = reinterpret_cast<const T*>(stage(s, L::w));
+    const T* k_s = reinterpret_cast<const T*>(stage(s, L::k));
+    const T* u0_s = reinterpret_cast<const T*>(stage(s, L::u0));
+    const float* g = reinterpret_cast<const float*>(stage(s, L::g));
     store_matrix<T, D, kSlice, kThreads>(static_cast<T*>(p.states) + at.state(D) + col0, D, s_bf,
                                          kLdSliceE);
-    __syncthreads();
     if (threadIdx.x < kC) to_end[threadIdx.x] = __expf(g[kC - 1] - g[threadIdx.x]);
-    gemm<T, kWarps, false, false>(w_s, Ld<D>::e, s_bf, kLdSliceE, u_f, kLdSliceF, kC, kSlice, D,
+    gemm<T, kWarps, false, false>(w_s, Ld<D>::e, s_bf, kLdSliceE, staging, kLdSliceF, kC, kSlice, D,
                                   false);
     __syncthreads();
-    load_rows<T, D, kThreads>(
-        kd, Ld<D>::e, [&](int r) { return k + at.token(r, D, p.heads, p.tokens); }, at.valid,
-        to_end);
     T* u_out = static_cast<T*>(p.u) + at.tile(0, D) + col0;
     for (int e = threadIdx.x; e < kC * kSlice; e += kThreads) {
       const int r = e / kSlice, c = e % kSlice;
-      const T x = from_float<T>(to_float(u0_s[r * kLdSliceE + c]) - u_f[r * kLdSliceF + c]);
-      u_bf[r * kLdSliceE + c] = x;
-      u_out[static_cast<int64_t>(r) * D + c] = x;
+      const float u = to_float(u0_s[r * kLdSliceE + c]) - staging[r * kLdSliceF + c];
+      u_out[static_cast<int64_t>(r) * D + c] = from_float<T>(u);
+      us_bf[r * kLdSliceE + c] = from_float<T>(to_end[r] * u);
     }
-    scale_tile(s_f, D, __expf(g[kC - 1]));
     __syncthreads();
-    gemm<T, kWarps, true, false>(kd, Ld<D>::e, u_bf, kLdSliceE, s_f, kLdSliceF, D, kSlice, kC,
-                                 true);
+    // S_{i+1} = exp(G_C) S_i + K^T diag(exp(G_C - G)) u, in the registers.
+    state.decay_and_add(__expf(g[kC - 1]), k_s, Ld<D>::e, us_bf, kLdSliceE, kC);
+    state.store(staging);
     __syncthreads();
-    convert_tile<T, D, kSlice, kThreads>(s_bf, kLdSliceE, s_f, kLdSliceF);
+    convert_tile<T, D, kSlice, kThreads>(s_bf, kLdSliceE, staging, kLdSliceF);
   }
   __syncthreads();
-  store_state_slice<D>(p.final_state + state0, s_f, col0);
+  store_state_slice<D>(p.final_state + state0, staging, col0);
 }
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) states_backward_kernel(GatedDeltaArgs p) {
+  using L = BackwardLayout<D>;
   extern __shared__ __align__(128) unsigned char raw[];
-  float* ds_f = reinterpret_cast<float*>(raw);  // [D][36]
-  float* du_f = ds_f + D * kLdSliceF;           // [64][36]
-  float* g = du_f + kC * kLdSliceF;             // [64]
-  float* to_end = g + kC;                       // [64]
-  float* decay = to_end + kC;                   // [64]: exp(G_r)
-  T* qd = reinterpret_cast<T*>(decay + kC);     // [64][D + 8]: Q~, then W right below it
-  T* w_s = qd + kC * Ld<D>::e;                  // [64][D + 8]
-  T* kd = w_s + kC * Ld<D>::e;                  // [64][D + 8]: K~
-  T* do_s = kd + kC * Ld<D>::e;                 // [64][40]: dO', then -du right below it
-  T* du_neg = do_s + kC * kLdSliceE;            // [64][40]
-  T* ds_bf = du_neg + kC * kLdSliceE;           // [D][40]
+  float* staging = reinterpret_cast<float*>(raw + L::staging);  // dS, or K dS
+  float* to_end = reinterpret_cast<float*>(raw + L::to_end);
+  float* decay = reinterpret_cast<float*>(raw + L::decay);
+  T* ds_bf = reinterpret_cast<T*>(raw + L::ds_bf);
+  auto stage = [&](int s, size_t part) { return raw + L::stage0 + s * L::stage_bytes + part; };
   const int bh = blockIdx.y, col0 = blockIdx.x * kSlice;
+  const int chunks = gated_delta_chunks(p.tokens);
   const T* q = static_cast<const T*>(p.q);
+  const T* w = static_cast<const T*>(p.w);
   const T* k = static_cast<const T*>(p.k);
   const T* d_out = static_cast<const T*>(p.d_out);
-  const int64_t state0 = static_cast<int64_t>(bh) * D * D;
-  load_state_slice<D>(ds_f, p.final_state_grad ? p.final_state_grad + state0 : nullptr, col0);
-  __syncthreads();
-  convert_tile<T, D, kSlice, kThreads>(ds_bf, kLdSliceE, ds_f, kLdSliceF);
-  const int chunks = gated_delta_chunks(p.tokens);
-  for (int i = chunks - 1; i >= 0; --i) {
+  auto issue = [&](int i, int s) {
     const ChunkPosition at(p, bh, i);
-    __syncthreads();
-    load_gate_sums(g, p, at);
-    load_rows<T, D, kThreads>(
-        w_s, Ld<D>::e, [&](int r) { return static_cast<const T*>(p.w) + at.tile(r, D); }, kC,
-        nullptr);
-    load_rows_f32<kSlice, kThreads>(du_f, kLdSliceF, p.du_local + at.tile(0, D) + col0, D);
-    load_rows<T, kSlice, kThreads>(
-        do_s, kLdSliceE, [&](int r) { return d_out + at.token(r, D, p.heads, p.tokens) + col0; },
-        at.valid, nullptr, p.scale);
+    auto token = [&](const T* base) {
+      return [&at, &p, base](int r) { return base + at.token(r, D, p.heads, p.tokens); };
+    };
+    copy_rows_async<T, D, kThreads>(reinterpret_cast<T*>(stage(s, L::q)), Ld<D>::e, token(q),
+                                    at.valid);
+    copy_rows_async<T, D, kThreads>(
+        reinterpret_cast<T*>(stage(s, L::w)), Ld<D>::e, [&](int r) { return w + at.tile(r, D); },
+        kC);
+    copy_rows_async<T, D, kThreads>(reinterpret_cast<T*>(stage(s, L::k)), Ld<D>::e, token(k),
+                                    at.valid);
+    copy_rows_async<T, kSlice, kThreads>(
+        reinterpret_cast<T*>(stage(s, L::d_out)), kLdSliceE,
+        [&](int r) { return d_out + at.token(r, D, p.heads, p.tokens) + col0; }, at.valid);
+    copy_rows_async<float, kSlice, kThreads>(
+        reinterpret_cast<float*>(stage(s, L::du_local)), kLdSliceF,
+        [&](int r) { return p.du_local + at.tile(r, D) + col0; }, kC);
+    copy_gate_sums_async(reinterpret_cast<float*>(stage(s, L::g)), p, bh, chunks, i);
+    copy_async_commit();
+  };
+  issue(chunks - 1, 0);
+  const int64_t state0 = static_cast<int64_t>(bh) * D * D;
+  load_state_slice<D>(staging, p.final_state_grad ? p.final_state_grad + state0 : nullptr, col0);
+  __syncthreads();
+  StateFragments<T, D> grad;
+  grad.load(staging);
+  convert_tile<T, D, kSlice, kThreads>(ds_bf, kLdSliceE, staging, kLdSliceF);
+  for (int step = 0; step < chunks; ++step) {
+    const int i = chunks - 1 - step, s = step & 1;
+    const ChunkPosition at(p, bh, i);
+    if (i > 0) {
+      issue(i - 1, s ^ 1);
+      copy_async_wait<1>();
+    } else {
+      copy_async_wait<0>();
+    }
+    __syncthreads();  // chunk i's tiles are in; ds_bf holds dS_{i+1}
+    const T* k_s = reinterpret_cast<const T*>(stage(s, L::k));
+    T* q_s = reinterpret_cast<T*>(stage(s, L::q));
+    T* do_s = reinterpret_cast<T*>(stage(s, L::d_out));
+    T* du_neg = reinterpret_cast<T*>(stage(s, L::du_neg));
+    const float* du_local = reinterpret_cast<const float*>(stage(s, L::du_local));
+    const float* g = reinterpret_cast<const float*>(stage(s, L::g));
     store_matrix<T, D, kSlice, kThreads>(static_cast<T*>(p.state_grads) + at.state(D) + col0, D,
                                          ds_bf, kLdSliceE);
-    __syncthreads();
     if (threadIdx.x < kC) {
       to_end[threadIdx.x] = __expf(g[kC - 1] - g[threadIdx.x]);
-      decay[threadIdx.x] = __expf(g[threadIdx.x]);
+      decay[threadIdx.x] = p.scale * __expf(g[threadIdx.x]);
     }
-    __syncthreads();
-    load_rows<T, D, kThreads>(
-        kd, Ld<D>::e, [&](int r) { return k + at.token(r, D, p.heads, p.tokens); }, at.valid,
-        to_end);
-    load_rows<T, D, kThreads>(
-        qd, Ld<D>::e, [&](int r) { return q + at.token(r, D, p.heads, p.tokens); }, at.valid,
-        decay);
-    __syncthreads();
-    gemm<T, kWarps, false, false>(kd, Ld<D>::e, ds_bf, kLdSliceE, du_f, kLdSliceF, kC, kSlice, D,
-                                  true);
+    gemm<T, kWarps, false, false>(k_s, Ld<D>::e, ds_bf, kLdSliceE, staging, kLdSliceF, kC, kSlice,
+                                  D, false);
     __syncthreads();
     T* du_out = static_cast<T*>(p.du) + at.tile(0, D) + col0;
     for (int e = threadIdx.x; e < kC * kSlice; e += kThreads) {
       const int r = e / kSlice, c = e % kSlice;
-      const float x = du_f[r * kLdSliceF + c];
-      du_neg[r * kLdSliceE + c] = from_float<T>(-x);
-      du_out[static_cast<int64_t>(r) * D + c] = from_float<T>(x);
+      const float du = du_local[r * kLdSliceF + c] + to_end[r] * staging[r * kLdSliceF + c];
+      du_out[static_cast<int64_t>(r) * D + c] = from_float<T>(du);
+      du_neg[r * kLdSliceE + c] = from_float<T>(-du);
+      T& x = do_s[r * kLdSliceE + c];
+      x = from_float<T>(decay[r] * to_float(x));  // (exp(G) . Q)^T dO' as Q^T (scale exp(G) . dO)
     }
-    scale_tile(ds_f, D, __expf(g[kC - 1]));
     __syncthreads();
-    // [Q~ ; W]^T [dO' ; -du]: the two products as one of depth 128.
-    gemm<T, kWarps, true, false>(qd, Ld<D>::e, do_s, kLdSliceE, ds_f, kLdSliceF, D, kSlice, 2 * kC,
-                                 true);
+    // dS_i = exp(G_C) dS_{i+1} + [Q ; W]^T [scale exp(G) . dO ; -du], in the registers.
+    grad.decay_and_add(__expf(g[kC - 1]), q_s, Ld<D>::e, do_s, kLdSliceE, 2 * kC);
+    grad.store(staging);
     __syncthreads();
-    convert_tile<T, D, kSlice, kThreads>(ds_bf, kLdSliceE, ds_f, kLdSliceF);
+    convert_tile<T, D, kSlice, kThreads>(ds_bf, kLdSliceE, staging, kLdSliceF);
   }
   __syncthreads();
   if (p.initial_state_grad != nullptr) {
-    store_state_slice<D>(p.initial_state_grad + state0, ds_f, col0);
+    store_state_slice<D>(p.initial_state_grad + state0, staging, col0);
   }
 }
 
 template <typename T, int D>
 struct StatesForward {
   static cudaError_t launch(const GatedDeltaArgs& a, cudaStream_t stream) {
-    constexpr size_t bytes = forward_bytes<D>();
+    constexpr size_t bytes = ForwardLayout<D>::bytes;
     if (cudaError_t err = allow_shared(states_forward_kernel<T, D>, bytes); err != cudaSuccess) {
       return err;
     }
@@ -201,7 +297,7 @@ struct StatesForward {
 template <typename T, int D>
 struct StatesBackward {
   static cudaError_t launch(const GatedDeltaArgs& a, cudaStream_t stream) {
-    constexpr size_t bytes = backward_bytes<D>();
+    constexpr size_t bytes = BackwardLayout<D>::bytes;
     if (cudaError_t err = allow_shared(states_backward_kernel<T, D>, bytes); err != cudaSuccess) {
       return err;
     }

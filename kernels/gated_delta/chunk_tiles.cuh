@@ -118,6 +118,31 @@ __device__ void convert_tile(T* dst, int ld_dst, const float* src, int ld_src, f
   }
 }
 
+// Asynchronous 16-byte copy global -> shared (cp.async, L2 only); zero-filled when !valid.
+__device__ __forceinline__ void copy_async16(void* dst, const void* src, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void copy_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int Pending>
+__device__ __forceinline__ void copy_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
+}
+
+// dst[r][c] = src_row(r)[c] for c < Cols (element type; rows >= valid zero), asynchronously.
+template <typename T, int Cols, int Threads, typename RowPtr>
+__device__ void copy_rows_async(T* dst, int ld, RowPtr src_row, int valid) {
+  constexpr int kPerRow = Cols * static_cast<int>(sizeof(T)) / 16;
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  for (int e = threadIdx.x; e < kC * kPerRow; e += Threads) {
+    const int r = e / kPerRow, c = (e % kPerRow) * kVec;
+    copy_async16(dst + r * ld + c, src_row(r < valid ? r : 0) + c, r < valid);
+  }
+}
+
 // In-place inclusive running sum of 64 values, by one warp.
 __device__ __forceinline__ void warp_running_sum64(float* x) {
   const int lane = threadIdx.x % 32;
