@@ -6,12 +6,12 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; V=$OUT/delta; mkdir -p "$V"
 bin=${MHLA_BIN:-build-gpu/mhla}; tests=${MHLA_TESTS_BIN:-build-gpu/tests/mhla_tests}
-timeout ${TEST_TIMEOUT:-150} "$tests" "delta rule: the fused*,ops: every op and GPU backend*" \
+[ -z "${SKIP_TESTS:-}" ] && timeout ${TEST_TIMEOUT:-150} "$tests" "delta rule: the fused*,ops: every op and GPU backend*" \
   > "$V/tests.log" 2>&1
 echo "tests rc=$?"; tail -5 "$V/tests.log"
 grep -B3 -A12 "FAILED" "$V/tests.log" | head -80
-timeout 120 "$bin" bench attention --op gated_deltanet --causal --backend cuda \
-  --shape 16,8,2048,128 --shape 4,8,8192,128 --shape 1,8,32768,128 --warmup 3 --iters 10 \
+[ -z "${SKIP_BENCH:-}" ] && timeout 120 "$bin" bench attention --op gated_deltanet --causal \
+  --backend cuda --shape 16,8,2048,128 --shape 4,8,8192,128 --shape 1,8,32768,128 --warmup 3 --iters 10 \
   2> "$V/ours.err" | grep '^{' | tee "$V/ours_lm.jsonl"
 tail -3 "$V/ours.err"
 if [ -z "${SKIP_PEER:-}" ]; then
@@ -27,8 +27,8 @@ if [ -n "${BREAKDOWN:-}" ]; then
   for s in 16,8,2048,128 1,8,32768,128; do
     timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum --csv "$bin" bench \
       attention --op gated_deltanet --causal --backend cuda --shape $s --warmup 1 --iters 1 \
-      > "$V/ncu_$s.csv" 2> /dev/null
-    python3 - "$V/ncu_$s.csv" <<'PY'
+      > "$V/ncu_${s//,/_}.csv" 2> /dev/null
+    python3 - "$V/ncu_${s//,/_}.csv" <<'PY'
 import csv, re, sys
 rows = list(csv.reader(l for l in open(sys.argv[1]) if l.startswith('"')))
 head, rows = rows[0], rows[1:]
@@ -36,7 +36,8 @@ n, v, u = (head.index(k) for k in ("Kernel Name", "Metric Value", "Metric Unit")
 scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
 sums = {}
 for r in rows:
-    name = re.sub(r"<.*", "", r[n]).split("(")[0].split("::")[-1][:60]
+    name = re.sub(r"\(anonymous namespace\)::", "", r[n])
+    name = re.sub(r"<.*", "", name).split("(")[0].split("::")[-1][:60]
     t, c = sums.get(name, (0.0, 0))
     sums[name] = (t + float(r[v].replace(",", "")) * scale[r[u]], c + 1)
 total = sum(t for t, _ in sums.values())

@@ -12,10 +12,15 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 
+// The output pass splits the value columns over CTAs (kOutputCols each): with the fp32 result
+// tile sharing the scores' space, two CTAs fit an SM at D = 128.
+constexpr int kOutputCols = 64;
+constexpr int kLdOutE = kOutputCols + 8;
+
 template <int D>
 constexpr size_t output_bytes() {
-  return sizeof(float) * (kC * kLdSquare + kC * Ld<D>::f + 2 * kC) +
-         2 * (3 * kC * Ld<D>::e + D * Ld<D>::e + kC * kLdSquareE);
+  return sizeof(float) * (kC * kLdSquare + 2 * kC) +
+         2 * (2 * kC * Ld<D>::e + kC * kLdOutE + D * kLdOutE + kC * kLdSquareE);
 }
 
 template <int D>
@@ -36,17 +41,18 @@ __device__ void decayed_scores(const T* q_s, const T* k_s, const float* g, float
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) output_kernel(GatedDeltaArgs p) {
+  constexpr int kCols = D < kOutputCols ? D : kOutputCols;
   extern __shared__ __align__(128) unsigned char raw[];
-  float* pf = reinterpret_cast<float*>(raw);  // [64][68]
-  float* out_f = pf + kC * kLdSquare;         // [64][D + 4]
-  float* g = out_f + kC * Ld<D>::f;           // [64]
+  float* pf = reinterpret_cast<float*>(raw);  // [64][68]: scores, then the output tile
+  float* g = pf + kC * kLdSquare;             // [64]
   float* decay = g + kC;                      // [64]: exp(G_r)
   T* q_s = reinterpret_cast<T*>(decay + kC);  // [64][D + 8]
   T* k_s = q_s + kC * Ld<D>::e;               // [64][D + 8]
-  T* u_s = k_s + kC * Ld<D>::e;               // [64][D + 8]
-  T* st_s = u_s + kC * Ld<D>::e;              // [D][D + 8]: S_i
-  T* p_bf = st_s + D * Ld<D>::e;              // [64][72]
+  T* u_s = k_s + kC * Ld<D>::e;               // [64][72]: this CTA's columns of u
+  T* st_s = u_s + kC * kLdOutE;               // [D][72]: of S_i
+  T* p_bf = st_s + D * kLdOutE;               // [64][72]
   const ChunkPosition at(p, blockIdx.y, blockIdx.x);
+  const int col0 = blockIdx.z * kCols;
   const T* q = static_cast<const T*>(p.q);
   const T* k = static_cast<const T*>(p.k);
   load_rows<T, D, kThreads>(
@@ -55,8 +61,10 @@ __global__ void __launch_bounds__(kThreads) output_kernel(GatedDeltaArgs p) {
   load_rows<T, D, kThreads>(
       k_s, Ld<D>::e, [&](int r) { return k + at.token(r, D, p.heads, p.tokens); }, at.valid,
       nullptr);
-  load_matrix<T, kC, D, kThreads>(u_s, Ld<D>::e, static_cast<const T*>(p.u) + at.tile(0, D), D);
-  load_matrix<T, D, D, kThreads>(st_s, Ld<D>::e, static_cast<const T*>(p.states) + at.state(D), D);
+  load_matrix<T, kC, kCols, kThreads>(u_s, kLdOutE,
+                                      static_cast<const T*>(p.u) + at.tile(0, D) + col0, D);
+  load_matrix<T, D, kCols, kThreads>(st_s, kLdOutE,
+                                     static_cast<const T*>(p.states) + at.state(D) + col0, D);
   load_gate_sums(g, p, at);
   __syncthreads();
   if (threadIdx.x < kC) decay[threadIdx.x] = __expf(g[threadIdx.x]);
@@ -66,17 +74,20 @@ __global__ void __launch_bounds__(kThreads) output_kernel(GatedDeltaArgs p) {
     q_s[r * Ld<D>::e + c] = from_float<T>(decay[r] * to_float(q_s[r * Ld<D>::e + c]));
   }
   __syncthreads();
-  gemm<T, kWarps, false, false>(q_s, Ld<D>::e, st_s, Ld<D>::e, out_f, Ld<D>::f, kC, D, D, false);
+  float* out_f = pf;  // [64][68]
+  gemm<T, kWarps, false, false>(q_s, Ld<D>::e, st_s, kLdOutE, out_f, kLdSquare, kC, kCols, D,
+                                false);
   __syncthreads();
-  gemm<T, kWarps, false, false>(p_bf, kLdSquareE, u_s, Ld<D>::e, out_f, Ld<D>::f, kC, D, kC, true);
+  gemm<T, kWarps, false, false>(p_bf, kLdSquareE, u_s, kLdOutE, out_f, kLdSquare, kC, kCols, kC,
+                                true);
   __syncthreads();
   T* out = static_cast<T*>(p.out);
-  for (int e = threadIdx.x; e < at.valid * (D / 8); e += kThreads) {
-    const int r = e / (D / 8), c = (e % (D / 8)) * 8;
+  for (int e = threadIdx.x; e < at.valid * (kCols / 8); e += kThreads) {
+    const int r = e / (kCols / 8), c = (e % (kCols / 8)) * 8;
     float x[8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) x[j] = p.scale * out_f[r * Ld<D>::f + c + j];
-    store_pack<T, 8>(out + at.token(r, D, p.heads, p.tokens) + c, x);
+    for (int j = 0; j < 8; ++j) x[j] = p.scale * out_f[r * kLdSquare + c + j];
+    store_pack<T, 8>(out + at.token(r, D, p.heads, p.tokens) + col0 + c, x);
   }
 }
 
@@ -117,7 +128,8 @@ struct Output {
   static cudaError_t launch(const GatedDeltaArgs& a, cudaStream_t stream) {
     constexpr size_t bytes = output_bytes<D>();
     if (cudaError_t err = allow_shared(output_kernel<T, D>, bytes); err != cudaSuccess) return err;
-    const dim3 grid(gated_delta_chunks(a.tokens), a.batch * a.heads);
+    const dim3 grid(gated_delta_chunks(a.tokens), a.batch * a.heads,
+                    D < kOutputCols ? 1 : D / kOutputCols);
     output_kernel<T, D><<<grid, kThreads, bytes, stream>>>(a);
     return cudaGetLastError();
   }

@@ -17,7 +17,7 @@ constexpr size_t prepare_bytes() {
 }
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) prepare_kernel(GatedDeltaArgs p) {
+__global__ void __launch_bounds__(kThreads, 2) prepare_kernel(GatedDeltaArgs p) {
   extern __shared__ __align__(128) unsigned char raw[];
   float* a = reinterpret_cast<float*>(raw);  // [64][68]
   float* g = a + kC * kLdSquare;             // [64]

@@ -14,7 +14,7 @@ namespace mhla_kernels {
 namespace gated_delta {
 namespace {
 
-constexpr int kThreads = 128;
+constexpr int kThreads = 256;  // 8 warps: short chains of products per chunk
 constexpr int kWarps = kThreads / 32;
 constexpr int kSlice = 32;             // value columns per CTA
 constexpr int kLdSliceE = kSlice + 8;  // element-type rows of the slice
@@ -119,7 +119,7 @@ __device__ __forceinline__ void copy_gate_sums_async(float* g, const GatedDeltaA
 }
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) states_forward_kernel(GatedDeltaArgs p) {
+__global__ void __launch_bounds__(kThreads, 2) states_forward_kernel(GatedDeltaArgs p) {
   using L = ForwardLayout<D>;
   extern __shared__ __align__(128) unsigned char raw[];
   float* staging = reinterpret_cast<float*>(raw + L::staging);  // S, or W S

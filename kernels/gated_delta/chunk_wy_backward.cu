@@ -20,14 +20,20 @@ constexpr int kWarps = kThreads / 32;
 
 template <int D>
 struct WyLayout {
-  static constexpr int ld_wide_f = 2 * D + 4;  // fp32 rows of [K | V] columns
-  static constexpr int ld_wide_e = 2 * D + 8;  // element-type rows of them
-  static constexpr size_t wide_floats = static_cast<size_t>(kC) * ld_wide_f;
-  static constexpr size_t floats = 2 * kC * kLdSquare + wide_floats + kC * Ld<D>::f + 6 * kC;
-  static constexpr size_t bytes = sizeof(float) * floats + 2 * (kC * Ld<D>::e + 2 * kC * ld_wide_e);
-  static_assert(sizeof(float) * kC * kLdSquare + 2 * kC * kLdSquareE <= sizeof(float) * wide_floats,
-                "dA and N reuse the dX region");
+  static constexpr int ld_wide_e = 2 * D + 8;  // element-type rows of [K | V] columns
+  static constexpr size_t floats = 3 * kC * kLdSquare + kC * Ld<D>::f + 8 * kC;
+  static constexpr size_t bytes =
+      sizeof(float) * floats + 2 * (kC * Ld<D>::e + 2 * kC * ld_wide_e + kC * kLdSquareE);
 };
+
+// Adds each row's sum over the warp's 32 columns to sums[r] (x[r] holds this lane's column).
+__device__ __forceinline__ void add_row_sums(const float (&x)[kC], float* sums) {
+#pragma unroll
+  for (int r = 0; r < kC; ++r) {
+    const float s = warp_sum(x[r]);
+    if (threadIdx.x % 32 == 0) atomicAdd(sums + r, s);
+  }
+}
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) wy_backward_kernel(GatedDeltaArgs p) {
@@ -35,19 +41,20 @@ __global__ void __launch_bounds__(kThreads) wy_backward_kernel(GatedDeltaArgs p)
   extern __shared__ __align__(128) unsigned char raw[];
   float* kk = reinterpret_cast<float*>(raw);  // [64][68]: K K^T
   float* at_s = kk + kC * kLdSquare;          // [64][68]: A^T
-  float* dx_f = at_s + kC * kLdSquare;        // [64][2D + 4]: dX; later dA and N
-  float* dk_f = dx_f + L::wide_floats;        // [64][D + 4]
+  float* da = at_s + kC * kLdSquare;          // [64][68]
+  float* dk_f = da + kC * kLdSquare;          // [64][D + 4]
   float* g = dk_f + kC * Ld<D>::f;            // [64]
   float* beta = g + kC;
   float* decay = beta + kC;  // exp(G_r)
   float* dg = decay + kC;
   float* dbeta = dg + kC;
   float* col = dbeta + kC;
-  T* k_s = reinterpret_cast<T*>(col + kC);              // [64][D + 8]
-  T* sol = k_s + kC * Ld<D>::e;                         // [64][2D + 8]: [W | U0]
-  T* dx_bf = sol + kC * L::ld_wide_e;                   // [64][2D + 8]
-  float* da = dx_f;                                     // [64][68], after dX is read
-  T* n_bf = reinterpret_cast<T*>(da + kC * kLdSquare);  // [64][72]
+  float* sum_k = col + kC;                    // k_r . dX_K[r]
+  float* sum_v = sum_k + kC;                  // v_r . dX_V[r]
+  T* k_s = reinterpret_cast<T*>(sum_v + kC);  // [64][D + 8]
+  T* sol = k_s + kC * Ld<D>::e;               // [64][2D + 8]: [W | U0]
+  T* dx_bf = sol + kC * L::ld_wide_e;         // [64][2D + 8]
+  T* n_bf = dx_bf + kC * L::ld_wide_e;        // [64][72]
   const ChunkPosition at(p, blockIdx.y, blockIdx.x);
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
@@ -64,6 +71,8 @@ __global__ void __launch_bounds__(kThreads) wy_backward_kernel(GatedDeltaArgs p)
   if (threadIdx.x < kC) {
     const int r = threadIdx.x;
     beta[r] = r < at.valid ? p.beta[at.token(r, 1, p.heads, p.tokens)] : 0.f;
+    sum_k[r] = 0.f;
+    sum_v[r] = 0.f;
   }
   __syncthreads();
   if (threadIdx.x < kC) decay[threadIdx.x] = __expf(g[threadIdx.x]);
@@ -74,6 +83,10 @@ __global__ void __launch_bounds__(kThreads) wy_backward_kernel(GatedDeltaArgs p)
     at_s[s * kLdSquare + r] = s < r ? beta[r] * kk[r * kLdSquare + s] * __expf(g[r] - g[s]) : 0.f;
   }
   __syncthreads();
+  // Column c of dX = (I + A)^-T [dW | du] in registers; from it this column's share of dk (K
+  // columns) or dv (V columns) and of the row sums k_r . dX_K[r] and v_r . dX_V[r]. A warp's 32
+  // columns are all K or all V columns (D is a multiple of 32).
+  T* dv = static_cast<T*>(p.dv);
   for (int c = threadIdx.x; c < 2 * D; c += kThreads) {
     float x[kC];
     if (c < D) {
@@ -87,39 +100,33 @@ __global__ void __launch_bounds__(kThreads) wy_backward_kernel(GatedDeltaArgs p)
     }
     backward_substitute(at_s, x);
 #pragma unroll
-    for (int r = 0; r < kC; ++r) {
-      dx_f[r * L::ld_wide_f + c] = x[r];
-      dx_bf[r * L::ld_wide_e + c] = from_float<T>(x[r]);
+    for (int r = 0; r < kC; ++r) dx_bf[r * L::ld_wide_e + c] = from_float<T>(x[r]);
+    float part[kC];
+    if (c < D) {
+      const float* dk_partial = p.dk_partial + at.tile(0, D) + c;
+#pragma unroll
+      for (int r = 0; r < kC; ++r) {
+        dk_f[r * Ld<D>::f + c] = dk_partial[r * D] + beta[r] * decay[r] * x[r];
+        part[r] = to_float(k_s[r * Ld<D>::e + c]) * x[r];
+      }
+      add_row_sums(part, sum_k);
+    } else {
+#pragma unroll
+      for (int r = 0; r < kC; ++r) {
+        const bool in = r < at.valid;
+        const int64_t i = at.token(in ? r : 0, D, p.heads, p.tokens) + c - D;
+        part[r] = in ? to_float(v[i]) * x[r] : 0.f;
+        if (in) dv[i] = from_float<T>(beta[r] * x[r]);
+      }
+      add_row_sums(part, sum_v);
     }
   }
   __syncthreads();
-  {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    T* dv = static_cast<T*>(p.dv);
-    const float* dk_partial = p.dk_partial + at.tile(0, D);
-    for (int r = warp; r < kC; r += kWarps) {
-      const bool in = r < at.valid;
-      const int64_t row = at.token(r, D, p.heads, p.tokens);
-      const float xk = beta[r] * decay[r];
-      float sk = 0.f, sv = 0.f;
-      for (int c = lane; c < D; c += 32) {
-        const float dxk = dx_f[r * L::ld_wide_f + c], dxv = dx_f[r * L::ld_wide_f + D + c];
-        sk += to_float(k_s[r * Ld<D>::e + c]) * dxk;
-        if (in) {
-          sv += to_float(v[row + c]) * dxv;
-          dv[row + c] = from_float<T>(beta[r] * dxv);
-        }
-        dk_f[r * Ld<D>::f + c] = dk_partial[r * D + c] + xk * dxk;
-      }
-      sk = warp_sum(sk);
-      sv = warp_sum(sv);
-      if (lane == 0) {
-        dbeta[r] = decay[r] * sk + sv;
-        dg[r] = xk * sk;
-      }
-    }
+  if (threadIdx.x < kC) {
+    const int r = threadIdx.x;
+    dbeta[r] = decay[r] * sum_k[r] + sum_v[r];
+    dg[r] = beta[r] * decay[r] * sum_k[r];
   }
-  __syncthreads();
   gemm<T, kWarps, false, true>(dx_bf, L::ld_wide_e, sol, L::ld_wide_e, da, kLdSquare, kC, kC, 2 * D,
                                false);
   __syncthreads();
