@@ -41,6 +41,7 @@ struct GatedDeltaArgs {
   float* gate_sums = nullptr;    // [BH, chunks * 64]: G
   void* w = nullptr;             // [BH, chunks, 64, D]
   void* u0 = nullptr;            // [BH, chunks, 64, D]
+  void* t_inverse = nullptr;     // [BH, chunks, 64, 64]: (I + A)^-1
   void* u = nullptr;             // [BH, chunks, 64, D]
   void* states = nullptr;        // [BH, chunks, D, D]: the state entering each chunk
   void* out = nullptr;           // [B, T, H, D]

@@ -1,7 +1,8 @@
 // Prepare pass of the fused gated DeltaNet: per chunk, the gate sums G, the WY system
-// A_rs = beta_r (k_r . k_s) exp(G_r - G_s) (s < r) and its solutions W = (I + A)^-1 diag(beta
-// exp(G)) K and U0 = (I + A)^-1 diag(beta) V. One CTA per (chunk, batch x head); K K^T on tensor
-// cores, then one thread per column of [K | V] solves the unit-lower system in registers (fp32).
+// A_rs = beta_r (k_r . k_s) exp(G_r - G_s) (s < r), its inverse T = (I + A)^-1 (kept for the
+// backward) and W = T diag(beta exp(G)) K, U0 = T diag(beta) V. One CTA per (chunk, batch x
+// head): K K^T on tensor cores; 64 threads solve for T's columns in fp32 registers (forward
+// substitution on the identity); the two products with T (in the element type) on tensor cores.
 #include "gated_delta/chunk_passes.h"
 #include "gated_delta/chunk_tiles.cuh"
 
@@ -10,24 +11,50 @@ namespace gated_delta {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
 
 template <int D>
-constexpr size_t prepare_bytes() {
-  return sizeof(float) * (kC * kLdSquare + 2 * kC) + 2 * kC * Ld<D>::e;
+struct PrepareLayout {
+  static constexpr int ld_wide = 2 * D + 8;                  // [K | V] rows, element type
+  static constexpr size_t a = 0;                             // f32 [64][68]
+  static constexpr size_t staging = a + 4 * kC * kLdSquare;  // f32 [64][D + 4]
+  static constexpr size_t g = staging + 4 * kC * Ld<D>::f;   // f32 [64]
+  static constexpr size_t beta = g + 4 * kC;                 // f32 [64]
+  static constexpr size_t x = beta + 4 * kC;                 // [64][2D + 8]: K | V, then X
+  static constexpr size_t t = x + 2 * kC * ld_wide;          // [64][72]: T
+  static constexpr size_t bytes = t + 2 * kC * kLdSquareE;
+};
+
+// The fp32 [64][D] staging tile out to a contiguous [64][D] element-type tile in global memory.
+template <typename T, int D>
+__device__ void store_staged(T* dst, const float* staging) {
+  for (int e = threadIdx.x; e < kC * (D / 8); e += kThreads) {
+    const int r = e / (D / 8), c = (e % (D / 8)) * 8;
+    float x[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) x[j] = staging[r * Ld<D>::f + c + j];
+    store_pack<T, 8>(dst + r * D + c, x);
+  }
 }
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads, 2) prepare_kernel(GatedDeltaArgs p) {
+__global__ void __launch_bounds__(kThreads) prepare_kernel(GatedDeltaArgs p) {
+  using L = PrepareLayout<D>;
   extern __shared__ __align__(128) unsigned char raw[];
-  float* a = reinterpret_cast<float*>(raw);  // [64][68]
-  float* g = a + kC * kLdSquare;             // [64]
-  float* beta = g + kC;                      // [64]
-  T* ks = reinterpret_cast<T*>(beta + kC);   // [64][D + 8]
+  float* a = reinterpret_cast<float*>(raw + L::a);
+  float* staging = reinterpret_cast<float*>(raw + L::staging);
+  float* g = reinterpret_cast<float*>(raw + L::g);
+  float* beta = reinterpret_cast<float*>(raw + L::beta);
+  T* x = reinterpret_cast<T*>(raw + L::x);
+  T* t_s = reinterpret_cast<T*>(raw + L::t);
   const ChunkPosition at(p, blockIdx.y, blockIdx.x);
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
   load_rows<T, D, kThreads>(
-      ks, Ld<D>::e, [&](int r) { return k + at.token(r, D, p.heads, p.tokens); }, at.valid,
+      x, L::ld_wide, [&](int r) { return k + at.token(r, D, p.heads, p.tokens); }, at.valid,
+      nullptr);
+  load_rows<T, D, kThreads>(
+      x + D, L::ld_wide, [&](int r) { return v + at.token(r, D, p.heads, p.tokens); }, at.valid,
       nullptr);
   if (threadIdx.x < kC) {
     const int r = threadIdx.x;
@@ -37,7 +64,7 @@ __global__ void __launch_bounds__(kThreads, 2) prepare_kernel(GatedDeltaArgs p) 
   }
   __syncthreads();
   if (threadIdx.x < 32) warp_running_sum64(g);
-  gemm<T, kThreads / 32, false, true>(ks, Ld<D>::e, ks, Ld<D>::e, a, kLdSquare, kC, kC, D, false);
+  gemm<T, kWarps, false, true>(x, L::ld_wide, x, L::ld_wide, a, kLdSquare, kC, kC, D, false);
   __syncthreads();
   if (threadIdx.x < kC) {
     p.gate_sums[(static_cast<int64_t>(at.bh) * at.chunks + at.chunk) * kC + threadIdx.x] =
@@ -45,34 +72,44 @@ __global__ void __launch_bounds__(kThreads, 2) prepare_kernel(GatedDeltaArgs p) 
   }
   for (int e = threadIdx.x; e < kC * kC; e += kThreads) {
     const int r = e / kC, s = e % kC;
-    float& x = a[r * kLdSquare + s];
-    x = s < r ? beta[r] * x * __expf(g[r] - g[s]) : 0.f;
+    float& y = a[r * kLdSquare + s];
+    y = s < r ? beta[r] * y * __expf(g[r] - g[s]) : 0.f;
+  }
+  // X = [diag(beta exp(G)) K | diag(beta) V] in place.
+  for (int e = threadIdx.x; e < kC * 2 * D; e += kThreads) {
+    const int r = e / (2 * D), c = e % (2 * D);
+    T& y = x[r * L::ld_wide + c];
+    y = from_float<T>((c < D ? beta[r] * __expf(g[r]) : beta[r]) * to_float(y));
   }
   __syncthreads();
-  // Column c of [diag(beta exp(G)) K | diag(beta) V] through (I + A)^-1.
-  for (int c = threadIdx.x; c < 2 * D; c += kThreads) {
-    float x[kC];
-    if (c < D) {
+  if (threadIdx.x < kC) {  // column j of T: (I + A)^-1 e_j
+    const int j = threadIdx.x;
+    float col[kC];
 #pragma unroll
-      for (int r = 0; r < kC; ++r) x[r] = beta[r] * __expf(g[r]) * to_float(ks[r * Ld<D>::e + c]);
-    } else {
+    for (int r = 0; r < kC; ++r) col[r] = r == j ? 1.f : 0.f;
+    forward_substitute(a, col);
+    T* t_out = static_cast<T*>(p.t_inverse) + at.tile(0, kC) + j;
 #pragma unroll
-      for (int r = 0; r < kC; ++r) {
-        x[r] =
-            r < at.valid ? beta[r] * to_float(v[at.token(r, D, p.heads, p.tokens) + c - D]) : 0.f;
-      }
+    for (int r = 0; r < kC; ++r) {
+      const T y = from_float<T>(col[r]);
+      t_s[r * kLdSquareE + j] = y;
+      t_out[r * kC] = y;
     }
-    forward_substitute(a, x);
-    T* out = static_cast<T*>(c < D ? p.w : p.u0) + at.tile(0, D) + (c < D ? c : c - D);
-#pragma unroll
-    for (int r = 0; r < kC; ++r) out[r * D] = from_float<T>(x[r]);
+  }
+  __syncthreads();
+  for (int half = 0; half < 2; ++half) {
+    gemm<T, kWarps, false, false>(t_s, kLdSquareE, x + half * D, L::ld_wide, staging, Ld<D>::f, kC,
+                                  D, kC, false);
+    __syncthreads();
+    store_staged<T, D>(static_cast<T*>(half == 0 ? p.w : p.u0) + at.tile(0, D), staging);
+    __syncthreads();
   }
 }
 
 template <typename T, int D>
 struct Prepare {
   static cudaError_t launch(const GatedDeltaArgs& a, cudaStream_t stream) {
-    constexpr size_t bytes = prepare_bytes<D>();
+    constexpr size_t bytes = PrepareLayout<D>::bytes;
     if (cudaError_t err = allow_shared(prepare_kernel<T, D>, bytes); err != cudaSuccess) return err;
     const dim3 grid(gated_delta_chunks(a.tokens), a.batch * a.heads);
     prepare_kernel<T, D><<<grid, kThreads, bytes, stream>>>(a);

@@ -1,7 +1,7 @@
 // The backward of the fused gated DeltaNet's WY system, per chunk: with [W | U0] = (I + A)^-1 X,
 // X = [diag(beta exp(G)) K | diag(beta) V] and the gradients dW (chunk_gradients.cu) and du
 // (the states' backward pass):
-//   dX = (I + A)^-T [dW | du]                     (one thread per column, fp32 registers)
+//   dX = T^T [dW | du],  T = (I + A)^-1 from the prepare pass   (tensor cores)
 //   dA = -dX [W | U0]^T, strictly lower           (tensor cores)
 // then, with E_rs = exp(G_r - G_s) and N = dA . beta_r E (the gradient of K K^T):
 //   dk = dk' + diag(beta exp(G)) dX_K + N K + N^T K,   dv = diag(beta) dX_V
@@ -20,41 +20,45 @@ constexpr int kWarps = kThreads / 32;
 
 template <int D>
 struct WyLayout {
-  static constexpr int ld_wide_e = 2 * D + 8;  // element-type rows of [K | V] columns
-  static constexpr size_t floats = 3 * kC * kLdSquare + kC * Ld<D>::f + 8 * kC;
-  static constexpr size_t bytes =
-      sizeof(float) * floats + 2 * (kC * Ld<D>::e + 2 * kC * ld_wide_e + kC * kLdSquareE);
+  static constexpr int ld_wide_f = 2 * D + 4;                // fp32 rows of [K | V] columns
+  static constexpr int ld_wide_e = 2 * D + 8;                // element-type rows of them
+  static constexpr size_t kk = 0;                            // f32 [64][68]: K K^T
+  static constexpr size_t dx = kk + 4 * kC * kLdSquare;      // f32 [64][2D + 4]: dX
+  static constexpr size_t da = dx;                           // f32 [64][68], after dX
+  static constexpr size_t n = da + 4 * kC * kLdSquare;       // [64][72], after dX
+  static constexpr size_t dk = dx + 4 * kC * ld_wide_f;      // f32 [64][D + 4]
+  static constexpr size_t small = dk + 4 * kC * Ld<D>::f;    // f32 [6][64]
+  static constexpr size_t k = small + 4 * 6 * kC;            // [64][D + 8]
+  static constexpr size_t sol = k + 2 * kC * Ld<D>::e;       // [64][2D + 8]: [W | U0]
+  static constexpr size_t grads = sol + 2 * kC * ld_wide_e;  // [64][2D + 8]: [dW | du]
+  static constexpr size_t dx_e = grads;                      // then dX
+  static constexpr size_t t = grads + 2 * kC * ld_wide_e;    // [64][72]: T
+  static constexpr size_t bytes = t + 2 * kC * kLdSquareE;
+  static_assert(n + 2 * kC * kLdSquareE <= dk, "dA and N fit in the dX space");
 };
-
-// Adds each row's sum over the warp's 32 columns to sums[r] (x[r] holds this lane's column).
-__device__ __forceinline__ void add_row_sums(const float (&x)[kC], float* sums) {
-#pragma unroll
-  for (int r = 0; r < kC; ++r) {
-    const float s = warp_sum(x[r]);
-    if (threadIdx.x % 32 == 0) atomicAdd(sums + r, s);
-  }
-}
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) wy_backward_kernel(GatedDeltaArgs p) {
   using L = WyLayout<D>;
+  constexpr int kRowsPerWarp = kC / kWarps;
+  constexpr int kPerLane = D / 32;
   extern __shared__ __align__(128) unsigned char raw[];
-  float* kk = reinterpret_cast<float*>(raw);  // [64][68]: K K^T
-  float* at_s = kk + kC * kLdSquare;          // [64][68]: A^T
-  float* da = at_s + kC * kLdSquare;          // [64][68]
-  float* dk_f = da + kC * kLdSquare;          // [64][D + 4]
-  float* g = dk_f + kC * Ld<D>::f;            // [64]
+  float* kk = reinterpret_cast<float*>(raw + L::kk);
+  float* dx_f = reinterpret_cast<float*>(raw + L::dx);
+  float* da = reinterpret_cast<float*>(raw + L::da);
+  T* n_bf = reinterpret_cast<T*>(raw + L::n);
+  float* dk_f = reinterpret_cast<float*>(raw + L::dk);
+  float* g = reinterpret_cast<float*>(raw + L::small);
   float* beta = g + kC;
   float* decay = beta + kC;  // exp(G_r)
   float* dg = decay + kC;
   float* dbeta = dg + kC;
   float* col = dbeta + kC;
-  float* sum_k = col + kC;                    // k_r . dX_K[r]
-  float* sum_v = sum_k + kC;                  // v_r . dX_V[r]
-  T* k_s = reinterpret_cast<T*>(sum_v + kC);  // [64][D + 8]
-  T* sol = k_s + kC * Ld<D>::e;               // [64][2D + 8]: [W | U0]
-  T* dx_bf = sol + kC * L::ld_wide_e;         // [64][2D + 8]
-  T* n_bf = dx_bf + kC * L::ld_wide_e;        // [64][72]
+  T* k_s = reinterpret_cast<T*>(raw + L::k);
+  T* sol = reinterpret_cast<T*>(raw + L::sol);
+  T* grads = reinterpret_cast<T*>(raw + L::grads);
+  T* dx_bf = reinterpret_cast<T*>(raw + L::dx_e);
+  T* t_s = reinterpret_cast<T*>(raw + L::t);
   const ChunkPosition at(p, blockIdx.y, blockIdx.x);
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
@@ -67,66 +71,80 @@ __global__ void __launch_bounds__(kThreads) wy_backward_kernel(GatedDeltaArgs p)
   load_rows<T, D, kThreads>(
       sol + D, L::ld_wide_e, [&](int r) { return static_cast<const T*>(p.u0) + at.tile(r, D); }, kC,
       nullptr);
+  load_rows<T, D, kThreads>(
+      grads + D, L::ld_wide_e, [&](int r) { return static_cast<const T*>(p.du) + at.tile(r, D); },
+      kC, nullptr);
+  load_rows<T, kC, kThreads>(
+      t_s, kLdSquareE, [&](int r) { return static_cast<const T*>(p.t_inverse) + at.tile(r, kC); },
+      kC, nullptr);
+  {
+    const float* dw = p.dw + at.tile(0, D);
+    for (int e = threadIdx.x; e < kC * (D / 4); e += kThreads) {
+      const int r = e / (D / 4), c = (e % (D / 4)) * 4;
+      const float4 y = *reinterpret_cast<const float4*>(dw + r * D + c);
+      T* dst = grads + r * L::ld_wide_e + c;
+      dst[0] = from_float<T>(y.x), dst[1] = from_float<T>(y.y);
+      dst[2] = from_float<T>(y.z), dst[3] = from_float<T>(y.w);
+    }
+  }
   load_gate_sums(g, p, at);
   if (threadIdx.x < kC) {
     const int r = threadIdx.x;
     beta[r] = r < at.valid ? p.beta[at.token(r, 1, p.heads, p.tokens)] : 0.f;
-    sum_k[r] = 0.f;
-    sum_v[r] = 0.f;
   }
   __syncthreads();
   if (threadIdx.x < kC) decay[threadIdx.x] = __expf(g[threadIdx.x]);
   gemm<T, kWarps, false, true>(k_s, Ld<D>::e, k_s, Ld<D>::e, kk, kLdSquare, kC, kC, D, false);
+  // dX = T^T [dW | du].
+  gemm<T, kWarps, true, false>(t_s, kLdSquareE, grads, L::ld_wide_e, dx_f, L::ld_wide_f, kC, 2 * D,
+                               kC, false);
   __syncthreads();
-  for (int e = threadIdx.x; e < kC * kC; e += kThreads) {
-    const int r = e / kC, s = e % kC;
-    at_s[s * kLdSquare + r] = s < r ? beta[r] * kk[r * kLdSquare + s] * __expf(g[r] - g[s]) : 0.f;
-  }
-  __syncthreads();
-  // Column c of dX = (I + A)^-T [dW | du] in registers; from it this column's share of dk (K
-  // columns) or dv (V columns) and of the row sums k_r . dX_K[r] and v_r . dX_V[r]. A warp's 32
-  // columns are all K or all V columns (D is a multiple of 32).
-  T* dv = static_cast<T*>(p.dv);
-  for (int c = threadIdx.x; c < 2 * D; c += kThreads) {
-    float x[kC];
-    if (c < D) {
-      const float* dw = p.dw + at.tile(0, D) + c;
+  {
+    // A warp's rows: dk's start (dk' + diag(beta exp(G)) dX_K), dv, the row sums for dbeta and
+    // dG, and dX in the element type. The global rows are read before any sum needs them.
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float v_rows[kRowsPerWarp][kPerLane], dk_rows[kRowsPerWarp][kPerLane];
 #pragma unroll
-      for (int r = 0; r < kC; ++r) x[r] = dw[r * D];
-    } else {
-      const T* du = static_cast<const T*>(p.du) + at.tile(0, D) + c - D;
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      const int r = warp + kWarps * i;
+      const bool in = r < at.valid;
+      const int64_t row = at.token(in ? r : 0, D, p.heads, p.tokens);
 #pragma unroll
-      for (int r = 0; r < kC; ++r) x[r] = to_float(du[r * D]);
-    }
-    backward_substitute(at_s, x);
-#pragma unroll
-    for (int r = 0; r < kC; ++r) dx_bf[r * L::ld_wide_e + c] = from_float<T>(x[r]);
-    float part[kC];
-    if (c < D) {
-      const float* dk_partial = p.dk_partial + at.tile(0, D) + c;
-#pragma unroll
-      for (int r = 0; r < kC; ++r) {
-        dk_f[r * Ld<D>::f + c] = dk_partial[r * D] + beta[r] * decay[r] * x[r];
-        part[r] = to_float(k_s[r * Ld<D>::e + c]) * x[r];
+      for (int j = 0; j < kPerLane; ++j) {
+        const int c = lane + 32 * j;
+        v_rows[i][j] = in ? to_float(v[row + c]) : 0.f;
+        dk_rows[i][j] = p.dk_partial[at.tile(r, D) + c];
       }
-      add_row_sums(part, sum_k);
-    } else {
+    }
+    T* dv = static_cast<T*>(p.dv);
 #pragma unroll
-      for (int r = 0; r < kC; ++r) {
-        const bool in = r < at.valid;
-        const int64_t i = at.token(in ? r : 0, D, p.heads, p.tokens) + c - D;
-        part[r] = in ? to_float(v[i]) * x[r] : 0.f;
-        if (in) dv[i] = from_float<T>(beta[r] * x[r]);
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      const int r = warp + kWarps * i;
+      const bool in = r < at.valid;
+      const int64_t row = at.token(in ? r : 0, D, p.heads, p.tokens);
+      const float xk = beta[r] * decay[r];
+      float sk = 0.f, sv = 0.f;
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) {
+        const int c = lane + 32 * j;
+        const float dxk = dx_f[r * L::ld_wide_f + c], dxv = dx_f[r * L::ld_wide_f + D + c];
+        sk += to_float(k_s[r * Ld<D>::e + c]) * dxk;
+        sv += v_rows[i][j] * dxv;
+        if (in) dv[row + c] = from_float<T>(beta[r] * dxv);
+        dk_f[r * Ld<D>::f + c] = dk_rows[i][j] + xk * dxk;
+        dx_bf[r * L::ld_wide_e + c] = from_float<T>(dxk);
+        dx_bf[r * L::ld_wide_e + D + c] = from_float<T>(dxv);
       }
-      add_row_sums(part, sum_v);
+      sk = warp_sum(sk);
+      sv = warp_sum(sv);
+      if (lane == 0) {
+        dbeta[r] = decay[r] * sk + sv;
+        dg[r] = xk * sk;
+      }
     }
   }
   __syncthreads();
-  if (threadIdx.x < kC) {
-    const int r = threadIdx.x;
-    dbeta[r] = decay[r] * sum_k[r] + sum_v[r];
-    dg[r] = beta[r] * decay[r] * sum_k[r];
-  }
+  // dA = -dX [W | U0]^T (dX's fp32 space is free now).
   gemm<T, kWarps, false, true>(dx_bf, L::ld_wide_e, sol, L::ld_wide_e, da, kLdSquare, kC, kC, 2 * D,
                                false);
   __syncthreads();
@@ -148,9 +166,11 @@ __global__ void __launch_bounds__(kThreads) wy_backward_kernel(GatedDeltaArgs p)
     dg[r] += dgr;
   } else if (threadIdx.x < 2 * kC) {
     const int s = threadIdx.x - kC;
-    float sum = 0.f;
-    for (int r = s + 1; r < kC; ++r) sum -= da[r * kLdSquare + s] * at_s[s * kLdSquare + r];
-    col[s] = sum;  // sum_r dA_rs A_rs
+    float sum = 0.f;  // sum_r dA_rs A_rs
+    for (int r = s + 1; r < kC; ++r) {
+      sum -= da[r * kLdSquare + s] * beta[r] * kk[r * kLdSquare + s] * __expf(g[r] - g[s]);
+    }
+    col[s] = sum;
   }
   __syncthreads();
   gemm<T, kWarps, false, false>(n_bf, kLdSquareE, k_s, Ld<D>::e, dk_f, Ld<D>::f, kC, D, kC, true);

@@ -70,6 +70,7 @@ class GatedDeltaFusedFunction : public torch::autograd::Function<GatedDeltaFused
     auto gate_sums = torch::empty({b * h, chunks * c}, f32);
     auto w = torch::empty({b * h, chunks, c, d}, v.options());
     auto u0 = torch::empty_like(w), u = torch::empty_like(w);
+    auto t_inverse = torch::empty({b * h, chunks, c, c}, v.options());
     auto states = torch::empty({b * h, chunks, d, d}, v.options());
     auto out = torch::empty_like(v);
     auto final_state = torch::empty({b, h, d, d}, f32);
@@ -77,11 +78,12 @@ class GatedDeltaFusedFunction : public torch::autograd::Function<GatedDeltaFused
     a.initial_state = h0.defined() ? h0.data_ptr<float>() : nullptr;
     a.gate_sums = gate_sums.data_ptr<float>();
     a.w = w.data_ptr(), a.u0 = u0.data_ptr(), a.u = u.data_ptr(), a.states = states.data_ptr();
+    a.t_inverse = t_inverse.data_ptr();
     a.out = out.data_ptr(), a.final_state = final_state.data_ptr<float>();
     check_launch(kernels::gated_delta_forward(
                      a, c10::cuda::getCurrentCUDAStream(v.device().index()).stream()),
                  "gated DeltaNet forward (fused kernels)");
-    ctx->save_for_backward({q, k, v, beta, g, gate_sums, w, u0, u, states});
+    ctx->save_for_backward({q, k, v, beta, g, gate_sums, w, u0, u, states, t_inverse});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["has_initial_state"] = h0.defined();
     remember_input_dtypes(ctx, q_in, k_in);
@@ -102,6 +104,7 @@ class GatedDeltaFusedFunction : public torch::autograd::Function<GatedDeltaFused
     a.gate_sums = s[5].data_ptr<float>();
     a.w = s[6].data_ptr(), a.u0 = s[7].data_ptr(), a.u = s[8].data_ptr();
     a.states = s[9].data_ptr();
+    a.t_inverse = s[10].data_ptr();
     a.d_out = d_out.data_ptr();
     a.final_state_grad = dfinal.defined() ? dfinal.data_ptr<float>() : nullptr;
     auto f32 = v.options().dtype(torch::kFloat32);
