@@ -1,8 +1,8 @@
 // Prepare pass of the fused gated DeltaNet: per chunk, the gate sums G, the WY system
 // A_rs = beta_r (k_r . k_s) exp(G_r - G_s) (s < r), its inverse T = (I + A)^-1 (kept for the
 // backward) and W = T diag(beta exp(G)) K, U0 = T diag(beta) V. One CTA per (chunk, batch x
-// head): K K^T on tensor cores; 64 threads solve for T's columns in fp32 registers (forward
-// substitution on the identity); the two products with T (in the element type) on tensor cores.
+// head): K K^T on tensor cores, T in fp32 by 16 x 16 blocks (invert_unit_lower), the two
+// products with T (in the element type) on tensor cores.
 #include "gated_delta/chunk_passes.h"
 #include "gated_delta/chunk_tiles.cuh"
 
@@ -18,7 +18,10 @@ struct PrepareLayout {
   static constexpr int ld_wide = 2 * D + 8;                  // [K | V] rows, element type
   static constexpr size_t a = 0;                             // f32 [64][68]
   static constexpr size_t staging = a + 4 * kC * kLdSquare;  // f32 [64][D + 4]
-  static constexpr size_t g = staging + 4 * kC * Ld<D>::f;   // f32 [64]
+  // Also T (fp32 [64][68]) and the blocked inversion's scratch (3 x 16 x 16) before that.
+  static constexpr size_t staging_floats =
+      kC * Ld<D>::f > kC* kLdSquare + 768 ? kC* Ld<D>::f : kC* kLdSquare + 768;
+  static constexpr size_t g = staging + 4 * staging_floats;  // f32 [64]
   static constexpr size_t beta = g + 4 * kC;                 // f32 [64]
   static constexpr size_t x = beta + 4 * kC;                 // [64][2D + 8]: K | V, then X
   static constexpr size_t t = x + 2 * kC * ld_wide;          // [64][72]: T
@@ -34,6 +37,51 @@ __device__ void store_staged(T* dst, const float* staging) {
 #pragma unroll
     for (int j = 0; j < 8; ++j) x[j] = staging[r * Ld<D>::f + c + j];
     store_pack<T, 8>(dst + r * D + c, x);
+  }
+}
+
+// t = (I + A)^-1 for a strictly lower A (fp32 [64][68] tiles) in 16 x 16 blocks: the four
+// diagonal blocks by forward substitution (a thread per column), then the blocks below them a
+// diagonal at a time, T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj (y: scratch of 3 x 16 x 16 fp32).
+// Chains of 16 rather than 64 dependent rows. Ends synchronized.
+__device__ void invert_unit_lower(const float* a, float* t, float* y) {
+  constexpr int kB = 16;
+  for (int e = threadIdx.x; e < kC * kC; e += kThreads) t[(e / kC) * kLdSquare + e % kC] = 0.f;
+  __syncthreads();
+  if (threadIdx.x < kC) {
+    const int base = kB * (threadIdx.x / kB), j = threadIdx.x % kB;
+    float x[kB];
+#pragma unroll
+    for (int i = 0; i < kB; ++i) {
+      float acc = i == j ? 1.f : 0.f;
+#pragma unroll
+      for (int s = 0; s < i; ++s) acc -= a[(base + i) * kLdSquare + base + s] * x[s];
+      x[i] = acc;
+    }
+#pragma unroll
+    for (int i = 0; i < kB; ++i) t[(base + i) * kLdSquare + base + j] = x[i];
+  }
+  __syncthreads();
+  for (int d = 1; d < kC / kB; ++d) {
+    const int blocks = kC / kB - d;
+    for (int e = threadIdx.x; e < blocks * kB * kB; e += kThreads) {
+      const int j = e / (kB * kB), i = j + d, r = (e / kB) % kB, c = e % kB;
+      float sum = 0.f;
+      for (int m = kB * j; m < kB * i; ++m)
+        sum += a[(kB * i + r) * kLdSquare + m] * t[m * kLdSquare + kB * j + c];
+      y[e] = sum;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < blocks * kB * kB; e += kThreads) {
+      const int j = e / (kB * kB), i = j + d, r = (e / kB) % kB, c = e % kB;
+      float sum = 0.f;
+#pragma unroll
+      for (int m = 0; m < kB; ++m) {
+        sum += t[(kB * i + r) * kLdSquare + kB * i + m] * y[j * kB * kB + m * kB + c];
+      }
+      t[(kB * i + r) * kLdSquare + kB * j + c] = -sum;
+    }
+    __syncthreads();
   }
 }
 
@@ -82,19 +130,13 @@ __global__ void __launch_bounds__(kThreads) prepare_kernel(GatedDeltaArgs p) {
     y = from_float<T>((c < D ? beta[r] * __expf(g[r]) : beta[r]) * to_float(y));
   }
   __syncthreads();
-  if (threadIdx.x < kC) {  // column j of T: (I + A)^-1 e_j
-    const int j = threadIdx.x;
-    float col[kC];
-#pragma unroll
-    for (int r = 0; r < kC; ++r) col[r] = r == j ? 1.f : 0.f;
-    forward_substitute(a, col);
-    T* t_out = static_cast<T*>(p.t_inverse) + at.tile(0, kC) + j;
-#pragma unroll
-    for (int r = 0; r < kC; ++r) {
-      const T y = from_float<T>(col[r]);
-      t_s[r * kLdSquareE + j] = y;
-      t_out[r * kC] = y;
-    }
+  invert_unit_lower(a, staging, staging + kC * kLdSquare);
+  T* t_out = static_cast<T*>(p.t_inverse) + at.tile(0, kC);
+  for (int e = threadIdx.x; e < kC * kC; e += kThreads) {
+    const int r = e / kC, c = e % kC;
+    const T y = from_float<T>(staging[r * kLdSquare + c]);
+    t_s[r * kLdSquareE + c] = y;
+    t_out[e] = y;
   }
   __syncthreads();
   for (int half = 0; half < 2; ++half) {
