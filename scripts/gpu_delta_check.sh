@@ -9,6 +9,7 @@ bin=${MHLA_BIN:-build-gpu/mhla}; tests=${MHLA_TESTS_BIN:-build-gpu/tests/mhla_te
 [ -z "${SKIP_TESTS:-}" ] && timeout ${TEST_TIMEOUT:-150} "$tests" "delta rule: the fused*,ops: every op and GPU backend*" \
   > "$V/tests.log" 2>&1
 echo "tests rc=$?"; tail -5 "$V/tests.log"
+grep -q "All tests passed" "$V/tests.log" || [ -n "${SKIP_TESTS:-}" ] || { tar czf "$OUT/delta.tgz" -C "$OUT" delta; exit 1; }
 grep -B3 -A12 "FAILED" "$V/tests.log" | head -80
 [ -z "${SKIP_BENCH:-}" ] && timeout 120 "$bin" bench attention --op gated_deltanet --causal \
   --backend cuda --shape 16,8,2048,128 --shape 4,8,8192,128 --shape 1,8,32768,128 --warmup 3 --iters 10 \
@@ -46,5 +47,14 @@ for name, (t, c) in sorted(sums.items(), key=lambda x: -x[1][0])[:14]:
     print(f"  {t:9.1f} us  {c:4d}x  {name}")
 PY
   done
+fi
+# With GPT_GDN=1: the GPT table's gated-DeltaNet row (configs/gpt_austen_kjv.yaml; carry
+# data/text) trained through the fused kernels.
+if [ -n "${GPT_GDN:-}" ]; then
+  timeout 300 "$bin" train configs/gpt_austen_kjv.yaml --set attention.type=gated_deltanet \
+    --set run.name=gpt_gdn_fused > "$V/gpt_gdn.log" 2>&1
+  echo "gpt gdn rc=$?: $(grep -E 'done:' "$V/gpt_gdn.log")"
+  tail -4 "$V/gpt_gdn.log"
+  cp runs/gpt_gdn_fused/metrics.jsonl "$V/gpt_gdn_metrics.jsonl" 2>/dev/null
 fi
 tar czf "$OUT/delta.tgz" -C "$OUT" delta
