@@ -10,8 +10,8 @@ namespace {
 bool common_ok(const GatedDeltaArgs& a) {
   return a.batch > 0 && a.tokens > 0 && a.heads > 0 &&
          gated_delta_fused_supports(a.head_dim, a.head_dim) && a.dtype != DType::f32 && a.q &&
-         a.k && a.v && a.beta && a.gate && a.gate_sums && a.w && a.u0 && a.t_inverse && a.u && a.states &&
-         static_cast<int64_t>(a.batch) * a.heads <= 65535;
+         a.k && a.v && a.beta && a.gate && a.gate_sums && a.w && a.u0 && a.t_inverse && a.u &&
+         a.states && static_cast<int64_t>(a.batch) * a.heads <= 65535;
 }
 
 }  // namespace

@@ -45,14 +45,14 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(GatedDeltaArgs p)
   float* pf = reinterpret_cast<float*>(raw);    // [64][68]: scores, then dP^ . P
   float* r_f = pf + kC * kLdSquare;             // [64][D + 4]: dP^, then Y, Z, dW in turn
   float* g = r_f + kC * Ld<D>::f;               // [64]
-  float* decay = g + kC;                        // [64]: exp(G_r)
+  float* decay = g + kC;                        // [64]: scale exp(G_r)
   float* to_end = decay + kC;                   // [64]: exp(G_C - G_r)
   float* dg = to_end + kC;                      // [64]
   float* col = dg + kC;                         // [64]: column sums, then the K~ terms
   float* scratch = col + kC;                    // [32]
   T* q_s = reinterpret_cast<T*>(scratch + 32);  // [64][D + 8]
   T* k_s = q_s + kC * Ld<D>::e;
-  T* do_s = k_s + kC * Ld<D>::e;  // dO'
+  T* do_s = k_s + kC * Ld<D>::e;  // dO (unscaled)
   T* u_s = do_s + kC * Ld<D>::e;
   T* du_s = u_s + kC * Ld<D>::e;
   T* st_s = du_s + kC * Ld<D>::e;  // [D][D + 8]: S_i
@@ -64,18 +64,19 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(GatedDeltaArgs p)
       return static_cast<const T*>(base) + at.token(r, D, p.heads, p.tokens);
     };
   };
-  load_rows<T, D, kThreads>(q_s, Ld<D>::e, rows(p.q), at.valid, nullptr);
-  load_rows<T, D, kThreads>(k_s, Ld<D>::e, rows(p.k), at.valid, nullptr);
-  load_rows<T, D, kThreads>(do_s, Ld<D>::e, rows(p.d_out), at.valid, nullptr, p.scale);
+  load_rows<T, D, kThreads>(q_s, Ld<D>::e, rows(p.q), at.valid);
+  load_rows<T, D, kThreads>(k_s, Ld<D>::e, rows(p.k), at.valid);
+  load_rows<T, D, kThreads>(do_s, Ld<D>::e, rows(p.d_out), at.valid);  // dO; dO' = scale dO
   load_matrix<T, kC, D, kThreads>(u_s, Ld<D>::e, static_cast<const T*>(p.u) + at.tile(0, D), D);
   load_matrix<T, kC, D, kThreads>(du_s, Ld<D>::e, static_cast<const T*>(p.du) + at.tile(0, D), D);
   load_matrix<T, D, D, kThreads>(st_s, Ld<D>::e, static_cast<const T*>(p.states) + at.state(D), D);
   load_matrix<T, D, D, kThreads>(ds_s, Ld<D>::e, static_cast<const T*>(p.state_grads) + at.state(D),
                                  D);
   load_gate_sums(g, p, at);
+  finish_loads();
   __syncthreads();
   if (threadIdx.x < kC) {
-    decay[threadIdx.x] = __expf(g[threadIdx.x]);
+    decay[threadIdx.x] = p.scale * __expf(g[threadIdx.x]);
     to_end[threadIdx.x] = __expf(g[kC - 1] - g[threadIdx.x]);
   }
   gemm<T, kWarps, false, true>(q_s, Ld<D>::e, k_s, Ld<D>::e, pf, kLdSquare, kC, kC, D, false);
@@ -85,7 +86,7 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(GatedDeltaArgs p)
     const int r = e / kC, s = e % kC;
     float t = 0.f, m = 0.f;
     if (s <= r) {
-      const float d = __expf(g[r] - g[s]), dp = r_f[r * kLdSquare + s];
+      const float d = __expf(g[r] - g[s]), dp = p.scale * r_f[r * kLdSquare + s];
       t = dp * pf[r * kLdSquare + s] * d;
       m = dp * d;
     }
@@ -103,7 +104,7 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(GatedDeltaArgs p)
     for (int r = 0; r < kC; ++r) sum += pf[r * kLdSquare + s];
     col[s] = sum;
   }
-  // Y = dO' S_i^T.
+  // Y = dO S_i^T (the scale of dO' = scale dO rides with exp(G) in decay).
   gemm<T, kWarps, false, true>(do_s, Ld<D>::e, st_s, Ld<D>::e, r_f, Ld<D>::f, kC, D, D, false);
   __syncthreads();
   row_dot_then_scale<T, D>(q_s, r_f, decay,

@@ -56,16 +56,15 @@ __global__ void __launch_bounds__(kThreads) output_kernel(GatedDeltaArgs p) {
   const T* q = static_cast<const T*>(p.q);
   const T* k = static_cast<const T*>(p.k);
   load_rows<T, D, kThreads>(
-      q_s, Ld<D>::e, [&](int r) { return q + at.token(r, D, p.heads, p.tokens); }, at.valid,
-      nullptr);
+      q_s, Ld<D>::e, [&](int r) { return q + at.token(r, D, p.heads, p.tokens); }, at.valid);
   load_rows<T, D, kThreads>(
-      k_s, Ld<D>::e, [&](int r) { return k + at.token(r, D, p.heads, p.tokens); }, at.valid,
-      nullptr);
+      k_s, Ld<D>::e, [&](int r) { return k + at.token(r, D, p.heads, p.tokens); }, at.valid);
   load_matrix<T, kC, kCols, kThreads>(u_s, kLdOutE,
                                       static_cast<const T*>(p.u) + at.tile(0, D) + col0, D);
   load_matrix<T, D, kCols, kThreads>(st_s, kLdOutE,
                                      static_cast<const T*>(p.states) + at.state(D) + col0, D);
   load_gate_sums(g, p, at);
+  finish_loads();
   __syncthreads();
   if (threadIdx.x < kC) decay[threadIdx.x] = __expf(g[threadIdx.x]);
   decayed_scores<T, D>(q_s, k_s, g, pf, p_bf);
@@ -99,7 +98,7 @@ __global__ void __launch_bounds__(kThreads) local_value_grads_kernel(GatedDeltaA
   float* g = out_f + kC * Ld<D>::f;           // [64]
   T* q_s = reinterpret_cast<T*>(g + 2 * kC);  // [64][D + 8]
   T* k_s = q_s + kC * Ld<D>::e;               // [64][D + 8]
-  T* do_s = k_s + kC * Ld<D>::e;              // [64][D + 8]: dO' = scale dO
+  T* do_s = k_s + kC * Ld<D>::e;              // [64][D + 8]: dO
   T* p_bf = do_s + kC * Ld<D>::e;             // [64][72]
   const ChunkPosition at(p, blockIdx.y, blockIdx.x);
   auto rows = [&](const void* base) {
@@ -107,10 +106,11 @@ __global__ void __launch_bounds__(kThreads) local_value_grads_kernel(GatedDeltaA
       return static_cast<const T*>(base) + at.token(r, D, p.heads, p.tokens);
     };
   };
-  load_rows<T, D, kThreads>(q_s, Ld<D>::e, rows(p.q), at.valid, nullptr);
-  load_rows<T, D, kThreads>(k_s, Ld<D>::e, rows(p.k), at.valid, nullptr);
-  load_rows<T, D, kThreads>(do_s, Ld<D>::e, rows(p.d_out), at.valid, nullptr, p.scale);
+  load_rows<T, D, kThreads>(q_s, Ld<D>::e, rows(p.q), at.valid);
+  load_rows<T, D, kThreads>(k_s, Ld<D>::e, rows(p.k), at.valid);
+  load_rows<T, D, kThreads>(do_s, Ld<D>::e, rows(p.d_out), at.valid);  // dO (scale at the end)
   load_gate_sums(g, p, at);
+  finish_loads();
   __syncthreads();
   decayed_scores<T, D>(q_s, k_s, g, pf, p_bf);
   gemm<T, kWarps, true, false>(p_bf, kLdSquareE, do_s, Ld<D>::e, out_f, Ld<D>::f, kC, D, kC, false);
@@ -119,7 +119,8 @@ __global__ void __launch_bounds__(kThreads) local_value_grads_kernel(GatedDeltaA
   for (int e = threadIdx.x; e < kC * (D / 4); e += kThreads) {
     const int r = e / (D / 4), c = (e % (D / 4)) * 4;
     *reinterpret_cast<float4*>(dst + r * D + c) =
-        *reinterpret_cast<const float4*>(out_f + r * Ld<D>::f + c);
+        make_float4(p.scale * out_f[r * Ld<D>::f + c], p.scale * out_f[r * Ld<D>::f + c + 1],
+                    p.scale * out_f[r * Ld<D>::f + c + 2], p.scale * out_f[r * Ld<D>::f + c + 3]);
   }
 }
 

@@ -99,17 +99,16 @@ __global__ void __launch_bounds__(kThreads) prepare_kernel(GatedDeltaArgs p) {
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
   load_rows<T, D, kThreads>(
-      x, L::ld_wide, [&](int r) { return k + at.token(r, D, p.heads, p.tokens); }, at.valid,
-      nullptr);
+      x, L::ld_wide, [&](int r) { return k + at.token(r, D, p.heads, p.tokens); }, at.valid);
   load_rows<T, D, kThreads>(
-      x + D, L::ld_wide, [&](int r) { return v + at.token(r, D, p.heads, p.tokens); }, at.valid,
-      nullptr);
+      x + D, L::ld_wide, [&](int r) { return v + at.token(r, D, p.heads, p.tokens); }, at.valid);
   if (threadIdx.x < kC) {
     const int r = threadIdx.x;
     const int64_t i = at.token(r, 1, p.heads, p.tokens);
     g[r] = r < at.valid ? p.gate[i] : 0.f;
     beta[r] = r < at.valid ? p.beta[i] : 0.f;
   }
+  finish_loads();
   __syncthreads();
   if (threadIdx.x < 32) warp_running_sum64(g);
   gemm<T, kWarps, false, true>(x, L::ld_wide, x, L::ld_wide, a, kLdSquare, kC, kC, D, false);

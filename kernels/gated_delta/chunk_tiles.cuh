@@ -55,49 +55,6 @@ struct ChunkPosition {
   }
 };
 
-// dst[r][c] = factor(r) * src_row(r)[c0 + c] for c < Cols, rows >= valid zero; 16-byte loads.
-// factor == nullptr: copied as is.
-template <typename T, int Cols, int Threads, typename RowPtr>
-__device__ void load_rows(T* dst, int ld, RowPtr src_row, int valid, const float* factor,
-                          float common = 1.f) {
-  constexpr int kVec = 8;  // elements per 16 bytes
-  constexpr int kPerRow = Cols / kVec;
-  for (int e = threadIdx.x; e < kC * kPerRow; e += Threads) {
-    const int r = e / kPerRow, c = (e % kPerRow) * kVec;
-    uint4 word = make_uint4(0, 0, 0, 0);
-    if (r < valid) word = *reinterpret_cast<const uint4*>(src_row(r) + c);
-    if (factor != nullptr || common != 1.f) {
-      const float f = (factor != nullptr ? factor[r] : 1.f) * common;
-      T* x = reinterpret_cast<T*>(&word);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) x[j] = from_float<T>(f * to_float(x[j]));
-    }
-    *reinterpret_cast<uint4*>(dst + r * ld + c) = word;
-  }
-}
-
-// dst[r][c] = src[r * width + c0 + c] for a fp32 [64][width] tile, 16-byte loads.
-template <int Cols, int Threads>
-__device__ void load_rows_f32(float* dst, int ld, const float* src, int width) {
-  constexpr int kPerRow = Cols / 4;
-  for (int e = threadIdx.x; e < kC * kPerRow; e += Threads) {
-    const int r = e / kPerRow, c = (e % kPerRow) * 4;
-    *reinterpret_cast<float4*>(dst + r * ld + c) =
-        *reinterpret_cast<const float4*>(src + static_cast<int64_t>(r) * width + c);
-  }
-}
-
-// A [Rows][Cols] element-type matrix from global (row stride width) into shared memory.
-template <typename T, int Rows, int Cols, int Threads>
-__device__ void load_matrix(T* dst, int ld, const T* src, int width) {
-  constexpr int kPerRow = Cols / 8;
-  for (int e = threadIdx.x; e < Rows * kPerRow; e += Threads) {
-    const int r = e / kPerRow, c = (e % kPerRow) * 8;
-    *reinterpret_cast<uint4*>(dst + r * ld + c) =
-        *reinterpret_cast<const uint4*>(src + static_cast<int64_t>(r) * width + c);
-  }
-}
-
 // The reverse: a [Rows][Cols] shared-memory element-type matrix out to global.
 template <typename T, int Rows, int Cols, int Threads>
 __device__ void store_matrix(T* dst, int width, const T* src, int ld) {
@@ -141,6 +98,30 @@ __device__ void copy_rows_async(T* dst, int ld, RowPtr src_row, int valid) {
     const int r = e / kPerRow, c = (e % kPerRow) * kVec;
     copy_async16(dst + r * ld + c, src_row(r < valid ? r : 0) + c, r < valid);
   }
+}
+
+// The loads every pass starts with, all asynchronous (cp.async: no register round trip, so a
+// thread's copies are all in flight at once); finish_loads() waits for them, before the
+// __syncthreads that publishes them.
+template <typename T, int Cols, int Threads, typename RowPtr>
+__device__ void load_rows(T* dst, int ld, RowPtr src_row, int valid) {
+  copy_rows_async<T, Cols, Threads>(dst, ld, src_row, valid);
+}
+
+// A [Rows][Cols] matrix from global (row stride width) into shared memory (row stride ld).
+template <typename T, int Rows, int Cols, int Threads>
+__device__ void load_matrix(T* dst, int ld, const T* src, int width) {
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  constexpr int kPerRow = Cols / kVec;
+  for (int e = threadIdx.x; e < Rows * kPerRow; e += Threads) {
+    const int r = e / kPerRow, c = (e % kPerRow) * kVec;
+    copy_async16(dst + r * ld + c, src + static_cast<int64_t>(r) * width + c, true);
+  }
+}
+
+__device__ __forceinline__ void finish_loads() {
+  copy_async_commit();
+  copy_async_wait<0>();
 }
 
 // In-place inclusive running sum of 64 values, by one warp.

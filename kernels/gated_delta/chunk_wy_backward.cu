@@ -63,38 +63,34 @@ __global__ void __launch_bounds__(kThreads) wy_backward_kernel(GatedDeltaArgs p)
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
   load_rows<T, D, kThreads>(
-      k_s, Ld<D>::e, [&](int r) { return k + at.token(r, D, p.heads, p.tokens); }, at.valid,
-      nullptr);
+      k_s, Ld<D>::e, [&](int r) { return k + at.token(r, D, p.heads, p.tokens); }, at.valid);
   load_rows<T, D, kThreads>(
-      sol, L::ld_wide_e, [&](int r) { return static_cast<const T*>(p.w) + at.tile(r, D); }, kC,
-      nullptr);
+      sol, L::ld_wide_e, [&](int r) { return static_cast<const T*>(p.w) + at.tile(r, D); }, kC);
   load_rows<T, D, kThreads>(
-      sol + D, L::ld_wide_e, [&](int r) { return static_cast<const T*>(p.u0) + at.tile(r, D); }, kC,
-      nullptr);
+      sol + D, L::ld_wide_e, [&](int r) { return static_cast<const T*>(p.u0) + at.tile(r, D); },
+      kC);
   load_rows<T, D, kThreads>(
       grads + D, L::ld_wide_e, [&](int r) { return static_cast<const T*>(p.du) + at.tile(r, D); },
-      kC, nullptr);
+      kC);
   load_rows<T, kC, kThreads>(
       t_s, kLdSquareE, [&](int r) { return static_cast<const T*>(p.t_inverse) + at.tile(r, kC); },
-      kC, nullptr);
-  {
-    const float* dw = p.dw + at.tile(0, D);
-    for (int e = threadIdx.x; e < kC * (D / 4); e += kThreads) {
-      const int r = e / (D / 4), c = (e % (D / 4)) * 4;
-      const float4 y = *reinterpret_cast<const float4*>(dw + r * D + c);
-      T* dst = grads + r * L::ld_wide_e + c;
-      dst[0] = from_float<T>(y.x), dst[1] = from_float<T>(y.y);
-      dst[2] = from_float<T>(y.z), dst[3] = from_float<T>(y.w);
-    }
-  }
+      kC);
+  load_matrix<float, kC, D, kThreads>(dx_f, L::ld_wide_f, p.dw + at.tile(0, D), D);  // staged
   load_gate_sums(g, p, at);
   if (threadIdx.x < kC) {
     const int r = threadIdx.x;
     beta[r] = r < at.valid ? p.beta[at.token(r, 1, p.heads, p.tokens)] : 0.f;
   }
+  finish_loads();
   __syncthreads();
+  // dW (fp32, staged in dX's space) into the element type beside du.
+  for (int e = threadIdx.x; e < kC * D; e += kThreads) {
+    const int r = e / D, c = e % D;
+    grads[r * L::ld_wide_e + c] = from_float<T>(dx_f[r * L::ld_wide_f + c]);
+  }
   if (threadIdx.x < kC) decay[threadIdx.x] = __expf(g[threadIdx.x]);
   gemm<T, kWarps, false, true>(k_s, Ld<D>::e, k_s, Ld<D>::e, kk, kLdSquare, kC, kC, D, false);
+  __syncthreads();
   // dX = T^T [dW | du].
   gemm<T, kWarps, true, false>(t_s, kLdSquareE, grads, L::ld_wide_e, dx_f, L::ld_wide_f, kC, 2 * D,
                                kC, false);
