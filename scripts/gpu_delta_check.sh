@@ -6,7 +6,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; V=$OUT/delta; mkdir -p "$V"
 bin=${MHLA_BIN:-build-gpu/mhla}; tests=${MHLA_TESTS_BIN:-build-gpu/tests/mhla_tests}
-[ -z "${SKIP_TESTS:-}" ] && timeout ${TEST_TIMEOUT:-150} "$tests" "delta rule: the fused*,ops: every op and GPU backend*" \
+[ -z "${SKIP_TESTS:-}" ] && timeout ${TEST_TIMEOUT:-150} "$tests" "${TESTS:-delta rule: the fused*,ops: every op and GPU backend*}" \
   > "$V/tests.log" 2>&1
 echo "tests rc=$?"; tail -5 "$V/tests.log"
 grep -q "All tests passed" "$V/tests.log" || [ -n "${SKIP_TESTS:-}" ] || { tar czf "$OUT/delta.tgz" -C "$OUT" delta; exit 1; }
@@ -15,6 +15,15 @@ grep -B3 -A12 "FAILED" "$V/tests.log" | head -80
   --backend cuda --shape 16,8,2048,128 --shape 4,8,8192,128 --shape 1,8,32768,128 --warmup 3 --iters 10 \
   2> "$V/ours.err" | grep '^{' | tee "$V/ours_lm.jsonl"
 tail -3 "$V/ours.err"
+# With CAUSAL_TOO=1: also the causal linear and MHLA kernels at the LM shapes (they share the
+# tensor-core product helper, kernels/common/wmma_gemm.cuh).
+if [ -n "${CAUSAL_TOO:-}" ]; then
+  for op in linear mhla; do
+    timeout 90 "$bin" bench attention --op $op --causal --backend cuda --shape 16,8,2048,128 \
+      --shape 4,8,8192,128 --shape 1,8,32768,128 --blocks 16 --warmup 3 --iters 10 \
+      2>> "$V/ours.err" | grep '^{' | tee -a "$V/ours_lm.jsonl"
+  done
+fi
 if [ -z "${SKIP_PEER:-}" ]; then
   source scripts/gpu_fla_env.sh
   timeout ${PEER_TIMEOUT:-200} python3 scripts/fla_delta_peer.py ${PEER_ARGS:-} 2> "$V/peer.err" |

@@ -52,32 +52,111 @@ __device__ __forceinline__ void load_fragment(Frag& f, const typename Mma<T>::el
   }
 }
 
+namespace detail {
+
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// Four 8 x 8 matrices of 16-bit elements from shared memory (row addresses from lanes 0-31),
+// optionally transposed.
+template <bool Transpose>
+__device__ __forceinline__ void load_matrices(unsigned (&r)[4], const void* row) {
+  if constexpr (Transpose) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(shared_address(row)));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(shared_address(row)));
+  }
+}
+
+// d += a b for one m16n8k16 tile (fp32 accumulators).
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], unsigned b0,
+                                         unsigned b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+}  // namespace detail
+
 // c [m][n] (fp32, ldc) = (or +=, when accumulate) A x B for A [m][k] (lda; stored [k][m] when
-// TransA) and B [k][n] (ldb; stored [n][k] when TransB); m, n multiples of 16, k of the MMA depth.
-// The CTA's Warps warps share the 16 x 16 output tiles.
+// TransA) and B [k][n] (ldb; stored [n][k] when TransB); m, n multiples of 16, k of the MMA depth,
+// leading dimensions multiples of 8 elements and 16-byte aligned rows. The CTA's Warps warps share
+// the 16 x 16 output tiles. 16-bit types run on ldmatrix + mma.sync (operands straight from
+// shared memory, transposed by ldmatrix where stored transposed); fp32 (tf32) on WMMA.
 template <typename T, int Warps, bool TransA, bool TransB>
 __device__ void gemm(const typename Mma<T>::elem* a, int lda, const typename Mma<T>::elem* b,
                      int ldb, float* c, int ldc, int m, int n, int k, bool accumulate) {
-  using ALayout = std::conditional_t<TransA, wmma::col_major, wmma::row_major>;
-  using BLayout = std::conditional_t<TransB, wmma::col_major, wmma::row_major>;
   const int warp = threadIdx.x / 32, tiles_n = n / 16, count = (m / 16) * tiles_n;
-  for (int f = warp; f < count; f += Warps) {
-    const int fm = f / tiles_n, fn = f % tiles_n;
-    float* out = c + fm * 16 * ldc + fn * 16;
-    FragC<T> acc;
-    if (accumulate) {
-      wmma::load_matrix_sync(acc, out, ldc, wmma::mem_row_major);
-    } else {
-      wmma::fill_fragment(acc, 0.f);
+  if constexpr (std::is_same_v<T, float>) {
+    using ALayout = std::conditional_t<TransA, wmma::col_major, wmma::row_major>;
+    using BLayout = std::conditional_t<TransB, wmma::col_major, wmma::row_major>;
+    for (int f = warp; f < count; f += Warps) {
+      const int fm = f / tiles_n, fn = f % tiles_n;
+      float* out = c + fm * 16 * ldc + fn * 16;
+      FragC<T> acc;
+      if (accumulate) {
+        wmma::load_matrix_sync(acc, out, ldc, wmma::mem_row_major);
+      } else {
+        wmma::fill_fragment(acc, 0.f);
+      }
+      for (int kk = 0; kk < k; kk += Mma<T>::k) {
+        FragA<T, ALayout> fa;
+        FragB<T, BLayout> fb;
+        load_fragment<T>(fa, TransA ? a + kk * lda + fm * 16 : a + fm * 16 * lda + kk, lda);
+        load_fragment<T>(fb, TransB ? b + fn * 16 * ldb + kk : b + kk * ldb + fn * 16, ldb);
+        wmma::mma_sync(acc, fa, fb, acc);
+      }
+      wmma::store_matrix_sync(out, acc, ldc, wmma::mem_row_major);
     }
-    for (int kk = 0; kk < k; kk += Mma<T>::k) {
-      FragA<T, ALayout> fa;
-      FragB<T, BLayout> fb;
-      load_fragment<T>(fa, TransA ? a + kk * lda + fm * 16 : a + fm * 16 * lda + kk, lda);
-      load_fragment<T>(fb, TransB ? b + fn * 16 * ldb + kk : b + kk * ldb + fn * 16, ldb);
-      wmma::mma_sync(acc, fa, fb, acc);
+  } else {
+    const int lane = threadIdx.x % 32, quad = lane / 8, row8 = lane % 8;
+    for (int f = warp; f < count; f += Warps) {
+      const int fm = f / tiles_n, fn = f % tiles_n;
+      // This lane's accumulator elements: rows r0 and r0 + 8, columns c0, c0 + 1 of each n8 half.
+      const int r0 = fm * 16 + lane / 4, c0 = fn * 16 + (lane % 4) * 2;
+      float acc[2][4];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          acc[h][i] = accumulate ? c[(r0 + (i / 2) * 8) * ldc + c0 + h * 8 + i % 2] : 0.f;
+        }
+      }
+      // Row addresses of the four 8 x 8 matrices each ldmatrix reads (see the PTX fragment
+      // layouts of m16n8k16: A in (rows 0-7, 8-15) x (k 0-7, 8-15) order, B as n8 halves).
+      const T* a_row = TransA ? a + ((quad / 2) * 8 + row8) * lda + fm * 16 + (quad % 2) * 8
+                              : a + (fm * 16 + (quad % 2) * 8 + row8) * lda + (quad / 2) * 8;
+      const T* b_row = TransB ? b + (fn * 16 + (quad / 2) * 8 + row8) * ldb + (quad % 2) * 8
+                              : b + ((quad % 2) * 8 + row8) * ldb + fn * 16 + (quad / 2) * 8;
+      for (int kk = 0; kk < k; kk += 16) {
+        unsigned fa[4], fb[4];
+        detail::load_matrices<TransA>(fa, TransA ? a_row + kk * lda : a_row + kk);
+        detail::load_matrices<!TransB>(fb, TransB ? b_row + kk : b_row + kk * ldb);
+        detail::mma16816<T>(acc[0], fa, fb[0], fb[1]);
+        detail::mma16816<T>(acc[1], fa, fb[2], fb[3]);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) c[(r0 + (i / 2) * 8) * ldc + c0 + h * 8 + i % 2] = acc[h][i];
+      }
     }
-    wmma::store_matrix_sync(out, acc, ldc, wmma::mem_row_major);
   }
 }
 
