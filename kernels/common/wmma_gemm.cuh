@@ -94,21 +94,84 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], 
 
 }  // namespace detail
 
+// One 16 x 16 fp32 output tile of a 16-bit product in mma.sync's accumulator layout (two n8
+// halves): this lane holds rows lane / 4 and lane / 4 + 8, columns 2 (lane % 4) and the next, of
+// each half. Kept in registers across products (the gated-delta state passes carry their state
+// in them from chunk to chunk).
+struct TileAccumulator {
+  float x[2][4];
+  __device__ static int row(int i) { return static_cast<int>(threadIdx.x % 32) / 4 + (i / 2) * 8; }
+  __device__ static int col(int h, int i) {
+    return (static_cast<int>(threadIdx.x % 32) % 4) * 2 + h * 8 + i % 2;
+  }
+  __device__ void zero() {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) x[h][i] = 0.f;
+    }
+  }
+  __device__ void scale(float s) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) x[h][i] *= s;
+    }
+  }
+  // From / to a fp32 tile whose top-left element is at c (row stride ldc).
+  __device__ void load(const float* c, int ldc) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) x[h][i] = c[row(i) * ldc + col(h, i)];
+    }
+  }
+  __device__ void store(float* c, int ldc) const {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) c[row(i) * ldc + col(h, i)] = x[h][i];
+    }
+  }
+};
+
+// acc += A B over depth k for the 16 x 16 output tile at (row tile fm, column tile fn), with A
+// [m][k] (lda; stored [k][m] when TransA) and B [k][n] (ldb; stored [n][k] when TransB) in shared
+// memory: ldmatrix (transposing where stored transposed) + mma.sync m16n8k16, 16-bit T.
+template <typename T, bool TransA, bool TransB>
+__device__ void mma_tile(TileAccumulator& acc, const T* a, int lda, const T* b, int ldb, int fm,
+                         int fn, int k) {
+  const int lane = threadIdx.x % 32, quad = lane / 8, row8 = lane % 8;
+  // Row addresses of the four 8 x 8 matrices each ldmatrix reads (PTX's m16n8k16 fragment
+  // layouts: A as (rows 0-7, 8-15) x (k 0-7, 8-15), B as its two n8 halves).
+  const T* a_row = TransA ? a + ((quad / 2) * 8 + row8) * lda + fm * 16 + (quad % 2) * 8
+                          : a + (fm * 16 + (quad % 2) * 8 + row8) * lda + (quad / 2) * 8;
+  const T* b_row = TransB ? b + (fn * 16 + (quad / 2) * 8 + row8) * ldb + (quad % 2) * 8
+                          : b + ((quad % 2) * 8 + row8) * ldb + fn * 16 + (quad / 2) * 8;
+  for (int kk = 0; kk < k; kk += 16) {
+    unsigned fa[4], fb[4];
+    detail::load_matrices<TransA>(fa, TransA ? a_row + kk * lda : a_row + kk);
+    detail::load_matrices<!TransB>(fb, TransB ? b_row + kk : b_row + kk * ldb);
+    detail::mma16816<T>(acc.x[0], fa, fb[0], fb[1]);
+    detail::mma16816<T>(acc.x[1], fa, fb[2], fb[3]);
+  }
+}
+
 // c [m][n] (fp32, ldc) = (or +=, when accumulate) A x B for A [m][k] (lda; stored [k][m] when
 // TransA) and B [k][n] (ldb; stored [n][k] when TransB); m, n multiples of 16, k of the MMA depth,
 // leading dimensions multiples of 8 elements and 16-byte aligned rows. The CTA's Warps warps share
-// the 16 x 16 output tiles. 16-bit types run on ldmatrix + mma.sync (operands straight from
-// shared memory, transposed by ldmatrix where stored transposed); fp32 (tf32) on WMMA.
+// the 16 x 16 output tiles. 16-bit types run on mma_tile (WMMA's fragment loads were generic
+// 32-bit loads); fp32 (tf32) on WMMA.
 template <typename T, int Warps, bool TransA, bool TransB>
 __device__ void gemm(const typename Mma<T>::elem* a, int lda, const typename Mma<T>::elem* b,
                      int ldb, float* c, int ldc, int m, int n, int k, bool accumulate) {
   const int warp = threadIdx.x / 32, tiles_n = n / 16, count = (m / 16) * tiles_n;
-  if constexpr (std::is_same_v<T, float>) {
-    using ALayout = std::conditional_t<TransA, wmma::col_major, wmma::row_major>;
-    using BLayout = std::conditional_t<TransB, wmma::col_major, wmma::row_major>;
-    for (int f = warp; f < count; f += Warps) {
-      const int fm = f / tiles_n, fn = f % tiles_n;
-      float* out = c + fm * 16 * ldc + fn * 16;
+  for (int f = warp; f < count; f += Warps) {
+    const int fm = f / tiles_n, fn = f % tiles_n;
+    float* out = c + fm * 16 * ldc + fn * 16;
+    if constexpr (std::is_same_v<T, float>) {
+      using ALayout = std::conditional_t<TransA, wmma::col_major, wmma::row_major>;
+      using BLayout = std::conditional_t<TransB, wmma::col_major, wmma::row_major>;
       FragC<T> acc;
       if (accumulate) {
         wmma::load_matrix_sync(acc, out, ldc, wmma::mem_row_major);
@@ -123,39 +186,15 @@ __device__ void gemm(const typename Mma<T>::elem* a, int lda, const typename Mma
         wmma::mma_sync(acc, fa, fb, acc);
       }
       wmma::store_matrix_sync(out, acc, ldc, wmma::mem_row_major);
-    }
-  } else {
-    const int lane = threadIdx.x % 32, quad = lane / 8, row8 = lane % 8;
-    for (int f = warp; f < count; f += Warps) {
-      const int fm = f / tiles_n, fn = f % tiles_n;
-      // This lane's accumulator elements: rows r0 and r0 + 8, columns c0, c0 + 1 of each n8 half.
-      const int r0 = fm * 16 + lane / 4, c0 = fn * 16 + (lane % 4) * 2;
-      float acc[2][4];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          acc[h][i] = accumulate ? c[(r0 + (i / 2) * 8) * ldc + c0 + h * 8 + i % 2] : 0.f;
-        }
+    } else {
+      TileAccumulator acc;
+      if (accumulate) {
+        acc.load(out, ldc);
+      } else {
+        acc.zero();
       }
-      // Row addresses of the four 8 x 8 matrices each ldmatrix reads (see the PTX fragment
-      // layouts of m16n8k16: A in (rows 0-7, 8-15) x (k 0-7, 8-15) order, B as n8 halves).
-      const T* a_row = TransA ? a + ((quad / 2) * 8 + row8) * lda + fm * 16 + (quad % 2) * 8
-                              : a + (fm * 16 + (quad % 2) * 8 + row8) * lda + (quad / 2) * 8;
-      const T* b_row = TransB ? b + (fn * 16 + (quad / 2) * 8 + row8) * ldb + (quad % 2) * 8
-                              : b + ((quad % 2) * 8 + row8) * ldb + fn * 16 + (quad / 2) * 8;
-      for (int kk = 0; kk < k; kk += 16) {
-        unsigned fa[4], fb[4];
-        detail::load_matrices<TransA>(fa, TransA ? a_row + kk * lda : a_row + kk);
-        detail::load_matrices<!TransB>(fb, TransB ? b_row + kk : b_row + kk * ldb);
-        detail::mma16816<T>(acc[0], fa, fb[0], fb[1]);
-        detail::mma16816<T>(acc[1], fa, fb[2], fb[3]);
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) c[(r0 + (i / 2) * 8) * ldc + c0 + h * 8 + i % 2] = acc[h][i];
-      }
+      mma_tile<T, TransA, TransB>(acc, a, lda, b, ldb, fm, fn, k);
+      acc.store(out, ldc);
     }
   }
 }

@@ -20,45 +20,32 @@ constexpr int kSlice = 32;             // value columns per CTA
 constexpr int kLdSliceE = kSlice + 8;  // element-type rows of the slice
 constexpr int kLdSliceF = kSlice + 4;  // fp32 rows of the slice
 
-using namespace nvcuda;
-using wmma_tiles::FragA;
-using wmma_tiles::FragB;
-using wmma_tiles::FragC;
-using wmma_tiles::load_fragment;
-
 // The state slice [D][32] as 16 x 16 accumulator tiles held in registers across chunks: warp w
-// owns tiles w, w + 4, ... (tile f at rows 16 (f / 2), columns 16 (f % 2)).
+// owns tiles w, w + 8, ... (tile f at rows 16 (f / 2), columns 16 (f % 2)).
 template <typename T, int D>
 struct StateFragments {
   static constexpr int kPerWarp = (D / 16) * (kSlice / 16) / kWarps;
-  FragC<T> f[kPerWarp];
-  __device__ static int row(int j) { return 16 * ((threadIdx.x / 32 + kWarps * j) / 2); }
-  __device__ static int col(int j) { return 16 * ((threadIdx.x / 32 + kWarps * j) % 2); }
+  wmma_tiles::TileAccumulator f[kPerWarp];
+  __device__ static int tile_row(int j) { return (threadIdx.x / 32 + kWarps * j) / 2; }
+  __device__ static int tile_col(int j) { return (threadIdx.x / 32 + kWarps * j) % 2; }
   __device__ void load(const float* s) {
 #pragma unroll
     for (int j = 0; j < kPerWarp; ++j) {
-      wmma::load_matrix_sync(f[j], s + row(j) * kLdSliceF + col(j), kLdSliceF, wmma::mem_row_major);
+      f[j].load(s + 16 * tile_row(j) * kLdSliceF + 16 * tile_col(j), kLdSliceF);
     }
   }
   __device__ void store(float* s) const {
 #pragma unroll
     for (int j = 0; j < kPerWarp; ++j) {
-      wmma::store_matrix_sync(s + row(j) * kLdSliceF + col(j), f[j], kLdSliceF,
-                              wmma::mem_row_major);
+      f[j].store(s + 16 * tile_row(j) * kLdSliceF + 16 * tile_col(j), kLdSliceF);
     }
   }
   // f = decay f + A^T B for A [Depth][D] (rows lda apart) and B [Depth][32] (rows ldb apart).
   __device__ void decay_and_add(float decay, const T* a, int lda, const T* b, int ldb, int depth) {
 #pragma unroll
     for (int j = 0; j < kPerWarp; ++j) {
-      for (int i = 0; i < f[j].num_elements; ++i) f[j].x[i] *= decay;
-      for (int kk = 0; kk < depth; kk += 16) {
-        FragA<T, wmma::col_major> fa;
-        FragB<T, wmma::row_major> fb;
-        load_fragment<T>(fa, a + kk * lda + row(j), lda);
-        load_fragment<T>(fb, b + kk * ldb + col(j), ldb);
-        wmma::mma_sync(f[j], fa, fb, f[j]);
-      }
+      f[j].scale(decay);
+      wmma_tiles::mma_tile<T, true, false>(f[j], a, lda, b, ldb, tile_row(j), tile_col(j), depth);
     }
   }
 };
