@@ -113,13 +113,8 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(GatedDeltaArgs p)
   gemm<T, kWarps, false, false>(m_bf, kLdSquareE, k_s, Ld<D>::e, r_f, Ld<D>::f, kC, D, kC, true);
   __syncthreads();
   T* dq = static_cast<T*>(p.dq);
-  for (int e = threadIdx.x; e < at.valid * (D / 8); e += kThreads) {
-    const int r = e / (D / 8), c = (e % (D / 8)) * 8;
-    float x[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) x[j] = r_f[r * Ld<D>::f + c + j];
-    store_pack<T, 8>(dq + at.token(r, D, p.heads, p.tokens) + c, x);
-  }
+  store_rows<T, D, kThreads>([&](int r) { return dq + at.token(r, D, p.heads, p.tokens); }, r_f,
+                             Ld<D>::f, at.valid);
   __syncthreads();
   // Z = u dS_{i+1}^T, the gradient of K~.
   gemm<T, kWarps, false, true>(u_s, Ld<D>::e, ds_s, Ld<D>::e, r_f, Ld<D>::f, kC, D, D, false);
@@ -167,13 +162,8 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(GatedDeltaArgs p)
 template <typename T, int D>
 struct ChunkGrads {
   static cudaError_t launch(const GatedDeltaArgs& a, cudaStream_t stream) {
-    constexpr size_t bytes = grads_bytes<D>();
-    if (cudaError_t err = allow_shared(chunk_grads_kernel<T, D>, bytes); err != cudaSuccess) {
-      return err;
-    }
-    const dim3 grid(gated_delta_chunks(a.tokens), a.batch * a.heads);
-    chunk_grads_kernel<T, D><<<grid, kThreads, bytes, stream>>>(a);
-    return cudaGetLastError();
+    return launch_pass(chunk_grads_kernel<T, D>, chunk_grid(a), kThreads, grads_bytes<D>(), a,
+                       stream);
   }
 };
 

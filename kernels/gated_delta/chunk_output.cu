@@ -80,14 +80,9 @@ __global__ void __launch_bounds__(kThreads) output_kernel(GatedDeltaArgs p) {
   gemm<T, kWarps, false, false>(p_bf, kLdSquareE, u_s, kLdOutE, out_f, kLdSquare, kC, kCols, kC,
                                 true);
   __syncthreads();
-  T* out = static_cast<T*>(p.out);
-  for (int e = threadIdx.x; e < at.valid * (kCols / 8); e += kThreads) {
-    const int r = e / (kCols / 8), c = (e % (kCols / 8)) * 8;
-    float x[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) x[j] = p.scale * out_f[r * kLdSquare + c + j];
-    store_pack<T, 8>(out + at.token(r, D, p.heads, p.tokens) + col0 + c, x);
-  }
+  T* out = static_cast<T*>(p.out) + col0;
+  store_rows<T, kCols, kThreads>([&](int r) { return out + at.token(r, D, p.heads, p.tokens); },
+                                 out_f, kLdSquare, at.valid, p.scale);
 }
 
 template <typename T, int D>
@@ -127,25 +122,16 @@ __global__ void __launch_bounds__(kThreads) local_value_grads_kernel(GatedDeltaA
 template <typename T, int D>
 struct Output {
   static cudaError_t launch(const GatedDeltaArgs& a, cudaStream_t stream) {
-    constexpr size_t bytes = output_bytes<D>();
-    if (cudaError_t err = allow_shared(output_kernel<T, D>, bytes); err != cudaSuccess) return err;
-    const dim3 grid(gated_delta_chunks(a.tokens), a.batch * a.heads,
-                    D < kOutputCols ? 1 : D / kOutputCols);
-    output_kernel<T, D><<<grid, kThreads, bytes, stream>>>(a);
-    return cudaGetLastError();
+    return launch_pass(output_kernel<T, D>, chunk_grid(a, D < kOutputCols ? 1 : D / kOutputCols),
+                       kThreads, output_bytes<D>(), a, stream);
   }
 };
 
 template <typename T, int D>
 struct LocalValueGrads {
   static cudaError_t launch(const GatedDeltaArgs& a, cudaStream_t stream) {
-    constexpr size_t bytes = local_bytes<D>();
-    if (cudaError_t err = allow_shared(local_value_grads_kernel<T, D>, bytes); err != cudaSuccess) {
-      return err;
-    }
-    const dim3 grid(gated_delta_chunks(a.tokens), a.batch * a.heads);
-    local_value_grads_kernel<T, D><<<grid, kThreads, bytes, stream>>>(a);
-    return cudaGetLastError();
+    return launch_pass(local_value_grads_kernel<T, D>, chunk_grid(a), kThreads, local_bytes<D>(), a,
+                       stream);
   }
 };
 

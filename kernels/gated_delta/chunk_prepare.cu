@@ -28,18 +28,6 @@ struct PrepareLayout {
   static constexpr size_t bytes = t + 2 * kC * kLdSquareE;
 };
 
-// The fp32 [64][D] staging tile out to a contiguous [64][D] element-type tile in global memory.
-template <typename T, int D>
-__device__ void store_staged(T* dst, const float* staging) {
-  for (int e = threadIdx.x; e < kC * (D / 8); e += kThreads) {
-    const int r = e / (D / 8), c = (e % (D / 8)) * 8;
-    float x[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) x[j] = staging[r * Ld<D>::f + c + j];
-    store_pack<T, 8>(dst + r * D + c, x);
-  }
-}
-
 // t = (I + A)^-1 for a strictly lower A (fp32 [64][68] tiles) in 16 x 16 blocks: the four
 // diagonal blocks by forward substitution (a thread per column), then the blocks below them a
 // diagonal at a time, T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj (y: scratch of 3 x 16 x 16 fp32).
@@ -142,7 +130,8 @@ __global__ void __launch_bounds__(kThreads) prepare_kernel(GatedDeltaArgs p) {
     gemm<T, kWarps, false, false>(t_s, kLdSquareE, x + half * D, L::ld_wide, staging, Ld<D>::f, kC,
                                   D, kC, false);
     __syncthreads();
-    store_staged<T, D>(static_cast<T*>(half == 0 ? p.w : p.u0) + at.tile(0, D), staging);
+    T* dst = static_cast<T*>(half == 0 ? p.w : p.u0) + at.tile(0, D);
+    store_rows<T, D, kThreads>([&](int r) { return dst + r * D; }, staging, Ld<D>::f, kC);
     __syncthreads();
   }
 }
@@ -150,11 +139,8 @@ __global__ void __launch_bounds__(kThreads) prepare_kernel(GatedDeltaArgs p) {
 template <typename T, int D>
 struct Prepare {
   static cudaError_t launch(const GatedDeltaArgs& a, cudaStream_t stream) {
-    constexpr size_t bytes = PrepareLayout<D>::bytes;
-    if (cudaError_t err = allow_shared(prepare_kernel<T, D>, bytes); err != cudaSuccess) return err;
-    const dim3 grid(gated_delta_chunks(a.tokens), a.batch * a.heads);
-    prepare_kernel<T, D><<<grid, kThreads, bytes, stream>>>(a);
-    return cudaGetLastError();
+    return launch_pass(prepare_kernel<T, D>, chunk_grid(a), kThreads, PrepareLayout<D>::bytes, a,
+                       stream);
   }
 };
 

@@ -271,26 +271,16 @@ __global__ void __launch_bounds__(kThreads) states_backward_kernel(GatedDeltaArg
 template <typename T, int D>
 struct StatesForward {
   static cudaError_t launch(const GatedDeltaArgs& a, cudaStream_t stream) {
-    constexpr size_t bytes = ForwardLayout<D>::bytes;
-    if (cudaError_t err = allow_shared(states_forward_kernel<T, D>, bytes); err != cudaSuccess) {
-      return err;
-    }
-    const dim3 grid(D / kSlice, a.batch * a.heads);
-    states_forward_kernel<T, D><<<grid, kThreads, bytes, stream>>>(a);
-    return cudaGetLastError();
+    return launch_pass(states_forward_kernel<T, D>, dim3(D / kSlice, a.batch * a.heads), kThreads,
+                       ForwardLayout<D>::bytes, a, stream);
   }
 };
 
 template <typename T, int D>
 struct StatesBackward {
   static cudaError_t launch(const GatedDeltaArgs& a, cudaStream_t stream) {
-    constexpr size_t bytes = BackwardLayout<D>::bytes;
-    if (cudaError_t err = allow_shared(states_backward_kernel<T, D>, bytes); err != cudaSuccess) {
-      return err;
-    }
-    const dim3 grid(D / kSlice, a.batch * a.heads);
-    states_backward_kernel<T, D><<<grid, kThreads, bytes, stream>>>(a);
-    return cudaGetLastError();
+    return launch_pass(states_backward_kernel<T, D>, dim3(D / kSlice, a.batch * a.heads), kThreads,
+                       BackwardLayout<D>::bytes, a, stream);
   }
 };
 

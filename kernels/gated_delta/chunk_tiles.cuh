@@ -124,6 +124,19 @@ __device__ __forceinline__ void finish_loads() {
   copy_async_wait<0>();
 }
 
+// dst_row(r)[c] = scale * src[r][c] (fp32 shared, row stride ld) for r < rows, c < Cols, in
+// 16-byte stores of the element type.
+template <typename T, int Cols, int Threads, typename RowPtr>
+__device__ void store_rows(RowPtr dst_row, const float* src, int ld, int rows, float scale = 1.f) {
+  for (int e = threadIdx.x; e < rows * (Cols / 8); e += Threads) {
+    const int r = e / (Cols / 8), c = (e % (Cols / 8)) * 8;
+    float x[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) x[j] = scale * src[r * ld + c + j];
+    store_pack<T, 8>(dst_row(r) + c, x);
+  }
+}
+
 // In-place inclusive running sum of 64 values, by one warp.
 __device__ __forceinline__ void warp_running_sum64(float* x) {
   const int lane = threadIdx.x % 32;
@@ -235,10 +248,22 @@ cudaError_t dispatch(const GatedDeltaArgs& a, cudaStream_t stream) {
   }
 }
 
+// The grid of the per-chunk passes: (chunks, B * H, parts).
+inline dim3 chunk_grid(const GatedDeltaArgs& a, int parts = 1) {
+  return dim3(gated_delta_chunks(a.tokens), a.batch * a.heads, parts);
+}
+
+// Opts the kernel into `bytes` of dynamic shared memory and launches it.
 template <typename Kernel>
-cudaError_t allow_shared(Kernel kernel, size_t bytes) {
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(bytes));
+cudaError_t launch_pass(Kernel kernel, dim3 grid, int threads, size_t bytes,
+                        const GatedDeltaArgs& a, cudaStream_t stream) {
+  if (cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(bytes));
+      err != cudaSuccess) {
+    return err;
+  }
+  kernel<<<grid, threads, bytes, stream>>>(a);
+  return cudaGetLastError();
 }
 
 }  // namespace gated_delta

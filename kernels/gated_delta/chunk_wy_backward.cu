@@ -174,13 +174,8 @@ __global__ void __launch_bounds__(kThreads) wy_backward_kernel(GatedDeltaArgs p)
   gemm<T, kWarps, true, false>(n_bf, kLdSquareE, k_s, Ld<D>::e, dk_f, Ld<D>::f, kC, D, kC, true);
   __syncthreads();
   T* dk = static_cast<T*>(p.dk);
-  for (int e = threadIdx.x; e < at.valid * (D / 8); e += kThreads) {
-    const int r = e / (D / 8), c = (e % (D / 8)) * 8;
-    float x[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) x[j] = dk_f[r * Ld<D>::f + c + j];
-    store_pack<T, 8>(dk + at.token(r, D, p.heads, p.tokens) + c, x);
-  }
+  store_rows<T, D, kThreads>([&](int r) { return dk + at.token(r, D, p.heads, p.tokens); }, dk_f,
+                             Ld<D>::f, at.valid);
   if (threadIdx.x < kC) {
     const int r = threadIdx.x;
     dg[r] +=
@@ -200,13 +195,8 @@ __global__ void __launch_bounds__(kThreads) wy_backward_kernel(GatedDeltaArgs p)
 template <typename T, int D>
 struct WyBackward {
   static cudaError_t launch(const GatedDeltaArgs& a, cudaStream_t stream) {
-    constexpr size_t bytes = WyLayout<D>::bytes;
-    if (cudaError_t err = allow_shared(wy_backward_kernel<T, D>, bytes); err != cudaSuccess) {
-      return err;
-    }
-    const dim3 grid(gated_delta_chunks(a.tokens), a.batch * a.heads);
-    wy_backward_kernel<T, D><<<grid, kThreads, bytes, stream>>>(a);
-    return cudaGetLastError();
+    return launch_pass(wy_backward_kernel<T, D>, chunk_grid(a), kThreads, WyLayout<D>::bytes, a,
+                       stream);
   }
 };
 
