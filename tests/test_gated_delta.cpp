@@ -5,6 +5,7 @@
 #include "attention/gated_delta_decode.h"
 #include "attention/gated_delta_fused.h"
 #include "catch_compat.h"
+#include "core/error.h"
 #include "test_helpers.h"
 
 using namespace mhla;
@@ -394,4 +395,24 @@ TEST_CASE("delta rule: the fused gated DeltaNet kernels equal the reference, val
       CHECK(test::relative_error(x, expected[i]) < tolerance[i]);
     }
   }
+}
+
+TEST_CASE("delta rule: the fused gated DeltaNet entry refuses what its kernels do not take",
+          "[attention]") {
+  auto in = make_inputs(1, 70, 2, 64, 64, 1.0, false, false);
+  auto bf16 = [](const torch::Tensor& x) { return x.to(torch::kBFloat16); };
+  // CPU tensors (and, without a GPU build, everything) go to the batched path instead.
+  CHECK_FALSE(gated_delta_fused_takes(bf16(in.q), bf16(in.k), bf16(in.v), in.g));
+  std::string message;
+  try {
+    gated_delta_fused(bf16(in.q), bf16(in.k), bf16(in.v), in.beta, in.g, {}, 0.125);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  INFO(message);
+  CHECK(message.find("gated DeltaNet (fused kernels): needs CUDA tensors") != std::string::npos);
+  CHECK(message.find("q [1, 70, 2, 64]") != std::string::npos);
+  // A per-key gate (KDA) is not theirs either.
+  auto kda = make_inputs(1, 70, 2, 64, 64, 1.0, true, false);
+  CHECK_FALSE(gated_delta_fused_takes(bf16(kda.q), bf16(kda.k), bf16(kda.v), kda.g));
 }
