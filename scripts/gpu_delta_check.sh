@@ -38,23 +38,7 @@ if [ -n "${BREAKDOWN:-}" ]; then
     timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum --csv "$bin" bench \
       attention --op gated_deltanet --causal --backend cuda --shape $s --warmup 1 --iters 1 \
       > "$V/ncu_${s//,/_}.csv" 2> /dev/null
-    python3 - "$V/ncu_${s//,/_}.csv" <<'PY'
-import csv, re, sys
-rows = list(csv.reader(l for l in open(sys.argv[1]) if l.startswith('"')))
-head, rows = rows[0], rows[1:]
-n, v, u = (head.index(k) for k in ("Kernel Name", "Metric Value", "Metric Unit"))
-scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
-sums = {}
-for r in rows:
-    name = re.sub(r"\(anonymous namespace\)::", "", r[n])
-    name = re.sub(r"<.*", "", name).split("(")[0].split("::")[-1][:60]
-    t, c = sums.get(name, (0.0, 0))
-    sums[name] = (t + float(r[v].replace(",", "")) * scale[r[u]], c + 1)
-total = sum(t for t, _ in sums.values())
-print(sys.argv[1].split("/")[-1], "total us", round(total, 1))
-for name, (t, c) in sorted(sums.items(), key=lambda x: -x[1][0])[:14]:
-    print(f"  {t:9.1f} us  {c:4d}x  {name}")
-PY
+    python3 scripts/ncu_kernel_sums.py "$V/ncu_${s//,/_}.csv" 14
   done
 fi
 # With GPT_GDN=1: the GPT table's gated-DeltaNet row (configs/gpt_austen_kjv.yaml; carry
