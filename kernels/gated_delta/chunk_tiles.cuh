@@ -1,8 +1,8 @@
 #pragma once
 // Shared-memory helpers of the fused gated-delta passes (kernels/gated_delta/chunk_*.cu): the
-// position of a chunk, 16-byte row loads (token-major rows or contiguous per-chunk tiles) with an
-// optional per-row factor, the running gate sum of a chunk, the decayed causal product tile,
-// forward and backward substitution through the chunk's unit-triangular system, and reductions.
+// position of a chunk, asynchronous 16-byte loads (token-major rows or contiguous per-chunk
+// tiles), 16-byte stores of fp32 rows, running gate sums, the decayed causal product tile,
+// reductions, the dtype x head-dim dispatch and the launcher.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -173,35 +173,6 @@ __device__ __forceinline__ void load_gate_sums(float* g, const GatedDeltaArgs& p
   if (threadIdx.x < kC) {
     g[threadIdx.x] =
         p.gate_sums[(static_cast<int64_t>(at.bh) * at.chunks + at.chunk) * kC + threadIdx.x];
-  }
-}
-
-// x <- (I + A)^-1 x for one column held in registers: rows in order, A strictly lower ([64][68]
-// fp32, zeros on and above the diagonal, so whole float4 groups may be read).
-__device__ __forceinline__ void forward_substitute(const float* a, float (&x)[kC]) {
-#pragma unroll
-  for (int r = 1; r < kC; ++r) {
-    float acc = x[r];
-#pragma unroll
-    for (int s = 0; s < r; s += 4) {
-      const float4 w = *reinterpret_cast<const float4*>(a + r * kLdSquare + s);
-      acc -= w.x * x[s] + w.y * x[s + 1] + w.z * x[s + 2] + w.w * x[s + 3];
-    }
-    x[r] = acc;
-  }
-}
-
-// x <- (I + A)^-T x, rows in reverse, given at = A^T ([64][68], zeros on and below the diagonal).
-__device__ __forceinline__ void backward_substitute(const float* at, float (&x)[kC]) {
-#pragma unroll
-  for (int r = kC - 2; r >= 0; --r) {
-    float acc = x[r];
-#pragma unroll
-    for (int s = (r + 1) & ~3; s < kC; s += 4) {
-      const float4 w = *reinterpret_cast<const float4*>(at + r * kLdSquare + s);
-      acc -= w.x * x[s] + w.y * x[s + 1] + w.z * x[s + 2] + w.w * x[s + 3];
-    }
-    x[r] = acc;
   }
 }
 
