@@ -263,6 +263,10 @@ class Schema {
     real("train.ema_decay", &t.ema_decay, 0, 0.999999,
          "EMA of the weights after every step (0 = off); saved as ema.safetensors; diffusion "
          "samples with it, classifiers are evaluated with it (trained weights' accuracy beside)");
+    boolean("train.cuda_graph", &t.cuda_graph,
+            "capture the training step (forward, backward, clipping, optimizer, projection) as "
+            "one CUDA graph after 3 eager steps and replay it: the host stops bounding small "
+            "batches; CUDA and AdamW only, fixed batch shapes");
 
     auto& f = c_.diffusion;
     text("diffusion.schedule", &f.schedule, {"linear", "cosine"}, "", "DDPM beta schedule");
@@ -364,6 +368,9 @@ void validate(const Config& c) {
   if (c.schedule.min_lr > c.optim.lr)
     fail("{}: schedule.min_lr = {} exceeds optim.lr = {}", c.where("schedule.min_lr"),
          c.schedule.min_lr, c.optim.lr);
+  if (c.train.cuda_graph && c.optim.name != "adamw")
+    fail("{}: train.cuda_graph = true needs optim.name = adamw (optimizer '{}' has no kernel that "
+         "reads its learning rate from the device)", c.where("train.cuda_graph"), c.optim.name);
   if (c.run.name.find('/') != std::string::npos || c.run.name == "." || c.run.name == "..")
     fail("{}: run.name = '{}' must be a plain folder name", c.where("run.name"), c.run.name);
 }

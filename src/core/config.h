@@ -90,6 +90,7 @@ struct TrainConfig {
   int64_t threads = 0;
   double ema_decay = 0.0;  // 0: no EMA of the weights
   bool ema_warmup = true;  // decay ramps as min(decay, (1 + n) / (10 + n))
+  bool cuda_graph = false;  // capture the training step as one CUDA graph and replay it
 };
 
 struct DiffusionConfig {

@@ -19,28 +19,9 @@ class AdamW : public Optimizer {
     }
   }
 
-  void step(double lr) override {
-    torch::NoGradGuard no_grad;
-    size_t index = 0;
-    for (auto& group : groups_) {
-      std::vector<torch::Tensor> params, grads, m, v, steps;
-      for (auto& p : group.params) {
-        if (p.grad().defined()) {
-          params.push_back(p);
-          grads.push_back(p.grad());
-          m.push_back(exp_avg_[index]);
-          v.push_back(exp_avg_sq_[index]);
-          steps.push_back(steps_[index]);
-        }
-        ++index;
-      }
-      if (params.empty()) continue;
-      at::_foreach_add_(steps, 1.0);  // the fused kernel expects the step already counted
-      at::_fused_adamw_(params, grads, m, v, /*max_exp_avg_sqs=*/{}, steps, lr, config_.beta1,
-                        config_.beta2, group.weight_decay, config_.eps, /*amsgrad=*/false,
-                        /*maximize=*/false);
-    }
-  }
+  void step(double lr) override { update(lr); }
+  void step(const torch::Tensor& lr) override { update(lr); }
+  const char* name() const override { return "adamw"; }
 
   TensorMap state() const override {
     TensorMap out;
@@ -69,6 +50,31 @@ class AdamW : public Optimizer {
   }
 
  private:
+  // Rate: a double, or a 0-dim float tensor on the parameters' device read by the kernel.
+  template <typename Rate>
+  void update(const Rate& lr) {
+    torch::NoGradGuard no_grad;
+    size_t index = 0;
+    for (auto& group : groups_) {
+      std::vector<torch::Tensor> params, grads, m, v, steps;
+      for (auto& p : group.params) {
+        if (p.grad().defined()) {
+          params.push_back(p);
+          grads.push_back(p.grad());
+          m.push_back(exp_avg_[index]);
+          v.push_back(exp_avg_sq_[index]);
+          steps.push_back(steps_[index]);
+        }
+        ++index;
+      }
+      if (params.empty()) continue;
+      at::_foreach_add_(steps, 1.0);  // the fused kernel expects the step already counted
+      at::_fused_adamw_(params, grads, m, v, /*max_exp_avg_sqs=*/{}, steps, lr, config_.beta1,
+                        config_.beta2, group.weight_decay, config_.eps, /*amsgrad=*/false,
+                        /*maximize=*/false);
+    }
+  }
+
   OptimConfig config_;
   std::vector<torch::Tensor> exp_avg_, exp_avg_sq_, steps_;
 };

@@ -27,6 +27,12 @@ void Optimizer::zero_grad() {
     for (auto& p : group.params) p.mutable_grad() = torch::Tensor();
 }
 
+void Optimizer::step(const torch::Tensor&) {
+  fail("optimizer '{}' cannot take its learning rate from a device tensor, so it cannot run "
+       "inside a CUDA graph (train.cuda_graph); use optim.name = adamw or train.cuda_graph = false",
+       name());
+}
+
 torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm) {
   std::vector<torch::Tensor> grads;
   for (const auto& p : params)

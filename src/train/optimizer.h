@@ -30,6 +30,11 @@ class Optimizer {
   explicit Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {}
   virtual ~Optimizer() = default;
   virtual void step(double lr) = 0;
+  // The same update with the learning rate read from a 0-dim float tensor on the parameters'
+  // device at run time, so that a captured CUDA graph replays with each step's rate. Optimizers
+  // without such a kernel refuse.
+  virtual void step(const torch::Tensor& lr);
+  virtual const char* name() const = 0;
   void zero_grad();
   // State keyed "<param name>.<slot>", for checkpoints.
   virtual TensorMap state() const = 0;

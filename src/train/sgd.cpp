@@ -12,6 +12,8 @@ class Sgd : public Optimizer {
       for (auto& p : group.params) momentum_.push_back(torch::zeros_like(p));
   }
 
+  using Optimizer::step;
+  const char* name() const override { return "sgd"; }
   void step(double lr) override {
     torch::NoGradGuard no_grad;
     size_t index = 0;

@@ -72,6 +72,40 @@ Trainer::Trainer(const Config& config, const std::string& run_dir, bool resume)
     }
     metrics_.truncate_after(state_.step);
   }
+  if (config.train.cuda_graph) {
+    if (!device_.is_cuda()) {
+      fail("{}: train.cuda_graph = true needs a CUDA device; this run is on {}",
+           config.where("train.cuda_graph"), device_.str());
+    }
+    step_graph_ = std::make_unique<StepGraph>(
+        device_,
+        [this](const TrainBatch& batch, const torch::Tensor& lr) {
+          auto loss = forward_backward(batch);
+          optimizer_->step(lr);
+          model_->project_parameters();
+          return loss;
+        },
+        [this] { optimizer_->zero_grad(); });
+  }
+}
+
+torch::Tensor Trainer::forward_backward(const TrainBatch& batch) {
+  torch::Tensor loss;
+  {
+    AutocastScope autocast(device_, bf16_);
+    loss = task_->training_loss(*model_, batch);
+  }
+  loss.backward();
+  clip_grad_norm(params_, config_.optim.grad_clip);
+  return loss.detach();
+}
+
+torch::Tensor Trainer::eager_step(const TrainBatch& batch, double lr) {
+  auto loss = forward_backward(batch);
+  optimizer_->step(lr);
+  model_->project_parameters();
+  optimizer_->zero_grad();
+  return loss;
 }
 
 void Trainer::save(const std::string& name) {
@@ -141,19 +175,10 @@ TrainOutcome Trainer::run() {
     while (auto batch = batches->next()) {
       const double lr = lr_at(schedule, state_.step);
       profiler.before_step(state_.step);
-      torch::Tensor loss;
-      {
-        AutocastScope autocast(device_, bf16_);
-        loss = task_->training_loss(*model_, *batch);
-      }
-      loss.backward();
-      clip_grad_norm(params_, c.optim.grad_clip);
-      optimizer_->step(lr);
-      model_->project_parameters();
+      const torch::Tensor loss = step_graph_ ? step_graph_->step(*batch, lr) : eager_step(*batch, lr);
       if (ema_) ema_->update(*model_, state_.step);  // step counts the updates before this one
-      optimizer_->zero_grad();
       profiler.after_step(state_.step);
-      loss_sum += loss.detach();
+      loss_sum += loss;
       ++loss_count;
       ++state_.step;
       ++window_steps;

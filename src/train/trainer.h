@@ -12,6 +12,7 @@
 #include "train/ema.h"
 #include "train/optimizer.h"
 #include "train/run_folder.h"
+#include "train/step_graph.h"
 #include "train/step_profiler.h"
 #include "train/task.h"
 
@@ -41,6 +42,10 @@ class Trainer {
  private:
   void save(const std::string& name);
   void evaluate_and_record(int64_t epoch);
+  // Forward under autocast, loss, backward and gradient clipping; returns the detached loss.
+  torch::Tensor forward_backward(const TrainBatch& batch);
+  // One eager step: forward_backward, optimizer, projection, gradients dropped.
+  torch::Tensor eager_step(const TrainBatch& batch, double lr);
 
   Config config_;
   std::string run_dir_;
@@ -51,6 +56,7 @@ class Trainer {
   std::unique_ptr<Ema> ema_;
   std::vector<torch::Tensor> params_;
   std::unique_ptr<Task> task_;
+  std::unique_ptr<StepGraph> step_graph_;  // train.cuda_graph: the captured step
   TrainerState state_;
   MetricsLog metrics_;
   int64_t steps_per_epoch_ = 0, total_steps_ = 0;
