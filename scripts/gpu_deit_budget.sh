@@ -16,15 +16,17 @@ rate_of() { grep -oE '\| [0-9]+ img/s' "$1" | tail -1 | grep -oE '[0-9]+'; }
 job() {  # GPU NAME settings...
   local gpu=$1 name=$2; shift 2
   local settings=("$@")
-  probe() {
+  probe() {  # [suffix]
     CUDA_VISIBLE_DEVICES=$gpu timeout 120 "$bin" train $config "${settings[@]}" \
       --set train.epochs=1 --set train.log_every=50 --set train.eval_every=0 \
-      --set run.name=${name}_probe > "$R/${name}_probe.log" 2>&1
+      --set run.name=${name}_probe${1:-} > "$R/${name}_probe${1:-}.log" 2>&1
   }
   if ! probe; then
-    echo "$name: probe failed: $(grep -m1 -iE 'error|fail' "$R/${name}_probe.log")"
+    echo "$name: probe failed: $(grep -m1 -iE "error|fail" "$R/${name}_probe.log")"
+    mv "$R/${name}_probe.log" "$R/${name}_probe_graph_failed.log"
     settings+=(--set train.cuda_graph=false)
-    probe || { echo "$name: probe without graphs failed too"; return; }
+    probe _eager || { echo "$name: probe without graphs failed too"; return; }
+    mv "$R/${name}_probe_eager.log" "$R/${name}_probe.log"
   fi
   local rate; rate=$(rate_of "$R/${name}_probe.log")
   local epochs=$(( budget * rate / 60000 ))

@@ -24,7 +24,7 @@ Config tiny_config(const std::string& root, const std::string& name,
       "model.width=32", "model.depth=2", "model.heads=2", "model.patch_size=4",
       "model.drop_path=0.1", "attention.type=mhla", "attention.blocks=4",
       "data.train_limit=512", "data.test_limit=200", "data.batch_size=32", "data.workers=3",
-      "train.epochs=2", "train.log_every=5", "schedule.warmup_epochs=0.5",
+      "train.epochs=2", "train.log_every=5", "schedule.warmup_epochs=0.5", "train.device=cpu",
       "run.root=" + root, "run.name=" + name};
   overrides.insert(overrides.end(), extra.begin(), extra.end());
   return parse_config("", "tiny.yaml", overrides);
@@ -237,7 +237,8 @@ TEST_CASE("train: CUDA-graph steps train the same weights as eager steps", "[tra
     return;
   }
   test::TempDir dir("graph");
-  const std::vector<std::string> common = {"train.device=cuda", "model.drop_path=0",
+  // Width 64 over 2 heads: the CUDA MHLA kernels take head dims 32, 64 and 128.
+  const std::vector<std::string> common = {"train.device=cuda", "model.width=64", "model.drop_path=0",
                                            "schedule.warmup_epochs=0", "optim.lr=2e-3",
                                            "train.log_every=1"};
   auto run = [&](const std::string& name, bool graph) {

@@ -70,7 +70,7 @@ TEST_CASE("bound: a learned-variance DiT trains and samples with DDPM and DDIM",
        "model.depth=1", "model.heads=2", "model.learn_sigma=true", "attention.blocks=4",
        "data.train_limit=1024", "data.test_limit=128", "data.batch_size=64", "train.epochs=4",
        "optim.lr=2e-3", "optim.weight_decay=0", "train.eval_every=0", "diffusion.steps=50",
-       "run.root=" + dir.str(), "run.name=sigma"});
+       "train.device=cpu", "run.root=" + dir.str(), "run.name=sigma"});
   auto task = task_registry().get("diffusion").make(c, torch::kCPU);
   auto fresh = model_registry().get("dit").make(c);
   const double before = -task->evaluate(*fresh).score;

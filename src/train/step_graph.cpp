@@ -48,7 +48,9 @@ struct StepGraph::Impl {
     on_side_stream([&] {
       drop_grads();
       graph = std::make_unique<at::cuda::CUDAGraph>();
-      graph->capture_begin();
+      // Thread-local capture: the loader's threads keep allocating pinned memory and polling
+      // its events while the step is captured, which a global-mode capture would refuse.
+      graph->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
       try {
         loss = body(TrainBatch{input, target, batch.index}, lr);
         graph->capture_end();
