@@ -227,10 +227,14 @@ TEST_CASE("train: train.cuda_graph is refused off CUDA and with optimizers that 
                        "train.cuda_graph = true needs a CUDA device"));
 }
 
-// The captured step must do exactly what the eager step does: the same weights after a run that
-// crosses the eager warm-up, the capture and many replays (over an epoch boundary, with an
-// evaluation and checkpoint between replays). Drop path is off because the graph draws its
-// random numbers at other generator offsets than eager steps do.
+// The captured step must do what the eager step does, over a run that crosses the eager warm-up,
+// the capture and 20 replays (and an epoch boundary with its evaluation and checkpoint). In
+// fp32 with the reference attention every kernel is deterministic, so the weights must agree
+// to rounding; in bf16 with the CUDA kernels the MHLA backward's atomic mixing-gradient sums
+// differ between runs, so AdamW's epsilon is raised to keep its update linear in the gradient
+// (near-zero gradient entries whose sign flips would otherwise move by 2 lr). A replay with a
+// stale batch or learning rate moves weights by about optim.lr = 2e-3 per step. Drop path is
+// off: the graph draws its random numbers at other generator offsets than eager steps do.
 TEST_CASE("train: CUDA-graph steps train the same weights as eager steps", "[train][gpu]") {
   if (!torch::cuda::is_available()) {
     WARN("no CUDA device: skipped");
@@ -238,11 +242,11 @@ TEST_CASE("train: CUDA-graph steps train the same weights as eager steps", "[tra
   }
   test::TempDir dir("graph");
   // Width 64 over 2 heads: the CUDA MHLA kernels take head dims 32, 64 and 128.
-  const std::vector<std::string> common = {"train.device=cuda", "model.width=64", "model.drop_path=0",
-                                           "schedule.warmup_epochs=0", "optim.lr=2e-3",
-                                           "train.log_every=1"};
-  auto run = [&](const std::string& name, bool graph) {
-    auto settings = common;
+  const std::vector<std::string> common = {"train.device=cuda", "model.width=64",
+                                           "model.drop_path=0", "schedule.warmup_epochs=0",
+                                           "optim.lr=2e-3", "train.log_every=1"};
+  auto run = [&](const std::string& name, bool graph, std::vector<std::string> settings) {
+    settings.insert(settings.begin(), common.begin(), common.end());
     settings.push_back(std::string("train.cuda_graph=") + (graph ? "true" : "false"));
     Config c = tiny_config(dir.str(), name, settings);
     auto run_dir = create_run_folder(c);
@@ -257,22 +261,33 @@ TEST_CASE("train: CUDA-graph steps train the same weights as eager steps", "[tra
     }
     return std::make_pair(model_tensors(trainer->model()), losses);
   };
-  auto [eager, eager_losses] = run("eager", false);
-  auto [graphed, graphed_losses] = run("graphed", true);
-  REQUIRE(eager_losses.size() == 24);
-  REQUIRE(graphed_losses.size() == 24);
-  for (size_t i = 0; i < eager_losses.size(); ++i) {
-    INFO("step " << i + 1);
-    CHECK(std::abs(graphed_losses[i] - eager_losses[i]) <= 1e-3 * std::abs(eager_losses[i]));
+  struct Variant {
+    std::string name;
+    std::vector<std::string> settings;
+    double loss_tolerance, weight_tolerance;
+  };
+  const std::vector<Variant> variants = {
+      {"fp32_reference", {"train.precision=fp32", "attention.backend=reference"}, 1e-6, 1e-6},
+      {"bf16_cuda", {"attention.backend=cuda", "optim.eps=1e-3"}, 1e-3, 1e-4}};
+  for (const auto& variant : variants) {
+    INFO(variant.name);
+    auto [eager, eager_losses] = run(variant.name + "_eager", false, variant.settings);
+    auto [graphed, graphed_losses] = run(variant.name + "_graphed", true, variant.settings);
+    REQUIRE(eager_losses.size() == 24);
+    REQUIRE(graphed_losses.size() == 24);
+    double worst_loss = 0, worst_weight = 0;
+    for (size_t i = 0; i < eager_losses.size(); ++i) {
+      worst_loss = std::max(worst_loss, std::abs(graphed_losses[i] - eager_losses[i]) /
+                                            std::abs(eager_losses[i]));
+    }
+    CHECK(worst_loss <= variant.loss_tolerance);
+    for (const auto& [name, t] : eager) {
+      INFO(name);
+      const double diff = (graphed.at(name) - t).abs().max().item<double>();
+      worst_weight = std::max(worst_weight, diff);
+      CHECK(diff <= variant.weight_tolerance);
+    }
+    WARN(variant.name << ": CUDA graph vs eager after 24 steps: largest relative loss difference "
+                      << worst_loss << ", largest weight difference " << worst_weight);
   }
-  // A step that replayed stale inputs or a stale learning rate would move weights by about
-  // optim.lr per step; the MHLA kernels' atomic mixing-gradient sums leave ~1e-6.
-  double worst = 0;
-  for (const auto& [name, t] : eager) {
-    INFO(name);
-    const double diff = (graphed.at(name) - t).abs().max().item<double>();
-    worst = std::max(worst, diff);
-    CHECK(diff < 1e-4);
-  }
-  WARN("largest weight difference, CUDA graph vs eager, after 24 steps: " << worst);
 }

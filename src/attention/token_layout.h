@@ -20,7 +20,7 @@ struct TokenLayout {
 
   // [B, C, grid_h, grid_w] (raster) -> [B, N, C] (block-major).
   torch::Tensor to_tokens(const torch::Tensor& grid) const;
-  // [B, N, C] (block-major) -> [B, C, grid_h, grid_w] (raster).
+  // [B, N, C] (block-major) -> [B, C, grid_h, grid_w] (raster), in channels-last memory.
   torch::Tensor to_grid(const torch::Tensor& tokens) const;
 };
 
