@@ -17,7 +17,7 @@ Config tiny_dit(const std::string& attention, std::vector<std::string> extra = {
   std::vector<std::string> o = {"model.name=dit", "model.image_size=28", "model.patch_size=4",
                                 "model.width=32", "model.depth=2", "model.heads=2",
                                 "attention.blocks=4", "attention.type=" + attention,
-                                "data.crop_padding=0", "data.hflip=false"};
+                                "data.crop_padding=0", "data.hflip=false", "train.device=cpu"};
   o.insert(o.end(), extra.begin(), extra.end());
   return parse_config("", "dit.yaml", o);
 }
