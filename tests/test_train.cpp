@@ -229,8 +229,8 @@ TEST_CASE("train: train.cuda_graph is refused off CUDA and with optimizers that 
 
 // The captured step must do what the eager step does, over a run that crosses the eager warm-up,
 // the capture and 20 replays (and an epoch boundary with its evaluation and checkpoint). In
-// fp32 with the reference attention the weights agree to rounding (H200: 7e-6 after 24 steps,
-// 8e-5 in bf16); in bf16 with the CUDA kernels the MHLA backward's atomic mixing-gradient sums
+// fp32 with the reference attention the weights agree to rounding (H200, two calls: 7e-6 and
+// 5e-5 after 24 steps; 8e-5 in bf16); in bf16 with the CUDA kernels the MHLA backward's atomic mixing-gradient sums
 // differ between runs, so AdamW's epsilon is raised to keep its update linear in the gradient
 // (near-zero gradient entries whose sign flips would otherwise move by 2 lr). A replay with a
 // stale batch or learning rate moves weights by about optim.lr = 2e-3 per step. Drop path is
@@ -267,7 +267,7 @@ TEST_CASE("train: CUDA-graph steps train the same weights as eager steps", "[tra
     double loss_tolerance, weight_tolerance;
   };
   const std::vector<Variant> variants = {
-      {"fp32_reference", {"train.precision=fp32", "attention.backend=reference"}, 1e-4, 1e-4},
+      {"fp32_reference", {"train.precision=fp32", "attention.backend=reference"}, 3e-4, 3e-4},
       {"bf16_cuda", {"attention.backend=cuda", "optim.eps=1e-3"}, 1e-3, 5e-4}};
   for (const auto& variant : variants) {
     INFO(variant.name);
