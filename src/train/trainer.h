@@ -1,8 +1,9 @@
 #pragma once
 // The training loop: config -> model, task (data, loss, evaluation), optimizer, schedule; one
 // step is next batch -> forward (bf16 autocast on CUDA) -> task loss -> backward -> clip ->
-// optimizer -> projection of constrained parameters. Evaluates, logs and checkpoints into the
-// run folder.
+// optimizer -> projection of constrained parameters (with train.cuda_graph: captured once as a
+// CUDA graph and replayed, train/step_graph.h). Evaluates, logs and checkpoints into the run
+// folder.
 #include <memory>
 #include <string>
 
