@@ -20,8 +20,9 @@ namespace fs = std::filesystem;
 namespace {
 
 Config tiny_gpt(const std::string& attention, std::vector<std::string> extra = {}) {
-  std::vector<std::string> o = {"model.name=gpt", "model.vocab_size=300", "model.context=80",
-                                "model.width=32", "model.depth=2", "model.heads=2",
+  std::vector<std::string> o = {"model.name=gpt",     "model.vocab_size=300",
+                                "model.context=80",   "model.width=32",
+                                "model.depth=2",      "model.heads=2",
                                 "attention.blocks=2", "attention.type=" + attention};
   o.insert(o.end(), extra.begin(), extra.end());
   return parse_config("", "gpt.yaml", o);
@@ -39,7 +40,8 @@ std::vector<std::string> write_corpus(const fs::path& dir) {
   write_token_shard((dir / "train.bin").string(), train, tokenizer.vocab_size());
   write_token_shard((dir / "val.bin").string(), val, tokenizer.vocab_size());
   return {"data.train_shard=" + (dir / "train.bin").string(),
-          "data.val_shard=" + (dir / "val.bin").string(), "data.tokenizer=" + (dir / "tok.bpe").string()};
+          "data.val_shard=" + (dir / "val.bin").string(),
+          "data.tokenizer=" + (dir / "tok.bpe").string()};
 }
 
 }  // namespace
@@ -54,8 +56,10 @@ TEST_CASE("gpt: every causal attention type (and a hybrid) gives a causal model"
   configs.push_back("pattern");
   for (const auto& name : configs) {
     INFO(name);
-    Config c = name == "pattern" ? tiny_gpt("softmax", {"attention.pattern=mhla,softmax"}) : tiny_gpt(name);
-    if (name == "pattern") CHECK(layer_attention_types(c) == std::vector<std::string>{"mhla", "softmax"});
+    Config c = name == "pattern" ? tiny_gpt("softmax", {"attention.pattern=mhla,softmax"})
+                                 : tiny_gpt(name);
+    if (name == "pattern")
+      CHECK(layer_attention_types(c) == std::vector<std::string>{"mhla", "softmax"});
     torch::manual_seed(3);
     auto model = model_registry().get("gpt").make(c);
     model->eval();
@@ -76,7 +80,8 @@ TEST_CASE("gpt: every causal attention type (and a hybrid) gives a causal model"
 
 TEST_CASE("gpt: the head is tied to the token embedding; positions by option", "[model]") {
   auto model = model_registry().get("gpt").make(tiny_gpt("softmax"));
-  for (const auto& item : model->named_parameters()) CHECK(item.key().find("head") == std::string::npos);
+  for (const auto& item : model->named_parameters())
+    CHECK(item.key().find("head") == std::string::npos);
   auto learned = model_registry().get("gpt").make(tiny_gpt("softmax", {"model.positions=learned"}));
   CHECK(learned->named_parameters().contains("position_embedding.weight"));
   CHECK_FALSE(model->named_parameters().contains("position_embedding.weight"));
@@ -88,11 +93,11 @@ TEST_CASE("gpt: the head is tied to the token embedding; positions by option", "
 TEST_CASE("gpt: bias-free blocks with learned positions are the PyTorch peer's GPT", "[model]") {
   // ../shared/bench/peers_e2e.py: V 8192, d 512, 8 layers, 8 heads, T 1024, learned positions,
   // bias-free linear layers, tied head: 29,901,824 parameters.
-  auto config = parse_config("", "gpt.yaml",
-                             {"model.name=gpt", "model.vocab_size=8192", "model.context=1024",
-                              "model.width=512", "model.depth=8", "model.heads=8",
-                              "model.positions=learned", "model.bias=false",
-                              "attention.type=softmax"});
+  auto config =
+      parse_config("", "gpt.yaml",
+                   {"model.name=gpt", "model.vocab_size=8192", "model.context=1024",
+                    "model.width=512", "model.depth=8", "model.heads=8", "model.positions=learned",
+                    "model.bias=false", "attention.type=softmax"});
   auto model = model_registry().get("gpt").make(config);
   int64_t count = 0;
   for (const auto& p : model->parameters()) count += p.numel();
@@ -111,7 +116,8 @@ TEST_CASE("gpt: bias-free blocks with learned positions are the PyTorch peer's G
   CHECK(logits.sizes() == torch::IntArrayRef({2, 9, 300}));
 }
 
-TEST_CASE("gpt: evaluation gives the exact loss, perplexity and bits per byte of a uniform model", "[train]") {
+TEST_CASE("gpt: evaluation gives the exact loss, perplexity and bits per byte of a uniform model",
+          "[train]") {
   test::TempDir dir("lm-eval");
   auto data = write_corpus(dir.path());
   data.push_back("data.batch_size=8");
@@ -130,7 +136,8 @@ TEST_CASE("gpt: evaluation gives the exact loss, perplexity and bits per byte of
   auto tokenizer = BpeTokenizer::load((dir.path() / "tok.bpe").string());
   TokenShard val((dir.path() / "val.bin").string());
   int64_t bytes = 0;
-  for (int64_t i = 1; i < val.size(); ++i) bytes += static_cast<int64_t>(tokenizer.token_bytes(val.tokens()[i]).size());
+  for (int64_t i = 1; i < val.size(); ++i)
+    bytes += static_cast<int64_t>(tokenizer.token_bytes(val.tokens()[i]).size());
   CHECK(report.metrics["tokens"].get<int64_t>() == val.size() - 1);
   CHECK(report.metrics["bytes"].get<int64_t>() == bytes);
   CHECK(report.metrics["bits_per_byte"].get<double>() ==
@@ -140,21 +147,24 @@ TEST_CASE("gpt: evaluation gives the exact loss, perplexity and bits per byte of
 TEST_CASE("gpt: a tiny model learns a repetitive corpus; bad shard paths are named", "[train]") {
   test::TempDir dir("lm-train");
   auto data = write_corpus(dir.path());
-  data.insert(data.end(), {"data.batch_size=8", "train.epochs=40", "optim.lr=3e-3", "train.log_every=50",
-                           "train.eval_every=0",
-                           "run.root=" + dir.str(), "run.name=lm", "schedule.warmup_epochs=0.2"});
+  data.insert(data.end(), {"data.batch_size=8", "train.epochs=40", "optim.lr=3e-3",
+                           "train.log_every=50", "train.eval_every=0", "run.root=" + dir.str(),
+                           "run.name=lm", "schedule.warmup_epochs=0.2"});
   Config c = tiny_gpt("mhla", data);
   auto run_dir = create_run_folder(c);
   Trainer trainer(c, run_dir, false);
   auto outcome = trainer.run();
   INFO(outcome.final_eval.dump());
   CHECK(outcome.final_eval["loss"].get<double>() < 1.0);  // uniform would be ln 300 = 5.7
-  Config missing = tiny_gpt("softmax", {"data.train_shard=/nowhere/train.bin", "data.batch_size=8"});
-  CHECK(test::contains(test::error_of([&] { task_registry().get("language_model").make(missing, torch::kCPU); }),
-                       "data.train_shard = '/nowhere/train.bin' does not exist"));
+  Config missing =
+      tiny_gpt("softmax", {"data.train_shard=/nowhere/train.bin", "data.batch_size=8"});
+  CHECK(test::contains(
+      test::error_of([&] { task_registry().get("language_model").make(missing, torch::kCPU); }),
+      "data.train_shard = '/nowhere/train.bin' does not exist"));
 }
 
-TEST_CASE("gpt: token-by-token decoding gives the full forward's logits, for every attention type", "[model]") {
+TEST_CASE("gpt: token-by-token decoding gives the full forward's logits, for every attention type",
+          "[model]") {
   std::vector<std::string> configs;
   for (const auto& name : attention_registry().names()) {
     const auto& modes = attention_registry().get(name).causal_modes;
@@ -165,7 +175,8 @@ TEST_CASE("gpt: token-by-token decoding gives the full forward's logits, for eve
     for (const char* positions : {"rope", "learned"}) {
       INFO(name << ", " << positions << " positions");
       // 150 tokens: three MHLA blocks of 64 with M = 2, so the long-sequence policy runs too.
-      std::vector<std::string> extra = {"model.context=150", std::string("model.positions=") + positions};
+      std::vector<std::string> extra = {"model.context=150",
+                                        std::string("model.positions=") + positions};
       if (name == "pattern") extra.push_back("attention.pattern=gated_deltanet,mhla,softmax");
       if (name == "pattern") extra.push_back("model.depth=3");
       Config c = tiny_gpt(name == "pattern" ? "softmax" : name, extra);
@@ -180,7 +191,8 @@ TEST_CASE("gpt: token-by-token decoding gives the full forward's logits, for eve
       auto full = model->forward(tokens);
       auto states = model->new_decode_states();
       std::vector<torch::Tensor> stepped;
-      for (int64_t t = 0; t < 150; ++t) stepped.push_back(model->step(tokens.narrow(1, t, 1), states));
+      for (int64_t t = 0; t < 150; ++t)
+        stepped.push_back(model->step(tokens.narrow(1, t, 1), states));
       auto decoded = torch::cat(stepped, 1);
       CHECK(test::relative_error(decoded, full) < 1e-8);  // float64; a wrong step shows at 1e-2
     }
@@ -190,6 +202,8 @@ TEST_CASE("gpt: token-by-token decoding gives the full forward's logits, for eve
 // The language-model step (fused QKV + rotary, residual + norm and cross-entropy kernels) under a
 // CUDA graph: the same losses and weights as eager steps, to rounding (AdamW's epsilon raised as
 // in the DeiT graph test, so near-zero gradient entries do not move by 2 lr on a sign flip).
+// Three epochs of about 7 steps: the cosine rate changes enough per step that a replay with a
+// stale rate would show.
 TEST_CASE("gpt: CUDA-graph steps train the same weights as eager steps", "[train][gpu]") {
   if (!torch::cuda::is_available()) {
     WARN("no CUDA device: skipped");
@@ -199,17 +213,18 @@ TEST_CASE("gpt: CUDA-graph steps train the same weights as eager steps", "[train
   const auto data = write_corpus(dir.path());
   auto run = [&](const std::string& name, bool graph) {
     auto settings = data;
-    settings.insert(settings.end(),
-                    {"model.width=64", "train.device=cuda", "data.batch_size=8", "train.epochs=40",
-                     "optim.lr=2e-3", "optim.eps=1e-3", "schedule.warmup_epochs=0",
-                     "train.log_every=1", "train.eval_every=0", "run.root=" + dir.str(),
-                     "run.name=" + name,
-                     std::string("train.cuda_graph=") + (graph ? "true" : "false")});
+    settings.insert(
+        settings.end(),
+        {"model.width=64", "train.device=cuda", "data.batch_size=8", "train.epochs=3",
+         "optim.lr=2e-3", "optim.eps=1e-3", "schedule.warmup_epochs=0", "train.log_every=1",
+         "train.eval_every=0", "run.root=" + dir.str(), "run.name=" + name,
+         std::string("train.cuda_graph=") + (graph ? "true" : "false")});
     Config c = tiny_gpt("softmax", settings);
     auto run_dir = create_run_folder(c);
     Trainer trainer(c, run_dir, false);
-    trainer.stop_after_step(16);  // 3 eager steps, the capture, 12 replays
+    trainer.stop_after_step(16);  // 3 eager steps, then the capture and its replays
     CHECK(trainer.run().steps == 16);
+    CHECK(trainer.step_graph_captured() == graph);
     std::vector<double> losses;
     std::ifstream metrics(run_dir + "/metrics.jsonl");
     for (std::string line; std::getline(metrics, line);) {

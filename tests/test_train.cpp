@@ -20,12 +20,15 @@ namespace {
 
 Config tiny_config(const std::string& root, const std::string& name,
                    std::vector<std::string> extra = {}) {
-  std::vector<std::string> overrides = {
-      "model.width=32", "model.depth=2", "model.heads=2", "model.patch_size=4",
-      "model.drop_path=0.1", "attention.type=mhla", "attention.blocks=4",
-      "data.train_limit=512", "data.test_limit=200", "data.batch_size=32", "data.workers=3",
-      "train.epochs=2", "train.log_every=5", "schedule.warmup_epochs=0.5", "train.device=cpu",
-      "run.root=" + root, "run.name=" + name};
+  std::vector<std::string> overrides = {"model.width=32",      "model.depth=2",
+                                        "model.heads=2",       "model.patch_size=4",
+                                        "model.drop_path=0.1", "attention.type=mhla",
+                                        "attention.blocks=4",  "data.train_limit=512",
+                                        "data.test_limit=200", "data.batch_size=32",
+                                        "data.workers=3",      "train.epochs=2",
+                                        "train.log_every=5",   "schedule.warmup_epochs=0.5",
+                                        "train.device=cpu",    "run.root=" + root,
+                                        "run.name=" + name};
   overrides.insert(overrides.end(), extra.begin(), extra.end());
   return parse_config("", "tiny.yaml", overrides);
 }
@@ -105,7 +108,8 @@ TEST_CASE("train: the EMA follows its update rule", "[train]") {
     for (auto& p : model->parameters()) p.add_(1.0);
   }
   ramped.update(*model, 0);
-  CHECK(test::relative_error(ramped.tensors().at("head.weight"), 0.1 * start + 0.9 * (start + 1.0)) < 1e-6);
+  CHECK(test::relative_error(ramped.tensors().at("head.weight"),
+                             0.1 * start + 0.9 * (start + 1.0)) < 1e-6);
 }
 
 TEST_CASE("train: 20 steps straight equal 10 + resume + 10, bit for bit", "[train]") {
@@ -142,7 +146,8 @@ TEST_CASE("train: 20 steps straight equal 10 + resume + 10, bit for bit", "[trai
   }
   auto state_a = read_checkpoint(straight_dir + "/checkpoints/last");
   auto state_b = read_checkpoint(split_dir + "/checkpoints/last");
-  for (const auto& [name, t] : state_a.optimizer) CHECK(torch::equal(t, state_b.optimizer.at(name)));
+  for (const auto& [name, t] : state_a.optimizer)
+    CHECK(torch::equal(t, state_b.optimizer.at(name)));
   CHECK(state_a.state.cpu_rng == state_b.state.cpu_rng);
   REQUIRE_FALSE(state_a.ema.empty());
   for (const auto& [name, t] : state_a.ema) CHECK(torch::equal(t, state_b.ema.at(name)));
@@ -158,19 +163,19 @@ TEST_CASE("train: 20 steps straight equal 10 + resume + 10, bit for bit", "[trai
 
 TEST_CASE("train: a small DeiT learns Fashion-MNIST and writes its run folder", "[train]") {
   test::TempDir dir("learn");
-  Config c = tiny_config(dir.str(), "learn",
-                         {"data.train_limit=4000", "data.test_limit=1000", "data.batch_size=64",
-                          "train.epochs=3", "optim.lr=2e-3", "model.drop_path=0",
-                          "model.image_size=28", "model.patch_size=7", "model.width=48",
-                          "data.crop_padding=0", "data.hflip=false"});
+  Config c = tiny_config(
+      dir.str(), "learn",
+      {"data.train_limit=4000", "data.test_limit=1000", "data.batch_size=64", "train.epochs=3",
+       "optim.lr=2e-3", "model.drop_path=0", "model.image_size=28", "model.patch_size=7",
+       "model.width=48", "data.crop_padding=0", "data.hflip=false"});
   auto run_dir = create_run_folder(c);
   Trainer trainer(c, run_dir, false);
   auto outcome = trainer.run();
   CHECK_FALSE(outcome.interrupted);
   CHECK(outcome.final_score > 0.6);  // chance is 0.1
   for (const char* file : {"config.yaml", "metrics.jsonl", "checkpoints/last/model.safetensors",
-                           "checkpoints/last/optimizer.safetensors", "checkpoints/last/trainer.json",
-                           "checkpoints/best/model.safetensors"}) {
+                           "checkpoints/last/optimizer.safetensors",
+                           "checkpoints/last/trainer.json", "checkpoints/best/model.safetensors"}) {
     INFO(file);
     CHECK(fs::exists(fs::path(run_dir) / file));
   }
@@ -199,7 +204,8 @@ TEST_CASE("train: a profiled window writes a Chrome trace and a per-operator sum
   }
   CHECK(saw_matmul);
   std::ifstream summary_file(fs::path(run_dir) / "profile" / "summary.md");
-  std::string summary((std::istreambuf_iterator<char>(summary_file)), std::istreambuf_iterator<char>());
+  std::string summary((std::istreambuf_iterator<char>(summary_file)),
+                      std::istreambuf_iterator<char>());
   CHECK(summary.find("training steps 3..5") != std::string::npos);
   CHECK(summary.find("| `aten::") != std::string::npos);
   CHECK(summary.find("ms per step") != std::string::npos);
@@ -228,13 +234,16 @@ TEST_CASE("train: train.cuda_graph is refused off CUDA and with optimizers that 
 }
 
 // The captured step must do what the eager step does, over a run that crosses the eager warm-up,
-// the capture and 20 replays (and an epoch boundary with its evaluation and checkpoint). In
-// fp32 with the reference attention the weights agree to rounding (H200, two calls: 7e-6 and
-// 5e-5 after 24 steps; 8e-5 in bf16); in bf16 with the CUDA kernels the MHLA backward's atomic mixing-gradient sums
-// differ between runs, so AdamW's epsilon is raised to keep its update linear in the gradient
-// (near-zero gradient entries whose sign flips would otherwise move by 2 lr). A replay with a
-// stale batch or learning rate moves weights by about optim.lr = 2e-3 per step. Drop path is
-// off: the graph draws its random numbers at other generator offsets than eager steps do.
+// the capture and 21 graph steps (the capture's own step is replayed too), an epoch boundary
+// with its evaluation and checkpoint, and EMA updates between replays. In fp32 with the
+// reference attention the weights agree to rounding (H200, two calls: 7e-6 and 5e-5 after 24
+// steps; 8e-5 in bf16); in bf16 with the CUDA kernels the MHLA backward's atomic mixing-gradient
+// sums differ between runs, so AdamW's epsilon is raised to keep its update linear in the
+// gradient (near-zero gradient entries whose sign flips would otherwise move by 2 lr). A replay
+// with a stale batch or learning rate moves weights by about optim.lr = 2e-3 per step. The
+// drop-path variant checks that replays draw the same random numbers as eager steps (the CUDA
+// generator hands each replay the offsets eager steps would have used); the resumed variant
+// stops after 10 steps and resumes (3 eager steps again, a new capture) up to 24.
 TEST_CASE("train: CUDA-graph steps train the same weights as eager steps", "[train][gpu]") {
   if (!torch::cuda::is_available()) {
     WARN("no CUDA device: skipped");
@@ -242,17 +251,24 @@ TEST_CASE("train: CUDA-graph steps train the same weights as eager steps", "[tra
   }
   test::TempDir dir("graph");
   // Width 64 over 2 heads: the CUDA MHLA kernels take head dims 32, 64 and 128.
-  const std::vector<std::string> common = {"train.device=cuda", "model.width=64",
-                                           "model.drop_path=0", "schedule.warmup_epochs=0",
-                                           "optim.lr=2e-3", "train.log_every=1"};
-  auto run = [&](const std::string& name, bool graph, std::vector<std::string> settings) {
+  const std::vector<std::string> common = {
+      "train.device=cuda", "model.width=64",    "model.drop_path=0",  "schedule.warmup_epochs=0",
+      "optim.lr=2e-3",     "train.log_every=1", "train.ema_decay=0.9"};
+  auto run = [&](const std::string& name, bool graph, std::vector<std::string> settings,
+                 int64_t resume_at) {
     settings.insert(settings.begin(), common.begin(), common.end());
     settings.push_back(std::string("train.cuda_graph=") + (graph ? "true" : "false"));
     Config c = tiny_config(dir.str(), name, settings);
     auto run_dir = create_run_folder(c);
     auto trainer = std::make_unique<Trainer>(c, run_dir, false);
-    trainer->stop_after_step(24);  // 16 steps per epoch: 3 eager, capture, 20 replays
+    if (resume_at > 0) {
+      trainer->stop_after_step(resume_at);
+      CHECK(trainer->run().steps == resume_at);
+      trainer = std::make_unique<Trainer>(c, run_dir, true);
+    }
+    trainer->stop_after_step(24);  // 16 steps per epoch
     CHECK(trainer->run().steps == 24);
+    CHECK(trainer->step_graph_captured() == graph);
     std::vector<double> losses;
     std::ifstream metrics(run_dir + "/metrics.jsonl");
     for (std::string line; std::getline(metrics, line);) {
@@ -265,20 +281,29 @@ TEST_CASE("train: CUDA-graph steps train the same weights as eager steps", "[tra
     std::string name;
     std::vector<std::string> settings;
     double loss_tolerance, weight_tolerance;
+    int64_t resume_at = 0;
+  };
+  const std::vector<std::string> fp32 = {"train.precision=fp32", "attention.backend=reference"};
+  auto with = [](std::vector<std::string> a, const std::string& b) {
+    a.push_back(b);
+    return a;
   };
   const std::vector<Variant> variants = {
-      {"fp32_reference", {"train.precision=fp32", "attention.backend=reference"}, 3e-4, 3e-4},
+      {"fp32_reference", fp32, 3e-4, 3e-4},
+      {"fp32_reference_drop_path", with(fp32, "model.drop_path=0.1"), 3e-4, 3e-4},
+      {"fp32_reference_resumed", fp32, 3e-4, 3e-4, 10},
       {"bf16_cuda", {"attention.backend=cuda", "optim.eps=1e-3"}, 1e-3, 5e-4}};
   for (const auto& variant : variants) {
     INFO(variant.name);
-    auto [eager, eager_losses] = run(variant.name + "_eager", false, variant.settings);
-    auto [graphed, graphed_losses] = run(variant.name + "_graphed", true, variant.settings);
+    auto [eager, eager_losses] = run(variant.name + "_eager", false, variant.settings, 0);
+    auto [graphed, graphed_losses] =
+        run(variant.name + "_graphed", true, variant.settings, variant.resume_at);
     REQUIRE(eager_losses.size() == 24);
     REQUIRE(graphed_losses.size() == 24);
     double worst_loss = 0, worst_weight = 0;
     for (size_t i = 0; i < eager_losses.size(); ++i) {
-      worst_loss = std::max(worst_loss, std::abs(graphed_losses[i] - eager_losses[i]) /
-                                            std::abs(eager_losses[i]));
+      worst_loss = std::max(
+          worst_loss, std::abs(graphed_losses[i] - eager_losses[i]) / std::abs(eager_losses[i]));
     }
     CHECK(worst_loss <= variant.loss_tolerance);
     for (const auto& [name, t] : eager) {

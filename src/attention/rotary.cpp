@@ -31,8 +31,9 @@ std::pair<torch::Tensor, torch::Tensor> compute_tables(int64_t first_position, i
 }
 
 // Training asks for the same tables in every layer and step (position 0, the context length):
-// they are kept per thread, device and shape instead of six small kernels per call. Decoding
-// (a new first position each step) computes them afresh.
+// they are kept per thread, device and shape instead of six small kernels per call, and never
+// evicted, since a captured CUDA graph (train.cuda_graph) reads them by address for the rest of
+// the run (a few KiB per shape). Decoding (a new first position each step) computes them afresh.
 std::pair<torch::Tensor, torch::Tensor> rotary_tables(int64_t first_position, int64_t tokens,
                                                       int64_t head_dim, double base,
                                                       const torch::Device& device) {
@@ -42,7 +43,6 @@ std::pair<torch::Tensor, torch::Tensor> rotary_tables(int64_t first_position, in
   const Key key{static_cast<int>(device.type()), device.index(), tokens, head_dim, base};
   auto it = cache.find(key);
   if (it == cache.end()) {
-    if (cache.size() >= 16) cache.clear();  // many shapes (tests, sweeps): start over
     it = cache.emplace(key, compute_tables(0, tokens, head_dim, base, device)).first;
   }
   return it->second;

@@ -79,7 +79,8 @@ Command add_train_command(CLI::App& parent) {
                   "RUN/profile/summary.md (GPU kernels, CPU operators) and trace.json")
       ->check(CLI::Range(1, 100000));
   app->add_option("--profile-warmup", args->profile_warmup,
-                  "steps to run before the profiled ones (default 5)")
+                  "steps to run before the profiled ones (default 5; with train.cuda_graph, 4 or "
+                  "more so that only graph replays are profiled)")
       ->check(CLI::Range(0, 1000000));
   app->footer(
       "Writes runs/<name>/{config.yaml, log.txt, metrics.jsonl, checkpoints/{last,best}}.\n"

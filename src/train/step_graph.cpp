@@ -7,6 +7,7 @@
 
 #ifdef MHLA_WITH_CUDA_KERNELS
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -57,16 +58,23 @@ struct StepGraph::Impl {
       } catch (const std::exception& e) {
         const std::string what = e.what();
         try {
-          graph->capture_end();  // ends the stream's capture state; fails as the capture did
+          graph->capture_end();  // takes the stream out of capture mode
         } catch (...) {
         }
-        graph.reset();
+        // Leaked on purpose: after a failed capture_end the caching allocator and the CUDA
+        // generator may still refer to this graph, so destroying it could leave them dangling.
+        // The error ends the run; the process is not meant to train on after it.
+        (void)graph.release();
         fail(
             "train.cuda_graph: the training step could not be captured as a CUDA graph ({}); "
             "run with --set train.cuda_graph=false",
             what.substr(0, what.find('\n')));
       }
     });
+    // The eager warm-up's activations sit cached in the side stream's blocks, which neither the
+    // replays (the graph's own pool) nor evaluations (the current stream) can reuse: hand them
+    // back once.
+    c10::cuda::CUDACachingAllocator::emptyCache();
     logger().info(
         "cuda graph: training step captured after the eager warm-up ({:.0f} ms)",
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)

@@ -39,6 +39,8 @@ class Trainer {
   // Profile `steps` training steps after `warmup` steps of this invocation (<run>/profile/).
   void profile_steps(int64_t steps, int64_t warmup) { profile_ = {warmup, steps}; }
   Model& model() { return *model_; }
+  // Whether train.cuda_graph captured the step (tests).
+  bool step_graph_captured() const { return step_graph_ && step_graph_->captured(); }
 
  private:
   void save(const std::string& name);
