@@ -17,8 +17,14 @@ std::string create_run_folder(const Config& config) {
   if (!config.run.name.empty()) {
     dir = fs::path(config.run.root) / config.run.name;
     if (fs::exists(dir)) {
-      fail("{}: run folder {} exists already; continue it with `mhla train --resume {}` or "
-           "choose another run.name", config.where("run.name"), dir.string(), dir.string());
+      if (fs::exists(dir / "checkpoints" / "last")) {
+        fail("{}: run folder {} exists already; continue it with `mhla train --resume {}` or "
+             "choose another run.name", config.where("run.name"), dir.string(), dir.string());
+      }
+      // Not reused even so: it may be a run still in its first epoch.
+      fail("{}: run folder {} exists already but holds no checkpoint to resume (a start that "
+           "failed or was stopped before its first save, or a run still in its first epoch); "
+           "remove it or choose another run.name", config.where("run.name"), dir.string());
     }
   } else {
     const std::string stem =
