@@ -310,15 +310,14 @@ TEST_CASE("delta rule: the chunk-recurrence kernels equal the reference loop, va
   }
 }
 
-TEST_CASE("delta rule: the unit-lower solve inverts I + A, values and gradients",
-          "[attention]") {
+TEST_CASE("delta rule: the unit-lower solve inverts I + A, values and gradients", "[attention]") {
   auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
   for (int64_t c : {1, 2, 5, 16, 64}) {
     INFO("chunk " << c);
     torch::manual_seed(c);
     // As in the delta rule: A_rs = beta_r k_r . k_s decay_rs for s < r, unit keys, beta in (0, 1).
-    auto k = torch::nn::functional::normalize(torch::randn({3, 2, c, 16}, f64),
-                                              torch::nn::functional::NormalizeFuncOptions().dim(-1));
+    auto k = torch::nn::functional::normalize(
+        torch::randn({3, 2, c, 16}, f64), torch::nn::functional::NormalizeFuncOptions().dim(-1));
     auto beta = torch::rand({3, 2, c, 1}, f64);
     auto decay = torch::rand({3, 2, c, c}, f64);
     auto a = (beta * torch::matmul(k, k.transpose(-1, -2)) * decay).tril(-1).requires_grad_(true);
@@ -335,8 +334,10 @@ TEST_CASE("delta rule: the unit-lower solve inverts I + A, values and gradients"
   }
 }
 
-TEST_CASE("delta rule: the fused gated DeltaNet kernels equal the reference, values and gradients",
-          "[attention][gpu]") {
+TEST_CASE(
+    "delta rule: the fused gated DeltaNet and KDA kernels equal the reference, values and "
+    "gradients",
+    "[attention][gpu]") {
   if (!torch::cuda::is_available()) {
     WARN("no CUDA device: skipped");
     return;
@@ -347,6 +348,7 @@ TEST_CASE("delta rule: the fused gated DeltaNet kernels equal the reference, val
     double gate_scale;
     bool initial_state;
     torch::ScalarType dtype;
+    bool per_key = false;  // KDA
   };
   // fla's tolerances (relative RMS): o and final state 5e-3, dq/dk/dv/dh0 8e-3, dbeta/dg 2e-2.
   const Case cases[] = {
@@ -355,11 +357,17 @@ TEST_CASE("delta rule: the fused gated DeltaNet kernels equal the reference, val
       {"strong decay", 2, 200, 2, 64, 8.0, true, torch::kBFloat16},
       {"fewer tokens than a chunk", 3, 17, 2, 64, 1.0, true, torch::kBFloat16},
       {"fp16, D = 64, many chunks", 1, 1000, 2, 64, 0.5, false, torch::kFloat16},
+      {"KDA: T not a multiple of 64, initial state", 2, 300, 3, 128, 1.0, true, torch::kBFloat16,
+       true},
+      {"KDA: no decay (g = 0)", 1, 256, 2, 128, 0.0, false, torch::kBFloat16, true},
+      {"KDA: strong decay", 2, 200, 2, 64, 8.0, true, torch::kBFloat16, true},
+      {"KDA: fewer tokens than a chunk", 3, 17, 2, 64, 1.0, true, torch::kBFloat16, true},
+      {"KDA: fp16, D = 64, many chunks", 1, 1000, 2, 64, 0.5, false, torch::kFloat16, true},
   };
   for (const auto& c : cases) {
     INFO(c.what << " (B=" << c.b << " T=" << c.t << " H=" << c.h << " D=" << c.d << ")");
     torch::manual_seed(7);
-    auto in = make_inputs(c.b, c.t, c.h, c.d, c.d, c.gate_scale, false, c.initial_state);
+    auto in = make_inputs(c.b, c.t, c.h, c.d, c.d, c.gate_scale, c.per_key, c.initial_state);
     // Both sides see the inputs rounded to the kernels' dtype.
     for (auto* x : {&in.q, &in.k, &in.v}) *x = x->to(c.dtype).to(torch::kFloat64);
     const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
@@ -381,8 +389,8 @@ TEST_CASE("delta rule: the fused gated DeltaNet kernels equal the reference, val
     ((r.out.to(torch::kFloat32) * w_out.to(cuda.dtype(torch::kFloat32))).sum() +
      (r.final_state * w_state.to(cuda.dtype(torch::kFloat32))).sum())
         .backward();
-    std::vector<torch::Tensor> got = {r.out, r.final_state, q.grad(), k.grad(), v.grad(),
-                                      beta.grad(), g.grad()};
+    std::vector<torch::Tensor> got = {r.out,    r.final_state, q.grad(), k.grad(),
+                                      v.grad(), beta.grad(),   g.grad()};
     if (c.initial_state) got.push_back(s0.grad());
     const char* names[] = {"o", "final state", "dq", "dk", "dv", "dbeta", "dg", "dh0"};
     const double tolerance[] = {5e-3, 5e-3, 8e-3, 8e-3, 8e-3, 2e-2, 2e-2, 8e-3};
@@ -412,7 +420,8 @@ TEST_CASE("delta rule: the fused gated DeltaNet entry refuses what its kernels d
   INFO(message);
   CHECK(message.find("gated DeltaNet (fused kernels): needs CUDA tensors") != std::string::npos);
   CHECK(message.find("q [1, 70, 2, 64]") != std::string::npos);
-  // A per-key gate (KDA) is not theirs either.
+  // Nor is a per-key gate (KDA) of the wrong width.
   auto kda = make_inputs(1, 70, 2, 64, 64, 1.0, true, false);
-  CHECK_FALSE(gated_delta_fused_takes(bf16(kda.q), bf16(kda.k), bf16(kda.v), kda.g));
+  CHECK_FALSE(
+      gated_delta_fused_takes(bf16(kda.q), bf16(kda.k), bf16(kda.v), kda.g.narrow(3, 0, 32)));
 }

@@ -1,8 +1,10 @@
-// Entry points of the fused gated DeltaNet: argument checks, then the passes in order on one
-// stream (kernels/gated_delta/chunk_passes.h).
+// Entry points of the fused gated DeltaNet and KDA: argument checks, then the passes in order on
+// one stream (kernels/gated_delta/chunk_passes.h).
 #include "gated_delta/chunk_fused.h"
 
 #include "gated_delta/chunk_passes.h"
+
+#include <initializer_list>
 
 namespace mhla_kernels {
 namespace {
@@ -11,18 +13,27 @@ bool common_ok(const GatedDeltaArgs& a) {
   return a.batch > 0 && a.tokens > 0 && a.heads > 0 &&
          gated_delta_fused_supports(a.head_dim, a.head_dim) && a.dtype != DType::f32 && a.q &&
          a.k && a.v && a.beta && a.gate && a.gate_sums && a.w && a.u0 && a.t_inverse && a.u &&
-         a.states && static_cast<int64_t>(a.batch) * a.heads <= 65535;
+         a.states && static_cast<int64_t>(a.batch) * a.heads <= 65535 &&
+         (!a.per_key_gate || (a.q_gated && a.k_to_end && a.scores && a.key_scores));
+}
+
+using Pass = cudaError_t (*)(const GatedDeltaArgs&, cudaStream_t);
+
+cudaError_t run_passes(std::initializer_list<Pass> passes, const GatedDeltaArgs& a,
+                       cudaStream_t stream) {
+  for (Pass pass : passes) {
+    if (cudaError_t err = pass(a, stream); err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
 }
 
 }  // namespace
 
 cudaError_t gated_delta_forward(const GatedDeltaArgs& a, cudaStream_t stream) {
+  using namespace gated_delta;
   if (!common_ok(a) || !a.out || !a.final_state) return cudaErrorInvalidValue;
-  for (auto pass :
-       {gated_delta::run_prepare, gated_delta::run_states_forward, gated_delta::run_output}) {
-    if (cudaError_t err = pass(a, stream); err != cudaSuccess) return err;
-  }
-  return cudaSuccess;
+  return run_passes(
+      {a.per_key_gate ? run_kda_prepare : run_prepare, run_states_forward, run_output}, a, stream);
 }
 
 cudaError_t gated_delta_backward(const GatedDeltaArgs& a, cudaStream_t stream) {
@@ -30,11 +41,15 @@ cudaError_t gated_delta_backward(const GatedDeltaArgs& a, cudaStream_t stream) {
       !a.dk_partial || !a.dgate_partial || !a.dq || !a.dk || !a.dv || !a.dbeta || !a.dgate) {
     return cudaErrorInvalidValue;
   }
-  for (auto pass : {gated_delta::run_local_value_grads, gated_delta::run_states_backward,
-                    gated_delta::run_chunk_grads, gated_delta::run_wy_backward}) {
-    if (cudaError_t err = pass(a, stream); err != cudaSuccess) return err;
+  using namespace gated_delta;
+  if (a.per_key_gate) {
+    if (!a.dq_partial || !a.key_score_grads) return cudaErrorInvalidValue;
+    return run_passes({run_local_value_grads, run_kda_intra_grads, run_states_backward,
+                       run_kda_state_grads, run_kda_system_backward, run_kda_key_grads},
+                      a, stream);
   }
-  return cudaSuccess;
+  return run_passes({run_local_value_grads, run_states_backward, run_chunk_grads, run_wy_backward},
+                    a, stream);
 }
 
 }  // namespace mhla_kernels

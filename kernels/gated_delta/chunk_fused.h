@@ -1,5 +1,6 @@
 #pragma once
-// Fused chunked gated DeltaNet (one decay per head and token), forward and backward, chunk 64,
+// Fused chunked gated DeltaNet (one decay per head and token) and KDA (one per key dimension),
+// forward and backward, chunk 64,
 // bf16 or fp16 q, k, v with fp32 states, gate sums and gradients of beta and g. Per chunk of 64
 // tokens with G the running sum of g inside the chunk, A_rs = beta_r (k_r . k_s) exp(G_r - G_s)
 // (s < r) and T = (I + A)^-1:
@@ -13,6 +14,13 @@
 // [B, T, H, D] (D contiguous); the per-chunk intermediates are [B*H, chunks, 64, D] (states
 // [B*H, chunks, Dk, Dv]). T need not be a multiple of 64: the last chunk is padded with
 // q = k = v = 0, beta = 0, g = 0, which neither write nor decay the state.
+//
+// KDA (per_key_gate) has G [64, D] and the same passes with every decay taken per key dimension
+// d: A_rs = beta_r sum_d k_rd k_sd exp(G_rd - G_sd), W = T diag(beta) (exp(G) . K), o = scale
+// [(exp(G) . Q) S_i + P u] with P_rs = sum_d q_rd k_sd exp(G_rd - G_sd) (s <= r), and S_{i+1} =
+// Diag(exp(G_C)) S_i + (exp(G_C - G) . K)^T u. The pairwise decays inside a chunk are formed by
+// 16-token sub-chunks so that no factor exceeds 1 (kernels/gated_delta/per_key_scores.cuh); the
+// prepare pass keeps exp(G) . Q, exp(G_C - G) . K, P and the unscaled key scores for the others.
 #include <cstdint>
 
 #include <cuda_runtime.h>
@@ -32,6 +40,8 @@ struct GatedDeltaArgs {
   DType dtype = DType::bf16;  // of q, k, v, d_out and the element-type buffers below (not f32)
   int batch = 0, tokens = 0, heads = 0, head_dim = 0;
   float scale = 1.f;
+  // KDA: gate, dgate [B, T, H, D]; gate_sums, dgate_partial [BH, chunks * 64, D].
+  bool per_key_gate = false;
   // Inputs, token-major.
   const void *q = nullptr, *k = nullptr, *v = nullptr;  // [B, T, H, D]
   const float* beta = nullptr;                          // [B, T, H]
@@ -46,6 +56,11 @@ struct GatedDeltaArgs {
   void* states = nullptr;        // [BH, chunks, D, D]: the state entering each chunk
   void* out = nullptr;           // [B, T, H, D]
   float* final_state = nullptr;  // [B, H, D, D]
+  // KDA only, per chunk (see above).
+  void* q_gated = nullptr;     // [BH, chunks, 64, D]: exp(G) . Q
+  void* k_to_end = nullptr;    // [BH, chunks, 64, D]: exp(G_C - G) . K
+  void* scores = nullptr;      // [BH, chunks, 64, 64]: P (lower, with the diagonal)
+  void* key_scores = nullptr;  // [BH, chunks, 64, 64]: A / beta_r (strictly lower)
   // Backward.
   const void* d_out = nullptr;              // [B, T, H, D]
   const float* final_state_grad = nullptr;  // [B, H, D, D] or null (zeros)
@@ -59,6 +74,9 @@ struct GatedDeltaArgs {
   float* dbeta = nullptr;                            // [B, T, H]
   float* dgate = nullptr;                            // [B, T, H]
   float* initial_state_grad = nullptr;               // [B, H, D, D] or null (not wanted)
+  // KDA backward scratch.
+  float* dq_partial = nullptr;      // [BH, chunks, 64, D]: dq through P
+  void* key_score_grads = nullptr;  // [BH, chunks, 64, 64]: beta_r dA_rs
 };
 
 #ifdef __CUDACC__
@@ -71,7 +89,8 @@ MHLA_GATED_DELTA_HD inline int gated_delta_chunks(int tokens) {
   return (tokens + kGatedDeltaChunk - 1) / kGatedDeltaChunk;
 }
 
-// Fills gate_sums, w, u0, u, states, out and final_state.
+// Fills gate_sums, w, u0, u, states, out and final_state (and for KDA q_gated, k_to_end, scores,
+// key_scores).
 cudaError_t gated_delta_forward(const GatedDeltaArgs& args, cudaStream_t stream);
 // Reads the inputs and the forward's intermediates; fills the scratch buffers and dq, dk, dv,
 // dbeta, dgate and (when asked) initial_state_grad.

@@ -1,7 +1,8 @@
 // The parallel per-chunk passes that need the decayed causal scores P = (Q K^T) . D of a chunk
 // (D_rs = exp(G_r - G_s), s <= r): the forward output o = scale [(exp(G) . Q) S_i + P u], and
 // the backward's value gradient from the outputs, du_local = P^T dO'. One CTA per (chunk,
-// batch x head), products on tensor cores with fp32 accumulation.
+// batch x head), products on tensor cores with fp32 accumulation. KDA (PerKey) reads P and
+// exp(G) . Q from its prepare pass instead.
 #include "gated_delta/chunk_passes.h"
 #include "gated_delta/chunk_tiles.cuh"
 
@@ -39,7 +40,7 @@ __device__ void decayed_scores(const T* q_s, const T* k_s, const float* g, float
   __syncthreads();
 }
 
-template <typename T, int D>
+template <typename T, int D, bool PerKey>
 __global__ void __launch_bounds__(kThreads) output_kernel(GatedDeltaArgs p) {
   constexpr int kCols = D < kOutputCols ? D : kOutputCols;
   extern __shared__ __align__(128) unsigned char raw[];
@@ -53,26 +54,35 @@ __global__ void __launch_bounds__(kThreads) output_kernel(GatedDeltaArgs p) {
   T* p_bf = st_s + D * kLdOutE;               // [64][72]
   const ChunkPosition at(p, blockIdx.y, blockIdx.x);
   const int col0 = blockIdx.z * kCols;
-  const T* q = static_cast<const T*>(p.q);
-  const T* k = static_cast<const T*>(p.k);
-  load_rows<T, D, kThreads>(
-      q_s, Ld<D>::e, [&](int r) { return q + at.token(r, D, p.heads, p.tokens); }, at.valid);
-  load_rows<T, D, kThreads>(
-      k_s, Ld<D>::e, [&](int r) { return k + at.token(r, D, p.heads, p.tokens); }, at.valid);
   load_matrix<T, kC, kCols, kThreads>(u_s, kLdOutE,
                                       static_cast<const T*>(p.u) + at.tile(0, D) + col0, D);
   load_matrix<T, D, kCols, kThreads>(st_s, kLdOutE,
                                      static_cast<const T*>(p.states) + at.state(D) + col0, D);
-  load_gate_sums(g, p, at);
-  finish_loads();
-  __syncthreads();
-  if (threadIdx.x < kC) decay[threadIdx.x] = __expf(g[threadIdx.x]);
-  decayed_scores<T, D>(q_s, k_s, g, pf, p_bf);
-  for (int e = threadIdx.x; e < kC * D; e += kThreads) {
-    const int r = e / D, c = e % D;
-    q_s[r * Ld<D>::e + c] = from_float<T>(decay[r] * to_float(q_s[r * Ld<D>::e + c]));
+  if constexpr (PerKey) {  // exp(G) . Q and P from the prepare pass
+    load_matrix<T, kC, D, kThreads>(q_s, Ld<D>::e, static_cast<const T*>(p.q_gated) + at.tile(0, D),
+                                    D);
+    load_matrix<T, kC, kC, kThreads>(p_bf, kLdSquareE,
+                                     static_cast<const T*>(p.scores) + at.tile(0, kC), kC);
+    finish_loads();
+    __syncthreads();
+  } else {
+    const T* q = static_cast<const T*>(p.q);
+    const T* k = static_cast<const T*>(p.k);
+    load_rows<T, D, kThreads>(
+        q_s, Ld<D>::e, [&](int r) { return q + at.token(r, D, p.heads, p.tokens); }, at.valid);
+    load_rows<T, D, kThreads>(
+        k_s, Ld<D>::e, [&](int r) { return k + at.token(r, D, p.heads, p.tokens); }, at.valid);
+    load_gate_sums(g, p, at);
+    finish_loads();
+    __syncthreads();
+    if (threadIdx.x < kC) decay[threadIdx.x] = __expf(g[threadIdx.x]);
+    decayed_scores<T, D>(q_s, k_s, g, pf, p_bf);
+    for (int e = threadIdx.x; e < kC * D; e += kThreads) {
+      const int r = e / D, c = e % D;
+      q_s[r * Ld<D>::e + c] = from_float<T>(decay[r] * to_float(q_s[r * Ld<D>::e + c]));
+    }
+    __syncthreads();
   }
-  __syncthreads();
   float* out_f = pf;  // [64][68]
   gemm<T, kWarps, false, false>(q_s, Ld<D>::e, st_s, kLdOutE, out_f, kLdSquare, kC, kCols, D,
                                 false);
@@ -85,7 +95,7 @@ __global__ void __launch_bounds__(kThreads) output_kernel(GatedDeltaArgs p) {
                                  out_f, kLdSquare, at.valid, p.scale);
 }
 
-template <typename T, int D>
+template <typename T, int D, bool PerKey>
 __global__ void __launch_bounds__(kThreads) local_value_grads_kernel(GatedDeltaArgs p) {
   extern __shared__ __align__(128) unsigned char raw[];
   float* pf = reinterpret_cast<float*>(raw);  // [64][68]
@@ -101,13 +111,20 @@ __global__ void __launch_bounds__(kThreads) local_value_grads_kernel(GatedDeltaA
       return static_cast<const T*>(base) + at.token(r, D, p.heads, p.tokens);
     };
   };
-  load_rows<T, D, kThreads>(q_s, Ld<D>::e, rows(p.q), at.valid);
-  load_rows<T, D, kThreads>(k_s, Ld<D>::e, rows(p.k), at.valid);
   load_rows<T, D, kThreads>(do_s, Ld<D>::e, rows(p.d_out), at.valid);  // dO (scale at the end)
-  load_gate_sums(g, p, at);
-  finish_loads();
-  __syncthreads();
-  decayed_scores<T, D>(q_s, k_s, g, pf, p_bf);
+  if constexpr (PerKey) {                                              // P from the prepare pass
+    load_matrix<T, kC, kC, kThreads>(p_bf, kLdSquareE,
+                                     static_cast<const T*>(p.scores) + at.tile(0, kC), kC);
+    finish_loads();
+    __syncthreads();
+  } else {
+    load_rows<T, D, kThreads>(q_s, Ld<D>::e, rows(p.q), at.valid);
+    load_rows<T, D, kThreads>(k_s, Ld<D>::e, rows(p.k), at.valid);
+    load_gate_sums(g, p, at);
+    finish_loads();
+    __syncthreads();
+    decayed_scores<T, D>(q_s, k_s, g, pf, p_bf);
+  }
   gemm<T, kWarps, true, false>(p_bf, kLdSquareE, do_s, Ld<D>::e, out_f, Ld<D>::f, kC, D, kC, false);
   __syncthreads();
   float* dst = p.du_local + at.tile(0, D);
@@ -122,16 +139,21 @@ __global__ void __launch_bounds__(kThreads) local_value_grads_kernel(GatedDeltaA
 template <typename T, int D>
 struct Output {
   static cudaError_t launch(const GatedDeltaArgs& a, cudaStream_t stream) {
-    return launch_pass(output_kernel<T, D>, chunk_grid(a, D < kOutputCols ? 1 : D / kOutputCols),
-                       kThreads, output_bytes<D>(), a, stream);
+    const dim3 grid = chunk_grid(a, D < kOutputCols ? 1 : D / kOutputCols);
+    return a.per_key_gate ? launch_pass(output_kernel<T, D, true>, grid, kThreads,
+                                        output_bytes<D>(), a, stream)
+                          : launch_pass(output_kernel<T, D, false>, grid, kThreads,
+                                        output_bytes<D>(), a, stream);
   }
 };
 
 template <typename T, int D>
 struct LocalValueGrads {
   static cudaError_t launch(const GatedDeltaArgs& a, cudaStream_t stream) {
-    return launch_pass(local_value_grads_kernel<T, D>, chunk_grid(a), kThreads, local_bytes<D>(), a,
-                       stream);
+    return a.per_key_gate ? launch_pass(local_value_grads_kernel<T, D, true>, chunk_grid(a),
+                                        kThreads, local_bytes<D>(), a, stream)
+                          : launch_pass(local_value_grads_kernel<T, D, false>, chunk_grid(a),
+                                        kThreads, local_bytes<D>(), a, stream);
   }
 };
 

@@ -7,6 +7,8 @@
 //   forward:  store S_i;  u = U0 - W S_i;  S_{i+1} = exp(G_C) S_i + K^T diag(exp(G_C - G)) u
 //   backward: store dS_{i+1};  du = du_local + diag(exp(G_C - G)) K dS_{i+1};
 //             dS_i = exp(G_C) dS_{i+1} + [Q ; W]^T [diag(scale exp(G)) dO ; -du]
+// KDA (PerKey) runs the same walks with exp(G_C) a per-row (key dimension) decay and the gated
+// operands its prepare pass kept: exp(G_C - G) . K for K with its decay, exp(G) . Q for Q.
 #include "gated_delta/chunk_passes.h"
 #include "gated_delta/chunk_tiles.cuh"
 
@@ -40,11 +42,24 @@ struct StateFragments {
       f[j].store(s + 16 * tile_row(j) * kLdSliceF + 16 * tile_col(j), kLdSliceF);
     }
   }
-  // f = decay f + A^T B for A [Depth][D] (rows lda apart) and B [Depth][32] (rows ldb apart).
-  __device__ void decay_and_add(float decay, const T* a, int lda, const T* b, int ldb, int depth) {
+  // f = diag(decay) f + A^T B for A [Depth][D] (rows lda apart) and B [Depth][32] (rows ldb
+  // apart); decay[row] per state row, or one decay for all rows (decay[0]) unless PerRow.
+  template <bool PerRow>
+  __device__ void decay_and_add(const float* decay, const T* a, int lda, const T* b, int ldb,
+                                int depth) {
 #pragma unroll
     for (int j = 0; j < kPerWarp; ++j) {
-      f[j].scale(decay);
+      if constexpr (PerRow) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            f[j].x[h][i] *= decay[16 * tile_row(j) + wmma_tiles::TileAccumulator::row(i)];
+          }
+        }
+      } else {
+        f[j].scale(decay[0]);
+      }
       wmma_tiles::mma_tile<T, true, false>(f[j], a, lda, b, ldb, tile_row(j), tile_col(j), depth);
     }
   }
@@ -56,11 +71,12 @@ template <int D>
 struct ForwardLayout {
   static constexpr size_t staging = 0;                           // f32 [D][36]
   static constexpr size_t to_end = staging + 4 * D * kLdSliceF;  // f32 [64]
-  static constexpr size_t s_bf = to_end + 4 * kC;                // [D][40]
+  static constexpr size_t row_decay = to_end + 4 * kC;           // f32 [D]: exp(G_C)
+  static constexpr size_t s_bf = row_decay + 4 * D;              // [D][40]
   static constexpr size_t us_bf = s_bf + 2 * D * kLdSliceE;      // [64][40]
   static constexpr size_t stage0 = us_bf + 2 * kC * kLdSliceE;
   static constexpr size_t w = 0, k = w + 2 * kC * Ld<D>::e, u0 = k + 2 * kC * Ld<D>::e,
-                          g = u0 + 2 * kC * kLdSliceE, stage_bytes = g + 4 * kC;
+                          g = u0 + 2 * kC * kLdSliceE, stage_bytes = g + 4 * (kC > D ? kC : D);
   static constexpr size_t bytes = stage0 + 2 * stage_bytes;
 };
 
@@ -68,14 +84,15 @@ template <int D>
 struct BackwardLayout {
   static constexpr size_t staging = 0;  // f32 [D][36]
   static constexpr size_t to_end = staging + 4 * D * kLdSliceF;
-  static constexpr size_t decay = to_end + 4 * kC;  // f32 [64]: scale exp(G_r)
-  static constexpr size_t ds_bf = decay + 4 * kC;   // [D][40]
+  static constexpr size_t decay = to_end + 4 * kC;     // f32 [64]: scale exp(G_r)
+  static constexpr size_t row_decay = decay + 4 * kC;  // f32 [D]: exp(G_C)
+  static constexpr size_t ds_bf = row_decay + 4 * D;   // [D][40]
   static constexpr size_t stage0 = ds_bf + 2 * D * kLdSliceE;
   // q and w adjacent (one product of depth 128 against d_out and du_neg, also adjacent).
   static constexpr size_t q = 0, w = q + 2 * kC * Ld<D>::e, k = w + 2 * kC * Ld<D>::e,
                           d_out = k + 2 * kC * Ld<D>::e, du_neg = d_out + 2 * kC * kLdSliceE,
                           du_local = du_neg + 2 * kC * kLdSliceE, g = du_local + 4 * kC * kLdSliceF,
-                          stage_bytes = g + 4 * kC;
+                          stage_bytes = g + 4 * (kC > D ? kC : D);
   static constexpr size_t bytes = stage0 + 2 * stage_bytes;
 };
 
@@ -96,41 +113,50 @@ __device__ void store_state_slice(float* dst, const float* s, int col0) {
   }
 }
 
+// The chunk's gate sums G [64] (gated DeltaNet), or for KDA (PerKey) the last row G_C [D] of its
+// [64][D] tile: all the walks need of it.
+template <bool PerKey, int D>
 __device__ __forceinline__ void copy_gate_sums_async(float* g, const GatedDeltaArgs& p, int bh,
                                                      int chunks, int i) {
-  if (threadIdx.x < kC / 4) {
-    copy_async16(g + 4 * threadIdx.x,
-                 p.gate_sums + (static_cast<int64_t>(bh) * chunks + i) * kC + 4 * threadIdx.x,
-                 true);
-  }
+  const int64_t chunk = static_cast<int64_t>(bh) * chunks + i;
+  const float* src = PerKey ? p.gate_sums + (chunk * kC + kC - 1) * D : p.gate_sums + chunk * kC;
+  if (threadIdx.x < (PerKey ? D : kC) / 4)
+    copy_async16(g + 4 * threadIdx.x, src + 4 * threadIdx.x, true);
 }
 
-template <typename T, int D>
+template <typename T, int D, bool PerKey>
 __global__ void __launch_bounds__(kThreads, 2) states_forward_kernel(GatedDeltaArgs p) {
   using L = ForwardLayout<D>;
   extern __shared__ __align__(128) unsigned char raw[];
   float* staging = reinterpret_cast<float*>(raw + L::staging);  // S, or W S
   float* to_end = reinterpret_cast<float*>(raw + L::to_end);
+  float* row_decay = reinterpret_cast<float*>(raw + L::row_decay);
   T* s_bf = reinterpret_cast<T*>(raw + L::s_bf);
   T* us_bf = reinterpret_cast<T*>(raw + L::us_bf);  // diag(exp(G_C - G)) u
   auto stage = [&](int s, size_t part) { return raw + L::stage0 + s * L::stage_bytes + part; };
   const int bh = blockIdx.y, col0 = blockIdx.x * kSlice;
   const int chunks = gated_delta_chunks(p.tokens);
   const T* w = static_cast<const T*>(p.w);
-  const T* k = static_cast<const T*>(p.k);
+  const T* k = static_cast<const T*>(PerKey ? p.k_to_end : p.k);
   const T* u0 = static_cast<const T*>(p.u0);
   auto issue = [&](int i, int s) {
     const ChunkPosition at(p, bh, i);
     copy_rows_async<T, D, kThreads>(
         reinterpret_cast<T*>(stage(s, L::w)), Ld<D>::e, [&](int r) { return w + at.tile(r, D); },
         kC);
-    copy_rows_async<T, D, kThreads>(
-        reinterpret_cast<T*>(stage(s, L::k)), Ld<D>::e,
-        [&](int r) { return k + at.token(r, D, p.heads, p.tokens); }, at.valid);
+    if constexpr (PerKey) {  // exp(G_C - G) . K, a per-chunk tile
+      copy_rows_async<T, D, kThreads>(
+          reinterpret_cast<T*>(stage(s, L::k)), Ld<D>::e, [&](int r) { return k + at.tile(r, D); },
+          kC);
+    } else {
+      copy_rows_async<T, D, kThreads>(
+          reinterpret_cast<T*>(stage(s, L::k)), Ld<D>::e,
+          [&](int r) { return k + at.token(r, D, p.heads, p.tokens); }, at.valid);
+    }
     copy_rows_async<T, kSlice, kThreads>(
         reinterpret_cast<T*>(stage(s, L::u0)), kLdSliceE,
         [&](int r) { return u0 + at.tile(r, D) + col0; }, kC);
-    copy_gate_sums_async(reinterpret_cast<float*>(stage(s, L::g)), p, bh, chunks, i);
+    copy_gate_sums_async<PerKey, D>(reinterpret_cast<float*>(stage(s, L::g)), p, bh, chunks, i);
     copy_async_commit();
   };
   issue(0, 0);
@@ -156,7 +182,13 @@ __global__ void __launch_bounds__(kThreads, 2) states_forward_kernel(GatedDeltaA
     const float* g = reinterpret_cast<const float*>(stage(s, L::g));
     store_matrix<T, D, kSlice, kThreads>(static_cast<T*>(p.states) + at.state(D) + col0, D, s_bf,
                                          kLdSliceE);
-    if (threadIdx.x < kC) to_end[threadIdx.x] = __expf(g[kC - 1] - g[threadIdx.x]);
+    if constexpr (PerKey) {
+      if (threadIdx.x < kC) to_end[threadIdx.x] = 1.f;  // in the keys already
+      if (threadIdx.x < D) row_decay[threadIdx.x] = __expf(g[threadIdx.x]);
+    } else {
+      if (threadIdx.x < kC) to_end[threadIdx.x] = __expf(g[kC - 1] - g[threadIdx.x]);
+      if (threadIdx.x == 0) row_decay[0] = __expf(g[kC - 1]);
+    }
     gemm<T, kWarps, false, false>(w_s, Ld<D>::e, s_bf, kLdSliceE, staging, kLdSliceF, kC, kSlice, D,
                                   false);
     __syncthreads();
@@ -169,7 +201,7 @@ __global__ void __launch_bounds__(kThreads, 2) states_forward_kernel(GatedDeltaA
     }
     __syncthreads();
     // S_{i+1} = exp(G_C) S_i + K^T diag(exp(G_C - G)) u, in the registers.
-    state.decay_and_add(__expf(g[kC - 1]), k_s, Ld<D>::e, us_bf, kLdSliceE, kC);
+    state.template decay_and_add<PerKey>(row_decay, k_s, Ld<D>::e, us_bf, kLdSliceE, kC);
     state.store(staging);
     __syncthreads();
     convert_tile<T, D, kSlice, kThreads>(s_bf, kLdSliceE, staging, kLdSliceF);
@@ -178,40 +210,45 @@ __global__ void __launch_bounds__(kThreads, 2) states_forward_kernel(GatedDeltaA
   store_state_slice<D>(p.final_state + state0, staging, col0);
 }
 
-template <typename T, int D>
+template <typename T, int D, bool PerKey>
 __global__ void __launch_bounds__(kThreads) states_backward_kernel(GatedDeltaArgs p) {
   using L = BackwardLayout<D>;
   extern __shared__ __align__(128) unsigned char raw[];
   float* staging = reinterpret_cast<float*>(raw + L::staging);  // dS, or K dS
   float* to_end = reinterpret_cast<float*>(raw + L::to_end);
   float* decay = reinterpret_cast<float*>(raw + L::decay);
+  float* row_decay = reinterpret_cast<float*>(raw + L::row_decay);
   T* ds_bf = reinterpret_cast<T*>(raw + L::ds_bf);
   auto stage = [&](int s, size_t part) { return raw + L::stage0 + s * L::stage_bytes + part; };
   const int bh = blockIdx.y, col0 = blockIdx.x * kSlice;
   const int chunks = gated_delta_chunks(p.tokens);
-  const T* q = static_cast<const T*>(p.q);
+  const T* q = static_cast<const T*>(PerKey ? p.q_gated : p.q);
   const T* w = static_cast<const T*>(p.w);
-  const T* k = static_cast<const T*>(p.k);
+  const T* k = static_cast<const T*>(PerKey ? p.k_to_end : p.k);
   const T* d_out = static_cast<const T*>(p.d_out);
   auto issue = [&](int i, int s) {
     const ChunkPosition at(p, bh, i);
     auto token = [&](const T* base) {
       return [&at, &p, base](int r) { return base + at.token(r, D, p.heads, p.tokens); };
     };
-    copy_rows_async<T, D, kThreads>(reinterpret_cast<T*>(stage(s, L::q)), Ld<D>::e, token(q),
-                                    at.valid);
-    copy_rows_async<T, D, kThreads>(
-        reinterpret_cast<T*>(stage(s, L::w)), Ld<D>::e, [&](int r) { return w + at.tile(r, D); },
-        kC);
-    copy_rows_async<T, D, kThreads>(reinterpret_cast<T*>(stage(s, L::k)), Ld<D>::e, token(k),
-                                    at.valid);
+    auto tile = [&](const T* base) { return [&at, base](int r) { return base + at.tile(r, D); }; };
+    if constexpr (PerKey) {  // exp(G) . Q and exp(G_C - G) . K, per-chunk tiles
+      copy_rows_async<T, D, kThreads>(reinterpret_cast<T*>(stage(s, L::q)), Ld<D>::e, tile(q), kC);
+      copy_rows_async<T, D, kThreads>(reinterpret_cast<T*>(stage(s, L::k)), Ld<D>::e, tile(k), kC);
+    } else {
+      copy_rows_async<T, D, kThreads>(reinterpret_cast<T*>(stage(s, L::q)), Ld<D>::e, token(q),
+                                      at.valid);
+      copy_rows_async<T, D, kThreads>(reinterpret_cast<T*>(stage(s, L::k)), Ld<D>::e, token(k),
+                                      at.valid);
+    }
+    copy_rows_async<T, D, kThreads>(reinterpret_cast<T*>(stage(s, L::w)), Ld<D>::e, tile(w), kC);
     copy_rows_async<T, kSlice, kThreads>(
         reinterpret_cast<T*>(stage(s, L::d_out)), kLdSliceE,
         [&](int r) { return d_out + at.token(r, D, p.heads, p.tokens) + col0; }, at.valid);
     copy_rows_async<float, kSlice, kThreads>(
         reinterpret_cast<float*>(stage(s, L::du_local)), kLdSliceF,
         [&](int r) { return p.du_local + at.tile(r, D) + col0; }, kC);
-    copy_gate_sums_async(reinterpret_cast<float*>(stage(s, L::g)), p, bh, chunks, i);
+    copy_gate_sums_async<PerKey, D>(reinterpret_cast<float*>(stage(s, L::g)), p, bh, chunks, i);
     copy_async_commit();
   };
   issue(chunks - 1, 0);
@@ -239,9 +276,18 @@ __global__ void __launch_bounds__(kThreads) states_backward_kernel(GatedDeltaArg
     const float* g = reinterpret_cast<const float*>(stage(s, L::g));
     store_matrix<T, D, kSlice, kThreads>(static_cast<T*>(p.state_grads) + at.state(D) + col0, D,
                                          ds_bf, kLdSliceE);
-    if (threadIdx.x < kC) {
-      to_end[threadIdx.x] = __expf(g[kC - 1] - g[threadIdx.x]);
-      decay[threadIdx.x] = p.scale * __expf(g[threadIdx.x]);
+    if constexpr (PerKey) {  // the decays are in the gated tiles; exp(G_C) by state row
+      if (threadIdx.x < kC) {
+        to_end[threadIdx.x] = 1.f;
+        decay[threadIdx.x] = p.scale;
+      }
+      if (threadIdx.x < D) row_decay[threadIdx.x] = __expf(g[threadIdx.x]);
+    } else {
+      if (threadIdx.x < kC) {
+        to_end[threadIdx.x] = __expf(g[kC - 1] - g[threadIdx.x]);
+        decay[threadIdx.x] = p.scale * __expf(g[threadIdx.x]);
+      }
+      if (threadIdx.x == 0) row_decay[0] = __expf(g[kC - 1]);
     }
     gemm<T, kWarps, false, false>(k_s, Ld<D>::e, ds_bf, kLdSliceE, staging, kLdSliceF, kC, kSlice,
                                   D, false);
@@ -257,7 +303,7 @@ __global__ void __launch_bounds__(kThreads) states_backward_kernel(GatedDeltaArg
     }
     __syncthreads();
     // dS_i = exp(G_C) dS_{i+1} + [Q ; W]^T [scale exp(G) . dO ; -du], in the registers.
-    grad.decay_and_add(__expf(g[kC - 1]), q_s, Ld<D>::e, do_s, kLdSliceE, 2 * kC);
+    grad.template decay_and_add<PerKey>(row_decay, q_s, Ld<D>::e, do_s, kLdSliceE, 2 * kC);
     grad.store(staging);
     __syncthreads();
     convert_tile<T, D, kSlice, kThreads>(ds_bf, kLdSliceE, staging, kLdSliceF);
@@ -271,16 +317,22 @@ __global__ void __launch_bounds__(kThreads) states_backward_kernel(GatedDeltaArg
 template <typename T, int D>
 struct StatesForward {
   static cudaError_t launch(const GatedDeltaArgs& a, cudaStream_t stream) {
-    return launch_pass(states_forward_kernel<T, D>, dim3(D / kSlice, a.batch * a.heads), kThreads,
-                       ForwardLayout<D>::bytes, a, stream);
+    const dim3 grid(D / kSlice, a.batch * a.heads);
+    return a.per_key_gate ? launch_pass(states_forward_kernel<T, D, true>, grid, kThreads,
+                                        ForwardLayout<D>::bytes, a, stream)
+                          : launch_pass(states_forward_kernel<T, D, false>, grid, kThreads,
+                                        ForwardLayout<D>::bytes, a, stream);
   }
 };
 
 template <typename T, int D>
 struct StatesBackward {
   static cudaError_t launch(const GatedDeltaArgs& a, cudaStream_t stream) {
-    return launch_pass(states_backward_kernel<T, D>, dim3(D / kSlice, a.batch * a.heads), kThreads,
-                       BackwardLayout<D>::bytes, a, stream);
+    const dim3 grid(D / kSlice, a.batch * a.heads);
+    return a.per_key_gate ? launch_pass(states_backward_kernel<T, D, true>, grid, kThreads,
+                                        BackwardLayout<D>::bytes, a, stream)
+                          : launch_pass(states_backward_kernel<T, D, false>, grid, kThreads,
+                                        BackwardLayout<D>::bytes, a, stream);
   }
 };
 

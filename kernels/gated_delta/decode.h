@@ -16,16 +16,16 @@
 namespace mhla_kernels {
 
 struct DeltaDecodeArgs {
-  DType dtype = DType::bf16;         // of q, k, v and out
+  DType dtype = DType::bf16;                             // of q, k, v and out
   int batch = 0, heads = 0, key_dim = 0, value_dim = 0;  // key_dim <= 256
-  const void* q = nullptr;           // [B, H, Dk] contiguous
-  const void* k = nullptr;           // [B, H, Dk]
-  const void* v = nullptr;           // [B, H, Dv]
-  const float* beta = nullptr;       // [B, H]
-  const float* g = nullptr;          // [B, H], or [B, H, Dk] when per_key_gate
+  const void* q = nullptr;                               // [B, H, Dk] contiguous
+  const void* k = nullptr;                               // [B, H, Dk]
+  const void* v = nullptr;                               // [B, H, Dv]
+  const float* beta = nullptr;                           // [B, H]
+  const float* g = nullptr;                              // [B, H], or [B, H, Dk] when per_key_gate
   bool per_key_gate = false;
-  float* state = nullptr;            // [B, H, Dk, Dv] contiguous fp32, updated in place
-  void* out = nullptr;               // [B, H, Dv]
+  float* state = nullptr;  // [B, H, Dk, Dv] contiguous fp32, updated in place
+  void* out = nullptr;     // [B, H, Dv]
   float scale = 1.0f;
 };
 

@@ -16,8 +16,9 @@ bool gated_delta_fused_takes(const torch::Tensor& q, const torch::Tensor& k, con
                              const torch::Tensor& g) {
 #ifdef MHLA_WITH_CUDA_KERNELS
   const auto type = v.scalar_type();
+  const bool gate_shape = g.dim() == 3 || (g.dim() == 4 && g.size(3) == q.size(3));
   return q.is_cuda() && (type == torch::kBFloat16 || type == torch::kFloat16) && q.dim() == 4 &&
-         k.sizes() == q.sizes() && v.dim() == 4 && g.dim() == 3 &&
+         k.sizes() == q.sizes() && v.dim() == 4 && gate_shape &&
          mhla_kernels::gated_delta_fused_supports(static_cast<int>(q.size(3)),
                                                   static_cast<int>(v.size(3))) &&
          q.size(1) > 0 && q.size(0) * q.size(2) <= 65535;
@@ -45,6 +46,7 @@ kernels::GatedDeltaArgs base_args(const torch::Tensor& q, const torch::Tensor& k
   a.scale = static_cast<float>(scale);
   a.q = q.data_ptr(), a.k = k.data_ptr(), a.v = v.data_ptr();
   a.beta = beta.data_ptr<float>(), a.gate = g.data_ptr<float>();
+  a.per_key_gate = g.dim() == 4;
   return a;
 }
 
@@ -67,7 +69,9 @@ class GatedDeltaFusedFunction : public torch::autograd::Function<GatedDeltaFused
     const int64_t chunks = kernels::gated_delta_chunks(static_cast<int>(t));
     const int64_t c = kernels::kGatedDeltaChunk;
     auto f32 = v.options().dtype(torch::kFloat32);
-    auto gate_sums = torch::empty({b * h, chunks * c}, f32);
+    const bool per_key = g.dim() == 4;
+    auto gate_sums = per_key ? torch::empty({b * h, chunks * c, d}, f32)
+                             : torch::empty({b * h, chunks * c}, f32);
     auto w = torch::empty({b * h, chunks, c, d}, v.options());
     auto u0 = torch::empty_like(w), u = torch::empty_like(w);
     auto t_inverse = torch::empty({b * h, chunks, c, c}, v.options());
@@ -80,10 +84,22 @@ class GatedDeltaFusedFunction : public torch::autograd::Function<GatedDeltaFused
     a.w = w.data_ptr(), a.u0 = u0.data_ptr(), a.u = u.data_ptr(), a.states = states.data_ptr();
     a.t_inverse = t_inverse.data_ptr();
     a.out = out.data_ptr(), a.final_state = final_state.data_ptr<float>();
-    check_launch(kernels::gated_delta_forward(
-                     a, c10::cuda::getCurrentCUDAStream(v.device().index()).stream()),
-                 "gated DeltaNet forward (fused kernels)");
-    ctx->save_for_backward({q, k, v, beta, g, gate_sums, w, u0, u, states, t_inverse});
+    // KDA's gated operands and scores (empty for gated DeltaNet: the kernels form them inline).
+    torch::Tensor q_gated, k_to_end, scores, key_scores;
+    if (per_key) {
+      q_gated = torch::empty_like(w), k_to_end = torch::empty_like(w);
+      scores = torch::empty_like(t_inverse), key_scores = torch::empty_like(t_inverse);
+      a.q_gated = q_gated.data_ptr(), a.k_to_end = k_to_end.data_ptr();
+      a.scores = scores.data_ptr(), a.key_scores = key_scores.data_ptr();
+    } else {
+      q_gated = k_to_end = scores = key_scores = torch::empty({0}, v.options());
+    }
+    check_launch(
+        kernels::gated_delta_forward(a,
+                                     c10::cuda::getCurrentCUDAStream(v.device().index()).stream()),
+        per_key ? "KDA forward (fused kernels)" : "gated DeltaNet forward (fused kernels)");
+    ctx->save_for_backward({q, k, v, beta, g, gate_sums, w, u0, u, states, t_inverse, q_gated,
+                            k_to_end, scores, key_scores});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["has_initial_state"] = h0.defined();
     remember_input_dtypes(ctx, q_in, k_in);
@@ -105,6 +121,11 @@ class GatedDeltaFusedFunction : public torch::autograd::Function<GatedDeltaFused
     a.w = s[6].data_ptr(), a.u0 = s[7].data_ptr(), a.u = s[8].data_ptr();
     a.states = s[9].data_ptr();
     a.t_inverse = s[10].data_ptr();
+    const bool per_key = a.per_key_gate;
+    if (per_key) {
+      a.q_gated = s[11].data_ptr(), a.k_to_end = s[12].data_ptr();
+      a.scores = s[13].data_ptr(), a.key_scores = s[14].data_ptr();
+    }
     a.d_out = d_out.data_ptr();
     a.final_state_grad = dfinal.defined() ? dfinal.data_ptr<float>() : nullptr;
     auto f32 = v.options().dtype(torch::kFloat32);
@@ -122,9 +143,15 @@ class GatedDeltaFusedFunction : public torch::autograd::Function<GatedDeltaFused
     a.dq = dq.data_ptr(), a.dk = dk.data_ptr(), a.dv = dv.data_ptr();
     a.dbeta = dbeta.data_ptr<float>(), a.dgate = dgate.data_ptr<float>();
     a.initial_state_grad = has_h0 ? dh0.data_ptr<float>() : nullptr;
-    check_launch(kernels::gated_delta_backward(
-                     a, c10::cuda::getCurrentCUDAStream(v.device().index()).stream()),
-                 "gated DeltaNet backward (fused kernels)");
+    torch::Tensor dq_partial, key_score_grads;
+    if (per_key) {
+      dq_partial = torch::empty_like(du_local), key_score_grads = torch::empty_like(s[10]);
+      a.dq_partial = dq_partial.data_ptr<float>(), a.key_score_grads = key_score_grads.data_ptr();
+    }
+    check_launch(
+        kernels::gated_delta_backward(a,
+                                      c10::cuda::getCurrentCUDAStream(v.device().index()).stream()),
+        per_key ? "KDA backward (fused kernels)" : "gated DeltaNet backward (fused kernels)");
     const auto [q_type, k_type] = input_dtypes(ctx);
     const auto beta_type = static_cast<torch::ScalarType>(ctx->saved_data["beta_dtype"].toInt());
     const auto g_type = static_cast<torch::ScalarType>(ctx->saved_data["g_dtype"].toInt());
@@ -142,13 +169,14 @@ DeltaRuleOutput gated_delta_fused(const torch::Tensor& q, const torch::Tensor& k
                                   double scale) {
   if (!gated_delta_fused_takes(q, k, v, g)) {
     fail(
-        "gated DeltaNet (fused kernels): needs CUDA tensors, v in bf16 or fp16, g [B, T, H] and "
-        "Dk == Dv in {{64, 128}}; got q {}, v {} ({}), g {}",
+        "gated DeltaNet (fused kernels): needs CUDA tensors, v in bf16 or fp16, g [B, T, H] (or "
+        "[B, T, H, Dk] for KDA) and Dk == Dv in {{64, 128}}; got q {}, v {} ({}), g {}",
         c10::str(q.sizes()), c10::str(v.sizes()), c10::toString(v.scalar_type()),
         c10::str(g.sizes()));
   }
-  TORCH_CHECK(beta.sizes() == q.sizes().slice(0, 3) && g.sizes() == q.sizes().slice(0, 3) &&
-                  v.size(1) == q.size(1) && v.size(2) == q.size(2) && v.size(0) == q.size(0),
+  TORCH_CHECK(beta.sizes() == q.sizes().slice(0, 3) &&
+                  g.sizes().slice(0, 3) == q.sizes().slice(0, 3) && v.size(1) == q.size(1) &&
+                  v.size(2) == q.size(2) && v.size(0) == q.size(0),
               "gated DeltaNet (fused kernels): q, v, beta or g disagree in B, T or H");
   if (initial_state.defined()) {
     TORCH_CHECK(
@@ -162,7 +190,8 @@ DeltaRuleOutput gated_delta_fused(const torch::Tensor& q, const torch::Tensor& k
       {{"q", q}, {"k", k}, {"beta", beta}, {"g", g}, {"initial_state", initial_state}});
   auto outs = GatedDeltaFusedFunction::apply(
       q, k, v, beta, g,
-      initial_state.defined() ? initial_state : torch::empty({0}, v.options().dtype(torch::kFloat32)),
+      initial_state.defined() ? initial_state
+                              : torch::empty({0}, v.options().dtype(torch::kFloat32)),
       scale);
   return {outs[0], outs[1]};
 #else

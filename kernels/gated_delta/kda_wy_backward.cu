@@ -1,0 +1,225 @@
+// KDA backward of the WY system, per chunk, in two passes. With [W | U0] = T X, X = [diag(beta)
+// (exp(G) . K) | diag(beta) V], T = (I + A)^-1, A = diag(beta) K~ (K~ the key scores), and the
+// gradients dW (kda_state_grads.cu) and du (the states' backward pass):
+//   system pass:  dX = T^T [dW | du];  dA = -dX [W | U0]^T (strictly lower);
+//                 dk' += beta exp(G) . dX_K,  dG += K . beta exp(G) . dX_K,  dv = diag(beta) dX_V,
+//                 dbeta_r = (exp(G) . k)_r . dX_K[r] + v_r . dX_V[r] + sum_s dA_rs K~_rs,
+//                 N = diag(beta) dA (the gradient of K~) kept for the next pass;
+//   key pass:     per_key_scores_backward of N with x = y = K gives R and C:
+//                 dk = dk' + R + C,  dG += K . (R - C),  dg = the reverse running sum of dG
+//                 down each key dimension (g_t enters every G_r with r >= t).
+#include "gated_delta/chunk_passes.h"
+#include "gated_delta/chunk_tiles.cuh"
+#include "gated_delta/per_key_scores.cuh"
+
+namespace mhla_kernels {
+namespace gated_delta {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+
+template <int D>
+struct SystemLayout {
+  static constexpr int ld_wide_f = 2 * D + 4;                // fp32 rows of [K | V] columns
+  static constexpr int ld_wide_e = 2 * D + 8;                // element-type rows of them
+  static constexpr size_t dx = 0;                            // f32 [64][2D + 4]: dX
+  static constexpr size_t da = dx;                           // f32 [64][68], after dX
+  static constexpr size_t small = dx + 4 * kC * ld_wide_f;   // f32 [2][64]: beta, dbeta
+  static constexpr size_t k = small + 4 * 2 * kC;            // [64][D + 8]
+  static constexpr size_t sol = k + 2 * kC * Ld<D>::e;       // [64][2D + 8]: [W | U0]
+  static constexpr size_t grads = sol + 2 * kC * ld_wide_e;  // [64][2D + 8]: [dW | du], then dX
+  static constexpr size_t t = grads + 2 * kC * ld_wide_e;    // [64][72]: T
+  static constexpr size_t kk = t + 2 * kC * kLdSquareE;      // [64][72]: K~
+  static constexpr size_t bytes = kk + 2 * kC * kLdSquareE;
+};
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) kda_system_backward_kernel(GatedDeltaArgs p) {
+  using L = SystemLayout<D>;
+  constexpr int kRowsPerWarp = kC / kWarps;
+  constexpr int kPerLane = D / 32;
+  extern __shared__ __align__(128) unsigned char raw[];
+  float* dx_f = reinterpret_cast<float*>(raw + L::dx);
+  float* da = reinterpret_cast<float*>(raw + L::da);
+  float* beta = reinterpret_cast<float*>(raw + L::small);
+  float* dbeta = beta + kC;
+  T* k_s = reinterpret_cast<T*>(raw + L::k);
+  T* sol = reinterpret_cast<T*>(raw + L::sol);
+  T* grads = reinterpret_cast<T*>(raw + L::grads);
+  T* dx_bf = grads;
+  T* t_s = reinterpret_cast<T*>(raw + L::t);
+  T* kk = reinterpret_cast<T*>(raw + L::kk);
+  const ChunkPosition at(p, blockIdx.y, blockIdx.x);
+  const T* k = static_cast<const T*>(p.k);
+  const T* v = static_cast<const T*>(p.v);
+  auto tile = [&](const void* base) {
+    return [&at, base](int r) { return static_cast<const T*>(base) + at.tile(r, D); };
+  };
+  load_rows<T, D, kThreads>(
+      k_s, Ld<D>::e, [&](int r) { return k + at.token(r, D, p.heads, p.tokens); }, at.valid);
+  load_rows<T, D, kThreads>(sol, L::ld_wide_e, tile(p.w), kC);
+  load_rows<T, D, kThreads>(sol + D, L::ld_wide_e, tile(p.u0), kC);
+  load_rows<T, D, kThreads>(grads + D, L::ld_wide_e, tile(p.du), kC);
+  load_matrix<T, kC, kC, kThreads>(t_s, kLdSquareE,
+                                   static_cast<const T*>(p.t_inverse) + at.tile(0, kC), kC);
+  load_matrix<T, kC, kC, kThreads>(kk, kLdSquareE,
+                                   static_cast<const T*>(p.key_scores) + at.tile(0, kC), kC);
+  load_matrix<float, kC, D, kThreads>(dx_f, L::ld_wide_f, p.dw + at.tile(0, D), D);  // staged
+  if (threadIdx.x < kC) {
+    const int r = threadIdx.x;
+    beta[r] = r < at.valid ? p.beta[at.token(r, 1, p.heads, p.tokens)] : 0.f;
+  }
+  finish_loads();
+  __syncthreads();
+  // dW (fp32, staged in dX's space) into the element type beside du.
+  for (int e = threadIdx.x; e < kC * D; e += kThreads) {
+    const int r = e / D, c = e % D;
+    grads[r * L::ld_wide_e + c] = from_float<T>(dx_f[r * L::ld_wide_f + c]);
+  }
+  __syncthreads();
+  // dX = T^T [dW | du].
+  gemm<T, kWarps, true, false>(t_s, kLdSquareE, grads, L::ld_wide_e, dx_f, L::ld_wide_f, kC, 2 * D,
+                               kC, false);
+  __syncthreads();
+  {
+    // A warp's rows: dk' and dG from dX_K, dv, dbeta's row sums, and dX in the element type.
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const float* gsum = p.gate_sums + at.tile(0, D);
+    float* dk_partial = p.dk_partial + at.tile(0, D);
+    float* dgate = p.dgate_partial + at.tile(0, D);
+    T* dv = static_cast<T*>(p.dv);
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      const int r = warp + kWarps * i;
+      const bool in = r < at.valid;
+      const int64_t row = at.token(in ? r : 0, D, p.heads, p.tokens);
+      float sk = 0.f, sv = 0.f;
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) {
+        const int c = lane + 32 * j;
+        const float dxk = dx_f[r * L::ld_wide_f + c], dxv = dx_f[r * L::ld_wide_f + D + c];
+        const float gate = __expf(gsum[r * D + c]), kx = to_float(k_s[r * Ld<D>::e + c]);
+        const float vx = in ? to_float(v[row + c]) : 0.f;
+        sk += kx * gate * dxk;
+        sv += vx * dxv;
+        if (in) dv[row + c] = from_float<T>(beta[r] * dxv);
+        dk_partial[r * D + c] += beta[r] * gate * dxk;
+        dgate[r * D + c] += kx * beta[r] * gate * dxk;
+        dx_bf[r * L::ld_wide_e + c] = from_float<T>(dxk);
+        dx_bf[r * L::ld_wide_e + D + c] = from_float<T>(dxv);
+      }
+      sk = warp_sum(sk);
+      sv = warp_sum(sv);
+      if (lane == 0) dbeta[r] = sk + sv;
+    }
+  }
+  __syncthreads();
+  // dA = -dX [W | U0]^T (dX's fp32 space is free now).
+  gemm<T, kWarps, false, true>(dx_bf, L::ld_wide_e, sol, L::ld_wide_e, da, kLdSquare, kC, kC, 2 * D,
+                               false);
+  __syncthreads();
+  T* n_out = static_cast<T*>(p.key_score_grads) + at.tile(0, kC);
+  for (int e = threadIdx.x; e < kC * kC; e += kThreads) {
+    const int r = e / kC, s = e % kC;
+    n_out[e] = from_float<T>(s < r ? -beta[r] * da[r * kLdSquare + s] : 0.f);
+  }
+  {
+    // dbeta_r += sum_s dA_rs K~_rs, a warp per row.
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int r = warp; r < kC; r += kWarps) {
+      float sum = 0.f;
+      for (int s = lane; s < r; s += 32)
+        sum -= da[r * kLdSquare + s] * to_float(kk[r * kLdSquareE + s]);
+      sum = warp_sum(sum);
+      if (lane == 0 && r < at.valid) p.dbeta[at.token(r, 1, p.heads, p.tokens)] = dbeta[r] + sum;
+    }
+  }
+}
+
+template <int D>
+struct KeyLayout {
+  static constexpr size_t k = 0;                              // [64][D + 8]
+  static constexpr size_t g = k + 2 * kC * Ld<D>::e;          // f32 [64][D + 4]: G
+  static constexpr size_t r = g + 4 * kC * Ld<D>::f;          // f32 [64][D + 4]: R, then dG
+  static constexpr size_t c = r + 4 * kC * Ld<D>::f;          // f32 [64][D + 4]: C
+  static constexpr size_t n = c + 4 * kC * Ld<D>::f;          // [64][72]: N
+  static constexpr size_t scratch = n + 2 * kC * kLdSquareE;  // scaled rows
+  static constexpr size_t bytes = scratch + 2 * kScaledRows * Ld<D>::e;
+};
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) kda_key_grads_kernel(GatedDeltaArgs p) {
+  using L = KeyLayout<D>;
+  constexpr int ldg = Ld<D>::f;
+  extern __shared__ __align__(128) unsigned char raw[];
+  T* k_s = reinterpret_cast<T*>(raw + L::k);
+  float* g = reinterpret_cast<float*>(raw + L::g);
+  float* r_f = reinterpret_cast<float*>(raw + L::r);
+  float* c_f = reinterpret_cast<float*>(raw + L::c);
+  T* n_s = reinterpret_cast<T*>(raw + L::n);
+  T* scratch = reinterpret_cast<T*>(raw + L::scratch);
+  const ChunkPosition at(p, blockIdx.y, blockIdx.x);
+  const T* k = static_cast<const T*>(p.k);
+  load_rows<T, D, kThreads>(
+      k_s, Ld<D>::e, [&](int r) { return k + at.token(r, D, p.heads, p.tokens); }, at.valid);
+  load_matrix<float, kC, D, kThreads>(g, ldg, p.gate_sums + at.tile(0, D), D);
+  load_matrix<T, kC, kC, kThreads>(n_s, kLdSquareE,
+                                   static_cast<const T*>(p.key_score_grads) + at.tile(0, kC), kC);
+  for (int e = threadIdx.x; e < kC * D; e += kThreads) {
+    r_f[(e / D) * ldg + e % D] = 0.f;
+    c_f[(e / D) * ldg + e % D] = 0.f;
+  }
+  finish_loads();
+  __syncthreads();
+  per_key_scores_backward<T, D, kThreads>(n_s, k_s, k_s, g, scratch, r_f, c_f);
+  const float* dk_partial = p.dk_partial + at.tile(0, D);
+  const float* dgate_partial = p.dgate_partial + at.tile(0, D);
+  T* dk = static_cast<T*>(p.dk);
+  for (int e = threadIdx.x; e < kC * D; e += kThreads) {
+    const int t = e / D, d = e % D;
+    const float rk = r_f[t * ldg + d], ck = c_f[t * ldg + d];
+    if (t < at.valid) {
+      dk[at.token(t, D, p.heads, p.tokens) + d] = from_float<T>(dk_partial[e] + rk + ck);
+    }
+    r_f[t * ldg + d] = dgate_partial[e] + to_float(k_s[t * Ld<D>::e + d]) * (rk - ck);
+  }
+  __syncthreads();
+  // dg: reverse running sums down each key dimension, written for the valid rows.
+  for (int d = threadIdx.x; d < D; d += kThreads) {
+    float sum = 0.f;
+    for (int t = kC - 1; t >= 0; --t) {
+      sum += r_f[t * ldg + d];
+      if (t < at.valid) p.dgate[at.token(t, D, p.heads, p.tokens) + d] = sum;
+    }
+  }
+}
+
+template <typename T, int D>
+struct KdaSystemBackward {
+  static cudaError_t launch(const GatedDeltaArgs& a, cudaStream_t stream) {
+    return launch_pass(kda_system_backward_kernel<T, D>, chunk_grid(a), kThreads,
+                       SystemLayout<D>::bytes, a, stream);
+  }
+};
+
+template <typename T, int D>
+struct KdaKeyGrads {
+  static cudaError_t launch(const GatedDeltaArgs& a, cudaStream_t stream) {
+    return launch_pass(kda_key_grads_kernel<T, D>, chunk_grid(a), kThreads, KeyLayout<D>::bytes, a,
+                       stream);
+  }
+};
+
+}  // namespace
+
+cudaError_t run_kda_system_backward(const GatedDeltaArgs& a, cudaStream_t stream) {
+  return dispatch<KdaSystemBackward>(a, stream);
+}
+
+cudaError_t run_kda_key_grads(const GatedDeltaArgs& a, cudaStream_t stream) {
+  return dispatch<KdaKeyGrads>(a, stream);
+}
+
+}  // namespace gated_delta
+}  // namespace mhla_kernels
