@@ -361,6 +361,9 @@ TEST_CASE(
        true},
       {"KDA: no decay (g = 0)", 1, 256, 2, 128, 0.0, false, torch::kBFloat16, true},
       {"KDA: strong decay", 2, 200, 2, 64, 8.0, true, torch::kBFloat16, true},
+      // Sub-chunk decays around the kernels' bound (60 nats in 16 tokens): some chunks take the
+      // tensor-core diagonal blocks, others the element-by-element ones.
+      {"KDA: decay near the sub-chunk bound", 2, 300, 2, 128, 6.0, true, torch::kBFloat16, true},
       {"KDA: fewer tokens than a chunk", 3, 17, 2, 64, 1.0, true, torch::kBFloat16, true},
       {"KDA: fp16, D = 64, many chunks", 1, 1000, 2, 64, 0.5, false, torch::kFloat16, true},
   };

@@ -10,7 +10,7 @@ namespace mhla_kernels {
 namespace gated_delta {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 
 // The output pass splits the value columns over CTAs (kOutputCols each): with the fp32 result

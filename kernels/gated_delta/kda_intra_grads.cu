@@ -12,7 +12,7 @@ namespace mhla_kernels {
 namespace gated_delta {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 
 template <int D>
@@ -27,7 +27,7 @@ struct IntraLayout {
   static constexpr size_t d_out = work, u = d_out + 2 * kC * Ld<D>::e,
                           dp = u + 2 * kC * Ld<D>::e;  // f32 [64][68]
   static constexpr size_t work_bytes_inputs = dp + 4 * kC * kLdSquare - work;
-  static constexpr size_t work_bytes_scratch = 2 * kScaledRows * Ld<D>::e;
+  static constexpr size_t work_bytes_scratch = 2 * kScoresBackwardScratchRows * Ld<D>::e;
   static constexpr size_t bytes =
       work + (work_bytes_inputs > work_bytes_scratch ? work_bytes_inputs : work_bytes_scratch);
 };

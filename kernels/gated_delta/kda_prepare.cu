@@ -13,7 +13,7 @@ namespace mhla_kernels {
 namespace gated_delta {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 
 template <int D>
@@ -27,7 +27,7 @@ struct KdaPrepareLayout {
   static constexpr size_t keys = scores + 4 * kC * kLdSquare;  // f32 [64][68]: K~, then A
   static constexpr size_t t = keys + 4 * kC * kLdSquare;       // [64][72]: T
   static constexpr size_t scratch = t + 2 * kC * kLdSquareE;   // scaled rows, then fp32
-  static constexpr size_t scratch_bytes = 2 * kScaledRows * Ld<D>::e;
+  static constexpr size_t scratch_bytes = 2 * kScoresScratchRows * Ld<D>::e;
   // After the scores, scratch holds T in fp32 with the inversion's scratch, then the products.
   static_assert(4 * (kC * kLdSquare + 768) <= scratch_bytes, "inversion fits the scratch");
   static_assert(4 * kC * Ld<D>::f <= scratch_bytes, "products fit the scratch");

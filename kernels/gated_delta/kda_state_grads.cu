@@ -14,7 +14,7 @@ namespace mhla_kernels {
 namespace gated_delta {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 
 template <int D>
@@ -35,6 +35,8 @@ __global__ void __launch_bounds__(kThreads) kda_state_grads_kernel(GatedDeltaArg
   using L = StateGradsLayout<D>;
   static_assert(kThreads % D == 0, "a thread keeps one key dimension");
   constexpr int kPerThread = kC * D / kThreads;
+  constexpr int kBatch = 8;
+  static_assert(kPerThread % kBatch == 0, "whole batches");
   extern __shared__ __align__(128) unsigned char raw[];
   T* do_s = reinterpret_cast<T*>(raw + L::d_out);
   T* u_s = reinterpret_cast<T*>(raw + L::u);
@@ -76,14 +78,28 @@ __global__ void __launch_bounds__(kThreads) kda_state_grads_kernel(GatedDeltaArg
   __syncthreads();
   T* dq_out = static_cast<T*>(p.dq);
   const float* dq_partial = p.dq_partial + at.tile(0, D);
+  // Each loop below reads its global operands for kBatch elements before it stores any: with
+  // stores in between, the compiler must keep every load behind them (the pointers may alias),
+  // and one CTA per SM cannot hide that chain of memory latencies.
 #pragma unroll
-  for (int i = 0; i < kPerThread; ++i) {
-    const int e = threadIdx.x + i * kThreads, t = e / D;
-    const bool in = t < at.valid;
-    const int64_t row = at.token(in ? t : 0, D, p.heads, p.tokens);
-    const float through_state = p.scale * res[t * Ld<D>::f + d] * __expf(gsum[e]);
-    dg[i] = in ? to_float(q[row + d]) * through_state : 0.f;
-    if (in) dq_out[row + d] = from_float<T>(dq_partial[e] + through_state);
+  for (int i0 = 0; i0 < kPerThread; i0 += kBatch) {
+    float gate[kBatch], partial[kBatch], qv[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int e = threadIdx.x + (i0 + j) * kThreads, t = e / D;
+      gate[j] = gsum[e];
+      partial[j] = dq_partial[e];
+      qv[j] = t < at.valid ? to_float(q[at.token(t, D, p.heads, p.tokens) + d]) : 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int e = threadIdx.x + (i0 + j) * kThreads, t = e / D;
+      const float through_state = p.scale * res[t * Ld<D>::f + d] * __expf(gate[j]);
+      dg[i0 + j] = qv[j] * through_state;
+      if (t < at.valid) {
+        dq_out[at.token(t, D, p.heads, p.tokens) + d] = from_float<T>(partial[j] + through_state);
+      }
+    }
   }
   __syncthreads();
   // dk' += exp(G_C - G) . (u dS^T); dG -= K . that; the last row collects their sum.
@@ -92,14 +108,24 @@ __global__ void __launch_bounds__(kThreads) kda_state_grads_kernel(GatedDeltaArg
   float* dk_partial = p.dk_partial + at.tile(0, D);
   float k_terms = 0.f;
 #pragma unroll
-  for (int i = 0; i < kPerThread; ++i) {
-    const int e = threadIdx.x + i * kThreads, t = e / D;
-    const bool in = t < at.valid;
-    const float dk_end = res[t * Ld<D>::f + d] * __expf(g_end - gsum[e]);
-    dk_partial[e] += dk_end;
-    const float term = in ? to_float(k[at.token(t, D, p.heads, p.tokens) + d]) * dk_end : 0.f;
-    dg[i] -= term;
-    k_terms += term;
+  for (int i0 = 0; i0 < kPerThread; i0 += kBatch) {
+    float gate[kBatch], partial[kBatch], kv[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int e = threadIdx.x + (i0 + j) * kThreads, t = e / D;
+      gate[j] = gsum[e];
+      partial[j] = dk_partial[e];
+      kv[j] = t < at.valid ? to_float(k[at.token(t, D, p.heads, p.tokens) + d]) : 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int e = threadIdx.x + (i0 + j) * kThreads, t = e / D;
+      const float dk_end = res[t * Ld<D>::f + d] * __expf(g_end - gate[j]);
+      dk_partial[e] = partial[j] + dk_end;
+      const float term = kv[j] * dk_end;
+      dg[i0 + j] -= term;
+      k_terms += term;
+    }
   }
   atomicAdd(&col[d], k_terms);
   __syncthreads();
@@ -109,12 +135,18 @@ __global__ void __launch_bounds__(kThreads) kda_state_grads_kernel(GatedDeltaArg
   float* dw = p.dw + at.tile(0, D);
   float* dgate = p.dgate_partial + at.tile(0, D);
 #pragma unroll
-  for (int i = 0; i < kPerThread; ++i) {
-    const int e = threadIdx.x + i * kThreads, t = e / D;
-    dw[e] = -res[t * Ld<D>::f + d];
-    float x = dg[i];
-    if (t == kC - 1) x += col[d] + __expf(g_end) * row_dot[d];
-    dgate[e] += x;
+  for (int i0 = 0; i0 < kPerThread; i0 += kBatch) {
+    float partial[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) partial[j] = dgate[threadIdx.x + (i0 + j) * kThreads];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int e = threadIdx.x + (i0 + j) * kThreads, t = e / D;
+      dw[e] = -res[t * Ld<D>::f + d];
+      float x = partial[j] + dg[i0 + j];
+      if (t == kC - 1) x += col[d] + __expf(g_end) * row_dot[d];
+      dgate[e] = x;
+    }
   }
 }
 

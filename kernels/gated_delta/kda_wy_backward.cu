@@ -16,7 +16,7 @@ namespace mhla_kernels {
 namespace gated_delta {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 
 template <int D>
@@ -89,29 +89,50 @@ __global__ void __launch_bounds__(kThreads) kda_system_backward_kernel(GatedDelt
     float* dk_partial = p.dk_partial + at.tile(0, D);
     float* dgate = p.dgate_partial + at.tile(0, D);
     T* dv = static_cast<T*>(p.dv);
+    // Global operands of kRowBatch rows are read before any of their stores (see
+    // kda_state_grads.cu: loads behind possibly aliasing stores serialize).
+    constexpr int kRowBatch = 4;
 #pragma unroll
-    for (int i = 0; i < kRowsPerWarp; ++i) {
-      const int r = warp + kWarps * i;
-      const bool in = r < at.valid;
-      const int64_t row = at.token(in ? r : 0, D, p.heads, p.tokens);
-      float sk = 0.f, sv = 0.f;
+    for (int i0 = 0; i0 < kRowsPerWarp; i0 += kRowBatch) {
+      float gate[kRowBatch][kPerLane], vx[kRowBatch][kPerLane], dkp[kRowBatch][kPerLane],
+          dgp[kRowBatch][kPerLane];
 #pragma unroll
-      for (int j = 0; j < kPerLane; ++j) {
-        const int c = lane + 32 * j;
-        const float dxk = dx_f[r * L::ld_wide_f + c], dxv = dx_f[r * L::ld_wide_f + D + c];
-        const float gate = __expf(gsum[r * D + c]), kx = to_float(k_s[r * Ld<D>::e + c]);
-        const float vx = in ? to_float(v[row + c]) : 0.f;
-        sk += kx * gate * dxk;
-        sv += vx * dxv;
-        if (in) dv[row + c] = from_float<T>(beta[r] * dxv);
-        dk_partial[r * D + c] += beta[r] * gate * dxk;
-        dgate[r * D + c] += kx * beta[r] * gate * dxk;
-        dx_bf[r * L::ld_wide_e + c] = from_float<T>(dxk);
-        dx_bf[r * L::ld_wide_e + D + c] = from_float<T>(dxv);
+      for (int i = 0; i < kRowBatch; ++i) {
+        const int r = warp + kWarps * (i0 + i);
+        const bool in = r < at.valid;
+        const int64_t row = at.token(in ? r : 0, D, p.heads, p.tokens);
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j) {
+          const int c = lane + 32 * j;
+          gate[i][j] = __expf(gsum[r * D + c]);
+          vx[i][j] = in ? to_float(v[row + c]) : 0.f;
+          dkp[i][j] = dk_partial[r * D + c];
+          dgp[i][j] = dgate[r * D + c];
+        }
       }
-      sk = warp_sum(sk);
-      sv = warp_sum(sv);
-      if (lane == 0) dbeta[r] = sk + sv;
+#pragma unroll
+      for (int i = 0; i < kRowBatch; ++i) {
+        const int r = warp + kWarps * (i0 + i);
+        const bool in = r < at.valid;
+        const int64_t row = at.token(in ? r : 0, D, p.heads, p.tokens);
+        float sk = 0.f, sv = 0.f;
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j) {
+          const int c = lane + 32 * j;
+          const float dxk = dx_f[r * L::ld_wide_f + c], dxv = dx_f[r * L::ld_wide_f + D + c];
+          const float kx = to_float(k_s[r * Ld<D>::e + c]), through = beta[r] * gate[i][j] * dxk;
+          sk += kx * gate[i][j] * dxk;
+          sv += vx[i][j] * dxv;
+          if (in) dv[row + c] = from_float<T>(beta[r] * dxv);
+          dk_partial[r * D + c] = dkp[i][j] + through;
+          dgate[r * D + c] = dgp[i][j] + kx * through;
+          dx_bf[r * L::ld_wide_e + c] = from_float<T>(dxk);
+          dx_bf[r * L::ld_wide_e + D + c] = from_float<T>(dxv);
+        }
+        sk = warp_sum(sk);
+        sv = warp_sum(sv);
+        if (lane == 0) dbeta[r] = sk + sv;
+      }
     }
   }
   __syncthreads();
@@ -145,7 +166,7 @@ struct KeyLayout {
   static constexpr size_t c = r + 4 * kC * Ld<D>::f;          // f32 [64][D + 4]: C
   static constexpr size_t n = c + 4 * kC * Ld<D>::f;          // [64][72]: N
   static constexpr size_t scratch = n + 2 * kC * kLdSquareE;  // scaled rows
-  static constexpr size_t bytes = scratch + 2 * kScaledRows * Ld<D>::e;
+  static constexpr size_t bytes = scratch + 2 * kScoresBackwardScratchRows * Ld<D>::e;
 };
 
 template <typename T, int D>
@@ -176,13 +197,24 @@ __global__ void __launch_bounds__(kThreads) kda_key_grads_kernel(GatedDeltaArgs 
   const float* dk_partial = p.dk_partial + at.tile(0, D);
   const float* dgate_partial = p.dgate_partial + at.tile(0, D);
   T* dk = static_cast<T*>(p.dk);
-  for (int e = threadIdx.x; e < kC * D; e += kThreads) {
-    const int t = e / D, d = e % D;
-    const float rk = r_f[t * ldg + d], ck = c_f[t * ldg + d];
-    if (t < at.valid) {
-      dk[at.token(t, D, p.heads, p.tokens) + d] = from_float<T>(dk_partial[e] + rk + ck);
+  constexpr int kPerThread = kC * D / kThreads, kBatch = 8;
+  static_assert(kPerThread % kBatch == 0, "whole batches");
+#pragma unroll
+  for (int i0 = 0; i0 < kPerThread; i0 += kBatch) {
+    float dkp[kBatch], dgp[kBatch];  // read before the stores (see kda_state_grads.cu)
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int e = threadIdx.x + (i0 + j) * kThreads;
+      dkp[j] = dk_partial[e];
+      dgp[j] = dgate_partial[e];
     }
-    r_f[t * ldg + d] = dgate_partial[e] + to_float(k_s[t * Ld<D>::e + d]) * (rk - ck);
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int e = threadIdx.x + (i0 + j) * kThreads, t = e / D, d = e % D;
+      const float rk = r_f[t * ldg + d], ck = c_f[t * ldg + d];
+      if (t < at.valid) dk[at.token(t, D, p.heads, p.tokens) + d] = from_float<T>(dkp[j] + rk + ck);
+      r_f[t * ldg + d] = dgp[j] + to_float(k_s[t * Ld<D>::e + d]) * (rk - ck);
+    }
   }
   __syncthreads();
   // dg: reverse running sums down each key dimension, written for the valid rows.
