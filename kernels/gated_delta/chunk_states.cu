@@ -12,34 +12,41 @@
 #include "gated_delta/chunk_passes.h"
 #include "gated_delta/chunk_tiles.cuh"
 
+#include <cstdlib>
+
 namespace mhla_kernels {
 namespace gated_delta {
 namespace {
 
 constexpr int kThreads = 256;  // 8 warps: short chains of products per chunk
 constexpr int kWarps = kThreads / 32;
-constexpr int kSlice = 32;             // value columns per CTA
-constexpr int kLdSliceE = kSlice + 8;  // element-type rows of the slice
-constexpr int kLdSliceF = kSlice + 4;  // fp32 rows of the slice
+// Each CTA walks a slice of Slice value columns (32, or 16 when 32-column slices would leave
+// most SMs idle: long sequences, few batch x head pairs).
+template <int Slice>
+struct SliceLd {
+  static constexpr int e = Slice + 8;  // element-type rows of the slice
+  static constexpr int f = Slice + 4;  // fp32 rows of the slice
+};
 
 // The state slice [D][32] as 16 x 16 accumulator tiles held in registers across chunks: warp w
 // owns tiles w, w + 8, ... (tile f at rows 16 (f / 2), columns 16 (f % 2)).
-template <typename T, int D>
+template <typename T, int D, int Slice>
 struct StateFragments {
-  static constexpr int kPerWarp = (D / 16) * (kSlice / 16) / kWarps;
+  static constexpr int kPerWarp = (D / 16) * (Slice / 16) / kWarps;
+  static_assert(kPerWarp >= 1, "every warp holds a tile");
   wmma_tiles::TileAccumulator f[kPerWarp];
-  __device__ static int tile_row(int j) { return (threadIdx.x / 32 + kWarps * j) / 2; }
-  __device__ static int tile_col(int j) { return (threadIdx.x / 32 + kWarps * j) % 2; }
+  __device__ static int tile_row(int j) { return (threadIdx.x / 32 + kWarps * j) / (Slice / 16); }
+  __device__ static int tile_col(int j) { return (threadIdx.x / 32 + kWarps * j) % (Slice / 16); }
   __device__ void load(const float* s) {
 #pragma unroll
     for (int j = 0; j < kPerWarp; ++j) {
-      f[j].load(s + 16 * tile_row(j) * kLdSliceF + 16 * tile_col(j), kLdSliceF);
+      f[j].load(s + 16 * tile_row(j) * SliceLd<Slice>::f + 16 * tile_col(j), SliceLd<Slice>::f);
     }
   }
   __device__ void store(float* s) const {
 #pragma unroll
     for (int j = 0; j < kPerWarp; ++j) {
-      f[j].store(s + 16 * tile_row(j) * kLdSliceF + 16 * tile_col(j), kLdSliceF);
+      f[j].store(s + 16 * tile_row(j) * SliceLd<Slice>::f + 16 * tile_col(j), SliceLd<Slice>::f);
     }
   }
   // f = diag(decay) f + A^T B for A [Depth][D] (rows lda apart) and B [Depth][32] (rows ldb
@@ -67,49 +74,53 @@ struct StateFragments {
 
 // Shared-memory layouts (byte offsets). The next chunk's tiles load into the other stage while
 // the current chunk computes; the fp32 staging tile also holds the first product's result.
-template <int D>
+template <int D, int Slice>
 struct ForwardLayout {
-  static constexpr size_t staging = 0;                           // f32 [D][36]
-  static constexpr size_t to_end = staging + 4 * D * kLdSliceF;  // f32 [64]
-  static constexpr size_t row_decay = to_end + 4 * kC;           // f32 [D]: exp(G_C)
-  static constexpr size_t s_bf = row_decay + 4 * D;              // [D][40]
-  static constexpr size_t us_bf = s_bf + 2 * D * kLdSliceE;      // [64][40]
-  static constexpr size_t stage0 = us_bf + 2 * kC * kLdSliceE;
+  static constexpr size_t staging = 0;                                   // f32 [D][36]
+  static constexpr size_t to_end = staging + 4 * D * SliceLd<Slice>::f;  // f32 [64]
+  static constexpr size_t row_decay = to_end + 4 * kC;                   // f32 [D]: exp(G_C)
+  static constexpr size_t s_bf = row_decay + 4 * D;                      // [D][40]
+  static constexpr size_t us_bf = s_bf + 2 * D * SliceLd<Slice>::e;      // [64][40]
+  static constexpr size_t stage0 = us_bf + 2 * kC * SliceLd<Slice>::e;
   static constexpr size_t w = 0, k = w + 2 * kC * Ld<D>::e, u0 = k + 2 * kC * Ld<D>::e,
-                          g = u0 + 2 * kC * kLdSliceE, stage_bytes = g + 4 * (kC > D ? kC : D);
+                          g = u0 + 2 * kC * SliceLd<Slice>::e,
+                          stage_bytes = g + 4 * (kC > D ? kC : D);
   static constexpr size_t bytes = stage0 + 2 * stage_bytes;
 };
 
-template <int D>
+template <int D, int Slice>
 struct BackwardLayout {
   static constexpr size_t staging = 0;  // f32 [D][36]
-  static constexpr size_t to_end = staging + 4 * D * kLdSliceF;
+  static constexpr size_t to_end = staging + 4 * D * SliceLd<Slice>::f;
   static constexpr size_t decay = to_end + 4 * kC;     // f32 [64]: scale exp(G_r)
   static constexpr size_t row_decay = decay + 4 * kC;  // f32 [D]: exp(G_C)
   static constexpr size_t ds_bf = row_decay + 4 * D;   // [D][40]
-  static constexpr size_t stage0 = ds_bf + 2 * D * kLdSliceE;
+  static constexpr size_t stage0 = ds_bf + 2 * D * SliceLd<Slice>::e;
   // q and w adjacent (one product of depth 128 against d_out and du_neg, also adjacent).
   static constexpr size_t q = 0, w = q + 2 * kC * Ld<D>::e, k = w + 2 * kC * Ld<D>::e,
-                          d_out = k + 2 * kC * Ld<D>::e, du_neg = d_out + 2 * kC * kLdSliceE,
-                          du_local = du_neg + 2 * kC * kLdSliceE, g = du_local + 4 * kC * kLdSliceF,
+                          d_out = k + 2 * kC * Ld<D>::e,
+                          du_neg = d_out + 2 * kC * SliceLd<Slice>::e,
+                          du_local = du_neg + 2 * kC * SliceLd<Slice>::e,
+                          g = du_local + 4 * kC * SliceLd<Slice>::f,
                           stage_bytes = g + 4 * (kC > D ? kC : D);
   static constexpr size_t bytes = stage0 + 2 * stage_bytes;
 };
 
 // The state slice from global fp32 [D, D] (or zeros) into fp32 shared memory.
-template <int D>
+template <int D, int Slice>
 __device__ void load_state_slice(float* s, const float* src, int col0) {
-  for (int e = threadIdx.x; e < D * kSlice; e += kThreads) {
-    const int r = e / kSlice, c = e % kSlice;
-    s[r * kLdSliceF + c] = src != nullptr ? src[static_cast<int64_t>(r) * D + col0 + c] : 0.f;
+  for (int e = threadIdx.x; e < D * Slice; e += kThreads) {
+    const int r = e / Slice, c = e % Slice;
+    s[r * SliceLd<Slice>::f + c] =
+        src != nullptr ? src[static_cast<int64_t>(r) * D + col0 + c] : 0.f;
   }
 }
 
-template <int D>
+template <int D, int Slice>
 __device__ void store_state_slice(float* dst, const float* s, int col0) {
-  for (int e = threadIdx.x; e < D * kSlice; e += kThreads) {
-    const int r = e / kSlice, c = e % kSlice;
-    dst[static_cast<int64_t>(r) * D + col0 + c] = s[r * kLdSliceF + c];
+  for (int e = threadIdx.x; e < D * Slice; e += kThreads) {
+    const int r = e / Slice, c = e % Slice;
+    dst[static_cast<int64_t>(r) * D + col0 + c] = s[r * SliceLd<Slice>::f + c];
   }
 }
 
@@ -124,9 +135,9 @@ __device__ __forceinline__ void copy_gate_sums_async(float* g, const GatedDeltaA
     copy_async16(g + 4 * threadIdx.x, src + 4 * threadIdx.x, true);
 }
 
-template <typename T, int D, bool PerKey>
+template <typename T, int D, bool PerKey, int Slice>
 __global__ void __launch_bounds__(kThreads, 2) states_forward_kernel(GatedDeltaArgs p) {
-  using L = ForwardLayout<D>;
+  using L = ForwardLayout<D, Slice>;
   extern __shared__ __align__(128) unsigned char raw[];
   float* staging = reinterpret_cast<float*>(raw + L::staging);  // S, or W S
   float* to_end = reinterpret_cast<float*>(raw + L::to_end);
@@ -134,7 +145,7 @@ __global__ void __launch_bounds__(kThreads, 2) states_forward_kernel(GatedDeltaA
   T* s_bf = reinterpret_cast<T*>(raw + L::s_bf);
   T* us_bf = reinterpret_cast<T*>(raw + L::us_bf);  // diag(exp(G_C - G)) u
   auto stage = [&](int s, size_t part) { return raw + L::stage0 + s * L::stage_bytes + part; };
-  const int bh = blockIdx.y, col0 = blockIdx.x * kSlice;
+  const int bh = blockIdx.y, col0 = blockIdx.x * Slice;
   const int chunks = gated_delta_chunks(p.tokens);
   const T* w = static_cast<const T*>(p.w);
   const T* k = static_cast<const T*>(PerKey ? p.k_to_end : p.k);
@@ -153,19 +164,19 @@ __global__ void __launch_bounds__(kThreads, 2) states_forward_kernel(GatedDeltaA
           reinterpret_cast<T*>(stage(s, L::k)), Ld<D>::e,
           [&](int r) { return k + at.token(r, D, p.heads, p.tokens); }, at.valid);
     }
-    copy_rows_async<T, kSlice, kThreads>(
-        reinterpret_cast<T*>(stage(s, L::u0)), kLdSliceE,
+    copy_rows_async<T, Slice, kThreads>(
+        reinterpret_cast<T*>(stage(s, L::u0)), SliceLd<Slice>::e,
         [&](int r) { return u0 + at.tile(r, D) + col0; }, kC);
     copy_gate_sums_async<PerKey, D>(reinterpret_cast<float*>(stage(s, L::g)), p, bh, chunks, i);
     copy_async_commit();
   };
   issue(0, 0);
   const int64_t state0 = static_cast<int64_t>(bh) * D * D;
-  load_state_slice<D>(staging, p.initial_state ? p.initial_state + state0 : nullptr, col0);
+  load_state_slice<D, Slice>(staging, p.initial_state ? p.initial_state + state0 : nullptr, col0);
   __syncthreads();
-  StateFragments<T, D> state;
+  StateFragments<T, D, Slice> state;
   state.load(staging);
-  convert_tile<T, D, kSlice, kThreads>(s_bf, kLdSliceE, staging, kLdSliceF);
+  convert_tile<T, D, Slice, kThreads>(s_bf, SliceLd<Slice>::e, staging, SliceLd<Slice>::f);
   for (int i = 0; i < chunks; ++i) {
     const int s = i & 1;
     const ChunkPosition at(p, bh, i);
@@ -180,8 +191,8 @@ __global__ void __launch_bounds__(kThreads, 2) states_forward_kernel(GatedDeltaA
     const T* k_s = reinterpret_cast<const T*>(stage(s, L::k));
     const T* u0_s = reinterpret_cast<const T*>(stage(s, L::u0));
     const float* g = reinterpret_cast<const float*>(stage(s, L::g));
-    store_matrix<T, D, kSlice, kThreads>(static_cast<T*>(p.states) + at.state(D) + col0, D, s_bf,
-                                         kLdSliceE);
+    store_matrix<T, D, Slice, kThreads>(static_cast<T*>(p.states) + at.state(D) + col0, D, s_bf,
+                                        SliceLd<Slice>::e);
     if constexpr (PerKey) {
       if (threadIdx.x < kC) to_end[threadIdx.x] = 1.f;  // in the keys already
       if (threadIdx.x < D) row_decay[threadIdx.x] = __expf(g[threadIdx.x]);
@@ -189,30 +200,31 @@ __global__ void __launch_bounds__(kThreads, 2) states_forward_kernel(GatedDeltaA
       if (threadIdx.x < kC) to_end[threadIdx.x] = __expf(g[kC - 1] - g[threadIdx.x]);
       if (threadIdx.x == 0) row_decay[0] = __expf(g[kC - 1]);
     }
-    gemm<T, kWarps, false, false>(w_s, Ld<D>::e, s_bf, kLdSliceE, staging, kLdSliceF, kC, kSlice, D,
-                                  false);
+    gemm<T, kWarps, false, false>(w_s, Ld<D>::e, s_bf, SliceLd<Slice>::e, staging,
+                                  SliceLd<Slice>::f, kC, Slice, D, false);
     __syncthreads();
     T* u_out = static_cast<T*>(p.u) + at.tile(0, D) + col0;
-    for (int e = threadIdx.x; e < kC * kSlice; e += kThreads) {
-      const int r = e / kSlice, c = e % kSlice;
-      const float u = to_float(u0_s[r * kLdSliceE + c]) - staging[r * kLdSliceF + c];
+    for (int e = threadIdx.x; e < kC * Slice; e += kThreads) {
+      const int r = e / Slice, c = e % Slice;
+      const float u =
+          to_float(u0_s[r * SliceLd<Slice>::e + c]) - staging[r * SliceLd<Slice>::f + c];
       u_out[static_cast<int64_t>(r) * D + c] = from_float<T>(u);
-      us_bf[r * kLdSliceE + c] = from_float<T>(to_end[r] * u);
+      us_bf[r * SliceLd<Slice>::e + c] = from_float<T>(to_end[r] * u);
     }
     __syncthreads();
     // S_{i+1} = exp(G_C) S_i + K^T diag(exp(G_C - G)) u, in the registers.
-    state.template decay_and_add<PerKey>(row_decay, k_s, Ld<D>::e, us_bf, kLdSliceE, kC);
+    state.template decay_and_add<PerKey>(row_decay, k_s, Ld<D>::e, us_bf, SliceLd<Slice>::e, kC);
     state.store(staging);
     __syncthreads();
-    convert_tile<T, D, kSlice, kThreads>(s_bf, kLdSliceE, staging, kLdSliceF);
+    convert_tile<T, D, Slice, kThreads>(s_bf, SliceLd<Slice>::e, staging, SliceLd<Slice>::f);
   }
   __syncthreads();
-  store_state_slice<D>(p.final_state + state0, staging, col0);
+  store_state_slice<D, Slice>(p.final_state + state0, staging, col0);
 }
 
-template <typename T, int D, bool PerKey>
+template <typename T, int D, bool PerKey, int Slice>
 __global__ void __launch_bounds__(kThreads) states_backward_kernel(GatedDeltaArgs p) {
-  using L = BackwardLayout<D>;
+  using L = BackwardLayout<D, Slice>;
   extern __shared__ __align__(128) unsigned char raw[];
   float* staging = reinterpret_cast<float*>(raw + L::staging);  // dS, or K dS
   float* to_end = reinterpret_cast<float*>(raw + L::to_end);
@@ -220,7 +232,7 @@ __global__ void __launch_bounds__(kThreads) states_backward_kernel(GatedDeltaArg
   float* row_decay = reinterpret_cast<float*>(raw + L::row_decay);
   T* ds_bf = reinterpret_cast<T*>(raw + L::ds_bf);
   auto stage = [&](int s, size_t part) { return raw + L::stage0 + s * L::stage_bytes + part; };
-  const int bh = blockIdx.y, col0 = blockIdx.x * kSlice;
+  const int bh = blockIdx.y, col0 = blockIdx.x * Slice;
   const int chunks = gated_delta_chunks(p.tokens);
   const T* q = static_cast<const T*>(PerKey ? p.q_gated : p.q);
   const T* w = static_cast<const T*>(p.w);
@@ -242,22 +254,23 @@ __global__ void __launch_bounds__(kThreads) states_backward_kernel(GatedDeltaArg
                                       at.valid);
     }
     copy_rows_async<T, D, kThreads>(reinterpret_cast<T*>(stage(s, L::w)), Ld<D>::e, tile(w), kC);
-    copy_rows_async<T, kSlice, kThreads>(
-        reinterpret_cast<T*>(stage(s, L::d_out)), kLdSliceE,
+    copy_rows_async<T, Slice, kThreads>(
+        reinterpret_cast<T*>(stage(s, L::d_out)), SliceLd<Slice>::e,
         [&](int r) { return d_out + at.token(r, D, p.heads, p.tokens) + col0; }, at.valid);
-    copy_rows_async<float, kSlice, kThreads>(
-        reinterpret_cast<float*>(stage(s, L::du_local)), kLdSliceF,
+    copy_rows_async<float, Slice, kThreads>(
+        reinterpret_cast<float*>(stage(s, L::du_local)), SliceLd<Slice>::f,
         [&](int r) { return p.du_local + at.tile(r, D) + col0; }, kC);
     copy_gate_sums_async<PerKey, D>(reinterpret_cast<float*>(stage(s, L::g)), p, bh, chunks, i);
     copy_async_commit();
   };
   issue(chunks - 1, 0);
   const int64_t state0 = static_cast<int64_t>(bh) * D * D;
-  load_state_slice<D>(staging, p.final_state_grad ? p.final_state_grad + state0 : nullptr, col0);
+  load_state_slice<D, Slice>(staging, p.final_state_grad ? p.final_state_grad + state0 : nullptr,
+                             col0);
   __syncthreads();
-  StateFragments<T, D> grad;
+  StateFragments<T, D, Slice> grad;
   grad.load(staging);
-  convert_tile<T, D, kSlice, kThreads>(ds_bf, kLdSliceE, staging, kLdSliceF);
+  convert_tile<T, D, Slice, kThreads>(ds_bf, SliceLd<Slice>::e, staging, SliceLd<Slice>::f);
   for (int step = 0; step < chunks; ++step) {
     const int i = chunks - 1 - step, s = step & 1;
     const ChunkPosition at(p, bh, i);
@@ -274,8 +287,8 @@ __global__ void __launch_bounds__(kThreads) states_backward_kernel(GatedDeltaArg
     T* du_neg = reinterpret_cast<T*>(stage(s, L::du_neg));
     const float* du_local = reinterpret_cast<const float*>(stage(s, L::du_local));
     const float* g = reinterpret_cast<const float*>(stage(s, L::g));
-    store_matrix<T, D, kSlice, kThreads>(static_cast<T*>(p.state_grads) + at.state(D) + col0, D,
-                                         ds_bf, kLdSliceE);
+    store_matrix<T, D, Slice, kThreads>(static_cast<T*>(p.state_grads) + at.state(D) + col0, D,
+                                        ds_bf, SliceLd<Slice>::e);
     if constexpr (PerKey) {  // the decays are in the gated tiles; exp(G_C) by state row
       if (threadIdx.x < kC) {
         to_end[threadIdx.x] = 1.f;
@@ -289,61 +302,86 @@ __global__ void __launch_bounds__(kThreads) states_backward_kernel(GatedDeltaArg
       }
       if (threadIdx.x == 0) row_decay[0] = __expf(g[kC - 1]);
     }
-    gemm<T, kWarps, false, false>(k_s, Ld<D>::e, ds_bf, kLdSliceE, staging, kLdSliceF, kC, kSlice,
-                                  D, false);
+    gemm<T, kWarps, false, false>(k_s, Ld<D>::e, ds_bf, SliceLd<Slice>::e, staging,
+                                  SliceLd<Slice>::f, kC, Slice, D, false);
     __syncthreads();
     T* du_out = static_cast<T*>(p.du) + at.tile(0, D) + col0;
-    for (int e = threadIdx.x; e < kC * kSlice; e += kThreads) {
-      const int r = e / kSlice, c = e % kSlice;
-      const float du = du_local[r * kLdSliceF + c] + to_end[r] * staging[r * kLdSliceF + c];
+    for (int e = threadIdx.x; e < kC * Slice; e += kThreads) {
+      const int r = e / Slice, c = e % Slice;
+      const float du =
+          du_local[r * SliceLd<Slice>::f + c] + to_end[r] * staging[r * SliceLd<Slice>::f + c];
       du_out[static_cast<int64_t>(r) * D + c] = from_float<T>(du);
-      du_neg[r * kLdSliceE + c] = from_float<T>(-du);
-      T& x = do_s[r * kLdSliceE + c];
+      du_neg[r * SliceLd<Slice>::e + c] = from_float<T>(-du);
+      T& x = do_s[r * SliceLd<Slice>::e + c];
       x = from_float<T>(decay[r] * to_float(x));  // (exp(G) . Q)^T dO' as Q^T (scale exp(G) . dO)
     }
     __syncthreads();
     // dS_i = exp(G_C) dS_{i+1} + [Q ; W]^T [scale exp(G) . dO ; -du], in the registers.
-    grad.template decay_and_add<PerKey>(row_decay, q_s, Ld<D>::e, do_s, kLdSliceE, 2 * kC);
+    grad.template decay_and_add<PerKey>(row_decay, q_s, Ld<D>::e, do_s, SliceLd<Slice>::e, 2 * kC);
     grad.store(staging);
     __syncthreads();
-    convert_tile<T, D, kSlice, kThreads>(ds_bf, kLdSliceE, staging, kLdSliceF);
+    convert_tile<T, D, Slice, kThreads>(ds_bf, SliceLd<Slice>::e, staging, SliceLd<Slice>::f);
   }
   __syncthreads();
   if (p.initial_state_grad != nullptr) {
-    store_state_slice<D>(p.initial_state_grad + state0, staging, col0);
+    store_state_slice<D, Slice>(p.initial_state_grad + state0, staging, col0);
   }
 }
 
-template <typename T, int D>
-struct StatesForward {
-  static cudaError_t launch(const GatedDeltaArgs& a, cudaStream_t stream) {
-    const dim3 grid(D / kSlice, a.batch * a.heads);
-    return a.per_key_gate ? launch_pass(states_forward_kernel<T, D, true>, grid, kThreads,
-                                        ForwardLayout<D>::bytes, a, stream)
-                          : launch_pass(states_forward_kernel<T, D, false>, grid, kThreads,
-                                        ForwardLayout<D>::bytes, a, stream);
-  }
-};
+// 16-column slices where 32-column ones would fill fewer than half the GPU's SMs (D = 128 only:
+// at D = 64 a 16-column slice is too small to give every warp a tile). On the H200 at B*T =
+// 32,768, H = 8: T = 32,768 (32 CTAs) gated DeltaNet 5.33 -> 4.45 ms forward+backward, KDA 6.72
+// -> 5.79; at T = 8,192 (128 CTAs) 16 columns were slower (2.88 -> 3.09 ms).
+// MHLA_DELTA_STATE_SLICE=16|32 forces one.
+inline int state_slice(const GatedDeltaArgs& a) {
+  if (a.head_dim != 128) return 32;
+  if (const char* forced = std::getenv("MHLA_DELTA_STATE_SLICE"))
+    return std::atoi(forced) == 16 ? 16 : 32;
+  int device = 0, sms = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  return 2 * a.batch * a.heads * (a.head_dim / 32) < sms ? 16 : 32;
+}
 
-template <typename T, int D>
-struct StatesBackward {
-  static cudaError_t launch(const GatedDeltaArgs& a, cudaStream_t stream) {
-    const dim3 grid(D / kSlice, a.batch * a.heads);
-    return a.per_key_gate ? launch_pass(states_backward_kernel<T, D, true>, grid, kThreads,
-                                        BackwardLayout<D>::bytes, a, stream)
-                          : launch_pass(states_backward_kernel<T, D, false>, grid, kThreads,
-                                        BackwardLayout<D>::bytes, a, stream);
+template <typename T, int D, int Slice, bool Forward>
+cudaError_t launch_walk(const GatedDeltaArgs& a, cudaStream_t stream) {
+  const dim3 grid(D / Slice, a.batch * a.heads);
+  if constexpr (Forward) {
+    constexpr size_t bytes = ForwardLayout<D, Slice>::bytes;
+    return a.per_key_gate ? launch_pass(states_forward_kernel<T, D, true, Slice>, grid, kThreads,
+                                        bytes, a, stream)
+                          : launch_pass(states_forward_kernel<T, D, false, Slice>, grid, kThreads,
+                                        bytes, a, stream);
+  } else {
+    constexpr size_t bytes = BackwardLayout<D, Slice>::bytes;
+    return a.per_key_gate ? launch_pass(states_backward_kernel<T, D, true, Slice>, grid, kThreads,
+                                        bytes, a, stream)
+                          : launch_pass(states_backward_kernel<T, D, false, Slice>, grid, kThreads,
+                                        bytes, a, stream);
   }
+}
+
+template <bool Forward>
+struct Walk {
+  template <typename T, int D>
+  struct Pass {
+    static cudaError_t launch(const GatedDeltaArgs& a, cudaStream_t stream) {
+      if constexpr (D == 128) {
+        if (state_slice(a) == 16) return launch_walk<T, D, 16, Forward>(a, stream);
+      }
+      return launch_walk<T, D, 32, Forward>(a, stream);
+    }
+  };
 };
 
 }  // namespace
 
 cudaError_t run_states_forward(const GatedDeltaArgs& a, cudaStream_t stream) {
-  return dispatch<StatesForward>(a, stream);
+  return dispatch<Walk<true>::Pass>(a, stream);
 }
 
 cudaError_t run_states_backward(const GatedDeltaArgs& a, cudaStream_t stream) {
-  return dispatch<StatesBackward>(a, stream);
+  return dispatch<Walk<false>::Pass>(a, stream);
 }
 
 }  // namespace gated_delta

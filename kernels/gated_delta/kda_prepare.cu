@@ -13,7 +13,7 @@ namespace mhla_kernels {
 namespace gated_delta {
 namespace {
 
-constexpr int kThreads = 512;
+constexpr int kThreads = 1024;  // 32 warps: the elementwise phases are latency-bound
 constexpr int kWarps = kThreads / 32;
 
 template <int D>
