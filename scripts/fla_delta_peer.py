@@ -3,7 +3,7 @@
 peer script's own functions and inputs (../shared/bench/peers_attention.py, staged in
 .gpu_stage/bench), as its `lm` mode times them, without first compiling fla's other kernels.
 One JSON line per shape and op, kind "lm".
-Usage: fla_delta_peer.py [--kda]   (fla importable: source scripts/gpu_fla_env.sh)"""
+Usage: fla_delta_peer.py [--kda | --kda-only]   (fla importable: source scripts/gpu_fla_env.sh)"""
 import os
 import sys
 
@@ -16,8 +16,9 @@ import fla.ops.common.chunk_o as _chunk_o  # noqa: E402
 
 _chunk_o.TRITON_ABOVE_3_7_1 = True  # timing only, as the peer script does (see its docstring)
 
-ops = [("fla_chunk_gated_delta_rule", lambda q, k, v, g, b: chunk_gated_delta_rule(q, k, v, g, b)[0], False)]
-if "--kda" in sys.argv:
+ops = [] if "--kda-only" in sys.argv else [
+    ("fla_chunk_gated_delta_rule", lambda q, k, v, g, b: chunk_gated_delta_rule(q, k, v, g, b)[0], False)]
+if "--kda" in sys.argv or "--kda-only" in sys.argv:
     from fla.ops.kda import chunk_kda  # noqa: E402
     ops.append(("fla_chunk_kda", lambda q, k, v, g, b: chunk_kda(q, k, v, g, b)[0], True))
 

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The fused gated DeltaNet and KDA kernels in one device call: every [gpu] test, memcheck of
+# forward+backward on small odd shapes, our forward+backward at the LM shapes, the GPT table's
+# KDA and gated-DeltaNet rows (configs/gpt_austen_kjv.yaml), then fla's chunk_gated_delta_rule
+# and (bounded by KDA_PEER_TIMEOUT, default 150 s: Triton compiles and autotunes it on a fresh
+# machine) chunk_kda at the same shapes. Carry .gpu_stage (gzipped binaries,
+# triton_cache.tgz), .whl and data/text; run after `source scripts/gpu_env.sh`. Results in
+# $OUT/kda.tgz (with Triton's cache packed back).
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; V=$OUT/kda; mkdir -p "$V"
+bin=${MHLA_BIN:-build-gpu/mhla}; tests=${MHLA_TESTS_BIN:-build-gpu/tests/mhla_tests}
+if [ -z "${SKIP_TESTS:-}" ]; then
+  timeout 240 "$tests" "[gpu]" > "$V/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?"; tail -3 "$V/gpu_tests.log"
+  grep -B3 -A12 FAILED "$V/gpu_tests.log" | head -60
+  for s in 1,2,200,64 2,1,130,128; do
+    for op in kda gated_deltanet; do
+      log="$V/memcheck_${op}_${s//,/_}.log"
+      timeout 120 compute-sanitizer --tool memcheck "$bin" bench attention --op $op --causal \
+        --backend cuda --shape $s --warmup 0 --iters 1 > "$log" 2>&1
+      echo "memcheck $op $s rc=$?: $(grep -E 'ERROR SUMMARY' "$log")"
+    done
+  done
+fi
+for op in kda gated_deltanet; do
+  timeout 100 "$bin" bench attention --op $op --causal --backend cuda --shape 16,8,2048,128 \
+    --shape 4,8,8192,128 --shape 1,8,32768,128 --warmup 3 --iters 10 2>> "$V/bench.err" |
+    grep '^{' | tee -a "$V/ours_lm.jsonl"
+done
+if [ -z "${SKIP_GPT:-}" ]; then
+  for op in kda gated_deltanet; do
+    timeout 200 "$bin" train configs/gpt_austen_kjv.yaml --set attention.type=$op \
+      --set run.name=gpt_$op > "$V/gpt_$op.log" 2>&1
+    echo "gpt $op rc=$?: $(grep -E 'done:' "$V/gpt_$op.log")"
+    tail -3 "$V/gpt_$op.log"
+    cp "runs/gpt_$op/metrics.jsonl" "$V/gpt_${op}_metrics.jsonl" 2>/dev/null
+  done
+fi
+source scripts/gpu_fla_env.sh
+timeout 150 python3 scripts/fla_delta_peer.py 2> "$V/peer.err" | grep '^{' | tee "$V/peers_lm.jsonl"
+timeout ${KDA_PEER_TIMEOUT:-150} python3 scripts/fla_delta_peer.py --kda-only 2>> "$V/peer.err" |
+  grep '^{' | tee -a "$V/peers_lm.jsonl"
+tail -3 "$V/peer.err"
+tar czf "$V/triton_cache.tgz" -C "$TRITON_CACHE_DIR" . 2>/dev/null
+tar czf "$OUT/kda.tgz" -C "$OUT" kda
