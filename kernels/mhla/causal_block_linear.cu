@@ -15,6 +15,16 @@ namespace {
 using namespace tiles;
 
 constexpr int kC = kCausalBlockTokens;
+// 16 warps per CTA: the token passes hold one 64-token block per CTA at one CTA per SM, so their
+// loads and products only overlap across warps (at T = 2,048, B*T = 32,768, D = 128, 256 -> 512
+// threads took causal linear attention from 2.16 to 1.92 ms forward+backward, MHLA from 2.60
+// to 2.33; the bidirectional kernels were slower with 512 and keep tiles::kThreads).
+constexpr int kCausalThreads = 512;
+constexpr int kCausalWarps = kCausalThreads / 32;
+// The prefix sweeps (one state element per thread, a window of states per thread in shared
+// memory or registers) keep 256 threads.
+constexpr int kSweepThreads = 256;
+constexpr int kSweepWarps = kSweepThreads / 32;
 constexpr size_t kMaxSharedBytes = 227 * 1024;  // tokens per block (== kTile: one tile per block)
 constexpr int kLdScore = kC + 4;                // fp32 64 x 64 tiles
 constexpr int kLdScoreE = kC + 8;               // 64 x 64 tiles of tensor-core elements
@@ -24,7 +34,7 @@ static_assert(kC == kTile, "one shared-memory tile per causal block");
 template <typename T, bool TransA, bool TransB>
 __device__ void gemm(const typename Mma<T>::elem* a, int lda, const typename Mma<T>::elem* b,
                      int ldb, float* c, int ldc, int m, int n, int k, bool accumulate) {
-  wmma_tiles::gemm<T, kWarps, TransA, TransB>(a, lda, b, ldb, c, ldc, m, n, k, accumulate);
+  wmma_tiles::gemm<T, kCausalWarps, TransA, TransB>(a, lda, b, ldb, c, ldc, m, n, k, accumulate);
 }
 
 __host__ __device__ constexpr int blocks_of(int tokens) {
@@ -63,7 +73,7 @@ struct RowWeights {
 
 __device__ __forceinline__ void stage_mixing(const CausalWeights& mix, float* ms) {
   if (mix.m == nullptr) return;
-  for (int i = threadIdx.x; i < mix.M * mix.M; i += kThreads) ms[i] = mix.m[i];
+  for (int i = threadIdx.x; i < mix.M * mix.M; i += kSweepThreads) ms[i] = mix.m[i];
 }
 
 struct BlockWork {  // one 64-token block of one (batch, head)
@@ -106,29 +116,29 @@ struct SharedCursor {
 
 template <typename T, int D>
 __host__ __device__ constexpr size_t states_smem() {
-  using L = Layout<T, D>;
+  using L = Layout<T, D, kCausalThreads>;
   return 2 * align128(kC * L::lde * sizeof(typename Mma<T>::elem));
 }
 
 // S_j = phi(K_j)^T [V_j, 1] for one block.
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) states_kernel(CausalBlockLinearForward p) {
-  using L = Layout<T, D>;
+__global__ void __launch_bounds__(kCausalThreads) states_kernel(CausalBlockLinearForward p) {
+  using L = Layout<T, D, kCausalThreads>;
   using E = typename Mma<T>::elem;
   extern __shared__ __align__(128) unsigned char smem[];
   SharedCursor cursor{smem};
   E* kf = cursor.take<E>(kC * L::lde);
   E* vt = cursor.take<E>(kC * L::lde);
   const BlockWork w = block_work(p.shape);
-  load_features<T, D>(p.k, w.b, w.h, w.begin, w.valid, kC, kf, nullptr);
-  load_plain<T, D>(p.v, w.b, w.h, w.begin, w.valid, kC, vt);
+  load_features<T, D, kCausalThreads>(p.k, w.b, w.h, w.begin, w.valid, kC, kf, nullptr);
+  load_plain<T, D, kCausalThreads>(p.v, w.b, w.h, w.begin, w.valid, kC, vt);
   __syncthreads();
   FragC<T> acc[L::frags_per_warp];
 #pragma unroll
   for (int u = 0; u < L::frags_per_warp; ++u) wmma::fill_fragment(acc[u], 0.f);
-  accumulate_at_b<T, D>(acc, kf, vt, kC);
+  accumulate_at_b<T, D, kCausalThreads>(acc, kf, vt, kC);
   float* state = p.states + state_offset(w, blocks_of(p.shape.tokens), L::state);
-  write_state<T, D>(acc, state, /*atomic=*/false, nullptr);
+  write_state<T, D, kCausalThreads>(acc, state, /*atomic=*/false, nullptr);
   if (threadIdx.x < D) {
     float z = 0.f;
     for (int r = 0; r < w.valid; ++r) z += to_float(kf[r * L::lde + threadIdx.x]);
@@ -139,15 +149,15 @@ __global__ void __launch_bounds__(kThreads) states_kernel(CausalBlockLinearForwa
 // P_i = sum_{d=1}^{min(i, W)} w(i, i-d) S_{i-d} + [i >= M] tail * R, R = sum_{j <= i-M} S_j, for
 // one state element per thread. The last W states sit in a per-thread shared-memory ring (slot
 // j % W), R in a register: each state is read once and each prefix written once.
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kSweepThreads)
     prefix_kernel(const float* states, float* prefix, CausalWeights mix, int blocks, int state) {
   extern __shared__ __align__(128) float shared[];
   const int W = mix.window(), M = W + 1, t = threadIdx.x;
   float* ms = shared;            // [M][M]
-  float* ring = shared + M * M;  // [W][kThreads]
+  float* ring = shared + M * M;  // [W][kSweepThreads]
   stage_mixing(mix, ms);
   __syncthreads();
-  const int e = blockIdx.x * kThreads + t;
+  const int e = blockIdx.x * kSweepThreads + t;
   if (e >= state) return;  // the ring is per thread: no barrier below
   const RowWeights weights{ms, M};
   const size_t base = static_cast<size_t>(blockIdx.y) * blocks * state + e;
@@ -161,14 +171,14 @@ __global__ void __launch_bounds__(kThreads)
     const float* w = weights.row(i);
     int slot = reach > 0 ? (i - 1) % W : 0;
     for (int d = 1; d <= reach; ++d) {
-      p += w[-d] * ring[slot * kThreads + t];
+      p += w[-d] * ring[slot * kSweepThreads + t];
       slot = slot == 0 ? W - 1 : slot - 1;
     }
     prefix[base + static_cast<size_t>(i) * state] = p;
     if (W == 0) {
       r += s;
     } else {
-      const int at = (i % W) * kThreads + t;
+      const int at = (i % W) * kSweepThreads + t;
       if (i >= W) r += ring[at];  // S_{i-W} leaves the window
       ring[at] = s;
     }
@@ -180,14 +190,14 @@ __global__ void __launch_bounds__(kThreads)
 // states and the sliding row's weights sit in registers instead of a shared-memory ring, whose
 // two shared-memory reads per product were the generic sweep's cost.
 template <int W>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kSweepThreads)
     prefix_window_kernel(const float* states, float* prefix, CausalWeights mix, int blocks,
                          int state) {
   constexpr int M = W + 1;
   __shared__ float ms[M * M];
-  for (int i = threadIdx.x; i < M * M; i += kThreads) ms[i] = mix.m[i];
+  for (int i = threadIdx.x; i < M * M; i += kSweepThreads) ms[i] = mix.m[i];
   __syncthreads();
-  const int e = blockIdx.x * kThreads + threadIdx.x;
+  const int e = blockIdx.x * kSweepThreads + threadIdx.x;
   if (e >= state) return;
   float c[W + 1];  // c[d] = w(i, i - d) of the sliding rows i >= M
 #pragma unroll
@@ -223,7 +233,7 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename T, int D>
 __host__ __device__ constexpr size_t output_smem() {
-  using L = Layout<T, D>;
+  using L = Layout<T, D, kCausalThreads>;
   using E = typename Mma<T>::elem;
   return align128(D * L::lde * sizeof(E)) + 3 * align128(kC * L::lde * sizeof(E)) +
          align128(kC * L::ldf * 4) + align128(kC * kLdScore * 4) +
@@ -235,9 +245,9 @@ __host__ __device__ constexpr size_t output_smem() {
 template <typename T, int D>
 __device__ void denominators(const float* scores, const typename Mma<T>::elem* qf, const float* z,
                              float diagonal_weight, float* den) {
-  using L = Layout<T, D>;
+  using L = Layout<T, D, kCausalThreads>;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int r = warp; r < kC; r += kWarps) {
+  for (int r = warp; r < kC; r += kCausalWarps) {
     float sum = 0.f;
     for (int s = lane; s <= r; s += 32) sum += scores[r * kLdScore + s];
     sum *= diagonal_weight;
@@ -248,8 +258,8 @@ __device__ void denominators(const float* scores, const typename Mma<T>::elem* q
 }
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) output_kernel(CausalBlockLinearForward p) {
-  using L = Layout<T, D>;
+__global__ void __launch_bounds__(kCausalThreads) output_kernel(CausalBlockLinearForward p) {
+  using L = Layout<T, D, kCausalThreads>;
   using E = typename Mma<T>::elem;
   extern __shared__ __align__(128) unsigned char smem[];
   SharedCursor cursor{smem};
@@ -268,11 +278,11 @@ __global__ void __launch_bounds__(kThreads) output_kernel(CausalBlockLinearForwa
   const float diagonal_weight = mix.at(w.block, w.block);
   // Every load of the block (q, k, v rows and the prefix state) is in flight before the first
   // is used: one global-memory latency per CTA.
-  TileRows<T, D> q_rows, k_rows, v_rows;
+  TileRows<T, D, kCausalThreads> q_rows, k_rows, v_rows;
   q_rows.load(p.q, w.b, w.h, w.begin, w.valid, kC);
   k_rows.load(p.k, w.b, w.h, w.begin, w.valid, kC);
   v_rows.load(p.v, w.b, w.h, w.begin, w.valid, kC);
-  load_state<T, D>(p.prefix + state_offset(w, blocks, L::state), prefix, z);
+  load_state<T, D, kCausalThreads>(p.prefix + state_offset(w, blocks, L::state), prefix, z);
   q_rows.store_features(w.valid, kC, qf, nullptr);
   k_rows.store_features(w.valid, kC, kf, nullptr);
   v_rows.store_plain(kC, vt);
@@ -280,7 +290,7 @@ __global__ void __launch_bounds__(kThreads) output_kernel(CausalBlockLinearForwa
   gemm<T, false, false>(qf, L::lde, prefix, L::lde, numerator, L::ldf, kC, D, D, false);
   gemm<T, false, true>(qf, L::lde, kf, L::lde, scores, kLdScore, kC, kC, D, false);
   __syncthreads();
-  for (int i = threadIdx.x; i < kC * kC; i += kThreads) {
+  for (int i = threadIdx.x; i < kC * kC; i += kCausalThreads) {
     const int r = i / kC, s = i % kC;
     masked[r * kLdScoreE + s] =
         from_float<E>(s <= r ? diagonal_weight * scores[r * kLdScore + s] : 0.f);
@@ -305,19 +315,20 @@ __global__ void __launch_bounds__(kThreads) output_kernel(CausalBlockLinearForwa
 
 template <typename T, int D>
 __host__ __device__ constexpr size_t query_backward_smem() {
-  using L = Layout<T, D>;
+  using L = Layout<T, D, kCausalThreads>;
   using E = typename Mma<T>::elem;
   return align128(D * L::lde * sizeof(E)) + 4 * align128(kC * L::lde * sizeof(E)) +
          align128(kC * L::ldf * 4) + 2 * align128(kC * kLdScore * 4) +
          2 * align128(kC * kLdScoreE * sizeof(E)) + align128(D * 4) + 3 * align128(kC * 4) +
-         align128(kWarps * 4);
+         align128(kCausalWarps * 4);
 }
 
 // For one block i: dq; dP_i = phi(Q)^T [dO / den, dden]; the intra-block parts of d(phi(k)) and
 // dv, written into grad_k and grad_v for the key pass to complete; and dm_ii.
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) query_backward_kernel(CausalBlockLinearBackward p) {
-  using L = Layout<T, D>;
+__global__ void __launch_bounds__(kCausalThreads)
+    query_backward_kernel(CausalBlockLinearBackward p) {
+  using L = Layout<T, D, kCausalThreads>;
   using E = typename Mma<T>::elem;
   extern __shared__ __align__(128) unsigned char smem[];
   SharedCursor cursor{smem};
@@ -335,7 +346,7 @@ __global__ void __launch_bounds__(kThreads) query_backward_kernel(CausalBlockLin
   float* inv_rms = cursor.take<float>(kC);
   float* den = cursor.take<float>(kC);
   float* dden = cursor.take<float>(kC);
-  float* warp_partial = cursor.take<float>(kWarps);
+  float* warp_partial = cursor.take<float>(kCausalWarps);
   const BlockWork w = block_work(p.shape);
   const int blocks = blocks_of(p.shape.tokens);
   const CausalWeights mix{p.mixing, p.shape.mixing_blocks};
@@ -343,19 +354,19 @@ __global__ void __launch_bounds__(kThreads) query_backward_kernel(CausalBlockLin
   const size_t offset = state_offset(w, blocks, L::state);
   // q, k, v rows and the prefix in flight together; q's raw rows stay in registers for the
   // feature backward at the end.
-  TileRows<T, D> q_rows;
+  TileRows<T, D, kCausalThreads> q_rows;
   {
-    TileRows<T, D> k_rows, v_rows;
+    TileRows<T, D, kCausalThreads> k_rows, v_rows;
     q_rows.load(p.q, w.b, w.h, w.begin, w.valid, kC);
     k_rows.load(p.k, w.b, w.h, w.begin, w.valid, kC);
     v_rows.load(p.v, w.b, w.h, w.begin, w.valid, kC);
-    load_state<T, D>(p.prefix + offset, prefix, z);
+    load_state<T, D, kCausalThreads>(p.prefix + offset, prefix, z);
     q_rows.store_features(w.valid, kC, qf, inv_rms);
     k_rows.store_features(w.valid, kC, kf, nullptr);
     v_rows.store_plain(kC, vt);
   }
   // dO and o rows: issued here, used after the scores product and the denominators.
-  TileRows<T, D> go_rows, o_rows;
+  TileRows<T, D, kCausalThreads> go_rows, o_rows;
   go_rows.load(p.grad_out, w.b, w.h, w.begin, w.valid, kC);
   o_rows.load(p.out, w.b, w.h, w.begin, w.valid, kC);
   __syncthreads();
@@ -366,8 +377,8 @@ __global__ void __launch_bounds__(kThreads) query_backward_kernel(CausalBlockLin
   // d(numerator) = dO / den; d(den) = -(dO . o) / den.
   const int lane = threadIdx.x % L::lanes;
 #pragma unroll
-  for (int pass = 0; pass < TileRows<T, D>::passes; ++pass) {
-    const int r = TileRows<T, D>::row(pass);
+  for (int pass = 0; pass < TileRows<T, D, kCausalThreads>::passes; ++pass) {
+    const int r = TileRows<T, D, kCausalThreads>::row(pass);
     if (r >= kC) break;
     float go[L::vec], o[L::vec];
     float dot = 0.f;
@@ -394,7 +405,7 @@ __global__ void __launch_bounds__(kThreads) query_backward_kernel(CausalBlockLin
   __syncthreads();
   // g' = dnum . v_s + dden_t on the causal mask; dm_ii = sum g' * (phi(q_t) . phi(k_s)).
   float diagonal_grad = 0.f;
-  for (int i = threadIdx.x; i < kC * kC; i += kThreads) {
+  for (int i = threadIdx.x; i < kC * kC; i += kCausalThreads) {
     const int r = i / kC, s = i % kC;
     const bool on = s <= r;
     const float gr = on ? g[r * kLdScore + s] + dden[r] : 0.f;
@@ -408,7 +419,7 @@ __global__ void __launch_bounds__(kThreads) query_backward_kernel(CausalBlockLin
   __syncthreads();
   if (threadIdx.x == 0 && p.mixing != nullptr) {
     float sum = 0.f;
-    for (int i = 0; i < kWarps; ++i) sum += warp_partial[i];
+    for (int i = 0; i < kCausalWarps; ++i) sum += warp_partial[i];
     atomicAdd(p.grad_mixing + mix.diagonal_index(w.block), sum);
   }
   // d(phi(q)) = dnum P^T + dden z^T (below) + g'_masked phi(K).
@@ -419,8 +430,8 @@ __global__ void __launch_bounds__(kThreads) query_backward_kernel(CausalBlockLin
     FragC<T> acc[L::frags_per_warp];
 #pragma unroll
     for (int u = 0; u < L::frags_per_warp; ++u) wmma::fill_fragment(acc[u], 0.f);
-    accumulate_at_b<T, D>(acc, qf, dnum, kC);
-    write_state<T, D>(acc, p.grad_prefix + offset, /*atomic=*/false, nullptr);
+    accumulate_at_b<T, D, kCausalThreads>(acc, qf, dnum, kC);
+    write_state<T, D, kCausalThreads>(acc, p.grad_prefix + offset, /*atomic=*/false, nullptr);
     if (threadIdx.x < D) {
       float dz = 0.f;
       for (int r = 0; r < w.valid; ++r) dz += to_float(qf[r * L::lde + threadIdx.x]) * dden[r];
@@ -431,8 +442,8 @@ __global__ void __launch_bounds__(kThreads) query_backward_kernel(CausalBlockLin
   T* grad_q = static_cast<T*>(p.grad_q);
   // Whole warps run the row loop (feature_backward shuffles across a row's lanes).
 #pragma unroll
-  for (int pass = 0; pass < TileRows<T, D>::passes; ++pass) {
-    const int r = TileRows<T, D>::row(pass);
+  for (int pass = 0; pass < TileRows<T, D, kCausalThreads>::passes; ++pass) {
+    const int r = TileRows<T, D, kCausalThreads>::row(pass);
     if (r >= kC) break;
     float x[L::vec], gq[L::vec];
     const bool live = r < w.valid;
@@ -443,7 +454,7 @@ __global__ void __launch_bounds__(kThreads) query_backward_kernel(CausalBlockLin
       if (!live) x[i] = 0.f;
       gq[i] = live ? dphi[r * L::ldf + d] + dden[r] * z[d] : 0.f;
     }
-    feature_backward<T, D>(x, live ? inv_rms[r] : 0.f, gq);
+    feature_backward<T, D, kCausalThreads>(x, live ? inv_rms[r] : 0.f, gq);
     if (live) store_vector<T, D>(grad_q + out_row(p.shape, w, r) * D + lane * L::vec, gq);
   }
   __syncthreads();
@@ -469,26 +480,26 @@ __global__ void __launch_bounds__(kThreads) query_backward_kernel(CausalBlockLin
 // grad_mixing once per CTA. The rows inside the trained length are the caller's (a GEMM over the
 // states: dm_ij += sum <dP_i, S_j> for j < i < M). Loads of the next block are issued before the
 // current one is used: the sweeps are latency-bound otherwise.
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kSweepThreads)
     prefix_backward_kernel(const float* states, const float* grad_prefix, float* grad_states,
                            float* grad_mixing, CausalWeights mix, int batch_heads, int blocks,
                            int state) {
   extern __shared__ __align__(128) float shared[];
   const int W = mix.window(), M = W + 1, t = threadIdx.x, lane = t % 32;
-  float* ms = shared;                            // [M][M]: the mixing matrix
-  float* ring = ms + M * M;                      // [max(W, 1)][kThreads]
-  float* sliding = ring + max(W, 1) * kThreads;  // [M][kThreads]
-  float* dm_row = sliding + M * kThreads;        // [M]: this CTA's sum for row M - 1
+  float* ms = shared;                                 // [M][M]: the mixing matrix
+  float* ring = ms + M * M;                           // [max(W, 1)][kSweepThreads]
+  float* sliding = ring + max(W, 1) * kSweepThreads;  // [M][kSweepThreads]
+  float* dm_row = sliding + M * kSweepThreads;        // [M]: this CTA's sum for row M - 1
   stage_mixing(mix, ms);
   const RowWeights weights{ms, M};
   const bool slides = mix.m != nullptr && blocks > M;
-  for (int k = t; k < M; k += kThreads) dm_row[k] = 0.f;
-  for (int k = 0; k < M; ++k) sliding[k * kThreads + t] = 0.f;
+  for (int k = t; k < M; k += kSweepThreads) dm_row[k] = 0.f;
+  for (int k = 0; k < M; ++k) sliding[k * kSweepThreads + t] = 0.f;
   __syncthreads();
   const float tail = mix.tail();
-  const int columns = (state + kThreads - 1) / kThreads;
+  const int columns = (state + kSweepThreads - 1) / kSweepThreads;
   for (int item = blockIdx.x; item < batch_heads * columns; item += gridDim.x) {
-    const int e = (item % columns) * kThreads + t;
+    const int e = (item % columns) * kSweepThreads + t;
     const bool live = e < state;
     const size_t base = static_cast<size_t>(item / columns) * blocks * state + (live ? e : 0);
     auto load = [&](const float* p, int i) {
@@ -501,7 +512,7 @@ __global__ void __launch_bounds__(kThreads)
         if (i >= M) {
           int slot = W > 0 ? (i - 1) % W : 0;
           for (int d = 1; d <= W; ++d) {
-            sliding[(M - 1 - d) * kThreads + t] += x * ring[slot * kThreads + t];
+            sliding[(M - 1 - d) * kSweepThreads + t] += x * ring[slot * kSweepThreads + t];
             slot = slot == 0 ? W - 1 : slot - 1;
           }
           sliding[t] += x * r;
@@ -509,7 +520,7 @@ __global__ void __launch_bounds__(kThreads)
         if (W == 0) {
           r += s;
         } else {
-          const int at = (i % W) * kThreads + t;
+          const int at = (i % W) * kSweepThreads + t;
           if (i >= W) r += ring[at];
           ring[at] = s;
         }
@@ -525,14 +536,14 @@ __global__ void __launch_bounds__(kThreads)
       float g = tail * u;
       int slot = reach > 0 ? (j + 1) % W : 0;
       for (int d = 1; d <= reach; ++d) {
-        g += weights.row(j + d)[-d] * ring[slot * kThreads + t];
+        g += weights.row(j + d)[-d] * ring[slot * kSweepThreads + t];
         slot = slot == W - 1 ? 0 : slot + 1;
       }
       if (live) grad_states[base + static_cast<size_t>(j) * state] = g;
       if (W == 0) {
         u += x;
       } else {
-        const int at = (j % W) * kThreads + t;
+        const int at = (j % W) * kSweepThreads + t;
         if (j + W <= blocks - 1) u += ring[at];  // dP_{j+W} leaves the window
         ring[at] = x;
       }
@@ -541,27 +552,27 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (!slides) return;
   for (int k = 0; k < M; ++k) {
-    const float v = warp_sum(sliding[k * kThreads + t]);
+    const float v = warp_sum(sliding[k * kSweepThreads + t]);
     if (lane == 0) atomicAdd(dm_row + k, v);
   }
   __syncthreads();
-  for (int k = t; k < M; k += kThreads) atomicAdd(grad_mixing + (M - 1) * M + k, dm_row[k]);
+  for (int k = t; k < M; k += kSweepThreads) atomicAdd(grad_mixing + (M - 1) * M + k, dm_row[k]);
 }
 
 // prefix_backward_kernel with the window W a compile-time constant (see prefix_window_kernel):
 // the window of states or prefix gradients, the sliding row's weights and its gradient sums all
 // in registers.
 template <int W>
-__global__ void __launch_bounds__(kThreads)
-    prefix_window_backward_kernel(const float* states, const float* grad_prefix,
-                                  float* grad_states, float* grad_mixing, CausalWeights mix,
-                                  int batch_heads, int blocks, int state) {
+__global__ void __launch_bounds__(kSweepThreads)
+    prefix_window_backward_kernel(const float* states, const float* grad_prefix, float* grad_states,
+                                  float* grad_mixing, CausalWeights mix, int batch_heads,
+                                  int blocks, int state) {
   constexpr int M = W + 1;
   __shared__ float ms[M * M];
   __shared__ float dm_row[M];
   const int t = threadIdx.x, lane = t % 32;
-  for (int i = t; i < M * M; i += kThreads) ms[i] = mix.m[i];
-  for (int k = t; k < M; k += kThreads) dm_row[k] = 0.f;
+  for (int i = t; i < M * M; i += kSweepThreads) ms[i] = mix.m[i];
+  for (int k = t; k < M; k += kSweepThreads) dm_row[k] = 0.f;
   __syncthreads();
   float c[W + 1];
 #pragma unroll
@@ -571,9 +582,9 @@ __global__ void __launch_bounds__(kThreads)
   float sliding[M];  // this thread's share of dm_{M-1, k}
 #pragma unroll
   for (int k = 0; k < M; ++k) sliding[k] = 0.f;
-  const int columns = (state + kThreads - 1) / kThreads;
+  const int columns = (state + kSweepThreads - 1) / kSweepThreads;
   for (int item = blockIdx.x; item < batch_heads * columns; item += gridDim.x) {
-    const int e = (item % columns) * kThreads + t;
+    const int e = (item % columns) * kSweepThreads + t;
     const bool live = e < state;
     const size_t base = static_cast<size_t>(item / columns) * blocks * state + (live ? e : 0);
     auto load = [&](const float* p, int i) {
@@ -626,12 +637,12 @@ __global__ void __launch_bounds__(kThreads)
     if (lane == 0) atomicAdd(dm_row + k, v);
   }
   __syncthreads();
-  for (int k = t; k < M; k += kThreads) atomicAdd(grad_mixing + (M - 1) * M + k, dm_row[k]);
+  for (int k = t; k < M; k += kSweepThreads) atomicAdd(grad_mixing + (M - 1) * M + k, dm_row[k]);
 }
 
 template <typename T, int D>
 __host__ __device__ constexpr size_t key_backward_smem() {
-  using L = Layout<T, D>;
+  using L = Layout<T, D, kCausalThreads>;
   using E = typename Mma<T>::elem;
   return align128(D * L::lde * sizeof(E)) + 2 * align128(kC * L::lde * sizeof(E)) +
          2 * align128(kC * L::ldf * 4) + align128(D * 4) + align128(kC * 4);
@@ -640,8 +651,8 @@ __host__ __device__ constexpr size_t key_backward_smem() {
 // dk and dv of one block: V dS_j^T + dz_j and phi(K) dS_j, plus the intra-block parts the query
 // pass left in grad_k (before the feature backward) and grad_v.
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) key_backward_kernel(CausalBlockLinearBackward p) {
-  using L = Layout<T, D>;
+__global__ void __launch_bounds__(kCausalThreads) key_backward_kernel(CausalBlockLinearBackward p) {
+  using L = Layout<T, D, kCausalThreads>;
   using E = typename Mma<T>::elem;
   extern __shared__ __align__(128) unsigned char smem[];
   SharedCursor cursor{smem};
@@ -655,29 +666,29 @@ __global__ void __launch_bounds__(kThreads) key_backward_kernel(CausalBlockLinea
   const BlockWork w = block_work(p.shape);
   const int blocks = blocks_of(p.shape.tokens);
   // k, v rows and dS in flight together; k's raw rows stay for the feature backward.
-  TileRows<T, D> k_rows;
+  TileRows<T, D, kCausalThreads> k_rows;
   {
-    TileRows<T, D> v_rows;
+    TileRows<T, D, kCausalThreads> v_rows;
     k_rows.load(p.k, w.b, w.h, w.begin, w.valid, kC);
     v_rows.load(p.v, w.b, w.h, w.begin, w.valid, kC);
-    load_state<T, D>(p.grad_states + state_offset(w, blocks, L::state), ds, dz);
+    load_state<T, D, kCausalThreads>(p.grad_states + state_offset(w, blocks, L::state), ds, dz);
     k_rows.store_features(w.valid, kC, kf, inv_rms);
     v_rows.store_plain(kC, vt);
   }
   T* grad_k = static_cast<T*>(p.grad_k);
   T* grad_v = static_cast<T*>(p.grad_v);
   // The query pass's intra-block parts of dk and dv: issued here, used after the products.
-  TileRows<T, D> dk_part, dv_part;
+  TileRows<T, D, kCausalThreads> dk_part, dv_part;
   dk_part.load_contiguous(grad_k, p.shape.tokens, p.shape.heads, w.b, w.h, w.begin, w.valid);
   dv_part.load_contiguous(grad_v, p.shape.tokens, p.shape.heads, w.b, w.h, w.begin, w.valid);
   __syncthreads();
-  multiply_tile<T, D, true>(vt, ds, dphi, kC);  // d(phi(k)) = V dS^T (+ dz below)
-  multiply_tile<T, D, false>(kf, ds, dv, kC);   // dV = phi(K) dS
+  multiply_tile<T, D, true, kCausalThreads>(vt, ds, dphi, kC);  // d(phi(k)) = V dS^T (+ dz below)
+  multiply_tile<T, D, false, kCausalThreads>(kf, ds, dv, kC);   // dV = phi(K) dS
   __syncthreads();
   const int lane = threadIdx.x % L::lanes;
 #pragma unroll
-  for (int pass = 0; pass < TileRows<T, D>::passes; ++pass) {  // whole warps
-    const int r = TileRows<T, D>::row(pass);
+  for (int pass = 0; pass < TileRows<T, D, kCausalThreads>::passes; ++pass) {  // whole warps
+    const int r = TileRows<T, D, kCausalThreads>::row(pass);
     if (r >= kC) break;
     float x[L::vec], g[L::vec], part[L::vec];
     const bool live = r < w.valid;
@@ -696,7 +707,7 @@ __global__ void __launch_bounds__(kThreads) key_backward_kernel(CausalBlockLinea
       if (!live) x[i] = 0.f;
       g[i] = live ? dphi[r * L::ldf + d] + dz[d] + part[i] : 0.f;
     }
-    feature_backward<T, D>(x, live ? inv_rms[r] : 0.f, g);
+    feature_backward<T, D, kCausalThreads>(x, live ? inv_rms[r] : 0.f, g);
     if (live) store_vector<T, D>(grad_k + row * D + lane * L::vec, g);
   }
 }
@@ -713,8 +724,8 @@ template <int W>
 struct PrefixWindowForward {
   static cudaError_t run(const CausalBlockLinearForward& a, cudaStream_t stream, int state) {
     const auto& s = a.shape;
-    prefix_window_kernel<W><<<dim3((state + kThreads - 1) / kThreads, s.batch * s.heads),
-                              kThreads, 0, stream>>>(
+    prefix_window_kernel<W><<<dim3((state + kSweepThreads - 1) / kSweepThreads, s.batch * s.heads),
+                              kSweepThreads, 0, stream>>>(
         a.states, a.prefix, CausalWeights{a.mixing, s.mixing_blocks}, blocks_of(s.tokens), state);
     return cudaGetLastError();
   }
@@ -724,9 +735,9 @@ template <int W>
 struct PrefixWindowBackward {
   static cudaError_t run(const CausalBlockLinearBackward& a, cudaStream_t stream, int state) {
     const auto& s = a.shape;
-    const int items = s.batch * s.heads * ((state + kThreads - 1) / kThreads);
+    const int items = s.batch * s.heads * ((state + kSweepThreads - 1) / kSweepThreads);
     const int ctas = std::min(items, 4 * multiprocessors());
-    prefix_window_backward_kernel<W><<<ctas, kThreads, 0, stream>>>(
+    prefix_window_backward_kernel<W><<<ctas, kSweepThreads, 0, stream>>>(
         a.states, a.grad_prefix, a.grad_states, a.grad_mixing,
         CausalWeights{a.mixing, s.mixing_blocks}, s.batch * s.heads, blocks_of(s.tokens), state);
     return cudaGetLastError();
@@ -762,13 +773,13 @@ bool prefix_by_window(int window, const Args& a, cudaStream_t stream, cudaError_
 template <typename T, int D>
 cudaError_t forward_for(const CausalBlockLinearForward& a, cudaStream_t stream) {
   const auto& s = a.shape;
-  const int blocks = blocks_of(s.tokens), state = Layout<T, D>::state;
+  const int blocks = blocks_of(s.tokens), state = Layout<T, D, kCausalThreads>::state;
   const dim3 grid(blocks, s.batch * s.heads);
   cudaError_t err = cudaSuccess;
   if (a.passes & kCausalStatesPass) {
     constexpr size_t bytes = states_smem<T, D>();
     if ((err = allow_smem(states_kernel<T, D>, bytes)) != cudaSuccess) return err;
-    states_kernel<T, D><<<grid, kThreads, bytes, stream>>>(a);
+    states_kernel<T, D><<<grid, kCausalThreads, bytes, stream>>>(a);
   }
   if ((a.passes & kCausalPrefixPass) &&
       prefix_by_window<PrefixWindowForward>(window_of(a.mixing, s.mixing_blocks), a, stream,
@@ -776,17 +787,18 @@ cudaError_t forward_for(const CausalBlockLinearForward& a, cudaStream_t stream) 
     if (err != cudaSuccess) return err;
   } else if (a.passes & kCausalPrefixPass) {
     const int window = window_of(a.mixing, s.mixing_blocks);
-    const size_t bytes =
-        (static_cast<size_t>(window + 1) * (window + 1) + (window > 0 ? window : 1) * kThreads) * 4;
+    const size_t bytes = (static_cast<size_t>(window + 1) * (window + 1) +
+                          (window > 0 ? window : 1) * kSweepThreads) *
+                         4;
     if ((err = allow_smem(prefix_kernel, bytes)) != cudaSuccess) return err;
-    prefix_kernel<<<dim3((state + kThreads - 1) / kThreads, s.batch * s.heads), kThreads, bytes,
-                    stream>>>(a.states, a.prefix, CausalWeights{a.mixing, s.mixing_blocks}, blocks,
-                              state);
+    prefix_kernel<<<dim3((state + kSweepThreads - 1) / kSweepThreads, s.batch * s.heads),
+                    kSweepThreads, bytes, stream>>>(
+        a.states, a.prefix, CausalWeights{a.mixing, s.mixing_blocks}, blocks, state);
   }
   if (a.passes & kCausalOutputPass) {
     constexpr size_t bytes = output_smem<T, D>();
     if ((err = allow_smem(output_kernel<T, D>, bytes)) != cudaSuccess) return err;
-    output_kernel<T, D><<<grid, kThreads, bytes, stream>>>(a);
+    output_kernel<T, D><<<grid, kCausalThreads, bytes, stream>>>(a);
   }
   return cudaGetLastError();
 }
@@ -794,7 +806,7 @@ cudaError_t forward_for(const CausalBlockLinearForward& a, cudaStream_t stream) 
 template <typename T, int D>
 cudaError_t backward_for(const CausalBlockLinearBackward& a, cudaStream_t stream) {
   const auto& s = a.shape;
-  const int blocks = blocks_of(s.tokens), state = Layout<T, D>::state;
+  const int blocks = blocks_of(s.tokens), state = Layout<T, D, kCausalThreads>::state;
   const dim3 grid(blocks, s.batch * s.heads);
   const int m = s.mixing_blocks;
   cudaError_t err = cudaSuccess;
@@ -804,30 +816,30 @@ cudaError_t backward_for(const CausalBlockLinearBackward& a, cudaStream_t stream
       return err;
     constexpr size_t bytes = query_backward_smem<T, D>();
     if ((err = allow_smem(query_backward_kernel<T, D>, bytes)) != cudaSuccess) return err;
-    query_backward_kernel<T, D><<<grid, kThreads, bytes, stream>>>(a);
+    query_backward_kernel<T, D><<<grid, kCausalThreads, bytes, stream>>>(a);
   }
   if ((a.passes & kCausalPrefixPass) &&
       prefix_by_window<PrefixWindowBackward>(window_of(a.mixing, m), a, stream, &err)) {
     if (err != cudaSuccess) return err;
   } else if (a.passes & kCausalPrefixPass) {
     const int window = window_of(a.mixing, m), mm = window + 1;
-    const size_t bytes = (static_cast<size_t>(mm) * mm + (window > 0 ? window : 1) * kThreads +
-                          static_cast<size_t>(mm) * kThreads + mm) *
+    const size_t bytes = (static_cast<size_t>(mm) * mm + (window > 0 ? window : 1) * kSweepThreads +
+                          static_cast<size_t>(mm) * kSweepThreads + mm) *
                          4;
     if ((err = allow_smem(prefix_backward_kernel, bytes)) != cudaSuccess) return err;
     // As many resident CTAs as shared memory allows: each thread's sweep waits on its loads.
     const int per_sm =
         static_cast<int>(std::max<size_t>(1, std::min<size_t>(8, kMaxSharedBytes / bytes)));
-    const int items = s.batch * s.heads * ((state + kThreads - 1) / kThreads);
+    const int items = s.batch * s.heads * ((state + kSweepThreads - 1) / kSweepThreads);
     const int ctas = std::min(items, per_sm * multiprocessors());
-    prefix_backward_kernel<<<ctas, kThreads, bytes, stream>>>(
+    prefix_backward_kernel<<<ctas, kSweepThreads, bytes, stream>>>(
         a.states, a.grad_prefix, a.grad_states, a.grad_mixing, CausalWeights{a.mixing, m},
         s.batch * s.heads, blocks, state);
   }
   if (a.passes & kCausalKeyPass) {
     constexpr size_t bytes = key_backward_smem<T, D>();
     if ((err = allow_smem(key_backward_kernel<T, D>, bytes)) != cudaSuccess) return err;
-    key_backward_kernel<T, D><<<grid, kThreads, bytes, stream>>>(a);
+    key_backward_kernel<T, D><<<grid, kCausalThreads, bytes, stream>>>(a);
   }
   return cudaGetLastError();
 }

@@ -2,8 +2,8 @@
 // resident_block_linear.h. One CTA per (batch, head): 8 warps in the forward (two CTAs share an
 // SM), 16 in the backward (its four tiles fill the shared memory of an SM). Each warp owns 16-row
 // strips of queries (forward, backward dq) or keys (backward dk, dv) and sweeps the other side in
-// 16-token chunks with mma.sync m16n8k16 (fp32 accumulation). Fragments come from padded shared-memory
-// rows through ldmatrix (transposed where the product needs the other orientation).
+// 16-token chunks with mma.sync m16n8k16 (fp32 accumulation). Fragments come from padded
+// shared-memory rows through ldmatrix (transposed where the product needs the other orientation).
 #include <cstdint>
 
 #include "mhla/resident_block_linear.h"
@@ -17,7 +17,8 @@ using namespace tiles;
 constexpr int kStrip = 16;  // tokens per warp strip and per chunk of the other side
 // The forward runs two 8-warp CTAs per SM; the backward's tiles allow one CTA per SM, so it
 // runs 16 warps (one strip each at N = 256) to keep the tensor cores fed.
-constexpr int kForwardThreads = kThreads;
+constexpr int kForwardThreads = 256;  // two CTAs per SM at <= 128 registers
+constexpr int kForwardWarps = kForwardThreads / 32;
 constexpr int kBackwardThreads = 512;
 constexpr int kBackwardWarps = kBackwardThreads / 32;
 constexpr size_t kResidentSmemLimit = 227 * 1024;
@@ -262,7 +263,7 @@ __global__ void __launch_bounds__(kForwardThreads, 2)
   copy_rows<T, D>(p.k, b, h, n, padded, kf);
   copy_rows<T, D>(p.v, b, h, n, padded, vs);
   if (mixes) {
-    for (int e = threadIdx.x; e < s.blocks * s.blocks; e += kThreads) mix[e] = p.mixing[e];
+    for (int e = threadIdx.x; e < s.blocks * s.blocks; e += kForwardThreads) mix[e] = p.mixing[e];
   }
   wait_async_copies();
   __syncthreads();
@@ -276,7 +277,7 @@ __global__ void __launch_bounds__(kForwardThreads, 2)
   const Address lane_address(lane);
   const unsigned q_tile = shared_address(qf), k_tile = shared_address(kf) + lane_address.b,
                  v_tile = shared_address(vs) + lane_address.a;
-  for (int strip = warp; strip < strips; strip += kWarps) {
+  for (int strip = warp; strip < strips; strip += kForwardWarps) {
     const int row0 = strip * kStrip;
     uint32_t qa[D / 16][4];
 #pragma unroll

@@ -11,11 +11,12 @@ namespace mhla_kernels {
 namespace tiles {
 
 // acc (D x D, fragments spread over the warps) += A^T B for A, B tiles [rows][D].
-template <typename T, int D>
-__device__ __forceinline__ void accumulate_at_b(FragC<T> (&acc)[Layout<T, D>::frags_per_warp],
-                                                const typename Mma<T>::elem* a,
-                                                const typename Mma<T>::elem* b, int rows) {
-  using L = Layout<T, D>;
+template <typename T, int D, int Threads = kThreads>
+__device__ __forceinline__ void accumulate_at_b(
+    FragC<T> (&acc)[Layout<T, D, Threads>::frags_per_warp], const typename Mma<T>::elem* a,
+    const typename Mma<T>::elem* b, int rows) {
+  using L = Layout<T, D, Threads>;
+  constexpr int kWarps = Threads / 32;
   const int warp = threadIdx.x / 32;
   for (int kk = 0; kk < rows; kk += Mma<T>::k) {
 #pragma unroll
@@ -34,11 +35,12 @@ __device__ __forceinline__ void accumulate_at_b(FragC<T> (&acc)[Layout<T, D>::fr
 }
 
 // out [rows][D] (fp32, ldf) = A [rows][D] x B (D x D), with B transposed when Transposed.
-template <typename T, int D, bool Transposed>
+template <typename T, int D, bool Transposed, int Threads = kThreads>
 __device__ __forceinline__ void multiply_tile(const typename Mma<T>::elem* a,
                                               const typename Mma<T>::elem* b, float* out,
                                               int rows) {
-  using L = Layout<T, D>;
+  using L = Layout<T, D, Threads>;
+  constexpr int kWarps = Threads / 32;
   using BLayout = std::conditional_t<Transposed, wmma::col_major, wmma::row_major>;
   const int warp = threadIdx.x / 32;
   const int count = (rows / 16) * (D / 16);
@@ -63,10 +65,11 @@ __device__ __forceinline__ void multiply_tile(const typename Mma<T>::elem* a,
 
 // Writes the D x D accumulators to a state in global memory: stored when one CTA owns it,
 // added atomically (through a per-warp staging tile) when several chunks share it.
-template <typename T, int D>
-__device__ void write_state(FragC<T> (&acc)[Layout<T, D>::frags_per_warp], float* state,
+template <typename T, int D, int Threads = kThreads>
+__device__ void write_state(FragC<T> (&acc)[Layout<T, D, Threads>::frags_per_warp], float* state,
                             bool atomic, float* staging) {
-  using L = Layout<T, D>;
+  using L = Layout<T, D, Threads>;
+  constexpr int kWarps = Threads / 32;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float* tile = staging + warp * 256;
 #pragma unroll
@@ -91,9 +94,10 @@ __device__ void write_state(FragC<T> (&acc)[Layout<T, D>::frags_per_warp], float
 // store: the scalar load-convert-store loop this replaces waited one global-memory latency per
 // element group (~20 us per CTA at D = 128, most of the causal output pass). A state starts at a
 // multiple of D * (D + 1) floats, 16-byte aligned when its buffer is.
-template <typename T, int D>
+template <typename T, int D, int Threads = kThreads>
 __device__ void load_state(const float* state, typename Mma<T>::elem* s, float* z) {
-  using L = Layout<T, D>;
+  using L = Layout<T, D, Threads>;
+  constexpr int kThreads = Threads;
   using E = typename Mma<T>::elem;
   constexpr int kPerRow = D / 4, kCount = D * kPerRow;  // float4 groups of S
   constexpr int kPerThread = kCount / kThreads > 0 ? kCount / kThreads : 1;

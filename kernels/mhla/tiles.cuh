@@ -35,17 +35,18 @@ constexpr float kNormEps = 1e-6f;
 constexpr float kDenominatorEps = 1e-6f;
 
 // Compile-time layout of one head dimension: padded leading dimensions (against bank conflicts,
-// keeping every 16-row fragment 32-byte aligned) and the vector loads of one token row.
-template <typename T, int D>
+// keeping every 16-row fragment 32-byte aligned) and the vector loads of one token row. Threads:
+// the CTA size of the kernel using it (kThreads unless the kernel family picks its own).
+template <typename T, int D, int Threads = kThreads>
 struct Layout {
   using E = typename Mma<T>::elem;
   static constexpr int lde = D + 8;           // elements, tiles of E
   static constexpr int ldf = D + 4;           // floats, fp32 tiles
   static constexpr int vec = 16 / sizeof(T);  // elements per 16-byte load
   static constexpr int lanes = D / vec;       // threads per token row (4 to 32)
-  static constexpr int rows_per_pass = kThreads / lanes;
+  static constexpr int rows_per_pass = Threads / lanes;
   static constexpr int frags = (D / 16) * (D / 16);  // D x D accumulators
-  static constexpr int frags_per_warp = (frags + kWarps - 1) / kWarps;
+  static constexpr int frags_per_warp = (frags + Threads / 32 - 1) / (Threads / 32);
   static constexpr int state = D * D + D;  // floats of S_j followed by z_j
 };
 
@@ -90,9 +91,9 @@ __device__ __forceinline__ float row_sum(float x) {
 // The token rows of one tile held by this thread as raw 16-byte words: load() issues every row's
 // load before any is used, so a kernel can start the loads of several tiles (and of a state)
 // and wait for them once, instead of one global-memory latency per pass over the rows.
-template <typename T, int D>
+template <typename T, int D, int Threads = kThreads>
 struct TileRows {
-  using L = Layout<T, D>;
+  using L = Layout<T, D, Threads>;
   static constexpr int passes = (kTile + L::rows_per_pass - 1) / L::rows_per_pass;
   uint4 raw[passes];
 
@@ -109,8 +110,8 @@ struct TileRows {
       const int r = row(pass);
       raw[pass] = make_uint4(0u, 0u, 0u, 0u);  // zero bits: 0.0 in every element type
       if (r < valid && r < rows) {
-        raw[pass] = *reinterpret_cast<const uint4*>(token_row<T, D>(src, b, n0 + r, h) +
-                                                    lane * L::vec);
+        raw[pass] =
+            *reinterpret_cast<const uint4*>(token_row<T, D>(src, b, n0 + r, h) + lane * L::vec);
       }
     }
   }
@@ -177,27 +178,27 @@ struct TileRows {
 
 // phi(x) of `valid` token rows starting at token n0 into dst (rows up to `rows` <= kTile
 // zero-filled); 1/rms per row into inv_rms when asked.
-template <typename T, int D>
+template <typename T, int D, int Threads = kThreads>
 __device__ void load_features(const TokenTensor& src, int b, int h, int n0, int valid, int rows,
                               typename Mma<T>::elem* dst, float* inv_rms) {
-  TileRows<T, D> tile;
+  TileRows<T, D, Threads> tile;
   tile.load(src, b, h, n0, valid, rows);
   tile.store_features(valid, rows, dst, inv_rms);
 }
 
-template <typename T, int D>
+template <typename T, int D, int Threads = kThreads>
 __device__ void load_plain(const TokenTensor& src, int b, int h, int n0, int valid, int rows,
                            typename Mma<T>::elem* dst) {
-  TileRows<T, D> tile;
+  TileRows<T, D, Threads> tile;
   tile.load(src, b, h, n0, valid, rows);
   tile.store_plain(rows, dst);
 }
 
 // Backward of phi = relu(x / rms(x)) + floor for one token row held by L::lanes threads:
 // g is d(loss)/d(phi) for this thread's elements; returns d(loss)/dx in place.
-template <typename T, int D>
+template <typename T, int D, int Threads = kThreads>
 __device__ __forceinline__ void feature_backward(const float* x, float scale, float* g) {
-  using L = Layout<T, D>;
+  using L = Layout<T, D, Threads>;
   float dot = 0.f;
 #pragma unroll
   for (int i = 0; i < L::vec; ++i) {
