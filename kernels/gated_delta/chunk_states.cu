@@ -9,6 +9,7 @@
 //             dS_i = exp(G_C) dS_{i+1} + [Q ; W]^T [diag(scale exp(G)) dO ; -du]
 // KDA (PerKey) runs the same walks with exp(G_C) a per-row (key dimension) decay and the gated
 // operands its prepare pass kept: exp(G_C - G) . K for K with its decay, exp(G) . Q for Q.
+#include "common/device_info.h"
 #include "gated_delta/chunk_passes.h"
 #include "gated_delta/chunk_tiles.cuh"
 
@@ -47,6 +48,22 @@ struct StateFragments {
 #pragma unroll
     for (int j = 0; j < kPerWarp; ++j) {
       f[j].store(s + 16 * tile_row(j) * SliceLd<Slice>::f + 16 * tile_col(j), SliceLd<Slice>::f);
+    }
+  }
+  // The element-type copy that is the next chunk's product operand, straight from the
+  // registers (no fp32 staging round trip on the walk's critical path).
+  __device__ void store_elements(T* s) const {
+#pragma unroll
+    for (int j = 0; j < kPerWarp; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int r = 16 * tile_row(j) + wmma_tiles::TileAccumulator::row(i);
+          const int c = 16 * tile_col(j) + wmma_tiles::TileAccumulator::col(h, i);
+          s[r * SliceLd<Slice>::e + c] = from_float<T>(f[j].x[h][i]);
+        }
+      }
     }
   }
   // f = diag(decay) f + A^T B for A [Depth][D] (rows lda apart) and B [Depth][32] (rows ldb
@@ -214,10 +231,9 @@ __global__ void __launch_bounds__(kThreads, 2) states_forward_kernel(GatedDeltaA
     __syncthreads();
     // S_{i+1} = exp(G_C) S_i + K^T diag(exp(G_C - G)) u, in the registers.
     state.template decay_and_add<PerKey>(row_decay, k_s, Ld<D>::e, us_bf, SliceLd<Slice>::e, kC);
-    state.store(staging);
-    __syncthreads();
-    convert_tile<T, D, Slice, kThreads>(s_bf, SliceLd<Slice>::e, staging, SliceLd<Slice>::f);
+    state.store_elements(s_bf);  // its readers (the S_i store, W S_i) finished before the u pass
   }
+  state.store(staging);
   __syncthreads();
   store_state_slice<D, Slice>(p.final_state + state0, staging, col0);
 }
@@ -318,10 +334,9 @@ __global__ void __launch_bounds__(kThreads) states_backward_kernel(GatedDeltaArg
     __syncthreads();
     // dS_i = exp(G_C) dS_{i+1} + [Q ; W]^T [scale exp(G) . dO ; -du], in the registers.
     grad.template decay_and_add<PerKey>(row_decay, q_s, Ld<D>::e, do_s, SliceLd<Slice>::e, 2 * kC);
-    grad.store(staging);
-    __syncthreads();
-    convert_tile<T, D, Slice, kThreads>(ds_bf, SliceLd<Slice>::e, staging, SliceLd<Slice>::f);
+    grad.store_elements(ds_bf);  // its readers (the dS store, K dS) finished before the du pass
   }
+  grad.store(staging);
   __syncthreads();
   if (p.initial_state_grad != nullptr) {
     store_state_slice<D, Slice>(p.initial_state_grad + state0, staging, col0);
@@ -335,12 +350,10 @@ __global__ void __launch_bounds__(kThreads) states_backward_kernel(GatedDeltaArg
 // MHLA_DELTA_STATE_SLICE=16|32 forces one.
 inline int state_slice(const GatedDeltaArgs& a) {
   if (a.head_dim != 128) return 32;
-  if (const char* forced = std::getenv("MHLA_DELTA_STATE_SLICE"))
+  if (const char* forced = std::getenv("MHLA_DELTA_STATE_SLICE")) {
     return std::atoi(forced) == 16 ? 16 : 32;
-  int device = 0, sms = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  return 2 * a.batch * a.heads * (a.head_dim / 32) < sms ? 16 : 32;
+  }
+  return 2 * a.batch * a.heads * (a.head_dim / 32) < multiprocessors() ? 16 : 32;
 }
 
 template <typename T, int D, int Slice, bool Forward>
