@@ -67,7 +67,7 @@ struct GatedDeltaArgs {
   float* du_local = nullptr;                // [BH, chunks, 64, D] scratch
   void* du = nullptr;                       // [BH, chunks, 64, D] scratch
   void* state_grads = nullptr;              // [BH, chunks, D, D] scratch: dS leaving each chunk
-  float* dw = nullptr;                      // [BH, chunks, 64, D] scratch
+  void* dw = nullptr;                       // [BH, chunks, 64, D] scratch (a product operand)
   float* dk_partial = nullptr;              // [BH, chunks, 64, D] scratch
   float* dgate_partial = nullptr;           // [BH, chunks * 64] scratch
   void *dq = nullptr, *dk = nullptr, *dv = nullptr;  // [B, T, H, D]

@@ -77,9 +77,13 @@ __global__ void __launch_bounds__(kThreads) output_kernel(GatedDeltaArgs p) {
     __syncthreads();
     if (threadIdx.x < kC) decay[threadIdx.x] = __expf(g[threadIdx.x]);
     decayed_scores<T, D>(q_s, k_s, g, pf, p_bf);
-    for (int e = threadIdx.x; e < kC * D; e += kThreads) {
-      const int r = e / D, c = e % D;
-      q_s[r * Ld<D>::e + c] = from_float<T>(decay[r] * to_float(q_s[r * Ld<D>::e + c]));
+    for (int e = threadIdx.x; e < kC * (D / 8); e += kThreads) {
+      const int r = e / (D / 8), c = 8 * (e % (D / 8));
+      float x[8];
+      load_pack<T, 8>(q_s + r * Ld<D>::e + c, x);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) x[j] *= decay[r];
+      store_pack<T, 8>(q_s + r * Ld<D>::e + c, x);
     }
     __syncthreads();
   }

@@ -61,25 +61,37 @@ __global__ void __launch_bounds__(kThreads) prepare_kernel(GatedDeltaArgs p) {
     p.gate_sums[(static_cast<int64_t>(at.bh) * at.chunks + at.chunk) * kC + threadIdx.x] =
         g[threadIdx.x];
   }
-  for (int e = threadIdx.x; e < kC * kC; e += kThreads) {
-    const int r = e / kC, s = e % kC;
-    float& y = a[r * kLdSquare + s];
-    y = s < r ? beta[r] * y * __expf(g[r] - g[s]) : 0.f;
+  for (int e = threadIdx.x; e < kC * kC / 4; e += kThreads) {
+    const int r = e / (kC / 4), s0 = 4 * (e % (kC / 4));
+    float4& y = *reinterpret_cast<float4*>(a + r * kLdSquare + s0);
+    const float b = beta[r], gr = g[r];
+    float4 v = y;
+    v.x = s0 < r ? b * v.x * __expf(gr - g[s0]) : 0.f;
+    v.y = s0 + 1 < r ? b * v.y * __expf(gr - g[s0 + 1]) : 0.f;
+    v.z = s0 + 2 < r ? b * v.z * __expf(gr - g[s0 + 2]) : 0.f;
+    v.w = s0 + 3 < r ? b * v.w * __expf(gr - g[s0 + 3]) : 0.f;
+    y = v;
   }
   // X = [diag(beta exp(G)) K | diag(beta) V] in place.
-  for (int e = threadIdx.x; e < kC * 2 * D; e += kThreads) {
-    const int r = e / (2 * D), c = e % (2 * D);
-    T& y = x[r * L::ld_wide + c];
-    y = from_float<T>((c < D ? beta[r] * __expf(g[r]) : beta[r]) * to_float(y));
+  for (int e = threadIdx.x; e < kC * (2 * D / 8); e += kThreads) {
+    const int r = e / (2 * D / 8), c = 8 * (e % (2 * D / 8));
+    const float f = c < D ? beta[r] * __expf(g[r]) : beta[r];
+    float y[8];
+    load_pack<T, 8>(x + r * L::ld_wide + c, y);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) y[j] *= f;
+    store_pack<T, 8>(x + r * L::ld_wide + c, y);
   }
   __syncthreads();
   invert_unit_lower<kThreads>(a, staging, staging + kC * kLdSquare);
   T* t_out = static_cast<T*>(p.t_inverse) + at.tile(0, kC);
-  for (int e = threadIdx.x; e < kC * kC; e += kThreads) {
-    const int r = e / kC, c = e % kC;
-    const T y = from_float<T>(staging[r * kLdSquare + c]);
-    t_s[r * kLdSquareE + c] = y;
-    t_out[e] = y;
+  for (int e = threadIdx.x; e < kC * kC / 8; e += kThreads) {
+    const int r = e / (kC / 8), c = 8 * (e % (kC / 8));
+    float y[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) y[j] = staging[r * kLdSquare + c + j];
+    store_pack<T, 8>(t_s + r * kLdSquareE + c, y);
+    store_pack<T, 8>(t_out + r * kC + c, y);
   }
   __syncthreads();
   for (int half = 0; half < 2; ++half) {

@@ -137,6 +137,35 @@ __device__ void store_rows(RowPtr dst_row, const float* src, int ld, int rows, f
   }
 }
 
+// In-place running sums down the Cols columns of a [64][ld] fp32 tile (KDA's gate sums G, and
+// with Reverse the sums from the bottom up of their gradient): eight segments of eight rows per
+// column, each summed by its own thread, then offset by the segments before it (three short
+// dependent chains instead of one of 64 shared-memory round trips). Ends before a barrier.
+template <int Cols, int Threads, bool Reverse = false>
+__device__ void running_sums_down_columns(float* x, int ld, float* segment_sums /* [8][Cols] */) {
+  constexpr int kSegments = 8, kRows = kC / kSegments;
+  auto row = [](int seg, int r) { return Reverse ? kC - 1 - (seg * kRows + r) : seg * kRows + r; };
+  for (int e = threadIdx.x; e < kSegments * Cols; e += Threads) {
+    const int seg = e / Cols, c = e % Cols;
+    float sum = 0.f;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float& v = x[row(seg, r) * ld + c];
+      sum += v;
+      v = sum;
+    }
+    segment_sums[seg * Cols + c] = sum;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < kSegments * Cols; e += Threads) {
+    const int seg = e / Cols, c = e % Cols;
+    float before = 0.f;
+    for (int k = 0; k < seg; ++k) before += segment_sums[k * Cols + c];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) x[row(seg, r) * ld + c] += before;
+  }
+}
+
 // In-place inclusive running sum of 64 values, by one warp.
 __device__ __forceinline__ void warp_running_sum64(float* x) {
   const int lane = threadIdx.x % 32;
@@ -180,10 +209,15 @@ __device__ __forceinline__ void load_gate_sums(float* g, const GatedDeltaArgs& p
 // element type (in: fp32 [64][68], out [64][72]); exp(G_r - G_s) <= 1, so no overflow.
 template <typename T, int Threads>
 __device__ void causal_decayed(T* out, const float* in, const float* g) {
-  for (int e = threadIdx.x; e < kC * kC; e += Threads) {
-    const int r = e / kC, s = e % kC;
-    out[r * kLdSquareE + s] =
-        from_float<T>(s <= r ? in[r * kLdSquare + s] * __expf(g[r] - g[s]) : 0.f);
+  for (int e = threadIdx.x; e < kC * kC / 8; e += Threads) {  // 16-byte stores
+    const int r = e / (kC / 8), s0 = 8 * (e % (kC / 8));
+    const float gr = g[r];
+    float x[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      x[j] = s0 + j <= r ? in[r * kLdSquare + s0 + j] * __expf(gr - g[s0 + j]) : 0.f;
+    }
+    store_pack<T, 8>(out + r * kLdSquareE + s0, x);
   }
 }
 

@@ -75,7 +75,8 @@ __global__ void __launch_bounds__(kThreads) wy_backward_kernel(GatedDeltaArgs p)
   load_rows<T, kC, kThreads>(
       t_s, kLdSquareE, [&](int r) { return static_cast<const T*>(p.t_inverse) + at.tile(r, kC); },
       kC);
-  load_matrix<float, kC, D, kThreads>(dx_f, L::ld_wide_f, p.dw + at.tile(0, D), D);  // staged
+  load_rows<T, D, kThreads>(
+      grads, L::ld_wide_e, [&](int r) { return static_cast<const T*>(p.dw) + at.tile(r, D); }, kC);
   load_gate_sums(g, p, at);
   if (threadIdx.x < kC) {
     const int r = threadIdx.x;
@@ -83,11 +84,6 @@ __global__ void __launch_bounds__(kThreads) wy_backward_kernel(GatedDeltaArgs p)
   }
   finish_loads();
   __syncthreads();
-  // dW (fp32, staged in dX's space) into the element type beside du.
-  for (int e = threadIdx.x; e < kC * D; e += kThreads) {
-    const int r = e / D, c = e % D;
-    grads[r * L::ld_wide_e + c] = from_float<T>(dx_f[r * L::ld_wide_f + c]);
-  }
   if (threadIdx.x < kC) decay[threadIdx.x] = __expf(g[threadIdx.x]);
   gemm<T, kWarps, false, true>(k_s, Ld<D>::e, k_s, Ld<D>::e, kk, kLdSquare, kC, kC, D, false);
   __syncthreads();

@@ -61,26 +61,38 @@ __global__ void __launch_bounds__(kThreads) kda_intra_grads_kernel(GatedDeltaArg
   finish_loads();
   __syncthreads();
   gemm<T, kWarps, false, true>(do_s, Ld<D>::e, u_s, Ld<D>::e, dp, kLdSquare, kC, kC, D, false);
-  for (int e = threadIdx.x; e < kC * D; e += kThreads) {
-    r_f[(e / D) * ldg + e % D] = 0.f;
-    c_f[(e / D) * ldg + e % D] = 0.f;
+  for (int e = threadIdx.x; e < kC * (D / 4); e += kThreads) {
+    const int t = e / (D / 4), d = 4 * (e % (D / 4));
+    *reinterpret_cast<float4*>(r_f + t * ldg + d) = float4{};
+    *reinterpret_cast<float4*>(c_f + t * ldg + d) = float4{};
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < kC * kC; e += kThreads) {
-    const int t = e / kC, s = e % kC;
-    m_bf[t * kLdSquareE + s] = from_float<T>(s <= t ? p.scale * dp[t * kLdSquare + s] : 0.f);
+  for (int e = threadIdx.x; e < kC * kC / 8; e += kThreads) {
+    const int t = e / (kC / 8), s0 = 8 * (e % (kC / 8));
+    float x[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      x[j] = s0 + j <= t ? p.scale * dp[t * kLdSquare + s0 + j] : 0.f;
+    }
+    store_pack<T, 8>(m_bf + t * kLdSquareE + s0, x);
   }
   __syncthreads();
   per_key_scores_backward<T, D, kThreads>(m_bf, q_s, k_s, g, scratch, r_f, c_f);
   float* dq = p.dq_partial + at.tile(0, D);
   float* dk = p.dk_partial + at.tile(0, D);
   float* dg = p.dgate_partial + at.tile(0, D);
-  for (int e = threadIdx.x; e < kC * D; e += kThreads) {
-    const int t = e / D, d = e % D;
-    const float rq = r_f[t * ldg + d], ck = c_f[t * ldg + d];
-    dq[e] = rq;
-    dk[e] = ck;
-    dg[e] = to_float(q_s[t * Ld<D>::e + d]) * rq - to_float(k_s[t * Ld<D>::e + d]) * ck;
+  for (int e = threadIdx.x; e < kC * (D / 4); e += kThreads) {
+    const int t = e / (D / 4), d = 4 * (e % (D / 4));
+    const float4 rq = *reinterpret_cast<const float4*>(r_f + t * ldg + d);
+    const float4 ck = *reinterpret_cast<const float4*>(c_f + t * ldg + d);
+    float qx[4], kx[4];
+    load_pack<T, 4>(q_s + t * Ld<D>::e + d, qx);
+    load_pack<T, 4>(k_s + t * Ld<D>::e + d, kx);
+    *reinterpret_cast<float4*>(dq + t * D + d) = rq;
+    *reinterpret_cast<float4*>(dk + t * D + d) = ck;
+    *reinterpret_cast<float4*>(dg + t * D + d) =
+        make_float4(qx[0] * rq.x - kx[0] * ck.x, qx[1] * rq.y - kx[1] * ck.y,
+                    qx[2] * rq.z - kx[2] * ck.z, qx[3] * rq.w - kx[3] * ck.w);
   }
 }
 

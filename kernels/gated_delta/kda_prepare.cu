@@ -66,14 +66,8 @@ __global__ void __launch_bounds__(kThreads) kda_prepare_kernel(GatedDeltaArgs p)
   }
   finish_loads();
   __syncthreads();
-  // G: running sums down each key dimension (padded rows add 0).
-  for (int c = threadIdx.x; c < D; c += kThreads) {
-    float sum = 0.f;
-    for (int r = 0; r < kC; ++r) {
-      sum += g[r * ldg + c];
-      g[r * ldg + c] = sum;
-    }
-  }
+  // G: running sums down each key dimension (padded rows add 0); the scores tile is free yet.
+  running_sums_down_columns<D, kThreads>(g, ldg, scores);
   __syncthreads();
   float* g_out = p.gate_sums + at.tile(0, D);
   for (int e = threadIdx.x; e < kC * (D / 4); e += kThreads) {
@@ -82,17 +76,25 @@ __global__ void __launch_bounds__(kThreads) kda_prepare_kernel(GatedDeltaArgs p)
         make_float4(g[r * ldg + c], g[r * ldg + c + 1], g[r * ldg + c + 2], g[r * ldg + c + 3]);
   }
   per_key_scores<T, D, kThreads, true>(q_s, k_s, g, scratch, scores);
-  per_key_scores<T, D, kThreads, false>(k_s, k_s, g, scratch, keys);
+  per_key_scores<T, D, kThreads, false>(k_s, k_s, g, scratch, keys, /*y_copies_ready=*/true);
   // Keep P and K~ (element type), then A = diag(beta) K~ in place; and exp(G) . Q and
   // exp(G_C - G) . K for the other passes.
   T* p_out = static_cast<T*>(p.scores) + at.tile(0, kC);
   T* kk_out = static_cast<T*>(p.key_scores) + at.tile(0, kC);
-  for (int e = threadIdx.x; e < kC * kC; e += kThreads) {
-    const int r = e / kC, s = e % kC;
-    p_out[e] = from_float<T>(scores[r * kLdSquare + s]);
-    float& a = keys[r * kLdSquare + s];
-    kk_out[e] = from_float<T>(a);
-    a *= beta[r];
+  for (int e = threadIdx.x; e < kC * kC / 8; e += kThreads) {
+    const int r = e / (kC / 8), s = 8 * (e % (kC / 8));
+    float x[8], a[8];
+    *reinterpret_cast<float4*>(x) = *reinterpret_cast<const float4*>(scores + r * kLdSquare + s);
+    *reinterpret_cast<float4*>(x + 4) =
+        *reinterpret_cast<const float4*>(scores + r * kLdSquare + s + 4);
+    float4* key_row = reinterpret_cast<float4*>(keys + r * kLdSquare + s);
+    *reinterpret_cast<float4*>(a) = key_row[0];
+    *reinterpret_cast<float4*>(a + 4) = key_row[1];
+    store_pack<T, 8>(p_out + r * kC + s, x);
+    store_pack<T, 8>(kk_out + r * kC + s, a);
+    const float b = beta[r];
+    key_row[0] = make_float4(b * a[0], b * a[1], b * a[2], b * a[3]);
+    key_row[1] = make_float4(b * a[4], b * a[5], b * a[6], b * a[7]);
   }
   T* q_gated = static_cast<T*>(p.q_gated) + at.tile(0, D);
   T* k_to_end = static_cast<T*>(p.k_to_end) + at.tile(0, D);
@@ -110,20 +112,29 @@ __global__ void __launch_bounds__(kThreads) kda_prepare_kernel(GatedDeltaArgs p)
   }
   __syncthreads();
   // X_K = diag(beta) (exp(G) . K) and X_V = diag(beta) V in place.
-  for (int e = threadIdx.x; e < kC * D; e += kThreads) {
-    const int r = e / D, c = e % D;
-    T& xk = k_s[r * Ld<D>::e + c];
-    xk = from_float<T>(beta[r] * __expf(g[r * ldg + c]) * to_float(xk));
-    T& xv = v_s[r * Ld<D>::e + c];
-    xv = from_float<T>(beta[r] * to_float(xv));
+  for (int e = threadIdx.x; e < kC * (D / 8); e += kThreads) {
+    const int r = e / (D / 8), c = 8 * (e % (D / 8));
+    float xk[8], xv[8];
+    load_pack<T, 8>(k_s + r * Ld<D>::e + c, xk);
+    load_pack<T, 8>(v_s + r * Ld<D>::e + c, xv);
+    const float b = beta[r];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      xk[j] *= b * __expf(g[r * ldg + c + j]);
+      xv[j] *= b;
+    }
+    store_pack<T, 8>(k_s + r * Ld<D>::e + c, xk);
+    store_pack<T, 8>(v_s + r * Ld<D>::e + c, xv);
   }
   invert_unit_lower<kThreads>(keys, staging, staging + kC * kLdSquare);  // syncs first
   T* t_out = static_cast<T*>(p.t_inverse) + at.tile(0, kC);
-  for (int e = threadIdx.x; e < kC * kC; e += kThreads) {
-    const int r = e / kC, c = e % kC;
-    const T y = from_float<T>(staging[r * kLdSquare + c]);
-    t_s[r * kLdSquareE + c] = y;
-    t_out[e] = y;
+  for (int e = threadIdx.x; e < kC * kC / 8; e += kThreads) {
+    const int r = e / (kC / 8), c = 8 * (e % (kC / 8));
+    float y[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) y[j] = staging[r * kLdSquare + c + j];
+    store_pack<T, 8>(t_s + r * kLdSquareE + c, y);
+    store_pack<T, 8>(t_out + r * kC + c, y);
   }
   __syncthreads();
   for (int half = 0; half < 2; ++half) {

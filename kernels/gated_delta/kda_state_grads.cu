@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(kThreads) kda_state_grads_kernel(GatedDeltaArg
   // dW = -du S^T.
   gemm<T, kWarps, false, true>(du_s, Ld<D>::e, st_s, Ld<D>::e, res, Ld<D>::f, kC, D, D, false);
   __syncthreads();
-  float* dw = p.dw + at.tile(0, D);
+  T* dw = static_cast<T*>(p.dw) + at.tile(0, D);  // a product operand of the WY backward
   float* dgate = p.dgate_partial + at.tile(0, D);
 #pragma unroll
   for (int i0 = 0; i0 < kPerThread; i0 += kBatch) {
@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(kThreads) kda_state_grads_kernel(GatedDeltaArg
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
       const int e = threadIdx.x + (i0 + j) * kThreads, t = e / D;
-      dw[e] = -res[t * Ld<D>::f + d];
+      dw[e] = from_float<T>(-res[t * Ld<D>::f + d]);
       float x = partial[j] + dg[i0 + j];
       if (t == kC - 1) x += col[d] + __expf(g_end) * row_dot[d];
       dgate[e] = x;

@@ -65,18 +65,12 @@ __global__ void __launch_bounds__(kThreads) kda_system_backward_kernel(GatedDelt
                                    static_cast<const T*>(p.t_inverse) + at.tile(0, kC), kC);
   load_matrix<T, kC, kC, kThreads>(kk, kLdSquareE,
                                    static_cast<const T*>(p.key_scores) + at.tile(0, kC), kC);
-  load_matrix<float, kC, D, kThreads>(dx_f, L::ld_wide_f, p.dw + at.tile(0, D), D);  // staged
+  load_rows<T, D, kThreads>(grads, L::ld_wide_e, tile(p.dw), kC);
   if (threadIdx.x < kC) {
     const int r = threadIdx.x;
     beta[r] = r < at.valid ? p.beta[at.token(r, 1, p.heads, p.tokens)] : 0.f;
   }
   finish_loads();
-  __syncthreads();
-  // dW (fp32, staged in dX's space) into the element type beside du.
-  for (int e = threadIdx.x; e < kC * D; e += kThreads) {
-    const int r = e / D, c = e % D;
-    grads[r * L::ld_wide_e + c] = from_float<T>(dx_f[r * L::ld_wide_f + c]);
-  }
   __syncthreads();
   // dX = T^T [dW | du].
   gemm<T, kWarps, true, false>(t_s, kLdSquareE, grads, L::ld_wide_e, dx_f, L::ld_wide_f, kC, 2 * D,
@@ -141,9 +135,12 @@ __global__ void __launch_bounds__(kThreads) kda_system_backward_kernel(GatedDelt
                                false);
   __syncthreads();
   T* n_out = static_cast<T*>(p.key_score_grads) + at.tile(0, kC);
-  for (int e = threadIdx.x; e < kC * kC; e += kThreads) {
-    const int r = e / kC, s = e % kC;
-    n_out[e] = from_float<T>(s < r ? -beta[r] * da[r * kLdSquare + s] : 0.f);
+  for (int e = threadIdx.x; e < kC * kC / 8; e += kThreads) {
+    const int r = e / (kC / 8), s0 = 8 * (e % (kC / 8));
+    float x[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) x[j] = s0 + j < r ? -beta[r] * da[r * kLdSquare + s0 + j] : 0.f;
+    store_pack<T, 8>(n_out + r * kC + s0, x);
   }
   {
     // dbeta_r += sum_s dA_rs K~_rs, a warp per row.
@@ -187,9 +184,10 @@ __global__ void __launch_bounds__(kThreads) kda_key_grads_kernel(GatedDeltaArgs 
   load_matrix<float, kC, D, kThreads>(g, ldg, p.gate_sums + at.tile(0, D), D);
   load_matrix<T, kC, kC, kThreads>(n_s, kLdSquareE,
                                    static_cast<const T*>(p.key_score_grads) + at.tile(0, kC), kC);
-  for (int e = threadIdx.x; e < kC * D; e += kThreads) {
-    r_f[(e / D) * ldg + e % D] = 0.f;
-    c_f[(e / D) * ldg + e % D] = 0.f;
+  for (int e = threadIdx.x; e < kC * (D / 4); e += kThreads) {
+    const int t = e / (D / 4), d = 4 * (e % (D / 4));
+    *reinterpret_cast<float4*>(r_f + t * ldg + d) = float4{};
+    *reinterpret_cast<float4*>(c_f + t * ldg + d) = float4{};
   }
   finish_loads();
   __syncthreads();
@@ -217,13 +215,14 @@ __global__ void __launch_bounds__(kThreads) kda_key_grads_kernel(GatedDeltaArgs 
     }
   }
   __syncthreads();
-  // dg: reverse running sums down each key dimension, written for the valid rows.
-  for (int d = threadIdx.x; d < D; d += kThreads) {
-    float sum = 0.f;
-    for (int t = kC - 1; t >= 0; --t) {
-      sum += r_f[t * ldg + d];
-      if (t < at.valid) p.dgate[at.token(t, D, p.heads, p.tokens) + d] = sum;
-    }
+  // dg: reverse running sums down each key dimension (C's tile is free), written for the valid
+  // rows.
+  running_sums_down_columns<D, kThreads, /*Reverse=*/true>(r_f, ldg, c_f);
+  __syncthreads();
+  for (int e = threadIdx.x; e < at.valid * (D / 4); e += kThreads) {
+    const int t = e / (D / 4), d = 4 * (e % (D / 4));
+    *reinterpret_cast<float4*>(p.dgate + at.token(t, D, p.heads, p.tokens) + d) =
+        *reinterpret_cast<const float4*>(r_f + t * ldg + d);
   }
 }
 

@@ -48,21 +48,40 @@ __device__ bool diagonal_on_tensor_cores(const float* g) {
   return __syncthreads_or(unsafe) == 0;
 }
 
+// dst[0, 8) = src[0, 8) * exp(a[0, 8) - b[0, 8)): eight columns of a decayed copy in 16-byte
+// shared-memory accesses (a and b point into rows of G; every operand 16-byte aligned). The
+// fills below are the scores' elementwise cost: two-column accesses issued four times as many
+// shared-memory instructions.
+template <typename T>
+__device__ __forceinline__ void decayed8(T* dst, const T* src, const float* a, const float* b) {
+  float x[8];
+  load_pack<T, 8>(src, x);
+  const float4 a0 = *reinterpret_cast<const float4*>(a);
+  const float4 a1 = *reinterpret_cast<const float4*>(a + 4);
+  const float4 b0 = *reinterpret_cast<const float4*>(b);
+  const float4 b1 = *reinterpret_cast<const float4*>(b + 4);
+  x[0] *= __expf(a0.x - b0.x);
+  x[1] *= __expf(a0.y - b0.y);
+  x[2] *= __expf(a0.z - b0.z);
+  x[3] *= __expf(a0.w - b0.w);
+  x[4] *= __expf(a1.x - b1.x);
+  x[5] *= __expf(a1.y - b1.y);
+  x[6] *= __expf(a1.z - b1.z);
+  x[7] *= __expf(a1.w - b1.w);
+  store_pack<T, 8>(dst, x);
+}
+
 // copies[rows_upto_offset(I) + s] = y_s exp(G_16I - G_s) for s < 16 I, and for s < 16 (I + 1)
 // when the diagonal blocks are included.
 template <typename T, int D, int Threads>
 __device__ void fill_rows_upto(T* copies, const T* y, const float* g, bool with_diagonal) {
   constexpr int ld = Ld<D>::e, ldg = Ld<D>::f;
-  for (int e = threadIdx.x; e < kCopyRows * (D / 2); e += Threads) {
-    const int row = e / (D / 2), c = 2 * (e % (D / 2));
+  for (int e = threadIdx.x; e < kCopyRows * (D / 8); e += Threads) {
+    const int row = e / (D / 8), c = 8 * (e % (D / 8));
     const int i = row < 16 ? 0 : (row < 48 ? 1 : (row < 96 ? 2 : 3));
     const int s = row - rows_upto_offset(i), ref = kSub * i;
     if (s >= ref && !with_diagonal) continue;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      copies[row * ld + c + h] = from_float<T>(to_float(y[s * ld + c + h]) *
-                                               __expf(g[ref * ldg + c + h] - g[s * ldg + c + h]));
-    }
+    decayed8(copies + row * ld + c, y + s * ld + c, g + ref * ldg + c, g + s * ldg + c);
   }
 }
 
@@ -71,16 +90,12 @@ __device__ void fill_rows_upto(T* copies, const T* y, const float* g, bool with_
 template <typename T, int D, int Threads>
 __device__ void fill_rows_from(T* copies, const T* x, const float* g, bool with_diagonal) {
   constexpr int ld = Ld<D>::e, ldg = Ld<D>::f;
-  for (int e = threadIdx.x; e < kCopyRows * (D / 2); e += Threads) {
-    const int row = e / (D / 2), c = 2 * (e % (D / 2));
+  for (int e = threadIdx.x; e < kCopyRows * (D / 8); e += Threads) {
+    const int row = e / (D / 8), c = 8 * (e % (D / 8));
     const int j = row < 64 ? 0 : (row < 112 ? 1 : (row < 144 ? 2 : 3));
     const int t = kSub * j + row - rows_from_offset(j), ref = kSub * j + kSub - 1;
     if (t <= ref && !with_diagonal) continue;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      copies[row * ld + c + h] = from_float<T>(to_float(x[t * ld + c + h]) *
-                                               __expf(g[t * ldg + c + h] - g[ref * ldg + c + h]));
-    }
+    decayed8(copies + row * ld + c, x + t * ld + c, g + t * ldg + c, g + ref * ldg + c);
   }
 }
 
@@ -97,21 +112,19 @@ __device__ __forceinline__ void pair_of(int k, bool with_diagonal, int& i, int& 
 
 // p (fp32 [64][68]) = the scores of x against y: s < t, or s <= t with Diagonal; zeros above.
 // Starts after a barrier that published x, y and g (and is one itself: diagonal_on_tensor_cores);
-// scratch holds kScoresScratchRows rows; ends synchronized.
+// scratch holds kScoresScratchRows rows; ends synchronized. y_copies_ready: the scratch still
+// holds y's decayed copies from a previous call with the same y and g (only x's rows are made).
 template <typename T, int D, int Threads, bool Diagonal>
-__device__ void per_key_scores(const T* x, const T* y, const float* g, T* scratch, float* p) {
+__device__ void per_key_scores(const T* x, const T* y, const float* g, T* scratch, float* p,
+                               bool y_copies_ready = false) {
   constexpr int ld = Ld<D>::e, ldg = Ld<D>::f;
   const bool on_cores = diagonal_on_tensor_cores<D, Threads>(g);
   T* x_scaled = scratch + kCopyRows * ld;  // x_t exp(G_t - G_(first row of t's sub-chunk))
-  for (int e = threadIdx.x; e < kC * (D / 2); e += Threads) {
-    const int t = e / (D / 2), c = 2 * (e % (D / 2)), ref = t & ~(kSub - 1);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      x_scaled[t * ld + c + h] = from_float<T>(to_float(x[t * ld + c + h]) *
-                                               __expf(g[t * ldg + c + h] - g[ref * ldg + c + h]));
-    }
+  for (int e = threadIdx.x; e < kC * (D / 8); e += Threads) {
+    const int t = e / (D / 8), c = 8 * (e % (D / 8)), ref = t & ~(kSub - 1);
+    decayed8(x_scaled + t * ld + c, x + t * ld + c, g + t * ldg + c, g + ref * ldg + c);
   }
-  fill_rows_upto<T, D, Threads>(scratch, y, g, on_cores);
+  if (!y_copies_ready) fill_rows_upto<T, D, Threads>(scratch, y, g, on_cores);
   __syncthreads();
   const int pairs = on_cores ? 10 : 6;
   for (int k = threadIdx.x / 32; k < pairs; k += Threads / 32) {
@@ -136,9 +149,9 @@ __device__ void per_key_scores(const T* x, const T* y, const float* g, T* scratc
     acc.store(p + kSub * i * kLdSquare + kSub * j, kLdSquare);
   }
   // Zeros above the diagonal sub-blocks.
-  for (int e = threadIdx.x; e < kC * kC; e += Threads) {
-    const int t = e / kC, s = e % kC;
-    if (s / kSub > t / kSub) p[t * kLdSquare + s] = 0.f;
+  for (int e = threadIdx.x; e < kC * kC / 4; e += Threads) {
+    const int t = e / (kC / 4), s = 4 * (e % (kC / 4));
+    if (s / kSub > t / kSub) *reinterpret_cast<float4*>(p + t * kLdSquare + s) = float4{};
   }
   if (!on_cores) {  // the diagonal sub-blocks element by element
     for (int e = threadIdx.x; e < kSubs * kSub * kSub; e += Threads) {

@@ -590,44 +590,38 @@ __global__ void __launch_bounds__(kSweepThreads)
     auto load = [&](const float* p, int i) {
       return live && i >= 0 && i < blocks ? p[base + static_cast<size_t>(i) * state] : 0.f;
     };
-    float history[W];
-    if (slides) {  // dm of the sliding rows: dm_{M-1, M-1-d} += dP_i . S_{i-d}, tail with R
-#pragma unroll
-      for (int d = 0; d < W; ++d) history[d] = 0.f;
-      float r = 0.f, x = load(grad_prefix, 0), s = load(states, 0);
-      for (int i = 0; i < blocks; ++i) {
-        const float x_next = load(grad_prefix, i + 1), s_next = load(states, i + 1);
-        if (i >= M) {
-#pragma unroll
-          for (int d = 1; d <= W; ++d) sliding[M - 1 - d] += x * history[d - 1];
-          sliding[0] += x * r;
-        }
-        if (i >= W) r += history[W - 1];
-#pragma unroll
-        for (int d = W - 1; d > 0; --d) history[d] = history[d - 1];
-        history[0] = s;
-        x = x_next, s = s_next;
-      }
-    }
     // dS_j = sum_{d=1}^{W} w(j+d, j) dP_{j+d} + tail * U, U = sum_{i >= j+M} dP_i; history[d - 1]
-    // holds dP_{j+d} (zero past the last block).
+    // holds dP_{j+d} (zero past the last block). The same walk collects dm of the sliding rows
+    // (i >= M): dm_{M-1, M-1-d} += dP_{j+d} . S_j, and the tail's sum_i dP_i . R_i =
+    // sum_j S_j . U_j, so dP and S are each read once (a separate forward walk for dm read dP
+    // twice).
+    float history[W];
 #pragma unroll
     for (int d = 0; d < W; ++d) history[d] = 0.f;
     float u = 0.f, x = load(grad_prefix, blocks - 1);
+    float s = slides ? load(states, blocks - 1) : 0.f;
     for (int j = blocks - 1; j >= 0; --j) {
       const float x_next = load(grad_prefix, j - 1);
+      const float s_next = slides ? load(states, j - 1) : 0.f;
       float g = tail * u;
 #pragma unroll
       for (int d = 1; d <= W; ++d) {
         const float w = j + d >= M ? c[d] : ms[(j + d) * M + j];
         g += w * history[d - 1];
       }
+      if (slides) {
+        sliding[0] += s * u;
+#pragma unroll
+        for (int d = 1; d <= W; ++d) {
+          if (j + d >= M) sliding[M - 1 - d] += s * history[d - 1];
+        }
+      }
       if (live) grad_states[base + static_cast<size_t>(j) * state] = g;
       u += history[W - 1];  // dP_{j+W} leaves the window (zero when past the end)
 #pragma unroll
       for (int d = W - 1; d > 0; --d) history[d] = history[d - 1];
       history[0] = x;
-      x = x_next;
+      x = x_next, s = s_next;
     }
   }
   if (!slides) return;

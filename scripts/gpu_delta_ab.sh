@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# A/B of the gated-delta kernels in one device call: the fused-kernel tests and the op harness
+# with the new binary, memcheck on small odd shapes, then forward+backward at the LM shapes for
+# the previous binary (staged as .gpu_stage/bin/mhla_prev.gz) and the new one, alternated twice,
+# fla's two ops (carried Triton cache) between the rounds, and Nsight Compute durations per
+# kernel for the new binary. Optional: CAUSAL_AB=1 adds causal linear and MHLA to the A/B,
+# CAUSAL_BREAKDOWN=1 their kernels at T = 8,192 to the breakdown. Carry .gpu_stage and .whl; run after `source scripts/gpu_env.sh`. Results in
+# $OUT/ab.tgz.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; V=$OUT/ab; mkdir -p "$V"
+new=${MHLA_BIN:-build-gpu/mhla}; prev=/tmp/mhla_bin/mhla_prev
+tests=${MHLA_TESTS_BIN:-build-gpu/tests/mhla_tests}
+shapes="--shape 16,8,2048,128 --shape 4,8,8192,128 --shape 1,8,32768,128"
+if [ -z "${SKIP_TESTS:-}" ]; then
+  timeout 200 "$tests" "delta rule: the fused*,ops: every op and GPU backend*,attention: causal block-linear*" > "$V/tests.log" 2>&1
+  echo "tests rc=$?"; tail -3 "$V/tests.log"
+  grep -B3 -A12 FAILED "$V/tests.log" | head -60
+  for s in 1,2,200,64 2,1,130,128; do
+    for op in kda gated_deltanet; do
+      log="$V/memcheck_${op}_${s//,/_}.log"
+      timeout 120 compute-sanitizer --tool memcheck "$new" bench attention --op $op --causal \
+        --backend cuda --shape $s --warmup 0 --iters 1 > "$log" 2>&1
+      echo "memcheck $op $s rc=$?: $(grep -E 'ERROR SUMMARY' "$log")"
+    done
+  done
+fi
+ops="kda gated_deltanet ${CAUSAL_AB:+linear mhla}"
+bench() {  # bench LABEL BINARY
+  for op in $ops; do
+    timeout 100 "$2" bench attention --op $op --causal --backend cuda $shapes --blocks 16 \
+      --warmup 3 --iters 10 2>> "$V/bench.err" | grep '^{' > "$V/$1_$op.jsonl"
+    python3 -c "import json,sys; print('$1 $op', ' '.join('%.3f' % json.loads(l)['fwd_bwd_ms'] for l in open(sys.argv[1])))" "$V/$1_$op.jsonl"
+  done
+}
+bench prev1 "$prev"; bench new1 "$new"
+source scripts/gpu_fla_env.sh
+timeout 150 python3 scripts/fla_delta_peer.py --kda 2> "$V/peer.err" | grep '^{' | tee "$V/peers_lm.jsonl" |
+  python3 -c "import json,sys; [print(d['op'], d['N'], '%.3f' % d['fwdbwd_ms']) for d in map(json.loads, sys.stdin)]"
+bench prev2 "$prev"; bench new2 "$new"
+if [ -z "${SKIP_BREAKDOWN:-}" ]; then
+  for op in kda gated_deltanet; do
+    timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum --csv "$new" bench \
+      attention --op $op --causal --backend cuda --shape 16,8,2048,128 --warmup 0 --iters 1 \
+      > "$V/ncu_$op.csv" 2> /dev/null
+    python3 scripts/ncu_kernel_sums.py "$V/ncu_$op.csv" 16
+  done
+fi
+if [ -n "${CAUSAL_BREAKDOWN:-}" ]; then
+  for op in linear mhla; do
+    timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum --csv "$new" bench \
+      attention --op $op --causal --backend cuda --shape 4,8,8192,128 --blocks 16 --warmup 0 \
+      --iters 1 > "$V/ncu_causal_$op.csv" 2> /dev/null
+    python3 scripts/ncu_kernel_sums.py "$V/ncu_causal_$op.csv" 16
+  done
+fi
+gzip -f "$V"/*.csv 2>/dev/null
+tar czf "$OUT/ab.tgz" -C "$OUT" ab
