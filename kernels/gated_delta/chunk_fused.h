@@ -75,7 +75,6 @@ struct GatedDeltaArgs {
   float* dgate = nullptr;                            // [B, T, H]
   float* initial_state_grad = nullptr;               // [B, H, D, D] or null (not wanted)
   // KDA backward scratch.
-  float* dq_partial = nullptr;      // [BH, chunks, 64, D]: dq through P
   void* key_score_grads = nullptr;  // [BH, chunks, 64, 64]: beta_r dA_rs
 };
 

@@ -21,8 +21,7 @@ cudaError_t run_wy_backward(const GatedDeltaArgs& a, cudaStream_t stream);  // d
 // KDA (per-key gates): its own prepare and per-chunk gradient passes; the states, output and
 // local value passes above take it through GatedDeltaArgs::per_key_gate.
 cudaError_t run_kda_prepare(const GatedDeltaArgs& a, cudaStream_t stream);  // G, P, K~, W, U0, ...
-cudaError_t run_kda_intra_grads(const GatedDeltaArgs& a, cudaStream_t stream);  // through P
-cudaError_t run_kda_state_grads(const GatedDeltaArgs& a, cudaStream_t stream);  // dq, dk', dW, dG'
+cudaError_t run_kda_chunk_grads(const GatedDeltaArgs& a, cudaStream_t stream);  // dq, dk', dW, dG'
 cudaError_t run_kda_system_backward(const GatedDeltaArgs& a, cudaStream_t stream);  // dv, dbeta, N
 cudaError_t run_kda_key_grads(const GatedDeltaArgs& a, cudaStream_t stream);        // dk, dg
 

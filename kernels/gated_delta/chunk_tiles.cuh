@@ -124,15 +124,17 @@ __device__ __forceinline__ void finish_loads() {
   copy_async_wait<0>();
 }
 
-// dst_row(r)[c] = scale * src[r][c] (fp32 shared, row stride ld) for r < rows, c < Cols, in
-// 16-byte stores of the element type.
+// dst_row(r)[c] = scale * src[r][c] (fp32 shared, row stride ld: a multiple of 4) for r < rows,
+// c < Cols, in 16-byte loads and stores.
 template <typename T, int Cols, int Threads, typename RowPtr>
 __device__ void store_rows(RowPtr dst_row, const float* src, int ld, int rows, float scale = 1.f) {
   for (int e = threadIdx.x; e < rows * (Cols / 8); e += Threads) {
     const int r = e / (Cols / 8), c = (e % (Cols / 8)) * 8;
     float x[8];
+    *reinterpret_cast<float4*>(x) = *reinterpret_cast<const float4*>(src + r * ld + c);
+    *reinterpret_cast<float4*>(x + 4) = *reinterpret_cast<const float4*>(src + r * ld + c + 4);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) x[j] = scale * src[r * ld + c + j];
+    for (int j = 0; j < 8; ++j) x[j] *= scale;
     store_pack<T, 8>(dst_row(r) + c, x);
   }
 }

@@ -72,8 +72,7 @@ __global__ void __launch_bounds__(kThreads) kda_prepare_kernel(GatedDeltaArgs p)
   float* g_out = p.gate_sums + at.tile(0, D);
   for (int e = threadIdx.x; e < kC * (D / 4); e += kThreads) {
     const int r = e / (D / 4), c = (e % (D / 4)) * 4;
-    *reinterpret_cast<float4*>(g_out + r * D + c) =
-        make_float4(g[r * ldg + c], g[r * ldg + c + 1], g[r * ldg + c + 2], g[r * ldg + c + 3]);
+    *reinterpret_cast<float4*>(g_out + r * D + c) = *reinterpret_cast<const float4*>(g + r * ldg + c);
   }
   per_key_scores<T, D, kThreads, true>(q_s, k_s, g, scratch, scores);
   per_key_scores<T, D, kThreads, false>(k_s, k_s, g, scratch, keys, /*y_copies_ready=*/true);

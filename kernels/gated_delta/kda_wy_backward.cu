@@ -1,6 +1,6 @@
 // KDA backward of the WY system, per chunk, in two passes. With [W | U0] = T X, X = [diag(beta)
 // (exp(G) . K) | diag(beta) V], T = (I + A)^-1, A = diag(beta) K~ (K~ the key scores), and the
-// gradients dW (kda_state_grads.cu) and du (the states' backward pass):
+// gradients dW (kda_chunk_grads.cu) and du (the states' backward pass):
 //   system pass:  dX = T^T [dW | du];  dA = -dX [W | U0]^T (strictly lower);
 //                 dk' += beta exp(G) . dX_K,  dG += K . beta exp(G) . dX_K,  dv = diag(beta) dX_V,
 //                 dbeta_r = (exp(G) . k)_r . dX_K[r] + v_r . dX_V[r] + sum_s dA_rs K~_rs,
@@ -83,8 +83,8 @@ __global__ void __launch_bounds__(kThreads) kda_system_backward_kernel(GatedDelt
     float* dk_partial = p.dk_partial + at.tile(0, D);
     float* dgate = p.dgate_partial + at.tile(0, D);
     T* dv = static_cast<T*>(p.dv);
-    // Global operands of kRowBatch rows are read before any of their stores (see
-    // kda_state_grads.cu: loads behind possibly aliasing stores serialize).
+    // Global operands of kRowBatch rows are read before any of their stores: loads behind
+    // possibly aliasing stores serialize (one CTA per SM cannot hide that chain of latencies).
     constexpr int kRowBatch = 4;
 #pragma unroll
     for (int i0 = 0; i0 < kRowsPerWarp; i0 += kRowBatch) {
@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(kThreads) kda_key_grads_kernel(GatedDeltaArgs 
   static_assert(kPerThread % kBatch == 0, "whole batches");
 #pragma unroll
   for (int i0 = 0; i0 < kPerThread; i0 += kBatch) {
-    float dkp[kBatch], dgp[kBatch];  // read before the stores (see kda_state_grads.cu)
+    float dkp[kBatch], dgp[kBatch];  // read before the stores (see above)
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
       const int e = threadIdx.x + (i0 + j) * kThreads;

@@ -143,10 +143,10 @@ class GatedDeltaFusedFunction : public torch::autograd::Function<GatedDeltaFused
     a.dq = dq.data_ptr(), a.dk = dk.data_ptr(), a.dv = dv.data_ptr();
     a.dbeta = dbeta.data_ptr<float>(), a.dgate = dgate.data_ptr<float>();
     a.initial_state_grad = has_h0 ? dh0.data_ptr<float>() : nullptr;
-    torch::Tensor dq_partial, key_score_grads;
+    torch::Tensor key_score_grads;
     if (per_key) {
-      dq_partial = torch::empty_like(du_local), key_score_grads = torch::empty_like(s[10]);
-      a.dq_partial = dq_partial.data_ptr<float>(), a.key_score_grads = key_score_grads.data_ptr();
+      key_score_grads = torch::empty_like(s[10]);
+      a.key_score_grads = key_score_grads.data_ptr();
     }
     check_launch(
         kernels::gated_delta_backward(a,
