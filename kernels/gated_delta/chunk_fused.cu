@@ -43,9 +43,8 @@ cudaError_t gated_delta_backward(const GatedDeltaArgs& a, cudaStream_t stream) {
   }
   using namespace gated_delta;
   if (a.per_key_gate) {
-    if (!a.key_score_grads) return cudaErrorInvalidValue;
     return run_passes({run_local_value_grads, run_states_backward, run_kda_chunk_grads,
-                       run_kda_system_backward, run_kda_key_grads},
+                       run_kda_wy_backward},
                       a, stream);
   }
   return run_passes({run_local_value_grads, run_states_backward, run_chunk_grads, run_wy_backward},

@@ -74,8 +74,6 @@ struct GatedDeltaArgs {
   float* dbeta = nullptr;                            // [B, T, H]
   float* dgate = nullptr;                            // [B, T, H]
   float* initial_state_grad = nullptr;               // [B, H, D, D] or null (not wanted)
-  // KDA backward scratch.
-  void* key_score_grads = nullptr;  // [BH, chunks, 64, 64]: beta_r dA_rs
 };
 
 #ifdef __CUDACC__

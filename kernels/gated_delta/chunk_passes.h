@@ -22,8 +22,7 @@ cudaError_t run_wy_backward(const GatedDeltaArgs& a, cudaStream_t stream);  // d
 // local value passes above take it through GatedDeltaArgs::per_key_gate.
 cudaError_t run_kda_prepare(const GatedDeltaArgs& a, cudaStream_t stream);  // G, P, K~, W, U0, ...
 cudaError_t run_kda_chunk_grads(const GatedDeltaArgs& a, cudaStream_t stream);  // dq, dk', dW, dG'
-cudaError_t run_kda_system_backward(const GatedDeltaArgs& a, cudaStream_t stream);  // dv, dbeta, N
-cudaError_t run_kda_key_grads(const GatedDeltaArgs& a, cudaStream_t stream);        // dk, dg
+cudaError_t run_kda_wy_backward(const GatedDeltaArgs& a, cudaStream_t stream);  // dk, dv, dbeta, dg
 
 }  // namespace gated_delta
 }  // namespace mhla_kernels

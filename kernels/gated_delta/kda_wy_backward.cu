@@ -1,13 +1,16 @@
-// KDA backward of the WY system, per chunk, in two passes. With [W | U0] = T X, X = [diag(beta)
+// KDA backward of the WY system, per chunk, in one pass. With [W | U0] = T X, X = [diag(beta)
 // (exp(G) . K) | diag(beta) V], T = (I + A)^-1, A = diag(beta) K~ (K~ the key scores), and the
 // gradients dW (kda_chunk_grads.cu) and du (the states' backward pass):
-//   system pass:  dX = T^T [dW | du];  dA = -dX [W | U0]^T (strictly lower);
+//   system part:  dX = T^T [dW | du];  dA = -dX [W | U0]^T (strictly lower);
 //                 dk' += beta exp(G) . dX_K,  dG += K . beta exp(G) . dX_K,  dv = diag(beta) dX_V,
 //                 dbeta_r = (exp(G) . k)_r . dX_K[r] + v_r . dX_V[r] + sum_s dA_rs K~_rs,
-//                 N = diag(beta) dA (the gradient of K~) kept for the next pass;
-//   key pass:     per_key_scores_backward of N with x = y = K gives R and C:
+//                 N = diag(beta) dA (the gradient of K~);
+//   key part:     per_key_scores_backward of N with x = y = K gives R and C:
 //                 dk = dk' + R + C,  dG += K . (R - C),  dg = the reverse running sum of dG
 //                 down each key dimension (g_t enters every G_r with r >= t).
+// One CTA per (chunk, batch x head). dk' and dG stay in registers between the parts (each
+// thread keeps the same rows and columns) and N in shared memory; the key part's tiles take
+// the system part's places.
 #include "gated_delta/chunk_passes.h"
 #include "gated_delta/chunk_tiles.cuh"
 #include "gated_delta/per_key_scores.cuh"
@@ -20,31 +23,43 @@ constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 
 template <int D>
-struct SystemLayout {
-  static constexpr int ld_wide_f = 2 * D + 4;                // fp32 rows of [K | V] columns
-  static constexpr int ld_wide_e = 2 * D + 8;                // element-type rows of them
-  static constexpr size_t dx = 0;                            // f32 [64][2D + 4]: dX
+struct WyBackwardLayout {
+  static constexpr int ld_wide_f = 2 * D + 4;  // fp32 rows of [K | V] columns
+  static constexpr int ld_wide_e = 2 * D + 8;  // element-type rows of them
+  // Both parts.
+  static constexpr size_t k = 0;                          // [64][D + 8]
+  static constexpr size_t g = k + 2 * kC * Ld<D>::e;      // f32 [64][D + 4]: G
+  static constexpr size_t small = g + 4 * kC * Ld<D>::f;  // f32 [2][64]: beta, dbeta
+  static constexpr size_t n = small + 4 * 2 * kC;         // [64][72]: N
+  // System part.
+  static constexpr size_t dx = n + 2 * kC * kLdSquareE;      // f32 [64][2D + 4]: dX
   static constexpr size_t da = dx;                           // f32 [64][68], after dX
-  static constexpr size_t small = dx + 4 * kC * ld_wide_f;   // f32 [2][64]: beta, dbeta
-  static constexpr size_t k = small + 4 * 2 * kC;            // [64][D + 8]
-  static constexpr size_t sol = k + 2 * kC * Ld<D>::e;       // [64][2D + 8]: [W | U0]
+  static constexpr size_t sol = dx + 4 * kC * ld_wide_f;     // [64][2D + 8]: [W | U0]
   static constexpr size_t grads = sol + 2 * kC * ld_wide_e;  // [64][2D + 8]: [dW | du], then dX
   static constexpr size_t t = grads + 2 * kC * ld_wide_e;    // [64][72]: T
   static constexpr size_t kk = t + 2 * kC * kLdSquareE;      // [64][72]: K~
   static constexpr size_t bytes = kk + 2 * kC * kLdSquareE;
+  // Key part, over the system part's tiles.
+  static constexpr size_t r = dx;                           // f32 [64][D + 4]: R, then dG
+  static constexpr size_t c = r + 4 * kC * Ld<D>::f;        // f32 [64][D + 4]: C
+  static constexpr size_t scratch = c + 4 * kC * Ld<D>::f;  // scaled rows
+  static_assert(scratch + 2 * kScoresBackwardScratchRows * Ld<D>::e <= bytes, "key part fits");
 };
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) kda_system_backward_kernel(GatedDeltaArgs p) {
-  using L = SystemLayout<D>;
+__global__ void __launch_bounds__(kThreads) kda_wy_backward_kernel(GatedDeltaArgs p) {
+  using L = WyBackwardLayout<D>;
+  constexpr int ldg = Ld<D>::f;
   constexpr int kRowsPerWarp = kC / kWarps;
   constexpr int kPerLane = D / 32;
   extern __shared__ __align__(128) unsigned char raw[];
-  float* dx_f = reinterpret_cast<float*>(raw + L::dx);
-  float* da = reinterpret_cast<float*>(raw + L::da);
+  T* k_s = reinterpret_cast<T*>(raw + L::k);
+  float* g = reinterpret_cast<float*>(raw + L::g);
   float* beta = reinterpret_cast<float*>(raw + L::small);
   float* dbeta = beta + kC;
-  T* k_s = reinterpret_cast<T*>(raw + L::k);
+  T* n_s = reinterpret_cast<T*>(raw + L::n);
+  float* dx_f = reinterpret_cast<float*>(raw + L::dx);
+  float* da = reinterpret_cast<float*>(raw + L::da);
   T* sol = reinterpret_cast<T*>(raw + L::sol);
   T* grads = reinterpret_cast<T*>(raw + L::grads);
   T* dx_bf = grads;
@@ -58,75 +73,71 @@ __global__ void __launch_bounds__(kThreads) kda_system_backward_kernel(GatedDelt
   };
   load_rows<T, D, kThreads>(
       k_s, Ld<D>::e, [&](int r) { return k + at.token(r, D, p.heads, p.tokens); }, at.valid);
+  load_matrix<float, kC, D, kThreads>(g, ldg, p.gate_sums + at.tile(0, D), D);
   load_rows<T, D, kThreads>(sol, L::ld_wide_e, tile(p.w), kC);
   load_rows<T, D, kThreads>(sol + D, L::ld_wide_e, tile(p.u0), kC);
+  load_rows<T, D, kThreads>(grads, L::ld_wide_e, tile(p.dw), kC);
   load_rows<T, D, kThreads>(grads + D, L::ld_wide_e, tile(p.du), kC);
   load_matrix<T, kC, kC, kThreads>(t_s, kLdSquareE,
                                    static_cast<const T*>(p.t_inverse) + at.tile(0, kC), kC);
   load_matrix<T, kC, kC, kThreads>(kk, kLdSquareE,
                                    static_cast<const T*>(p.key_scores) + at.tile(0, kC), kC);
-  load_rows<T, D, kThreads>(grads, L::ld_wide_e, tile(p.dw), kC);
   if (threadIdx.x < kC) {
     const int r = threadIdx.x;
     beta[r] = r < at.valid ? p.beta[at.token(r, 1, p.heads, p.tokens)] : 0.f;
   }
   finish_loads();
   __syncthreads();
-  // dX = T^T [dW | du].
+
+  // ---- System part. dX = T^T [dW | du].
   gemm<T, kWarps, true, false>(t_s, kLdSquareE, grads, L::ld_wide_e, dx_f, L::ld_wide_f, kC, 2 * D,
                                kC, false);
   __syncthreads();
+  // A warp's rows: dk' and dG from dX_K, dv, dbeta's row sums, and dX in the element type. This
+  // thread's dk' and dG (rows warp + kWarps i, columns lane + 32 j) stay in registers.
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float dkp[kRowsPerWarp][kPerLane], dgp[kRowsPerWarp][kPerLane];
   {
-    // A warp's rows: dk' and dG from dX_K, dv, dbeta's row sums, and dX in the element type.
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const float* gsum = p.gate_sums + at.tile(0, D);
-    float* dk_partial = p.dk_partial + at.tile(0, D);
-    float* dgate = p.dgate_partial + at.tile(0, D);
+    const float* dk_partial = p.dk_partial + at.tile(0, D);
+    const float* dgate = p.dgate_partial + at.tile(0, D);
     T* dv = static_cast<T*>(p.dv);
-    // Global operands of kRowBatch rows are read before any of their stores: loads behind
-    // possibly aliasing stores serialize (one CTA per SM cannot hide that chain of latencies).
-    constexpr int kRowBatch = 4;
+    float vx[kRowsPerWarp][kPerLane];
 #pragma unroll
-    for (int i0 = 0; i0 < kRowsPerWarp; i0 += kRowBatch) {
-      float gate[kRowBatch][kPerLane], vx[kRowBatch][kPerLane], dkp[kRowBatch][kPerLane],
-          dgp[kRowBatch][kPerLane];
+    for (int i = 0; i < kRowsPerWarp; ++i) {  // every global operand in flight at once
+      const int r = warp + kWarps * i;
+      const bool in = r < at.valid;
+      const int64_t row = at.token(in ? r : 0, D, p.heads, p.tokens);
 #pragma unroll
-      for (int i = 0; i < kRowBatch; ++i) {
-        const int r = warp + kWarps * (i0 + i);
-        const bool in = r < at.valid;
-        const int64_t row = at.token(in ? r : 0, D, p.heads, p.tokens);
-#pragma unroll
-        for (int j = 0; j < kPerLane; ++j) {
-          const int c = lane + 32 * j;
-          gate[i][j] = __expf(gsum[r * D + c]);
-          vx[i][j] = in ? to_float(v[row + c]) : 0.f;
-          dkp[i][j] = dk_partial[r * D + c];
-          dgp[i][j] = dgate[r * D + c];
-        }
+      for (int j = 0; j < kPerLane; ++j) {
+        const int c = lane + 32 * j;
+        vx[i][j] = in ? to_float(v[row + c]) : 0.f;
+        dkp[i][j] = dk_partial[r * D + c];
+        dgp[i][j] = dgate[r * D + c];
       }
+    }
 #pragma unroll
-      for (int i = 0; i < kRowBatch; ++i) {
-        const int r = warp + kWarps * (i0 + i);
-        const bool in = r < at.valid;
-        const int64_t row = at.token(in ? r : 0, D, p.heads, p.tokens);
-        float sk = 0.f, sv = 0.f;
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      const int r = warp + kWarps * i;
+      const bool in = r < at.valid;
+      const int64_t row = at.token(in ? r : 0, D, p.heads, p.tokens);
+      float sk = 0.f, sv = 0.f;
 #pragma unroll
-        for (int j = 0; j < kPerLane; ++j) {
-          const int c = lane + 32 * j;
-          const float dxk = dx_f[r * L::ld_wide_f + c], dxv = dx_f[r * L::ld_wide_f + D + c];
-          const float kx = to_float(k_s[r * Ld<D>::e + c]), through = beta[r] * gate[i][j] * dxk;
-          sk += kx * gate[i][j] * dxk;
-          sv += vx[i][j] * dxv;
-          if (in) dv[row + c] = from_float<T>(beta[r] * dxv);
-          dk_partial[r * D + c] = dkp[i][j] + through;
-          dgate[r * D + c] = dgp[i][j] + kx * through;
-          dx_bf[r * L::ld_wide_e + c] = from_float<T>(dxk);
-          dx_bf[r * L::ld_wide_e + D + c] = from_float<T>(dxv);
-        }
-        sk = warp_sum(sk);
-        sv = warp_sum(sv);
-        if (lane == 0) dbeta[r] = sk + sv;
+      for (int j = 0; j < kPerLane; ++j) {
+        const int c = lane + 32 * j;
+        const float gate = __expf(g[r * ldg + c]);
+        const float dxk = dx_f[r * L::ld_wide_f + c], dxv = dx_f[r * L::ld_wide_f + D + c];
+        const float kx = to_float(k_s[r * Ld<D>::e + c]), through = beta[r] * gate * dxk;
+        sk += kx * gate * dxk;
+        sv += vx[i][j] * dxv;
+        if (in) dv[row + c] = from_float<T>(beta[r] * dxv);
+        dkp[i][j] += through;
+        dgp[i][j] += kx * through;
+        dx_bf[r * L::ld_wide_e + c] = from_float<T>(dxk);
+        dx_bf[r * L::ld_wide_e + D + c] = from_float<T>(dxv);
       }
+      sk = warp_sum(sk);
+      sv = warp_sum(sv);
+      if (lane == 0) dbeta[r] = sk + sv;
     }
   }
   __syncthreads();
@@ -134,84 +145,44 @@ __global__ void __launch_bounds__(kThreads) kda_system_backward_kernel(GatedDelt
   gemm<T, kWarps, false, true>(dx_bf, L::ld_wide_e, sol, L::ld_wide_e, da, kLdSquare, kC, kC, 2 * D,
                                false);
   __syncthreads();
-  T* n_out = static_cast<T*>(p.key_score_grads) + at.tile(0, kC);
-  for (int e = threadIdx.x; e < kC * kC / 8; e += kThreads) {
+  for (int e = threadIdx.x; e < kC * kC / 8; e += kThreads) {  // N = -diag(beta) dA, lower
     const int r = e / (kC / 8), s0 = 8 * (e % (kC / 8));
     float x[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) x[j] = s0 + j < r ? -beta[r] * da[r * kLdSquare + s0 + j] : 0.f;
-    store_pack<T, 8>(n_out + r * kC + s0, x);
+    store_pack<T, 8>(n_s + r * kLdSquareE + s0, x);
   }
-  {
-    // dbeta_r += sum_s dA_rs K~_rs, a warp per row.
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (int r = warp; r < kC; r += kWarps) {
-      float sum = 0.f;
-      for (int s = lane; s < r; s += 32)
-        sum -= da[r * kLdSquare + s] * to_float(kk[r * kLdSquareE + s]);
-      sum = warp_sum(sum);
-      if (lane == 0 && r < at.valid) p.dbeta[at.token(r, 1, p.heads, p.tokens)] = dbeta[r] + sum;
-    }
+  for (int r = warp; r < kC; r += kWarps) {  // dbeta_r += sum_s dA_rs K~_rs, a warp per row
+    float sum = 0.f;
+    for (int s = lane; s < r; s += 32) sum -= da[r * kLdSquare + s] * to_float(kk[r * kLdSquareE + s]);
+    sum = warp_sum(sum);
+    if (lane == 0 && r < at.valid) p.dbeta[at.token(r, 1, p.heads, p.tokens)] = dbeta[r] + sum;
   }
-}
+  __syncthreads();  // N is published; dA and the system tiles are free
 
-template <int D>
-struct KeyLayout {
-  static constexpr size_t k = 0;                              // [64][D + 8]
-  static constexpr size_t g = k + 2 * kC * Ld<D>::e;          // f32 [64][D + 4]: G
-  static constexpr size_t r = g + 4 * kC * Ld<D>::f;          // f32 [64][D + 4]: R, then dG
-  static constexpr size_t c = r + 4 * kC * Ld<D>::f;          // f32 [64][D + 4]: C
-  static constexpr size_t n = c + 4 * kC * Ld<D>::f;          // [64][72]: N
-  static constexpr size_t scratch = n + 2 * kC * kLdSquareE;  // scaled rows
-  static constexpr size_t bytes = scratch + 2 * kScoresBackwardScratchRows * Ld<D>::e;
-};
-
-template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) kda_key_grads_kernel(GatedDeltaArgs p) {
-  using L = KeyLayout<D>;
-  constexpr int ldg = Ld<D>::f;
-  extern __shared__ __align__(128) unsigned char raw[];
-  T* k_s = reinterpret_cast<T*>(raw + L::k);
-  float* g = reinterpret_cast<float*>(raw + L::g);
+  // ---- Key part: R and C through the key scores.
   float* r_f = reinterpret_cast<float*>(raw + L::r);
   float* c_f = reinterpret_cast<float*>(raw + L::c);
-  T* n_s = reinterpret_cast<T*>(raw + L::n);
   T* scratch = reinterpret_cast<T*>(raw + L::scratch);
-  const ChunkPosition at(p, blockIdx.y, blockIdx.x);
-  const T* k = static_cast<const T*>(p.k);
-  load_rows<T, D, kThreads>(
-      k_s, Ld<D>::e, [&](int r) { return k + at.token(r, D, p.heads, p.tokens); }, at.valid);
-  load_matrix<float, kC, D, kThreads>(g, ldg, p.gate_sums + at.tile(0, D), D);
-  load_matrix<T, kC, kC, kThreads>(n_s, kLdSquareE,
-                                   static_cast<const T*>(p.key_score_grads) + at.tile(0, kC), kC);
   for (int e = threadIdx.x; e < kC * (D / 4); e += kThreads) {
     const int t = e / (D / 4), d = 4 * (e % (D / 4));
     *reinterpret_cast<float4*>(r_f + t * ldg + d) = float4{};
     *reinterpret_cast<float4*>(c_f + t * ldg + d) = float4{};
   }
-  finish_loads();
   __syncthreads();
-  per_key_scores_backward<T, D, kThreads>(n_s, k_s, k_s, g, scratch, r_f, c_f);
-  const float* dk_partial = p.dk_partial + at.tile(0, D);
-  const float* dgate_partial = p.dgate_partial + at.tile(0, D);
+  per_key_scores_backward<T, D, kThreads>(n_s, k_s, k_s, g, scratch, r_f, c_f);  // ends synced
   T* dk = static_cast<T*>(p.dk);
-  constexpr int kPerThread = kC * D / kThreads, kBatch = 8;
-  static_assert(kPerThread % kBatch == 0, "whole batches");
 #pragma unroll
-  for (int i0 = 0; i0 < kPerThread; i0 += kBatch) {
-    float dkp[kBatch], dgp[kBatch];  // read before the stores (see above)
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    const int r = warp + kWarps * i;
+    const bool in = r < at.valid;
+    const int64_t row = at.token(in ? r : 0, D, p.heads, p.tokens);
 #pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int e = threadIdx.x + (i0 + j) * kThreads;
-      dkp[j] = dk_partial[e];
-      dgp[j] = dgate_partial[e];
-    }
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int e = threadIdx.x + (i0 + j) * kThreads, t = e / D, d = e % D;
-      const float rk = r_f[t * ldg + d], ck = c_f[t * ldg + d];
-      if (t < at.valid) dk[at.token(t, D, p.heads, p.tokens) + d] = from_float<T>(dkp[j] + rk + ck);
-      r_f[t * ldg + d] = dgp[j] + to_float(k_s[t * Ld<D>::e + d]) * (rk - ck);
+    for (int j = 0; j < kPerLane; ++j) {
+      const int c = lane + 32 * j;
+      const float rk = r_f[r * ldg + c], ck = c_f[r * ldg + c];
+      if (in) dk[row + c] = from_float<T>(dkp[i][j] + rk + ck);
+      r_f[r * ldg + c] = dgp[i][j] + to_float(k_s[r * Ld<D>::e + c]) * (rk - ck);
     }
   }
   __syncthreads();
@@ -227,29 +198,17 @@ __global__ void __launch_bounds__(kThreads) kda_key_grads_kernel(GatedDeltaArgs 
 }
 
 template <typename T, int D>
-struct KdaSystemBackward {
+struct KdaWyBackward {
   static cudaError_t launch(const GatedDeltaArgs& a, cudaStream_t stream) {
-    return launch_pass(kda_system_backward_kernel<T, D>, chunk_grid(a), kThreads,
-                       SystemLayout<D>::bytes, a, stream);
-  }
-};
-
-template <typename T, int D>
-struct KdaKeyGrads {
-  static cudaError_t launch(const GatedDeltaArgs& a, cudaStream_t stream) {
-    return launch_pass(kda_key_grads_kernel<T, D>, chunk_grid(a), kThreads, KeyLayout<D>::bytes, a,
-                       stream);
+    return launch_pass(kda_wy_backward_kernel<T, D>, chunk_grid(a), kThreads,
+                       WyBackwardLayout<D>::bytes, a, stream);
   }
 };
 
 }  // namespace
 
-cudaError_t run_kda_system_backward(const GatedDeltaArgs& a, cudaStream_t stream) {
-  return dispatch<KdaSystemBackward>(a, stream);
-}
-
-cudaError_t run_kda_key_grads(const GatedDeltaArgs& a, cudaStream_t stream) {
-  return dispatch<KdaKeyGrads>(a, stream);
+cudaError_t run_kda_wy_backward(const GatedDeltaArgs& a, cudaStream_t stream) {
+  return dispatch<KdaWyBackward>(a, stream);
 }
 
 }  // namespace gated_delta

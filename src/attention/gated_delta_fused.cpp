@@ -143,11 +143,6 @@ class GatedDeltaFusedFunction : public torch::autograd::Function<GatedDeltaFused
     a.dq = dq.data_ptr(), a.dk = dk.data_ptr(), a.dv = dv.data_ptr();
     a.dbeta = dbeta.data_ptr<float>(), a.dgate = dgate.data_ptr<float>();
     a.initial_state_grad = has_h0 ? dh0.data_ptr<float>() : nullptr;
-    torch::Tensor key_score_grads;
-    if (per_key) {
-      key_score_grads = torch::empty_like(s[10]);
-      a.key_score_grads = key_score_grads.data_ptr();
-    }
     check_launch(
         kernels::gated_delta_backward(a,
                                       c10::cuda::getCurrentCUDAStream(v.device().index()).stream()),
