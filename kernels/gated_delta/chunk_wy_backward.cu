@@ -140,29 +140,41 @@ __global__ void __launch_bounds__(kThreads) wy_backward_kernel(GatedDeltaArgs p)
   gemm<T, kWarps, false, true>(dx_bf, L::ld_wide_e, sol, L::ld_wide_e, da, kLdSquare, kC, kC, 2 * D,
                                false);
   __syncthreads();
-  if (threadIdx.x < kC) {
-    const int r = threadIdx.x;
-    float db = 0.f, dgr = 0.f;
-    for (int s = 0; s < kC; ++s) {
-      float n = 0.f;
-      if (s < r) {
-        const float d_a = -da[r * kLdSquare + s], e = __expf(g[r] - g[s]);
-        const float kke = kk[r * kLdSquare + s] * e;
-        db += d_a * kke;
-        dgr += d_a * beta[r] * kke;
-        n = d_a * beta[r] * e;
+  {
+    // N and the row sums of dA . A, a warp per row (lanes over two columns each); then the
+    // column sums, a warp per column. (A thread per row or column walked 64 entries in turn.)
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int r = warp; r < kC; r += kWarps) {
+      float db = 0.f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int s = lane + 32 * h;
+        float n = 0.f;
+        if (s < r) {
+          const float d_a = -da[r * kLdSquare + s], e = __expf(g[r] - g[s]);
+          db += d_a * kk[r * kLdSquare + s] * e;
+          n = d_a * beta[r] * e;
+        }
+        n_bf[r * kLdSquareE + s] = from_float<T>(n);
       }
-      n_bf[r * kLdSquareE + s] = from_float<T>(n);
+      db = warp_sum(db);
+      if (lane == 0) {
+        dbeta[r] += db;
+        dg[r] += beta[r] * db;
+      }
     }
-    dbeta[r] += db;
-    dg[r] += dgr;
-  } else if (threadIdx.x < 2 * kC) {
-    const int s = threadIdx.x - kC;
-    float sum = 0.f;  // sum_r dA_rs A_rs
-    for (int r = s + 1; r < kC; ++r) {
-      sum -= da[r * kLdSquare + s] * beta[r] * kk[r * kLdSquare + s] * __expf(g[r] - g[s]);
+    for (int s = warp; s < kC; s += kWarps) {
+      float sum = 0.f;  // sum_r dA_rs A_rs
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = lane + 32 * h;
+        if (r > s) {
+          sum -= da[r * kLdSquare + s] * beta[r] * kk[r * kLdSquare + s] * __expf(g[r] - g[s]);
+        }
+      }
+      sum = warp_sum(sum);
+      if (lane == 0) col[s] = sum;
     }
-    col[s] = sum;
   }
   __syncthreads();
   gemm<T, kWarps, false, false>(n_bf, kLdSquareE, k_s, Ld<D>::e, dk_f, Ld<D>::f, kC, D, kC, true);

@@ -228,16 +228,24 @@ __device__ void per_key_scores_backward(const T* m, const T* x, const T* y, cons
                                              scratch + (rows_from_offset(part) + from - row0) * ld,
                                              ld, 0, fn, kC - from);
       }
+      // Scaled back and added in pairs of columns (the accumulator's x[h][2i], x[h][2i + 1] are
+      // adjacent): 8-byte shared-memory accesses.
       float* out = side == 0 ? r : c;
+      const int lane = threadIdx.x % 32;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
+        const int d = 16 * fn + 8 * h + 2 * (lane % 4);
+        const float2 g_ref = *reinterpret_cast<const float2*>(g + ref * ldg + d);
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int t = row0 + wmma_tiles::TileAccumulator::row(q);
-          const int d = 16 * fn + wmma_tiles::TileAccumulator::col(h, q);
-          const float diff =
-              side == 0 ? g[t * ldg + d] - g[ref * ldg + d] : g[ref * ldg + d] - g[t * ldg + d];
-          out[t * ldr + d] += acc.x[h][q] * __expf(diff);
+        for (int half = 0; half < 2; ++half) {
+          const int t = row0 + lane / 4 + 8 * half;
+          const float2 g_t = *reinterpret_cast<const float2*>(g + t * ldg + d);
+          float2& o = *reinterpret_cast<float2*>(out + t * ldr + d);
+          float2 sum = o;
+          const float sign = side == 0 ? 1.f : -1.f;
+          sum.x += acc.x[h][2 * half] * __expf(sign * (g_t.x - g_ref.x));
+          sum.y += acc.x[h][2 * half + 1] * __expf(sign * (g_t.y - g_ref.y));
+          o = sum;
         }
       }
     }
