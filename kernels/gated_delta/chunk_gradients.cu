@@ -9,6 +9,8 @@
 //   dG' = rowsum(dP^ . P) - colsum(dP^ . P) + exp(G) . rowsum(Q . (dO' S_i^T))
 //         - exp(G_C - G) . rowsum(K . (u dS^T)), and at r = C - 1 (G_C) also
 //         sum(exp(G_C - G) . rowsum(K . (u dS^T))) + exp(G_C) sum(S_i . dS_{i+1}).
+#include <type_traits>
+
 #include "gated_delta/chunk_passes.h"
 #include "gated_delta/chunk_tiles.cuh"
 
@@ -27,15 +29,27 @@ constexpr size_t grads_bytes() {
 
 // For each row r (a warp per row): returns sum_c x[r][c] r_f[r][c] through `reduce(r, sum)` and
 // then scales the fp32 row r_f[r] by factor[r].
+// Each lane takes D / 32 adjacent columns in one access per operand.
 template <typename T, int D, typename Reduce>
 __device__ void row_dot_then_scale(const T* x, float* r_f, const float* factor, Reduce reduce) {
+  constexpr int kPer = D / 32;
+  static_assert(kPer == 2 || kPer == 4, "D of 64 or 128");
+  using Vec = std::conditional_t<kPer == 4, float4, float2>;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int r = warp; r < kC; r += kWarps) {
+    alignas(16) float xs[kPer], ys[kPer];
+    load_pack<T, kPer>(x + r * Ld<D>::e + kPer * lane, xs);
+    Vec& row = *reinterpret_cast<Vec*>(r_f + r * Ld<D>::f + kPer * lane);
+    *reinterpret_cast<Vec*>(ys) = row;
     float sum = 0.f;
-    for (int c = lane; c < D; c += 32) sum += to_float(x[r * Ld<D>::e + c]) * r_f[r * Ld<D>::f + c];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) sum += xs[i] * ys[i];
     sum = warp_sum(sum);
     if (lane == 0) reduce(r, sum);
-    for (int c = lane; c < D; c += 32) r_f[r * Ld<D>::f + c] *= factor[r];
+    const float f = factor[r];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) ys[i] *= f;
+    row = *reinterpret_cast<const Vec*>(ys);
   }
 }
 

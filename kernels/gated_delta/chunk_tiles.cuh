@@ -130,7 +130,7 @@ template <typename T, int Cols, int Threads, typename RowPtr>
 __device__ void store_rows(RowPtr dst_row, const float* src, int ld, int rows, float scale = 1.f) {
   for (int e = threadIdx.x; e < rows * (Cols / 8); e += Threads) {
     const int r = e / (Cols / 8), c = (e % (Cols / 8)) * 8;
-    float x[8];
+    alignas(16) float x[8];
     *reinterpret_cast<float4*>(x) = *reinterpret_cast<const float4*>(src + r * ld + c);
     *reinterpret_cast<float4*>(x + 4) = *reinterpret_cast<const float4*>(src + r * ld + c + 4);
 #pragma unroll

@@ -76,13 +76,12 @@ __global__ void __launch_bounds__(kThreads) kda_prepare_kernel(GatedDeltaArgs p)
   }
   per_key_scores<T, D, kThreads, true>(q_s, k_s, g, scratch, scores);
   per_key_scores<T, D, kThreads, false>(k_s, k_s, g, scratch, keys, /*y_copies_ready=*/true);
-  // Keep P and K~ (element type), then A = diag(beta) K~ in place; and exp(G) . Q and
-  // exp(G_C - G) . K for the other passes.
+  // Keep P and K~ (element type), then A = diag(beta) K~ in place.
   T* p_out = static_cast<T*>(p.scores) + at.tile(0, kC);
   T* kk_out = static_cast<T*>(p.key_scores) + at.tile(0, kC);
   for (int e = threadIdx.x; e < kC * kC / 8; e += kThreads) {
     const int r = e / (kC / 8), s = 8 * (e % (kC / 8));
-    float x[8], a[8];
+    alignas(16) float x[8], a[8];
     *reinterpret_cast<float4*>(x) = *reinterpret_cast<const float4*>(scores + r * kLdSquare + s);
     *reinterpret_cast<float4*>(x + 4) =
         *reinterpret_cast<const float4*>(scores + r * kLdSquare + s + 4);
@@ -95,35 +94,36 @@ __global__ void __launch_bounds__(kThreads) kda_prepare_kernel(GatedDeltaArgs p)
     key_row[0] = make_float4(b * a[0], b * a[1], b * a[2], b * a[3]);
     key_row[1] = make_float4(b * a[4], b * a[5], b * a[6], b * a[7]);
   }
+  // exp(G) . Q and exp(G_C - G) . K for the other passes, and in place X_K = diag(beta)
+  // (exp(G) . K), X_V = diag(beta) V: one thread reads and then rewrites its own elements.
   T* q_gated = static_cast<T*>(p.q_gated) + at.tile(0, D);
   T* k_to_end = static_cast<T*>(p.k_to_end) + at.tile(0, D);
   for (int e = threadIdx.x; e < kC * (D / 8); e += kThreads) {
-    const int r = e / (D / 8), c = (e % (D / 8)) * 8;
-    float qx[8], kx[8];
+    const int r = e / (D / 8), c = 8 * (e % (D / 8));
+    alignas(16) float gr[8], ge[8];
+    float qx[8], kx[8], vx[8], decay[8];
+    *reinterpret_cast<float4*>(gr) = *reinterpret_cast<const float4*>(g + r * ldg + c);
+    *reinterpret_cast<float4*>(gr + 4) = *reinterpret_cast<const float4*>(g + r * ldg + c + 4);
+    *reinterpret_cast<float4*>(ge) = *reinterpret_cast<const float4*>(g + (kC - 1) * ldg + c);
+    *reinterpret_cast<float4*>(ge + 4) =
+        *reinterpret_cast<const float4*>(g + (kC - 1) * ldg + c + 4);
+    load_pack<T, 8>(q_s + r * Ld<D>::e + c, qx);
+    load_pack<T, 8>(k_s + r * Ld<D>::e + c, kx);
+    load_pack<T, 8>(v_s + r * Ld<D>::e + c, vx);
+    const float b = beta[r];
+    float to_end[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const float gr = g[r * ldg + c + j];
-      qx[j] = to_float(q_s[r * Ld<D>::e + c + j]) * __expf(gr);
-      kx[j] = to_float(k_s[r * Ld<D>::e + c + j]) * __expf(g[(kC - 1) * ldg + c + j] - gr);
+      decay[j] = __expf(gr[j]);
+      to_end[j] = kx[j] * __expf(ge[j] - gr[j]);
+      qx[j] *= decay[j];
+      kx[j] *= b * decay[j];
+      vx[j] *= b;
     }
     store_pack<T, 8>(q_gated + r * D + c, qx);
-    store_pack<T, 8>(k_to_end + r * D + c, kx);
-  }
-  __syncthreads();
-  // X_K = diag(beta) (exp(G) . K) and X_V = diag(beta) V in place.
-  for (int e = threadIdx.x; e < kC * (D / 8); e += kThreads) {
-    const int r = e / (D / 8), c = 8 * (e % (D / 8));
-    float xk[8], xv[8];
-    load_pack<T, 8>(k_s + r * Ld<D>::e + c, xk);
-    load_pack<T, 8>(v_s + r * Ld<D>::e + c, xv);
-    const float b = beta[r];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      xk[j] *= b * __expf(g[r * ldg + c + j]);
-      xv[j] *= b;
-    }
-    store_pack<T, 8>(k_s + r * Ld<D>::e + c, xk);
-    store_pack<T, 8>(v_s + r * Ld<D>::e + c, xv);
+    store_pack<T, 8>(k_to_end + r * D + c, to_end);
+    store_pack<T, 8>(k_s + r * Ld<D>::e + c, kx);
+    store_pack<T, 8>(v_s + r * Ld<D>::e + c, vx);
   }
   invert_unit_lower<kThreads>(keys, staging, staging + kC * kLdSquare);  // syncs first
   T* t_out = static_cast<T*>(p.t_inverse) + at.tile(0, kC);

@@ -9,21 +9,26 @@ namespace gated_delta {
 // t = (I + A)^-1 for a strictly lower A (fp32 [64][68] tiles) in 16 x 16 blocks: the four
 // diagonal blocks by forward substitution (a thread per column), then the blocks below them a
 // diagonal at a time, T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj (y: scratch of 3 x 16 x 16 fp32).
-// Chains of 16 rather than 64 dependent rows. Ends synchronized.
+// Chains of 16 rather than 64 dependent rows. The substitution is right-looking (each solved
+// x_s is subtracted from every later row's accumulator at once), so its dependent chain is one
+// multiply-add per row instead of the whole row's dot product; the block products keep four
+// partial sums. Ends synchronized.
 template <int Threads>
 __device__ void invert_unit_lower(const float* a, float* t, float* y) {
   constexpr int kB = 16;
-  for (int e = threadIdx.x; e < kC * kC; e += Threads) t[(e / kC) * kLdSquare + e % kC] = 0.f;
+  for (int e = threadIdx.x; e < kC * kC / 4; e += Threads) {
+    *reinterpret_cast<float4*>(t + (e / (kC / 4)) * kLdSquare + 4 * (e % (kC / 4))) = float4{};
+  }
   __syncthreads();
   if (threadIdx.x < kC) {
     const int base = kB * (threadIdx.x / kB), j = threadIdx.x % kB;
     float x[kB];
 #pragma unroll
-    for (int i = 0; i < kB; ++i) {
-      float acc = i == j ? 1.f : 0.f;
+    for (int i = 0; i < kB; ++i) x[i] = i == j ? 1.f : 0.f;
 #pragma unroll
-      for (int s = 0; s < i; ++s) acc -= a[(base + i) * kLdSquare + base + s] * x[s];
-      x[i] = acc;
+    for (int s = 0; s < kB; ++s) {  // x_s is final here
+#pragma unroll
+      for (int i = s + 1; i < kB; ++i) x[i] -= a[(base + i) * kLdSquare + base + s] * x[s];
     }
 #pragma unroll
     for (int i = 0; i < kB; ++i) t[(base + i) * kLdSquare + base + j] = x[i];
@@ -33,20 +38,27 @@ __device__ void invert_unit_lower(const float* a, float* t, float* y) {
     const int blocks = kC / kB - d;
     for (int e = threadIdx.x; e < blocks * kB * kB; e += Threads) {
       const int j = e / (kB * kB), i = j + d, r = (e / kB) % kB, c = e % kB;
-      float sum = 0.f;
-      for (int m = kB * j; m < kB * i; ++m)
-        sum += a[(kB * i + r) * kLdSquare + m] * t[m * kLdSquare + kB * j + c];
-      y[e] = sum;
+      float sum[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int m = kB * j; m < kB * i; m += 4) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          sum[q] += a[(kB * i + r) * kLdSquare + m + q] * t[(m + q) * kLdSquare + kB * j + c];
+        }
+      }
+      y[e] = (sum[0] + sum[1]) + (sum[2] + sum[3]);
     }
     __syncthreads();
     for (int e = threadIdx.x; e < blocks * kB * kB; e += Threads) {
       const int j = e / (kB * kB), i = j + d, r = (e / kB) % kB, c = e % kB;
-      float sum = 0.f;
+      float sum[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int m = 0; m < kB; ++m) {
-        sum += t[(kB * i + r) * kLdSquare + kB * i + m] * y[j * kB * kB + m * kB + c];
+      for (int m = 0; m < kB; m += 4) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          sum[q] += t[(kB * i + r) * kLdSquare + kB * i + m + q] * y[j * kB * kB + (m + q) * kB + c];
+        }
       }
-      t[(kB * i + r) * kLdSquare + kB * j + c] = -sum;
+      t[(kB * i + r) * kLdSquare + kB * j + c] = -((sum[0] + sum[1]) + (sum[2] + sum[3]));
     }
     __syncthreads();
   }
