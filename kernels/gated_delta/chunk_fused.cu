@@ -37,18 +37,18 @@ cudaError_t gated_delta_forward(const GatedDeltaArgs& a, cudaStream_t stream) {
 }
 
 cudaError_t gated_delta_backward(const GatedDeltaArgs& a, cudaStream_t stream) {
-  if (!common_ok(a) || !a.d_out || !a.du_local || !a.du || !a.state_grads || !a.dw ||
-      !a.dk_partial || !a.dgate_partial || !a.dq || !a.dk || !a.dv || !a.dbeta || !a.dgate) {
+  if (!common_ok(a) || !a.d_out || !a.du_local || !a.du || !a.state_grads || !a.dq || !a.dk ||
+      !a.dv || !a.dbeta || !a.dgate) {
     return cudaErrorInvalidValue;
   }
   using namespace gated_delta;
   if (a.per_key_gate) {
+    if (!a.dw || !a.dk_partial || !a.dgate_partial) return cudaErrorInvalidValue;
     return run_passes({run_local_value_grads, run_states_backward, run_kda_chunk_grads,
                        run_kda_wy_backward},
                       a, stream);
   }
-  return run_passes({run_local_value_grads, run_states_backward, run_chunk_grads, run_wy_backward},
-                    a, stream);
+  return run_passes({run_local_value_grads, run_states_backward, run_chunk_grads}, a, stream);
 }
 
 }  // namespace mhla_kernels

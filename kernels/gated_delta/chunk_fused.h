@@ -9,8 +9,9 @@
 //   o  = scale [(exp(G) . Q) S_i + (Q K^T . D) u],  D_rs = exp(G_r - G_s) for s <= r  (output)
 // The backward runs the same passes in reverse: du from the outputs (per chunk), the state
 // gradients carried from the last chunk to the first (sequential), then per chunk dq, the
-// output and state parts of dk and the gate, dW, and finally the WY system's backward (dk, dv,
-// dbeta, dg; dg is the reverse running sum of dG inside the chunk). Inputs are token-major
+// output and state parts of dk and the gate, dW, and the WY system's backward (dk, dv, dbeta,
+// dg; dg is the reverse running sum of dG inside the chunk): one pass for gated DeltaNet, two
+// for KDA. Inputs are token-major
 // [B, T, H, D] (D contiguous); the per-chunk intermediates are [B*H, chunks, 64, D] (states
 // [B*H, chunks, Dk, Dv]). T need not be a multiple of 64: the last chunk is padded with
 // q = k = v = 0, beta = 0, g = 0, which neither write nor decay the state.
@@ -67,9 +68,10 @@ struct GatedDeltaArgs {
   float* du_local = nullptr;                // [BH, chunks, 64, D] scratch
   void* du = nullptr;                       // [BH, chunks, 64, D] scratch
   void* state_grads = nullptr;              // [BH, chunks, D, D] scratch: dS leaving each chunk
-  void* dw = nullptr;                       // [BH, chunks, 64, D] scratch (a product operand)
-  float* dk_partial = nullptr;              // [BH, chunks, 64, D] scratch
-  float* dgate_partial = nullptr;           // [BH, chunks * 64] scratch
+  // KDA only (gated DeltaNet keeps them on chip): from the chunk-gradient pass to the WY pass.
+  void* dw = nullptr;              // [BH, chunks, 64, D] scratch (a product operand)
+  float* dk_partial = nullptr;     // [BH, chunks, 64, D] scratch
+  float* dgate_partial = nullptr;  // [BH, chunks * 64, D] scratch
   void *dq = nullptr, *dk = nullptr, *dv = nullptr;  // [B, T, H, D]
   float* dbeta = nullptr;                            // [B, T, H]
   float* dgate = nullptr;                            // [B, T, H]

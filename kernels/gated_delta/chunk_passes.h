@@ -15,8 +15,7 @@ cudaError_t run_output(const GatedDeltaArgs& a, cudaStream_t stream);          /
 // Backward.
 cudaError_t run_local_value_grads(const GatedDeltaArgs& a, cudaStream_t stream);  // du_local
 cudaError_t run_states_backward(const GatedDeltaArgs& a, cudaStream_t stream);    // dS, du, dS_0
-cudaError_t run_chunk_grads(const GatedDeltaArgs& a, cudaStream_t stream);  // dq, dk', dW, dG'
-cudaError_t run_wy_backward(const GatedDeltaArgs& a, cudaStream_t stream);  // dk, dv, dbeta, dg
+cudaError_t run_chunk_grads(const GatedDeltaArgs& a, cudaStream_t stream);  // dq, dk, dv, dbeta, dg
 
 // KDA (per-key gates): its own prepare and per-chunk gradient passes; the states, output and
 // local value passes above take it through GatedDeltaArgs::per_key_gate.

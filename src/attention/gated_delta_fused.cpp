@@ -129,17 +129,21 @@ class GatedDeltaFusedFunction : public torch::autograd::Function<GatedDeltaFused
     a.d_out = d_out.data_ptr();
     a.final_state_grad = dfinal.defined() ? dfinal.data_ptr<float>() : nullptr;
     auto f32 = v.options().dtype(torch::kFloat32);
-    auto du_local = torch::empty(s[6].sizes(), f32), dw = torch::empty_like(s[6]);
-    auto dk_partial = torch::empty_like(du_local);
+    auto du_local = torch::empty(s[6].sizes(), f32);
     auto du = torch::empty_like(s[6]), state_grads = torch::empty_like(s[9]);
-    auto dgate_partial = torch::empty_like(s[5]);
+    torch::Tensor dw, dk_partial, dgate_partial;  // KDA's per-chunk gradients pass them on
+    if (per_key) {
+      dw = torch::empty_like(s[6]), dk_partial = torch::empty_like(du_local);
+      dgate_partial = torch::empty_like(s[5]);
+      a.dw = dw.data_ptr(), a.dk_partial = dk_partial.data_ptr<float>();
+      a.dgate_partial = dgate_partial.data_ptr<float>();
+    }
     auto dq = torch::empty_like(q), dk = torch::empty_like(k), dv = torch::empty_like(v);
     auto dbeta = torch::empty_like(beta), dgate = torch::empty_like(g);
     torch::Tensor dh0;
     if (has_h0) dh0 = torch::empty({q.size(0), q.size(2), q.size(3), v.size(3)}, f32);
     a.du_local = du_local.data_ptr<float>(), a.du = du.data_ptr();
-    a.state_grads = state_grads.data_ptr(), a.dw = dw.data_ptr();
-    a.dk_partial = dk_partial.data_ptr<float>(), a.dgate_partial = dgate_partial.data_ptr<float>();
+    a.state_grads = state_grads.data_ptr();
     a.dq = dq.data_ptr(), a.dk = dk.data_ptr(), a.dv = dv.data_ptr();
     a.dbeta = dbeta.data_ptr<float>(), a.dgate = dgate.data_ptr<float>();
     a.initial_state_grad = has_h0 ? dh0.data_ptr<float>() : nullptr;
