@@ -4,7 +4,8 @@
 # the previous binary (staged as .gpu_stage/bin/mhla_prev.gz) and the new one, alternated twice,
 # fla's two ops (carried Triton cache) between the rounds, and Nsight Compute durations per
 # kernel for the new binary. Optional: CAUSAL_AB=1 adds causal linear and MHLA to the A/B,
-# CAUSAL_BREAKDOWN=1 their kernels at T = 8,192 to the breakdown. Carry .gpu_stage and .whl; run after `source scripts/gpu_env.sh`. Results in
+# CAUSAL_BREAKDOWN=1 their kernels at T = 8,192 to the breakdown; SKIP_PEER=1 leaves fla out,
+# SKIP_BREAKDOWN=1 the gated-delta breakdown. Carry .gpu_stage and .whl; run after `source scripts/gpu_env.sh`. Results in
 # $OUT/ab.tgz.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; V=$OUT/ab; mkdir -p "$V"
@@ -33,9 +34,12 @@ bench() {  # bench LABEL BINARY
   done
 }
 bench prev1 "$prev"; bench new1 "$new"
-source scripts/gpu_fla_env.sh
-timeout 150 python3 scripts/fla_delta_peer.py --kda 2> "$V/peer.err" | grep '^{' | tee "$V/peers_lm.jsonl" |
-  python3 -c "import json,sys; [print(d['op'], d['N'], '%.3f' % d['fwdbwd_ms']) for d in map(json.loads, sys.stdin)]"
+if [ -z "${SKIP_PEER:-}" ]; then
+  source scripts/gpu_fla_env.sh
+  timeout 150 python3 scripts/fla_delta_peer.py --kda 2> "$V/peer.err" | grep '^{' |
+    tee "$V/peers_lm.jsonl" |
+    python3 -c "import json,sys; [print(d['op'], d['N'], '%.3f' % d['fwdbwd_ms']) for d in map(json.loads, sys.stdin)]"
+fi
 bench prev2 "$prev"; bench new2 "$new"
 if [ -z "${SKIP_BREAKDOWN:-}" ]; then
   for op in kda gated_deltanet; do

@@ -24,7 +24,10 @@ constexpr int kCausalWarps = kCausalThreads / 32;
 // The prefix sweeps (one state element per thread, a window of states per thread in shared
 // memory or registers) keep 256 threads.
 constexpr int kSweepThreads = 256;
-constexpr int kSweepWarps = kSweepThreads / 32;
+// The register-window sweeps keep this many blocks' loads in flight per thread: with one, the
+// bytes in flight across the GPU were too few to cover the memory latency (the sweeps are
+// bandwidth-bound in principle: each state is read once and each prefix written once).
+constexpr int kSweepAhead = 4;
 constexpr size_t kMaxSharedBytes = 227 * 1024;  // tokens per block (== kTile: one tile per block)
 constexpr int kLdScore = kC + 4;                // fp32 64 x 64 tiles
 constexpr int kLdScoreE = kC + 8;               // 64 x 64 tiles of tensor-core elements
@@ -207,9 +210,18 @@ __global__ void __launch_bounds__(kSweepThreads)
   float history[W];  // history[d - 1] = S_{i-d}
 #pragma unroll
   for (int d = 0; d < W; ++d) history[d] = 0.f;
-  float r = 0.f, s = states[base];
+  auto load = [&](int i) {
+    return i < blocks ? states[base + static_cast<size_t>(i) * state] : 0.f;
+  };
+  float ahead[kSweepAhead];  // S_i, ..., S_{i + kSweepAhead - 1}
+#pragma unroll
+  for (int a = 0; a < kSweepAhead; ++a) ahead[a] = load(a);
+  float r = 0.f;
   for (int i = 0; i < blocks; ++i) {
-    const float s_next = i + 1 < blocks ? states[base + static_cast<size_t>(i + 1) * state] : 0.f;
+    const float s = ahead[0];
+#pragma unroll
+    for (int a = 0; a + 1 < kSweepAhead; ++a) ahead[a] = ahead[a + 1];
+    ahead[kSweepAhead - 1] = load(i + kSweepAhead);
     float p = 0.f;
     if (i >= M) {
       p = tail * r;
@@ -227,7 +239,6 @@ __global__ void __launch_bounds__(kSweepThreads)
 #pragma unroll
     for (int d = W - 1; d > 0; --d) history[d] = history[d - 1];
     history[0] = s;
-    s = s_next;
   }
 }
 
@@ -598,11 +609,22 @@ __global__ void __launch_bounds__(kSweepThreads)
     float history[W];
 #pragma unroll
     for (int d = 0; d < W; ++d) history[d] = 0.f;
-    float u = 0.f, x = load(grad_prefix, blocks - 1);
-    float s = slides ? load(states, blocks - 1) : 0.f;
+    float u = 0.f;
+    float x_ahead[kSweepAhead], s_ahead[kSweepAhead];  // dP_j, S_j, ..., j - kSweepAhead + 1
+#pragma unroll
+    for (int a = 0; a < kSweepAhead; ++a) {
+      x_ahead[a] = load(grad_prefix, blocks - 1 - a);
+      s_ahead[a] = slides ? load(states, blocks - 1 - a) : 0.f;
+    }
     for (int j = blocks - 1; j >= 0; --j) {
-      const float x_next = load(grad_prefix, j - 1);
-      const float s_next = slides ? load(states, j - 1) : 0.f;
+      const float x = x_ahead[0], s = s_ahead[0];
+#pragma unroll
+      for (int a = 0; a + 1 < kSweepAhead; ++a) {
+        x_ahead[a] = x_ahead[a + 1];
+        s_ahead[a] = s_ahead[a + 1];
+      }
+      x_ahead[kSweepAhead - 1] = load(grad_prefix, j - kSweepAhead);
+      s_ahead[kSweepAhead - 1] = slides ? load(states, j - kSweepAhead) : 0.f;
       float g = tail * u;
 #pragma unroll
       for (int d = 1; d <= W; ++d) {
@@ -621,7 +643,6 @@ __global__ void __launch_bounds__(kSweepThreads)
 #pragma unroll
       for (int d = W - 1; d > 0; --d) history[d] = history[d - 1];
       history[0] = x;
-      x = x_next, s = s_next;
     }
   }
   if (!slides) return;
@@ -730,7 +751,14 @@ struct PrefixWindowBackward {
   static cudaError_t run(const CausalBlockLinearBackward& a, cudaStream_t stream, int state) {
     const auto& s = a.shape;
     const int items = s.batch * s.heads * ((state + kSweepThreads - 1) / kSweepThreads);
-    const int ctas = std::min(items, 4 * multiprocessors());
+    // As many persistent CTAs as fit at once (each adds its sliding-row sums once at the end).
+    int per_sm = 0;
+    if (cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &per_sm, prefix_window_backward_kernel<W>, kSweepThreads, 0);
+        err != cudaSuccess) {
+      return err;
+    }
+    const int ctas = std::min(items, std::max(per_sm, 1) * multiprocessors());
     prefix_window_backward_kernel<W><<<ctas, kSweepThreads, 0, stream>>>(
         a.states, a.grad_prefix, a.grad_states, a.grad_mixing,
         CausalWeights{a.mixing, s.mixing_blocks}, s.batch * s.heads, blocks_of(s.tokens), state);
