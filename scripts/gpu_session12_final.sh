@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 12's report call: every [gpu] test (except the DeiT CUDA-graph case, which needs
 # Fashion-MNIST: not carried), memcheck of the gated-delta kernels, our gated DeltaNet and KDA
-# forward+backward at the LM shapes (previous binary, staged as mhla_prev.gz, and this one,
+# forward+backward at the LM shapes (a previous binary, staged as mhla_prev.gz, and this one,
 # before and after fla), fla's chunk_gated_delta_rule, chunk_kda and chunk_linear_attn, our
 # causal linear and MHLA, the GPT table's KDA and gated-DeltaNet rows, and per-kernel times.
 # Carry .gpu_stage (binaries, triton_cache.txz), .whl and data/text; run after
@@ -30,7 +30,7 @@ bench() {  # bench LABEL BINARY OPS...
     python3 -c "import json,sys; print('$label $op', ' '.join('%.3f' % json.loads(l)['fwd_bwd_ms'] for l in open(sys.argv[1])))" "$V/${label}_$op.jsonl"
   done
 }
-bench prev1 "$prev" kda gated_deltanet
+bench prev1 "$prev" kda gated_deltanet linear mhla
 bench new1 "$new" kda gated_deltanet linear mhla
 source scripts/gpu_fla_env.sh
 summary="import json,sys; [print(d['op'], d['N'], '%.3f' % d['fwdbwd_ms']) for d in map(json.loads, sys.stdin)]"
@@ -38,7 +38,7 @@ timeout 150 python3 scripts/fla_delta_peer.py --kda 2> "$V/peer.err" | grep '^{'
   tee "$V/peers_delta.jsonl" | python3 -c "$summary"
 OUT=$V timeout 100 python3 scripts/fla_linear_peer.py 2>> "$V/peer.err" | grep '^{' |
   tee "$V/peers_linear.jsonl" | python3 -c "$summary"
-bench prev2 "$prev" kda gated_deltanet
+bench prev2 "$prev" kda gated_deltanet linear mhla
 bench new2 "$new" kda gated_deltanet linear mhla
 for op in kda gated_deltanet; do
   timeout 150 "$new" train configs/gpt_austen_kjv.yaml --set attention.type=$op \
