@@ -6,7 +6,13 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 mkdir -p "$root/data/fashion-mnist" "$root/.gpu_stage/include" "$root/.gpu_stage/bench"
 cp -u /usr/share/datasets/fashion-mnist/*.gz "$root/data/fashion-mnist/"
-[ -d /usr/include/stb ] && cp -ru /usr/include/stb "$root/.gpu_stage/include/"
+# stb's headers only for building on the GPU machine: staged binaries do not need them, and the
+# carry (64 MiB with the tree) is tight beside fla's Triton cache (.gpu_stage/triton_cache.txz).
+if [ "${1:-}" != "--binaries" ] && [ -d /usr/include/stb ]; then
+  cp -ru /usr/include/stb "$root/.gpu_stage/include/"
+else
+  rm -rf "$root/.gpu_stage/include/stb"
+fi
 [ -d "$root/../shared/bench" ] && cp -u "$root"/../shared/bench/*.py "$root/.gpu_stage/bench/"
 du -sh "$root/data/fashion-mnist" "$root/.gpu_stage"
 # With --binaries: also this machine's build (mhla, mhla_tests, the kernel smoke test) and the
