@@ -12,18 +12,11 @@ OUT=${OUT:-/tmp/out}; V=$OUT/ab; mkdir -p "$V"
 new=${MHLA_BIN:-build-gpu/mhla}; prev=/tmp/mhla_bin/mhla_prev
 tests=${MHLA_TESTS_BIN:-build-gpu/tests/mhla_tests}
 shapes="--shape 16,8,2048,128 --shape 4,8,8192,128 --shape 1,8,32768,128"
+source scripts/gpu_delta_checks.sh
 if [ -z "${SKIP_TESTS:-}" ]; then
-  timeout 200 "$tests" "delta rule: the fused*,ops: every op and GPU backend*,attention: causal block-linear*" > "$V/tests.log" 2>&1
-  echo "tests rc=$?"; tail -3 "$V/tests.log"
-  grep -B3 -A12 FAILED "$V/tests.log" | head -60
-  for s in 1,2,200,64 2,1,130,128; do
-    for op in kda gated_deltanet; do
-      log="$V/memcheck_${op}_${s//,/_}.log"
-      timeout 120 compute-sanitizer --tool memcheck "$new" bench attention --op $op --causal \
-        --backend cuda --shape $s --warmup 0 --iters 1 > "$log" 2>&1
-      echo "memcheck $op $s rc=$?: $(grep -E 'ERROR SUMMARY' "$log")"
-    done
-  done
+  run_gpu_tests "$V" tests.log 200 "$tests" \
+    "delta rule: the fused*,ops: every op and GPU backend*,attention: causal block-linear*"
+  memcheck_delta "$V" "$new"
 fi
 ops="kda gated_deltanet ${CAUSAL_AB:+linear mhla}"
 bench() {  # bench LABEL BINARY

@@ -10,18 +10,10 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; V=$OUT/kda; mkdir -p "$V"
 bin=${MHLA_BIN:-build-gpu/mhla}; tests=${MHLA_TESTS_BIN:-build-gpu/tests/mhla_tests}
+source scripts/gpu_delta_checks.sh
 if [ -z "${SKIP_TESTS:-}" ]; then
-  timeout 240 "$tests" "[gpu]" > "$V/gpu_tests.log" 2>&1
-  echo "gpu tests rc=$?"; tail -3 "$V/gpu_tests.log"
-  grep -B3 -A12 FAILED "$V/gpu_tests.log" | head -60
-  for s in 1,2,200,64 2,1,130,128; do
-    for op in kda gated_deltanet; do
-      log="$V/memcheck_${op}_${s//,/_}.log"
-      timeout 120 compute-sanitizer --tool memcheck "$bin" bench attention --op $op --causal \
-        --backend cuda --shape $s --warmup 0 --iters 1 > "$log" 2>&1
-      echo "memcheck $op $s rc=$?: $(grep -E 'ERROR SUMMARY' "$log")"
-    done
-  done
+  run_gpu_tests "$V" gpu_tests.log 240 "$tests" "[gpu]"
+  memcheck_delta "$V" "$bin"
 fi
 for op in kda gated_deltanet; do
   timeout 100 "$bin" bench attention --op $op --causal --backend cuda --shape 16,8,2048,128 \

@@ -11,17 +11,9 @@ OUT=${OUT:-/tmp/out}; V=$OUT/final; mkdir -p "$V"
 new=${MHLA_BIN:-build-gpu/mhla}; prev=/tmp/mhla_bin/mhla_prev
 tests=${MHLA_TESTS_BIN:-build-gpu/tests/mhla_tests}
 shapes="--shape 16,8,2048,128 --shape 4,8,8192,128 --shape 1,8,32768,128"
-timeout 260 "$tests" "[gpu]" "~train: CUDA-graph steps*" > "$V/gpu_tests.log" 2>&1
-echo "gpu tests rc=$?"; tail -3 "$V/gpu_tests.log"
-grep -B3 -A12 FAILED "$V/gpu_tests.log" | head -40
-for s in 1,2,200,64 2,1,130,128; do
-  for op in kda gated_deltanet; do
-    log="$V/memcheck_${op}_${s//,/_}.log"
-    timeout 120 compute-sanitizer --tool memcheck "$new" bench attention --op $op --causal \
-      --backend cuda --shape $s --warmup 0 --iters 1 > "$log" 2>&1
-    echo "memcheck $op $s rc=$?: $(grep -E 'ERROR SUMMARY' "$log")"
-  done
-done
+source scripts/gpu_delta_checks.sh
+run_gpu_tests "$V" gpu_tests.log 260 "$tests" "[gpu]" "~train: CUDA-graph steps*"
+memcheck_delta "$V" "$new"
 bench() {  # bench LABEL BINARY OPS...
   local label=$1 bin=$2; shift 2
   for op in "$@"; do
