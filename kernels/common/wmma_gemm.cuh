@@ -119,21 +119,71 @@ struct TileAccumulator {
     }
   }
   // From / to a fp32 tile whose top-left element is at c (row stride ldc).
+  // Column pairs (i, i + 1) are adjacent: one 8-byte access each (ldc even, c 8-byte aligned).
   __device__ void load(const float* c, int ldc) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) x[h][i] = c[row(i) * ldc + col(h, i)];
+      for (int i = 0; i < 4; i += 2) {
+        const float2 v = *reinterpret_cast<const float2*>(c + row(i) * ldc + col(h, i));
+        x[h][i] = v.x, x[h][i + 1] = v.y;
+      }
     }
   }
   __device__ void store(float* c, int ldc) const {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) c[row(i) * ldc + col(h, i)] = x[h][i];
+      for (int i = 0; i < 4; i += 2) {
+        *reinterpret_cast<float2*>(c + row(i) * ldc + col(h, i)) = make_float2(x[h][i], x[h][i + 1]);
+      }
     }
   }
 };
+
+// acc[i][j] += A B over depth k for the Rows x Cols block of 16 x 16 output tiles whose first is
+// at (row tile fm, column tile fn); same operand conventions as mma_tile below. Each A fragment
+// serves Cols tiles and each B fragment Rows tiles: a 2 x 2 block reads shared memory once per
+// two tensor-core products instead of once per product (the gated-delta and causal passes were
+// bound by shared-memory throughput, not by the tensor cores).
+template <typename T, bool TransA, bool TransB, int Rows, int Cols>
+__device__ __forceinline__ void mma_block(TileAccumulator (&acc)[Rows][Cols], const T* a, int lda,
+                                          const T* b, int ldb, int fm, int fn, int k) {
+  const int lane = threadIdx.x % 32, quad = lane / 8, row8 = lane % 8;
+  const T* a_row[Rows];
+  const T* b_row[Cols];
+#pragma unroll
+  for (int i = 0; i < Rows; ++i) {
+    const int m0 = (fm + i) * 16;
+    a_row[i] = TransA ? a + ((quad / 2) * 8 + row8) * lda + m0 + (quad % 2) * 8
+                      : a + (m0 + (quad % 2) * 8 + row8) * lda + (quad / 2) * 8;
+  }
+#pragma unroll
+  for (int j = 0; j < Cols; ++j) {
+    const int n0 = (fn + j) * 16;
+    b_row[j] = TransB ? b + (n0 + (quad / 2) * 8 + row8) * ldb + (quad % 2) * 8
+                      : b + ((quad % 2) * 8 + row8) * ldb + n0 + (quad / 2) * 8;
+  }
+  for (int kk = 0; kk < k; kk += 16) {
+    unsigned fa[Rows][4], fb[Cols][4];
+#pragma unroll
+    for (int i = 0; i < Rows; ++i) {
+      detail::load_matrices<TransA>(fa[i], TransA ? a_row[i] + kk * lda : a_row[i] + kk);
+    }
+#pragma unroll
+    for (int j = 0; j < Cols; ++j) {
+      detail::load_matrices<!TransB>(fb[j], TransB ? b_row[j] + kk : b_row[j] + kk * ldb);
+    }
+#pragma unroll
+    for (int i = 0; i < Rows; ++i) {
+#pragma unroll
+      for (int j = 0; j < Cols; ++j) {
+        detail::mma16816<T>(acc[i][j].x[0], fa[i], fb[j][0], fb[j][1]);
+        detail::mma16816<T>(acc[i][j].x[1], fa[i], fb[j][2], fb[j][3]);
+      }
+    }
+  }
+}
 
 // acc += A B over depth k for the 16 x 16 output tile at (row tile fm, column tile fn), with A
 // [m][k] (lda; stored [k][m] when TransA) and B [k][n] (ldb; stored [n][k] when TransB) in shared
@@ -195,6 +245,62 @@ __device__ void gemm(const typename Mma<T>::elem* a, int lda, const typename Mma
       }
       mma_tile<T, TransA, TransB>(acc, a, lda, b, ldb, fm, fn, k);
       acc.store(out, ldc);
+    }
+  }
+}
+
+namespace detail {
+
+// The Rows x Cols blocks of output tiles, one per warp at a time (see gemm_blocked).
+template <typename T, int Warps, bool TransA, bool TransB, int Rows, int Cols>
+__device__ __forceinline__ void gemm_blocks(const T* a, int lda, const T* b, int ldb, float* c,
+                                            int ldc, int m, int n, int k, bool accumulate) {
+  const int warp = threadIdx.x / 32, blocks_n = n / (16 * Cols);
+  const int count = (m / (16 * Rows)) * blocks_n;
+  for (int f = warp; f < count; f += Warps) {
+    const int fm = (f / blocks_n) * Rows, fn = (f % blocks_n) * Cols;
+    TileAccumulator acc[Rows][Cols];
+#pragma unroll
+    for (int i = 0; i < Rows; ++i) {
+#pragma unroll
+      for (int j = 0; j < Cols; ++j) {
+        if (accumulate) {
+          acc[i][j].load(c + (fm + i) * 16 * ldc + (fn + j) * 16, ldc);
+        } else {
+          acc[i][j].zero();
+        }
+      }
+    }
+    mma_block<T, TransA, TransB, Rows, Cols>(acc, a, lda, b, ldb, fm, fn, k);
+#pragma unroll
+    for (int i = 0; i < Rows; ++i) {
+#pragma unroll
+      for (int j = 0; j < Cols; ++j) acc[i][j].store(c + (fm + i) * 16 * ldc + (fn + j) * 16, ldc);
+    }
+  }
+}
+
+}  // namespace detail
+
+// gemm for 16-bit T with each warp taking blocks of 2 x 2 or 1 x 2 output tiles where there are
+// enough such blocks for every warp (fewer shared-memory reads per product); single tiles
+// otherwise.
+template <typename T, int Warps, bool TransA, bool TransB>
+__device__ void gemm_blocked(const typename Mma<T>::elem* a, int lda,
+                             const typename Mma<T>::elem* b, int ldb, float* c, int ldc, int m,
+                             int n, int k, bool accumulate) {
+  if constexpr (std::is_same_v<T, float>) {
+    gemm<T, Warps, TransA, TransB>(a, lda, b, ldb, c, ldc, m, n, k, accumulate);
+  } else {
+    const int tiles_m = m / 16, tiles_n = n / 16;
+    if (tiles_m % 2 == 0 && tiles_n % 2 == 0 && (tiles_m / 2) * (tiles_n / 2) >= Warps) {
+      detail::gemm_blocks<T, Warps, TransA, TransB, 2, 2>(a, lda, b, ldb, c, ldc, m, n, k,
+                                                          accumulate);
+    } else if (tiles_n % 2 == 0 && tiles_m * (tiles_n / 2) >= Warps) {
+      detail::gemm_blocks<T, Warps, TransA, TransB, 1, 2>(a, lda, b, ldb, c, ldc, m, n, k,
+                                                          accumulate);
+    } else {
+      gemm<T, Warps, TransA, TransB>(a, lda, b, ldb, c, ldc, m, n, k, accumulate);
     }
   }
 }

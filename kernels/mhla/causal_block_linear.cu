@@ -37,7 +37,8 @@ static_assert(kC == kTile, "one shared-memory tile per causal block");
 template <typename T, bool TransA, bool TransB>
 __device__ void gemm(const typename Mma<T>::elem* a, int lda, const typename Mma<T>::elem* b,
                      int ldb, float* c, int ldc, int m, int n, int k, bool accumulate) {
-  wmma_tiles::gemm<T, kCausalWarps, TransA, TransB>(a, lda, b, ldb, c, ldc, m, n, k, accumulate);
+  wmma_tiles::gemm_blocked<T, kCausalWarps, TransA, TransB>(a, lda, b, ldb, c, ldc, m, n, k,
+                                                   accumulate);
 }
 
 __host__ __device__ constexpr int blocks_of(int tokens) {
