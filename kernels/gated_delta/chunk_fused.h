@@ -7,8 +7,9 @@
 //   W  = T diag(beta exp(G)) K,   U0 = T diag(beta) V                  (prepare, per chunk)
 //   u  = U0 - W S_i,  S_{i+1} = exp(G_C) S_i + (exp(G_C - G) . K)^T u  (states, sequential)
 //   o  = scale [(exp(G) . Q) S_i + (Q K^T . D) u],  D_rs = exp(G_r - G_s) for s <= r  (output)
-// The backward runs the same passes in reverse: du from the outputs (per chunk), the state
-// gradients carried from the last chunk to the first (sequential), then per chunk dq, the
+// The backward runs the same passes in reverse: the state gradients carried from the last chunk
+// to the first (sequential; du, with its part from the chunk's own outputs, P^T dO', formed on
+// the way from the P the forward kept), then per chunk dq, the
 // output and state parts of dk and the gate, dW, and the WY system's backward (dk, dv, dbeta,
 // dg; dg is the reverse running sum of dG inside the chunk): one pass for gated DeltaNet, two
 // for KDA. Inputs are token-major
@@ -55,17 +56,16 @@ struct GatedDeltaArgs {
   void* t_inverse = nullptr;     // [BH, chunks, 64, 64]: (I + A)^-1
   void* u = nullptr;             // [BH, chunks, 64, D]
   void* states = nullptr;        // [BH, chunks, D, D]: the state entering each chunk
+  void* scores = nullptr;        // [BH, chunks, 64, 64]: P (lower, with the diagonal)
   void* out = nullptr;           // [B, T, H, D]
   float* final_state = nullptr;  // [B, H, D, D]
   // KDA only, per chunk (see above).
   void* q_gated = nullptr;     // [BH, chunks, 64, D]: exp(G) . Q
   void* k_to_end = nullptr;    // [BH, chunks, 64, D]: exp(G_C - G) . K
-  void* scores = nullptr;      // [BH, chunks, 64, 64]: P (lower, with the diagonal)
   void* key_scores = nullptr;  // [BH, chunks, 64, 64]: A / beta_r (strictly lower)
   // Backward.
   const void* d_out = nullptr;              // [B, T, H, D]
   const float* final_state_grad = nullptr;  // [B, H, D, D] or null (zeros)
-  float* du_local = nullptr;                // [BH, chunks, 64, D] scratch
   void* du = nullptr;                       // [BH, chunks, 64, D] scratch
   void* state_grads = nullptr;              // [BH, chunks, D, D] scratch: dS leaving each chunk
   // KDA only (gated DeltaNet keeps them on chip): from the chunk-gradient pass to the WY pass.
@@ -88,7 +88,7 @@ MHLA_GATED_DELTA_HD inline int gated_delta_chunks(int tokens) {
   return (tokens + kGatedDeltaChunk - 1) / kGatedDeltaChunk;
 }
 
-// Fills gate_sums, w, u0, u, states, out and final_state (and for KDA q_gated, k_to_end, scores,
+// Fills gate_sums, w, u0, u, states, scores, out and final_state (and for KDA q_gated, k_to_end,
 // key_scores).
 cudaError_t gated_delta_forward(const GatedDeltaArgs& args, cudaStream_t stream);
 // Reads the inputs and the forward's intermediates; fills the scratch buffers and dq, dk, dv,

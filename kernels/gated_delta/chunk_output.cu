@@ -1,7 +1,7 @@
-// The parallel per-chunk passes that need the decayed causal scores P = (Q K^T) . D of a chunk
-// (D_rs = exp(G_r - G_s), s <= r): the forward output o = scale [(exp(G) . Q) S_i + P u], and
-// the backward's value gradient from the outputs, du_local = P^T dO'. One CTA per (chunk,
-// batch x head), products on tensor cores with fp32 accumulation. KDA (PerKey) reads P and
+// The forward output of a chunk, o = scale [(exp(G) . Q) S_i + P u] with the decayed causal
+// scores P = (Q K^T) . D (D_rs = exp(G_r - G_s), s <= r). One CTA per (chunk, batch x head,
+// half of the value columns), products on tensor cores with fp32 accumulation. Gated DeltaNet
+// forms P here and keeps it (the backward's state walk reads it for P^T dO); KDA reads P and
 // exp(G) . Q from its prepare pass instead.
 #include "gated_delta/chunk_passes.h"
 #include "gated_delta/chunk_tiles.cuh"
@@ -22,12 +22,6 @@ template <int D>
 constexpr size_t output_bytes() {
   return sizeof(float) * (kC * kLdSquare + 2 * kC) +
          2 * (2 * kC * Ld<D>::e + kC * kLdOutE + D * kLdOutE + kC * kLdSquareE);
-}
-
-template <int D>
-constexpr size_t local_bytes() {
-  return sizeof(float) * (kC * kLdSquare + kC * Ld<D>::f + 2 * kC) +
-         2 * (3 * kC * Ld<D>::e + kC * kLdSquareE);
 }
 
 // P into p_bf (element type, zeros above the diagonal); q_s and k_s hold the raw rows, g the
@@ -77,6 +71,10 @@ __global__ void __launch_bounds__(kThreads) output_kernel(GatedDeltaArgs p) {
     __syncthreads();
     if (threadIdx.x < kC) decay[threadIdx.x] = __expf(g[threadIdx.x]);
     decayed_scores<T, D>(q_s, k_s, g, pf, p_bf);
+    if (blockIdx.z == 0) {  // kept for the backward (one CTA of the chunk stores it)
+      store_matrix<T, kC, kC, kThreads>(static_cast<T*>(p.scores) + at.tile(0, kC), kC, p_bf,
+                                        kLdSquareE);
+    }
     for (int e = threadIdx.x; e < kC * (D / 8); e += kThreads) {
       const int r = e / (D / 8), c = 8 * (e % (D / 8));
       float x[8];
@@ -99,47 +97,6 @@ __global__ void __launch_bounds__(kThreads) output_kernel(GatedDeltaArgs p) {
                                  out_f, kLdSquare, at.valid, p.scale);
 }
 
-template <typename T, int D, bool PerKey>
-__global__ void __launch_bounds__(kThreads) local_value_grads_kernel(GatedDeltaArgs p) {
-  extern __shared__ __align__(128) unsigned char raw[];
-  float* pf = reinterpret_cast<float*>(raw);  // [64][68]
-  float* out_f = pf + kC * kLdSquare;         // [64][D + 4]
-  float* g = out_f + kC * Ld<D>::f;           // [64]
-  T* q_s = reinterpret_cast<T*>(g + 2 * kC);  // [64][D + 8]
-  T* k_s = q_s + kC * Ld<D>::e;               // [64][D + 8]
-  T* do_s = k_s + kC * Ld<D>::e;              // [64][D + 8]: dO
-  T* p_bf = do_s + kC * Ld<D>::e;             // [64][72]
-  const ChunkPosition at(p, blockIdx.y, blockIdx.x);
-  auto rows = [&](const void* base) {
-    return [&at, &p, base](int r) {
-      return static_cast<const T*>(base) + at.token(r, D, p.heads, p.tokens);
-    };
-  };
-  load_rows<T, D, kThreads>(do_s, Ld<D>::e, rows(p.d_out), at.valid);  // dO (scale at the end)
-  if constexpr (PerKey) {                                              // P from the prepare pass
-    load_matrix<T, kC, kC, kThreads>(p_bf, kLdSquareE,
-                                     static_cast<const T*>(p.scores) + at.tile(0, kC), kC);
-    finish_loads();
-    __syncthreads();
-  } else {
-    load_rows<T, D, kThreads>(q_s, Ld<D>::e, rows(p.q), at.valid);
-    load_rows<T, D, kThreads>(k_s, Ld<D>::e, rows(p.k), at.valid);
-    load_gate_sums(g, p, at);
-    finish_loads();
-    __syncthreads();
-    decayed_scores<T, D>(q_s, k_s, g, pf, p_bf);
-  }
-  gemm<T, kWarps, true, false>(p_bf, kLdSquareE, do_s, Ld<D>::e, out_f, Ld<D>::f, kC, D, kC, false);
-  __syncthreads();
-  float* dst = p.du_local + at.tile(0, D);
-  for (int e = threadIdx.x; e < kC * (D / 4); e += kThreads) {
-    const int r = e / (D / 4), c = (e % (D / 4)) * 4;
-    *reinterpret_cast<float4*>(dst + r * D + c) =
-        make_float4(p.scale * out_f[r * Ld<D>::f + c], p.scale * out_f[r * Ld<D>::f + c + 1],
-                    p.scale * out_f[r * Ld<D>::f + c + 2], p.scale * out_f[r * Ld<D>::f + c + 3]);
-  }
-}
-
 template <typename T, int D>
 struct Output {
   static cudaError_t launch(const GatedDeltaArgs& a, cudaStream_t stream) {
@@ -151,24 +108,10 @@ struct Output {
   }
 };
 
-template <typename T, int D>
-struct LocalValueGrads {
-  static cudaError_t launch(const GatedDeltaArgs& a, cudaStream_t stream) {
-    return a.per_key_gate ? launch_pass(local_value_grads_kernel<T, D, true>, chunk_grid(a),
-                                        kThreads, local_bytes<D>(), a, stream)
-                          : launch_pass(local_value_grads_kernel<T, D, false>, chunk_grid(a),
-                                        kThreads, local_bytes<D>(), a, stream);
-  }
-};
-
 }  // namespace
 
 cudaError_t run_output(const GatedDeltaArgs& a, cudaStream_t stream) {
   return dispatch<Output>(a, stream);
-}
-
-cudaError_t run_local_value_grads(const GatedDeltaArgs& a, cudaStream_t stream) {
-  return dispatch<LocalValueGrads>(a, stream);
 }
 
 }  // namespace gated_delta

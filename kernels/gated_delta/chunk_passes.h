@@ -13,7 +13,6 @@ cudaError_t run_prepare(const GatedDeltaArgs& a, cudaStream_t stream);         /
 cudaError_t run_states_forward(const GatedDeltaArgs& a, cudaStream_t stream);  // S_i, u, S_n
 cudaError_t run_output(const GatedDeltaArgs& a, cudaStream_t stream);          // o
 // Backward.
-cudaError_t run_local_value_grads(const GatedDeltaArgs& a, cudaStream_t stream);  // du_local
 cudaError_t run_states_backward(const GatedDeltaArgs& a, cudaStream_t stream);    // dS, du, dS_0
 cudaError_t run_chunk_grads(const GatedDeltaArgs& a, cudaStream_t stream);  // dq, dk, dv, dbeta, dg
 

@@ -5,8 +5,11 @@
 // the next chunk's first product; the next chunk's tiles (from the parallel passes and the
 // inputs) load asynchronously into a second buffer while the current chunk computes.
 //   forward:  store S_i;  u = U0 - W S_i;  S_{i+1} = exp(G_C) S_i + K^T diag(exp(G_C - G)) u
-//   backward: store dS_{i+1};  du = du_local + diag(exp(G_C - G)) K dS_{i+1};
+//   backward: store dS_{i+1};  du = scale P^T dO + diag(exp(G_C - G)) K dS_{i+1};
 //             dS_i = exp(G_C) dS_{i+1} + [Q ; W]^T [diag(scale exp(G)) dO ; -du]
+// The local part of du (through the chunk's own outputs, P^T dO with the decayed causal scores P
+// the forward kept) is a product of this walk too: it needs no state, but forming it here saves
+// a pass and an fp32 [64, D] round trip per chunk through global memory.
 // KDA (PerKey) runs the same walks with exp(G_C) a per-row (key dimension) decay and the gated
 // operands its prepare pass kept: exp(G_C - G) . K for K with its decay, exp(G) . Q for Q.
 #include "common/device_info.h"
@@ -107,8 +110,9 @@ struct ForwardLayout {
 
 template <int D, int Slice>
 struct BackwardLayout {
-  static constexpr size_t staging = 0;  // f32 [D][36]
-  static constexpr size_t to_end = staging + 4 * D * SliceLd<Slice>::f;
+  static constexpr size_t staging = 0;                               // f32 [D][36]
+  static constexpr size_t local = staging + 4 * D * SliceLd<Slice>::f;  // f32 [64][36]: P^T dO
+  static constexpr size_t to_end = local + 4 * kC * SliceLd<Slice>::f;
   static constexpr size_t decay = to_end + 4 * kC;     // f32 [64]: scale exp(G_r)
   static constexpr size_t row_decay = decay + 4 * kC;  // f32 [D]: exp(G_C)
   static constexpr size_t ds_bf = row_decay + 4 * D;   // [D][40]
@@ -117,8 +121,8 @@ struct BackwardLayout {
   static constexpr size_t q = 0, w = q + 2 * kC * Ld<D>::e, k = w + 2 * kC * Ld<D>::e,
                           d_out = k + 2 * kC * Ld<D>::e,
                           du_neg = d_out + 2 * kC * SliceLd<Slice>::e,
-                          du_local = du_neg + 2 * kC * SliceLd<Slice>::e,
-                          g = du_local + 4 * kC * SliceLd<Slice>::f,
+                          scores = du_neg + 2 * kC * SliceLd<Slice>::e,  // [64][72]: P
+                          g = scores + 2 * kC * kLdSquareE,
                           stage_bytes = g + 4 * (kC > D ? kC : D);
   static constexpr size_t bytes = stage0 + 2 * stage_bytes;
 };
@@ -259,7 +263,10 @@ __global__ void __launch_bounds__(kThreads) states_backward_kernel(GatedDeltaArg
     auto token = [&](const T* base) {
       return [&at, &p, base](int r) { return base + at.token(r, D, p.heads, p.tokens); };
     };
-    auto tile = [&](const T* base) { return [&at, base](int r) { return base + at.tile(r, D); }; };
+    auto tile_of = [&](const T* base, int width) {
+      return [&at, base, width](int r) { return base + at.tile(r, width); };
+    };
+    auto tile = [&](const T* base) { return tile_of(base, D); };
     if constexpr (PerKey) {  // exp(G) . Q and exp(G_C - G) . K, per-chunk tiles
       copy_rows_async<T, D, kThreads>(reinterpret_cast<T*>(stage(s, L::q)), Ld<D>::e, tile(q), kC);
       copy_rows_async<T, D, kThreads>(reinterpret_cast<T*>(stage(s, L::k)), Ld<D>::e, tile(k), kC);
@@ -273,9 +280,8 @@ __global__ void __launch_bounds__(kThreads) states_backward_kernel(GatedDeltaArg
     copy_rows_async<T, Slice, kThreads>(
         reinterpret_cast<T*>(stage(s, L::d_out)), SliceLd<Slice>::e,
         [&](int r) { return d_out + at.token(r, D, p.heads, p.tokens) + col0; }, at.valid);
-    copy_rows_async<float, Slice, kThreads>(
-        reinterpret_cast<float*>(stage(s, L::du_local)), SliceLd<Slice>::f,
-        [&](int r) { return p.du_local + at.tile(r, D) + col0; }, kC);
+    copy_rows_async<T, kC, kThreads>(reinterpret_cast<T*>(stage(s, L::scores)), kLdSquareE,
+                                     tile_of(static_cast<const T*>(p.scores), kC), kC);
     copy_gate_sums_async<PerKey, D>(reinterpret_cast<float*>(stage(s, L::g)), p, bh, chunks, i);
     copy_async_commit();
   };
@@ -301,7 +307,8 @@ __global__ void __launch_bounds__(kThreads) states_backward_kernel(GatedDeltaArg
     T* q_s = reinterpret_cast<T*>(stage(s, L::q));
     T* do_s = reinterpret_cast<T*>(stage(s, L::d_out));
     T* du_neg = reinterpret_cast<T*>(stage(s, L::du_neg));
-    const float* du_local = reinterpret_cast<const float*>(stage(s, L::du_local));
+    const T* scores = reinterpret_cast<const T*>(stage(s, L::scores));
+    float* local = reinterpret_cast<float*>(raw + L::local);
     const float* g = reinterpret_cast<const float*>(stage(s, L::g));
     store_matrix<T, D, Slice, kThreads>(static_cast<T*>(p.state_grads) + at.state(D) + col0, D,
                                         ds_bf, SliceLd<Slice>::e);
@@ -320,12 +327,14 @@ __global__ void __launch_bounds__(kThreads) states_backward_kernel(GatedDeltaArg
     }
     gemm<T, kWarps, false, false>(k_s, Ld<D>::e, ds_bf, SliceLd<Slice>::e, staging,
                                   SliceLd<Slice>::f, kC, Slice, D, false);
+    gemm<T, kWarps, true, false>(scores, kLdSquareE, do_s, SliceLd<Slice>::e, local,
+                                 SliceLd<Slice>::f, kC, Slice, kC, false);  // P^T dO, unscaled
     __syncthreads();
     T* du_out = static_cast<T*>(p.du) + at.tile(0, D) + col0;
     for (int e = threadIdx.x; e < kC * Slice; e += kThreads) {
       const int r = e / Slice, c = e % Slice;
-      const float du =
-          du_local[r * SliceLd<Slice>::f + c] + to_end[r] * staging[r * SliceLd<Slice>::f + c];
+      const float du = p.scale * local[r * SliceLd<Slice>::f + c] +
+                       to_end[r] * staging[r * SliceLd<Slice>::f + c];
       du_out[static_cast<int64_t>(r) * D + c] = from_float<T>(du);
       du_neg[r * SliceLd<Slice>::e + c] = from_float<T>(-du);
       T& x = do_s[r * SliceLd<Slice>::e + c];

@@ -84,15 +84,18 @@ class GatedDeltaFusedFunction : public torch::autograd::Function<GatedDeltaFused
     a.w = w.data_ptr(), a.u0 = u0.data_ptr(), a.u = u.data_ptr(), a.states = states.data_ptr();
     a.t_inverse = t_inverse.data_ptr();
     a.out = out.data_ptr(), a.final_state = final_state.data_ptr<float>();
-    // KDA's gated operands and scores (empty for gated DeltaNet: the kernels form them inline).
-    torch::Tensor q_gated, k_to_end, scores, key_scores;
+    // The decayed causal scores P (the backward's state walk reads them); KDA's gated operands
+    // and key scores (empty for gated DeltaNet: the kernels form them inline).
+    auto scores = torch::empty_like(t_inverse);
+    a.scores = scores.data_ptr();
+    torch::Tensor q_gated, k_to_end, key_scores;
     if (per_key) {
       q_gated = torch::empty_like(w), k_to_end = torch::empty_like(w);
-      scores = torch::empty_like(t_inverse), key_scores = torch::empty_like(t_inverse);
+      key_scores = torch::empty_like(t_inverse);
       a.q_gated = q_gated.data_ptr(), a.k_to_end = k_to_end.data_ptr();
-      a.scores = scores.data_ptr(), a.key_scores = key_scores.data_ptr();
+      a.key_scores = key_scores.data_ptr();
     } else {
-      q_gated = k_to_end = scores = key_scores = torch::empty({0}, v.options());
+      q_gated = k_to_end = key_scores = torch::empty({0}, v.options());
     }
     check_launch(
         kernels::gated_delta_forward(a,
@@ -121,19 +124,19 @@ class GatedDeltaFusedFunction : public torch::autograd::Function<GatedDeltaFused
     a.w = s[6].data_ptr(), a.u0 = s[7].data_ptr(), a.u = s[8].data_ptr();
     a.states = s[9].data_ptr();
     a.t_inverse = s[10].data_ptr();
+    a.scores = s[13].data_ptr();
     const bool per_key = a.per_key_gate;
     if (per_key) {
       a.q_gated = s[11].data_ptr(), a.k_to_end = s[12].data_ptr();
-      a.scores = s[13].data_ptr(), a.key_scores = s[14].data_ptr();
+      a.key_scores = s[14].data_ptr();
     }
     a.d_out = d_out.data_ptr();
     a.final_state_grad = dfinal.defined() ? dfinal.data_ptr<float>() : nullptr;
     auto f32 = v.options().dtype(torch::kFloat32);
-    auto du_local = torch::empty(s[6].sizes(), f32);
     auto du = torch::empty_like(s[6]), state_grads = torch::empty_like(s[9]);
     torch::Tensor dw, dk_partial, dgate_partial;  // KDA's per-chunk gradients pass them on
     if (per_key) {
-      dw = torch::empty_like(s[6]), dk_partial = torch::empty_like(du_local);
+      dw = torch::empty_like(s[6]), dk_partial = torch::empty(s[6].sizes(), f32);
       dgate_partial = torch::empty_like(s[5]);
       a.dw = dw.data_ptr(), a.dk_partial = dk_partial.data_ptr<float>();
       a.dgate_partial = dgate_partial.data_ptr<float>();
@@ -142,7 +145,7 @@ class GatedDeltaFusedFunction : public torch::autograd::Function<GatedDeltaFused
     auto dbeta = torch::empty_like(beta), dgate = torch::empty_like(g);
     torch::Tensor dh0;
     if (has_h0) dh0 = torch::empty({q.size(0), q.size(2), q.size(3), v.size(3)}, f32);
-    a.du_local = du_local.data_ptr<float>(), a.du = du.data_ptr();
+    a.du = du.data_ptr();
     a.state_grads = state_grads.data_ptr();
     a.dq = dq.data_ptr(), a.dk = dk.data_ptr(), a.dv = dv.data_ptr();
     a.dbeta = dbeta.data_ptr<float>(), a.dgate = dgate.data_ptr<float>();
