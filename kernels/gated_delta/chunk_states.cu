@@ -69,6 +69,46 @@ struct StateFragments {
       }
     }
   }
+  // The slice straight from / to a global fp32 [D, D] matrix (columns col0 on; src null: zeros).
+  __device__ void load_global(const float* src, int col0) {
+#pragma unroll
+    for (int j = 0; j < kPerWarp; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int i = 0; i < 4; i += 2) {
+          const int r = 16 * tile_row(j) + wmma_tiles::TileAccumulator::row(i);
+          const int c = col0 + 16 * tile_col(j) + wmma_tiles::TileAccumulator::col(h, i);
+          const float2 v = src != nullptr
+                               ? *reinterpret_cast<const float2*>(src + static_cast<int64_t>(r) * D + c)
+                               : make_float2(0.f, 0.f);
+          f[j].x[h][i] = v.x, f[j].x[h][i + 1] = v.y;
+        }
+      }
+    }
+  }
+  __device__ void store_global(float* dst, int col0) const {
+#pragma unroll
+    for (int j = 0; j < kPerWarp; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int i = 0; i < 4; i += 2) {
+          const int r = 16 * tile_row(j) + wmma_tiles::TileAccumulator::row(i);
+          const int c = col0 + 16 * tile_col(j) + wmma_tiles::TileAccumulator::col(h, i);
+          *reinterpret_cast<float2*>(dst + static_cast<int64_t>(r) * D + c) =
+              make_float2(f[j].x[h][i], f[j].x[h][i + 1]);
+        }
+      }
+    }
+  }
+  // f += A^T B for A [Depth][D] (rows lda apart) and B [Depth][32] (rows ldb apart).
+  __device__ void add(const T* a, int lda, const T* b, int ldb, int depth) {
+#pragma unroll
+    for (int j = 0; j < kPerWarp; ++j) {
+      wmma_tiles::mma_tile<T, true, false>(f[j], a, lda, b, ldb, tile_row(j), tile_col(j), depth);
+    }
+  }
   // f = diag(decay) f + A^T B for A [Depth][D] (rows lda apart) and B [Depth][32] (rows ldb
   // apart); decay[row] per state row, or one decay for all rows (decay[0]) unless PerRow.
   template <bool PerRow>
@@ -108,23 +148,32 @@ struct ForwardLayout {
   static constexpr size_t bytes = stage0 + 2 * stage_bytes;
 };
 
-template <int D, int Slice>
+// Two ways to buffer the backward walk's big tiles (Q, W, K, P), BigBuffers:
+//   1: one buffer each, the next chunk's copy issued as soon as the current chunk has finished
+//      reading it, so that two CTAs fit an SM (one walk's chain of dependent products leaves the
+//      SM idle between them otherwise); taken when the grid has more CTAs than the GPU has SMs;
+//   2: two buffers, every copy of the next chunk issued at the top of the current one (a whole
+//      chunk of latency to hide); taken for small grids (long sequences, few batch x heads),
+//      where pairing CTAs has nothing to pair.
+// dO and the gate sums, read from the first phase to the last, always have two.
+template <int D, int Slice, int BigBuffers>
 struct BackwardLayout {
-  static constexpr size_t staging = 0;                               // f32 [D][36]
-  static constexpr size_t local = staging + 4 * D * SliceLd<Slice>::f;  // f32 [64][36]: P^T dO
+  static constexpr size_t staging = 0;                                  // f32 [64][36]: K dS
+  static constexpr size_t local = staging + 4 * kC * SliceLd<Slice>::f;  // f32 [64][36]: P^T dO
   static constexpr size_t to_end = local + 4 * kC * SliceLd<Slice>::f;
   static constexpr size_t decay = to_end + 4 * kC;     // f32 [64]: scale exp(G_r)
   static constexpr size_t row_decay = decay + 4 * kC;  // f32 [D]: exp(G_C)
   static constexpr size_t ds_bf = row_decay + 4 * D;   // [D][40]
-  static constexpr size_t stage0 = ds_bf + 2 * D * SliceLd<Slice>::e;
-  // q and w adjacent (one product of depth 128 against d_out and du_neg, also adjacent).
+  static constexpr size_t du_neg = ds_bf + 2 * D * SliceLd<Slice>::e;  // [64][40]
+  static constexpr size_t big0 = du_neg + 2 * kC * SliceLd<Slice>::e;
   static constexpr size_t q = 0, w = q + 2 * kC * Ld<D>::e, k = w + 2 * kC * Ld<D>::e,
-                          d_out = k + 2 * kC * Ld<D>::e,
-                          du_neg = d_out + 2 * kC * SliceLd<Slice>::e,
-                          scores = du_neg + 2 * kC * SliceLd<Slice>::e,  // [64][72]: P
-                          g = scores + 2 * kC * kLdSquareE,
+                          scores = k + 2 * kC * Ld<D>::e,  // [64][72]: P
+      big_bytes = scores + 2 * kC * kLdSquareE;
+  static constexpr size_t stage0 = big0 + BigBuffers * big_bytes;
+  static constexpr size_t d_out = 0, g = d_out + 2 * kC * SliceLd<Slice>::e,
                           stage_bytes = g + 4 * (kC > D ? kC : D);
   static constexpr size_t bytes = stage0 + 2 * stage_bytes;
+  static_assert(BigBuffers == 2 || 2 * (bytes + 1024) <= 228 * 1024, "two CTAs per SM");
 };
 
 // The state slice from global fp32 [D, D] (or zeros) into fp32 shared memory.
@@ -201,13 +250,11 @@ __global__ void __launch_bounds__(kThreads, 2) states_forward_kernel(GatedDeltaA
   for (int i = 0; i < chunks; ++i) {
     const int s = i & 1;
     const ChunkPosition at(p, bh, i);
-    if (i + 1 < chunks) {
-      issue(i + 1, s ^ 1);
-      copy_async_wait<1>();
-    } else {
-      copy_async_wait<0>();
-    }
+    copy_async_wait<0>();
     __syncthreads();  // chunk i's tiles are in; s_bf holds S_i
+    // The other buffer's readers (chunk i - 1's last product) passed the barrier: issuing before
+    // it could overwrite K under a slower warp.
+    if (i + 1 < chunks) issue(i + 1, s ^ 1);
     const T* w_s = reinterpret_cast<const T*>(stage(s, L::w));
     const T* k_s = reinterpret_cast<const T*>(stage(s, L::k));
     const T* u0_s = reinterpret_cast<const T*>(stage(s, L::u0));
@@ -242,73 +289,99 @@ __global__ void __launch_bounds__(kThreads, 2) states_forward_kernel(GatedDeltaA
   store_state_slice<D, Slice>(p.final_state + state0, staging, col0);
 }
 
-template <typename T, int D, bool PerKey, int Slice>
-__global__ void __launch_bounds__(kThreads) states_backward_kernel(GatedDeltaArgs p) {
-  using L = BackwardLayout<D, Slice>;
+template <typename T, int D, bool PerKey, int Slice, int BigBuffers>
+__global__ void __launch_bounds__(kThreads, 3 - BigBuffers) states_backward_kernel(GatedDeltaArgs p) {
+  using L = BackwardLayout<D, Slice, BigBuffers>;
+  constexpr bool kPaired = BigBuffers == 1;
   extern __shared__ __align__(128) unsigned char raw[];
-  float* staging = reinterpret_cast<float*>(raw + L::staging);  // dS, or K dS
+  float* staging = reinterpret_cast<float*>(raw + L::staging);
+  float* local = reinterpret_cast<float*>(raw + L::local);
   float* to_end = reinterpret_cast<float*>(raw + L::to_end);
   float* decay = reinterpret_cast<float*>(raw + L::decay);
   float* row_decay = reinterpret_cast<float*>(raw + L::row_decay);
   T* ds_bf = reinterpret_cast<T*>(raw + L::ds_bf);
+  T* du_neg = reinterpret_cast<T*>(raw + L::du_neg);
   auto stage = [&](int s, size_t part) { return raw + L::stage0 + s * L::stage_bytes + part; };
+  auto big = [&](int s, size_t part) {
+    return reinterpret_cast<T*>(raw + L::big0 + (kPaired ? 0 : s * L::big_bytes) + part);
+  };
   const int bh = blockIdx.y, col0 = blockIdx.x * Slice;
   const int chunks = gated_delta_chunks(p.tokens);
   const T* q = static_cast<const T*>(PerKey ? p.q_gated : p.q);
   const T* w = static_cast<const T*>(p.w);
   const T* k = static_cast<const T*>(PerKey ? p.k_to_end : p.k);
   const T* d_out = static_cast<const T*>(p.d_out);
-  auto issue = [&](int i, int s) {
-    const ChunkPosition at(p, bh, i);
-    auto token = [&](const T* base) {
-      return [&at, &p, base](int r) { return base + at.token(r, D, p.heads, p.tokens); };
-    };
-    auto tile_of = [&](const T* base, int width) {
-      return [&at, base, width](int r) { return base + at.tile(r, width); };
-    };
-    auto tile = [&](const T* base) { return tile_of(base, D); };
-    if constexpr (PerKey) {  // exp(G) . Q and exp(G_C - G) . K, per-chunk tiles
-      copy_rows_async<T, D, kThreads>(reinterpret_cast<T*>(stage(s, L::q)), Ld<D>::e, tile(q), kC);
-      copy_rows_async<T, D, kThreads>(reinterpret_cast<T*>(stage(s, L::k)), Ld<D>::e, tile(k), kC);
+  const T* p_scores = static_cast<const T*>(p.scores);
+  // Q and K rows: KDA's gated per-chunk tiles, or gated DeltaNet's raw tokens.
+  auto copy_rows = [&](T* dst, const T* base, const ChunkPosition& at) {
+    if constexpr (PerKey) {
+      copy_rows_async<T, D, kThreads>(
+          dst, Ld<D>::e, [&](int r) { return base + at.tile(r, D); }, kC);
     } else {
-      copy_rows_async<T, D, kThreads>(reinterpret_cast<T*>(stage(s, L::q)), Ld<D>::e, token(q),
-                                      at.valid);
-      copy_rows_async<T, D, kThreads>(reinterpret_cast<T*>(stage(s, L::k)), Ld<D>::e, token(k),
-                                      at.valid);
+      copy_rows_async<T, D, kThreads>(
+          dst, Ld<D>::e, [&](int r) { return base + at.token(r, D, p.heads, p.tokens); },
+          at.valid);
     }
-    copy_rows_async<T, D, kThreads>(reinterpret_cast<T*>(stage(s, L::w)), Ld<D>::e, tile(w), kC);
-    copy_rows_async<T, Slice, kThreads>(
-        reinterpret_cast<T*>(stage(s, L::d_out)), SliceLd<Slice>::e,
-        [&](int r) { return d_out + at.token(r, D, p.heads, p.tokens) + col0; }, at.valid);
-    copy_rows_async<T, kC, kThreads>(reinterpret_cast<T*>(stage(s, L::scores)), kLdSquareE,
-                                     tile_of(static_cast<const T*>(p.scores), kC), kC);
-    copy_gate_sums_async<PerKey, D>(reinterpret_cast<float*>(stage(s, L::g)), p, bh, chunks, i);
+  };
+  // Three commit groups per chunk i into buffer s, in this order (i < 0: empty groups keep the
+  // count): dO and G, K and P, Q and W. Paired: at the top of chunk i + 1, once its first phase is
+  // done with K and P, and at its end; otherwise all three at the top of chunk i + 1.
+  auto issue_rows = [&](int i, int s) {
+    if (i >= 0) {
+      const ChunkPosition at(p, bh, i);
+      copy_rows_async<T, Slice, kThreads>(
+          reinterpret_cast<T*>(stage(s, L::d_out)), SliceLd<Slice>::e,
+          [&](int r) { return d_out + at.token(r, D, p.heads, p.tokens) + col0; }, at.valid);
+      copy_gate_sums_async<PerKey, D>(reinterpret_cast<float*>(stage(s, L::g)), p, bh, chunks, i);
+    }
     copy_async_commit();
   };
-  issue(chunks - 1, 0);
+  auto issue_keys = [&](int i, int s) {
+    if (i >= 0) {
+      const ChunkPosition at(p, bh, i);
+      copy_rows(big(s, L::k), k, at);
+      copy_rows_async<T, kC, kThreads>(
+          big(s, L::scores), kLdSquareE, [&](int r) { return p_scores + at.tile(r, kC); }, kC);
+    }
+    copy_async_commit();
+  };
+  auto issue_queries = [&](int i, int s) {
+    if (i >= 0) {
+      const ChunkPosition at(p, bh, i);
+      copy_rows(big(s, L::q), q, at);
+      copy_rows_async<T, D, kThreads>(
+          big(s, L::w), Ld<D>::e, [&](int r) { return w + at.tile(r, D); }, kC);
+    }
+    copy_async_commit();
+  };
+  issue_rows(chunks - 1, 0);
+  issue_keys(chunks - 1, 0);
+  issue_queries(chunks - 1, 0);
   const int64_t state0 = static_cast<int64_t>(bh) * D * D;
-  load_state_slice<D, Slice>(staging, p.final_state_grad ? p.final_state_grad + state0 : nullptr,
-                             col0);
-  __syncthreads();
   StateFragments<T, D, Slice> grad;
-  grad.load(staging);
-  convert_tile<T, D, Slice, kThreads>(ds_bf, SliceLd<Slice>::e, staging, SliceLd<Slice>::f);
+  grad.load_global(p.final_state_grad ? p.final_state_grad + state0 : nullptr, col0);
+  grad.store_elements(ds_bf);
   for (int step = 0; step < chunks; ++step) {
     const int i = chunks - 1 - step, s = step & 1;
     const ChunkPosition at(p, bh, i);
-    if (i > 0) {
-      issue(i - 1, s ^ 1);
+    // Paired: dO, G, K and P of chunk i are in (Q and W may still be in flight); otherwise all.
+    if constexpr (kPaired) {
       copy_async_wait<1>();
     } else {
       copy_async_wait<0>();
     }
-    __syncthreads();  // chunk i's tiles are in; ds_bf holds dS_{i+1}
-    const T* k_s = reinterpret_cast<const T*>(stage(s, L::k));
-    T* q_s = reinterpret_cast<T*>(stage(s, L::q));
+    __syncthreads();  // ... for every thread; ds_bf holds dS_{i+1}
+    // The other buffers' readers (chunk i + 1) passed the barrier.
+    issue_rows(i - 1, s ^ 1);
+    if constexpr (!kPaired) {
+      issue_keys(i - 1, s ^ 1);
+      issue_queries(i - 1, s ^ 1);
+    }
+    const T* k_s = big(s, L::k);
+    const T* scores = big(s, L::scores);
+    const T* q_s = big(s, L::q);
+    const T* w_s = big(s, L::w);
     T* do_s = reinterpret_cast<T*>(stage(s, L::d_out));
-    T* du_neg = reinterpret_cast<T*>(stage(s, L::du_neg));
-    const T* scores = reinterpret_cast<const T*>(stage(s, L::scores));
-    float* local = reinterpret_cast<float*>(raw + L::local);
     const float* g = reinterpret_cast<const float*>(stage(s, L::g));
     store_matrix<T, D, Slice, kThreads>(static_cast<T*>(p.state_grads) + at.state(D) + col0, D,
                                         ds_bf, SliceLd<Slice>::e);
@@ -330,6 +403,7 @@ __global__ void __launch_bounds__(kThreads) states_backward_kernel(GatedDeltaArg
     gemm<T, kWarps, true, false>(scores, kLdSquareE, do_s, SliceLd<Slice>::e, local,
                                  SliceLd<Slice>::f, kC, Slice, kC, false);  // P^T dO, unscaled
     __syncthreads();
+    if constexpr (kPaired) issue_keys(i - 1, 0);  // K and P of this chunk are done with
     T* du_out = static_cast<T*>(p.du) + at.tile(0, D) + col0;
     for (int e = threadIdx.x; e < kC * Slice; e += kThreads) {
       const int r = e / Slice, c = e % Slice;
@@ -340,16 +414,19 @@ __global__ void __launch_bounds__(kThreads) states_backward_kernel(GatedDeltaArg
       T& x = do_s[r * SliceLd<Slice>::e + c];
       x = from_float<T>(decay[r] * to_float(x));  // (exp(G) . Q)^T dO' as Q^T (scale exp(G) . dO)
     }
+    // Paired: Q and W of chunk i (the rows and keys of chunk i - 1 may be pending).
+    if constexpr (kPaired) copy_async_wait<2>();
     __syncthreads();
-    // dS_i = exp(G_C) dS_{i+1} + [Q ; W]^T [scale exp(G) . dO ; -du], in the registers.
-    grad.template decay_and_add<PerKey>(row_decay, q_s, Ld<D>::e, do_s, SliceLd<Slice>::e, 2 * kC);
+    // dS_i = exp(G_C) dS_{i+1} + Q^T (scale exp(G) . dO) - W^T du, in the registers.
+    grad.template decay_and_add<PerKey>(row_decay, q_s, Ld<D>::e, do_s, SliceLd<Slice>::e, kC);
+    grad.add(w_s, Ld<D>::e, du_neg, SliceLd<Slice>::e, kC);
     grad.store_elements(ds_bf);  // its readers (the dS store, K dS) finished before the du pass
+    if constexpr (kPaired) {
+      __syncthreads();  // Q and W's readers are done
+      issue_queries(i - 1, 0);
+    }
   }
-  grad.store(staging);
-  __syncthreads();
-  if (p.initial_state_grad != nullptr) {
-    store_state_slice<D, Slice>(p.initial_state_grad + state0, staging, col0);
-  }
+  if (p.initial_state_grad != nullptr) grad.store_global(p.initial_state_grad + state0, col0);
 }
 
 // 16-column slices where 32-column ones would fill fewer than half the GPU's SMs (D = 128 only:
@@ -365,6 +442,27 @@ inline int state_slice(const GatedDeltaArgs& a) {
   return 2 * a.batch * a.heads * (a.head_dim / 32) < multiprocessors() ? 16 : 32;
 }
 
+// The backward walk's buffering (BackwardLayout): paired CTAs where the grid has more CTAs than
+// the GPU has SMs. On the H200 at B*T = 32,768, H = 8, D = 128: T = 2,048 (512 CTAs) gated
+// DeltaNet 2.02 -> 1.94 ms forward+backward paired; T = 8,192 (128 CTAs) 2.06 -> 2.13 paired.
+// MHLA_DELTA_WALK_BUFFERS=1|2 forces one (the tests run both).
+inline int walk_big_buffers(dim3 grid) {
+  if (const char* forced = std::getenv("MHLA_DELTA_WALK_BUFFERS")) {
+    return std::atoi(forced) == 1 ? 1 : 2;
+  }
+  return static_cast<int>(grid.x * grid.y) > multiprocessors() ? 1 : 2;
+}
+
+template <typename T, int D, int Slice, int BigBuffers>
+cudaError_t launch_backward(const GatedDeltaArgs& a, dim3 grid, cudaStream_t stream) {
+  constexpr size_t bytes = BackwardLayout<D, Slice, BigBuffers>::bytes;
+  return a.per_key_gate
+             ? launch_pass(states_backward_kernel<T, D, true, Slice, BigBuffers>, grid, kThreads,
+                           bytes, a, stream)
+             : launch_pass(states_backward_kernel<T, D, false, Slice, BigBuffers>, grid, kThreads,
+                           bytes, a, stream);
+}
+
 template <typename T, int D, int Slice, bool Forward>
 cudaError_t launch_walk(const GatedDeltaArgs& a, cudaStream_t stream) {
   const dim3 grid(D / Slice, a.batch * a.heads);
@@ -374,12 +472,10 @@ cudaError_t launch_walk(const GatedDeltaArgs& a, cudaStream_t stream) {
                                         bytes, a, stream)
                           : launch_pass(states_forward_kernel<T, D, false, Slice>, grid, kThreads,
                                         bytes, a, stream);
+  } else if (walk_big_buffers(grid) == 1) {
+    return launch_backward<T, D, Slice, 1>(a, grid, stream);
   } else {
-    constexpr size_t bytes = BackwardLayout<D, Slice>::bytes;
-    return a.per_key_gate ? launch_pass(states_backward_kernel<T, D, true, Slice>, grid, kThreads,
-                                        bytes, a, stream)
-                          : launch_pass(states_backward_kernel<T, D, false, Slice>, grid, kThreads,
-                                        bytes, a, stream);
+    return launch_backward<T, D, Slice, 2>(a, grid, stream);
   }
 }
 
