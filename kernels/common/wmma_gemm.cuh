@@ -135,7 +135,8 @@ struct TileAccumulator {
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
       for (int i = 0; i < 4; i += 2) {
-        *reinterpret_cast<float2*>(c + row(i) * ldc + col(h, i)) = make_float2(x[h][i], x[h][i + 1]);
+        *reinterpret_cast<float2*>(c + row(i) * ldc + col(h, i)) =
+            make_float2(x[h][i], x[h][i + 1]);
       }
     }
   }

@@ -79,9 +79,10 @@ struct StateFragments {
         for (int i = 0; i < 4; i += 2) {
           const int r = 16 * tile_row(j) + wmma_tiles::TileAccumulator::row(i);
           const int c = col0 + 16 * tile_col(j) + wmma_tiles::TileAccumulator::col(h, i);
-          const float2 v = src != nullptr
-                               ? *reinterpret_cast<const float2*>(src + static_cast<int64_t>(r) * D + c)
-                               : make_float2(0.f, 0.f);
+          const float2 v =
+              src != nullptr
+                  ? *reinterpret_cast<const float2*>(src + static_cast<int64_t>(r) * D + c)
+                  : make_float2(0.f, 0.f);
           f[j].x[h][i] = v.x, f[j].x[h][i + 1] = v.y;
         }
       }
@@ -158,12 +159,12 @@ struct ForwardLayout {
 // dO and the gate sums, read from the first phase to the last, always have two.
 template <int D, int Slice, int BigBuffers>
 struct BackwardLayout {
-  static constexpr size_t staging = 0;                                  // f32 [64][36]: K dS
+  static constexpr size_t staging = 0;                                   // f32 [64][36]: K dS
   static constexpr size_t local = staging + 4 * kC * SliceLd<Slice>::f;  // f32 [64][36]: P^T dO
   static constexpr size_t to_end = local + 4 * kC * SliceLd<Slice>::f;
-  static constexpr size_t decay = to_end + 4 * kC;     // f32 [64]: scale exp(G_r)
-  static constexpr size_t row_decay = decay + 4 * kC;  // f32 [D]: exp(G_C)
-  static constexpr size_t ds_bf = row_decay + 4 * D;   // [D][40]
+  static constexpr size_t decay = to_end + 4 * kC;                     // f32 [64]: scale exp(G_r)
+  static constexpr size_t row_decay = decay + 4 * kC;                  // f32 [D]: exp(G_C)
+  static constexpr size_t ds_bf = row_decay + 4 * D;                   // [D][40]
   static constexpr size_t du_neg = ds_bf + 2 * D * SliceLd<Slice>::e;  // [64][40]
   static constexpr size_t big0 = du_neg + 2 * kC * SliceLd<Slice>::e;
   static constexpr size_t q = 0, w = q + 2 * kC * Ld<D>::e, k = w + 2 * kC * Ld<D>::e,
@@ -290,7 +291,8 @@ __global__ void __launch_bounds__(kThreads, 2) states_forward_kernel(GatedDeltaA
 }
 
 template <typename T, int D, bool PerKey, int Slice, int BigBuffers>
-__global__ void __launch_bounds__(kThreads, 3 - BigBuffers) states_backward_kernel(GatedDeltaArgs p) {
+__global__ void __launch_bounds__(kThreads, 3 - BigBuffers)
+    states_backward_kernel(GatedDeltaArgs p) {
   using L = BackwardLayout<D, Slice, BigBuffers>;
   constexpr bool kPaired = BigBuffers == 1;
   extern __shared__ __align__(128) unsigned char raw[];
@@ -319,8 +321,7 @@ __global__ void __launch_bounds__(kThreads, 3 - BigBuffers) states_backward_kern
           dst, Ld<D>::e, [&](int r) { return base + at.tile(r, D); }, kC);
     } else {
       copy_rows_async<T, D, kThreads>(
-          dst, Ld<D>::e, [&](int r) { return base + at.token(r, D, p.heads, p.tokens); },
-          at.valid);
+          dst, Ld<D>::e, [&](int r) { return base + at.token(r, D, p.heads, p.tokens); }, at.valid);
     }
   };
   // Three commit groups per chunk i into buffer s, in this order (i < 0: empty groups keep the
@@ -456,11 +457,10 @@ inline int walk_big_buffers(dim3 grid) {
 template <typename T, int D, int Slice, int BigBuffers>
 cudaError_t launch_backward(const GatedDeltaArgs& a, dim3 grid, cudaStream_t stream) {
   constexpr size_t bytes = BackwardLayout<D, Slice, BigBuffers>::bytes;
-  return a.per_key_gate
-             ? launch_pass(states_backward_kernel<T, D, true, Slice, BigBuffers>, grid, kThreads,
-                           bytes, a, stream)
-             : launch_pass(states_backward_kernel<T, D, false, Slice, BigBuffers>, grid, kThreads,
-                           bytes, a, stream);
+  return a.per_key_gate ? launch_pass(states_backward_kernel<T, D, true, Slice, BigBuffers>, grid,
+                                      kThreads, bytes, a, stream)
+                        : launch_pass(states_backward_kernel<T, D, false, Slice, BigBuffers>, grid,
+                                      kThreads, bytes, a, stream);
 }
 
 template <typename T, int D, int Slice, bool Forward>
