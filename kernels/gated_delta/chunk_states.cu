@@ -29,7 +29,9 @@ constexpr int kWarps = kThreads / 32;
 template <int Slice>
 struct SliceLd {
   static constexpr int e = Slice + 8;  // element-type rows of the slice
-  static constexpr int f = Slice + 4;  // fp32 rows of the slice
+  // fp32 rows of the slice: a padding of 8 (see Ld) would push the forward walk past two CTAs
+  // per SM.
+  static constexpr int f = Slice + 4;
 };
 
 // The state slice [D][32] as 16 x 16 accumulator tiles held in registers across chunks: warp w
@@ -147,6 +149,7 @@ struct ForwardLayout {
                           g = u0 + 2 * kC * SliceLd<Slice>::e,
                           stage_bytes = g + 4 * (kC > D ? kC : D);
   static constexpr size_t bytes = stage0 + 2 * stage_bytes;
+  static_assert(2 * (bytes + 1024) <= 228 * 1024, "two CTAs per SM");
 };
 
 // Two ways to buffer the backward walk's big tiles (Q, W, K, P), BigBuffers:

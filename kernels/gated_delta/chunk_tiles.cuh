@@ -30,10 +30,14 @@ constexpr int kC = kGatedDeltaChunk;
 constexpr int kLdSquare = kC + 4;   // fp32 64 x 64 tiles
 constexpr int kLdSquareE = kC + 8;  // element-type 64 x 64 tiles
 
+// fp32 rows padded by 8 floats: the tensor-core accumulators are stored and reloaded as column
+// pairs (8 bytes) by rows of 4 lanes, and a row stride of 8 banks (mod 32) keeps a half-warp's
+// four rows on distinct banks (a padding of 4 made them 2-way conflicts: ncu counted a quarter
+// of the chunk-gradient pass's shared-memory wavefronts as excessive).
 template <int D>
 struct Ld {
   static constexpr int e = D + 8;  // element-type rows of D
-  static constexpr int f = D + 4;  // fp32 rows of D
+  static constexpr int f = D + 8;  // fp32 rows of D
 };
 
 // Where one CTA's chunk lies: batch, head, chunk index and its valid rows.

@@ -29,7 +29,7 @@ constexpr int kSweepThreads = 256;
 // bandwidth-bound in principle: each state is read once and each prefix written once).
 constexpr int kSweepAhead = 4;
 constexpr size_t kMaxSharedBytes = 227 * 1024;  // tokens per block (== kTile: one tile per block)
-constexpr int kLdScore = kC + 4;                // fp32 64 x 64 tiles
+constexpr int kLdScore = kC + 8;  // fp32 64 x 64 tiles (8-bank row stride: see gated_delta Ld)
 constexpr int kLdScoreE = kC + 8;               // 64 x 64 tiles of tensor-core elements
 static_assert(kC == kTile, "one shared-memory tile per causal block");
 
