@@ -284,9 +284,9 @@ __device__ __forceinline__ void gemm_blocks(const T* a, int lda, const T* b, int
 }  // namespace detail
 
 // gemm for 16-bit T with each warp taking blocks of 2 x 2 or 1 x 2 output tiles where there are
-// enough such blocks for every warp (fewer shared-memory reads per product); single tiles
-// otherwise.
-template <typename T, int Warps, bool TransA, bool TransB>
+// at least MinBlocks such blocks (fewer shared-memory reads per product; MinBlocks < Warps
+// leaves warps idle for that); single tiles otherwise.
+template <typename T, int Warps, bool TransA, bool TransB, int MinBlocks = Warps>
 __device__ void gemm_blocked(const typename Mma<T>::elem* a, int lda,
                              const typename Mma<T>::elem* b, int ldb, float* c, int ldc, int m,
                              int n, int k, bool accumulate) {
@@ -294,10 +294,10 @@ __device__ void gemm_blocked(const typename Mma<T>::elem* a, int lda,
     gemm<T, Warps, TransA, TransB>(a, lda, b, ldb, c, ldc, m, n, k, accumulate);
   } else {
     const int tiles_m = m / 16, tiles_n = n / 16;
-    if (tiles_m % 2 == 0 && tiles_n % 2 == 0 && (tiles_m / 2) * (tiles_n / 2) >= Warps) {
+    if (tiles_m % 2 == 0 && tiles_n % 2 == 0 && (tiles_m / 2) * (tiles_n / 2) >= MinBlocks) {
       detail::gemm_blocks<T, Warps, TransA, TransB, 2, 2>(a, lda, b, ldb, c, ldc, m, n, k,
                                                           accumulate);
-    } else if (tiles_n % 2 == 0 && tiles_m * (tiles_n / 2) >= Warps) {
+    } else if (tiles_n % 2 == 0 && tiles_m * (tiles_n / 2) >= MinBlocks) {
       detail::gemm_blocks<T, Warps, TransA, TransB, 1, 2>(a, lda, b, ldb, c, ldc, m, n, k,
                                                           accumulate);
     } else {

@@ -30,6 +30,9 @@ namespace {
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
+// The products take bigger blocks of output tiles on half the warps: the pass is bound by
+// shared-memory throughput, not by issuing warps.
+constexpr int kMinBlocks = kWarps / 2;
 
 // Each lane takes D / 32 adjacent columns in one access per operand.
 template <typename T, int D, typename Reduce>
@@ -61,12 +64,12 @@ __device__ void row_dot_then_scale(const T* x, float* r_f, const float* factor, 
 // over dS, T and dW over Q and M, dX_V over S_i); at D = 64 the WY part simply follows.
 template <int D>
 struct GradsLayout {
-  static constexpr int ld_wide_e = 2 * D + 8;  // [W | U0] rows, element type
-  static constexpr size_t tile_e = 2 * kC * Ld<D>::e;     // [64][D + 8] element type
-  static constexpr size_t tile_f = 4 * kC * Ld<D>::f;     // [64][D + 4] fp32
-  static constexpr size_t square_f = 4 * kC * kLdSquare;  // [64][68] fp32
+  static constexpr int ld_wide_e = 2 * D + 8;              // [W | U0] rows, element type
+  static constexpr size_t tile_e = 2 * kC * Ld<D>::e;      // [64][D + 8] element type
+  static constexpr size_t tile_f = 4 * kC * Ld<D>::f;      // [64][D + 4] fp32
+  static constexpr size_t square_f = 4 * kC * kLdSquare;   // [64][68] fp32
   static constexpr size_t square_e = 2 * kC * kLdSquareE;  // [64][72] element type
-  static constexpr size_t state_e = 2 * D * Ld<D>::e;     // [D][D + 8] element type
+  static constexpr size_t state_e = 2 * D * Ld<D>::e;      // [D][D + 8] element type
   static constexpr int kRowValues = 10;                    // per-row arrays of 64 floats, + 32
   // Both parts.
   static constexpr size_t dk = 0;
@@ -84,7 +87,7 @@ struct GradsLayout {
   static constexpr size_t chunk_end = st + state_e;
   // WY part.
   static constexpr bool overlay = D == 128;
-  static constexpr size_t sol = overlay ? scores : chunk_end;  // [64][2D + 8]
+  static constexpr size_t sol = overlay ? scores : chunk_end;           // [64][2D + 8]
   static constexpr size_t kk = overlay ? u : sol + 2 * kC * ld_wide_e;  // fp32 [64][68]
   static constexpr size_t dw_f = overlay ? ds : kk + square_f;          // fp32 [64][D + 4]
   static constexpr size_t dxk_f = dw_f;                                 // then dX_K, then dA
@@ -109,16 +112,16 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(GatedDeltaArgs p)
   extern __shared__ __align__(128) unsigned char raw[];
   float* dk_f = reinterpret_cast<float*>(raw + L::dk);  // dP^, then Y, Z, then dk' and dk
   float* g = reinterpret_cast<float*>(raw + L::rows);   // [64]
-  float* decay = g + kC;                                 // [64]: scale exp(G_r)
-  float* to_end = decay + kC;                            // [64]: exp(G_C - G_r)
-  float* dg = to_end + kC;                               // [64]: the chunk part's dG'
-  float* col = dg + kC;                                  // [64]: column sums, then K~ terms
-  float* beta = col + kC;                                // [64]
-  float* gate = beta + kC;                               // [64]: exp(G_r)
-  float* dg_wy = gate + kC;                              // [64]: the WY part's dG
-  float* dbeta = dg_wy + kC;                             // [64]
-  float* col_wy = dbeta + kC;                            // [64]: sum_r dA_rs A_rs
-  float* scratch = col_wy + kC;                          // [32]
+  float* decay = g + kC;                                // [64]: scale exp(G_r)
+  float* to_end = decay + kC;                           // [64]: exp(G_C - G_r)
+  float* dg = to_end + kC;                              // [64]: the chunk part's dG'
+  float* col = dg + kC;                                 // [64]: column sums, then K~ terms
+  float* beta = col + kC;                               // [64]
+  float* gate = beta + kC;                              // [64]: exp(G_r)
+  float* dg_wy = gate + kC;                             // [64]: the WY part's dG
+  float* dbeta = dg_wy + kC;                            // [64]
+  float* col_wy = dbeta + kC;                           // [64]: sum_r dA_rs A_rs
+  float* scratch = col_wy + kC;                         // [32]
   T* k_s = reinterpret_cast<T*>(raw + L::k);
   T* du_s = reinterpret_cast<T*>(raw + L::du);
   float* pf = reinterpret_cast<float*>(raw + L::scores);  // scores, then dP^ . P
@@ -160,8 +163,10 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(GatedDeltaArgs p)
     decay[threadIdx.x] = p.scale * e;
     to_end[threadIdx.x] = __expf(g[kC - 1] - g[threadIdx.x]);
   }
-  gemm<T, kWarps, false, true>(q_s, Ld<D>::e, k_s, Ld<D>::e, pf, kLdSquare, kC, kC, D, false);
-  gemm<T, kWarps, false, true>(do_s, Ld<D>::e, u_s, Ld<D>::e, dk_f, kLdSquare, kC, kC, D, false);
+  gemm<T, kWarps, false, true, kMinBlocks>(q_s, Ld<D>::e, k_s, Ld<D>::e, pf, kLdSquare, kC, kC, D,
+                                           false);
+  gemm<T, kWarps, false, true, kMinBlocks>(do_s, Ld<D>::e, u_s, Ld<D>::e, dk_f, kLdSquare, kC, kC,
+                                           D, false);
   __syncthreads();
   for (int e = threadIdx.x; e < kC * kC / 8; e += kThreads) {  // 8 columns per thread
     const int r = e / (kC / 8), s0 = 8 * (e % (kC / 8));
@@ -192,7 +197,8 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(GatedDeltaArgs p)
     col[s] = sum;
   }
   // Y = dO S_i^T (the scale of dO' = scale dO rides with exp(G) in decay).
-  gemm<T, kWarps, false, true>(do_s, Ld<D>::e, st_s, Ld<D>::e, dk_f, Ld<D>::f, kC, D, D, false);
+  gemm<T, kWarps, false, true, kMinBlocks>(do_s, Ld<D>::e, st_s, Ld<D>::e, dk_f, Ld<D>::f, kC, D, D,
+                                           false);
   __syncthreads();
   // The scores and dO are done with: W | U0 stream in over them (D = 128) while the rest runs.
   T* sol = reinterpret_cast<T*>(raw + L::sol);
@@ -202,14 +208,16 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(GatedDeltaArgs p)
   row_dot_then_scale<T, D>(q_s, dk_f, decay,
                            [&](int r, float sum) { dg[r] += decay[r] * sum - col[r]; });
   __syncthreads();
-  gemm<T, kWarps, false, false>(m_bf, kLdSquareE, k_s, Ld<D>::e, dk_f, Ld<D>::f, kC, D, kC, true);
+  gemm<T, kWarps, false, false, kMinBlocks>(m_bf, kLdSquareE, k_s, Ld<D>::e, dk_f, Ld<D>::f, kC, D,
+                                            kC, true);
   __syncthreads();
   T* dq = static_cast<T*>(p.dq);
   store_rows<T, D, kThreads>([&](int r) { return dq + at.token(r, D, p.heads, p.tokens); }, dk_f,
                              Ld<D>::f, at.valid);
   __syncthreads();
   // Z = u dS_{i+1}^T, the gradient of K~.
-  gemm<T, kWarps, false, true>(u_s, Ld<D>::e, ds_s, Ld<D>::e, dk_f, Ld<D>::f, kC, D, D, false);
+  gemm<T, kWarps, false, true, kMinBlocks>(u_s, Ld<D>::e, ds_s, Ld<D>::e, dk_f, Ld<D>::f, kC, D, D,
+                                           false);
   float state_dot = 0.f;  // sum(S_i . dS_{i+1}), before dS's tile is reused
   for (int e = threadIdx.x; e < D * D; e += kThreads) {
     const int r = e / D, c = e % D;
@@ -223,10 +231,12 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(GatedDeltaArgs p)
   });
   // K K^T for the WY part, over u (done with since Z).
   float* kk = reinterpret_cast<float*>(raw + L::kk);
-  gemm<T, kWarps, false, true>(k_s, Ld<D>::e, k_s, Ld<D>::e, kk, kLdSquare, kC, kC, D, false);
+  gemm<T, kWarps, false, true, kMinBlocks>(k_s, Ld<D>::e, k_s, Ld<D>::e, kk, kLdSquare, kC, kC, D,
+                                           false);
   __syncthreads();
   // dk' = Z . exp(G_C - G) + M^T Q, kept in dk_f.
-  gemm<T, kWarps, true, false>(m_bf, kLdSquareE, q_s, Ld<D>::e, dk_f, Ld<D>::f, kC, D, kC, true);
+  gemm<T, kWarps, true, false, kMinBlocks>(m_bf, kLdSquareE, q_s, Ld<D>::e, dk_f, Ld<D>::f, kC, D,
+                                           kC, true);
   __syncthreads();
   // Q and M are done with: T streams in over them.
   T* t_s = reinterpret_cast<T*>(raw + L::t);
@@ -236,7 +246,8 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(GatedDeltaArgs p)
   // dW = -du S_i^T: fp32 over dS, then the element type beside T.
   float* dw_f = reinterpret_cast<float*>(raw + L::dw_f);
   T* dw_e = reinterpret_cast<T*>(raw + L::dw_e);
-  gemm<T, kWarps, false, true>(du_s, Ld<D>::e, st_s, Ld<D>::e, dw_f, Ld<D>::f, kC, D, D, false);
+  gemm<T, kWarps, false, true, kMinBlocks>(du_s, Ld<D>::e, st_s, Ld<D>::e, dw_f, Ld<D>::f, kC, D, D,
+                                           false);
   if (threadIdx.x == 0) {
     float k_terms = 0.f;
     for (int r = 0; r < kC; ++r) k_terms += col[r];
@@ -250,8 +261,10 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(GatedDeltaArgs p)
   // ---- WY part. dX = T^T [dW | du], its halves over dW's fp32 tile and over S_i.
   float* dxk_f = reinterpret_cast<float*>(raw + L::dxk_f);
   float* dxv_f = reinterpret_cast<float*>(raw + L::dxv_f);
-  gemm<T, kWarps, true, false>(t_s, kLdSquareE, dw_e, Ld<D>::e, dxk_f, Ld<D>::f, kC, D, kC, false);
-  gemm<T, kWarps, true, false>(t_s, kLdSquareE, du_s, Ld<D>::e, dxv_f, Ld<D>::f, kC, D, kC, false);
+  gemm<T, kWarps, true, false, kMinBlocks>(t_s, kLdSquareE, dw_e, Ld<D>::e, dxk_f, Ld<D>::f, kC, D,
+                                           kC, false);
+  gemm<T, kWarps, true, false, kMinBlocks>(t_s, kLdSquareE, du_s, Ld<D>::e, dxv_f, Ld<D>::f, kC, D,
+                                           kC, false);
   __syncthreads();
   T* dxk_e = dw_e;  // dX in the element type, over dW and du (both done with)
   T* dxv_e = du_s;
@@ -299,9 +312,10 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(GatedDeltaArgs p)
   __syncthreads();
   // dA = -dX [W | U0]^T, over dX_K's fp32 tile (done with).
   float* da = dxk_f;
-  gemm<T, kWarps, false, true>(dxk_e, Ld<D>::e, sol, L::ld_wide_e, da, kLdSquare, kC, kC, D, false);
-  gemm<T, kWarps, false, true>(dxv_e, Ld<D>::e, sol + D, L::ld_wide_e, da, kLdSquare, kC, kC, D,
-                               true);
+  gemm<T, kWarps, false, true, kMinBlocks>(dxk_e, Ld<D>::e, sol, L::ld_wide_e, da, kLdSquare, kC,
+                                           kC, D, false);
+  gemm<T, kWarps, false, true, kMinBlocks>(dxv_e, Ld<D>::e, sol + D, L::ld_wide_e, da, kLdSquare,
+                                           kC, kC, D, true);
   __syncthreads();
   T* n_bf = reinterpret_cast<T*>(raw + L::dxv_f);  // N, over dX_V's fp32 tile (done with)
   {
@@ -341,9 +355,11 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(GatedDeltaArgs p)
     }
   }
   __syncthreads();
-  gemm<T, kWarps, false, false>(n_bf, kLdSquareE, k_s, Ld<D>::e, dk_f, Ld<D>::f, kC, D, kC, true);
+  gemm<T, kWarps, false, false, kMinBlocks>(n_bf, kLdSquareE, k_s, Ld<D>::e, dk_f, Ld<D>::f, kC, D,
+                                            kC, true);
   __syncthreads();
-  gemm<T, kWarps, true, false>(n_bf, kLdSquareE, k_s, Ld<D>::e, dk_f, Ld<D>::f, kC, D, kC, true);
+  gemm<T, kWarps, true, false, kMinBlocks>(n_bf, kLdSquareE, k_s, Ld<D>::e, dk_f, Ld<D>::f, kC, D,
+                                           kC, true);
   __syncthreads();
   T* dk = static_cast<T*>(p.dk);
   store_rows<T, D, kThreads>([&](int r) { return dk + at.token(r, D, p.heads, p.tokens); }, dk_f,

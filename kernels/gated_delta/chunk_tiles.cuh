@@ -19,11 +19,12 @@ namespace gated_delta {
 using wmma_tiles::Mma;
 
 // The CTA-wide product (kernels/common/wmma_gemm.cuh), warps taking blocks of output tiles.
-template <typename T, int Warps, bool TransA, bool TransB>
+template <typename T, int Warps, bool TransA, bool TransB, int MinBlocks = Warps>
 __device__ __forceinline__ void gemm(const typename Mma<T>::elem* a, int lda,
                                      const typename Mma<T>::elem* b, int ldb, float* c, int ldc,
                                      int m, int n, int k, bool accumulate) {
-  wmma_tiles::gemm_blocked<T, Warps, TransA, TransB>(a, lda, b, ldb, c, ldc, m, n, k, accumulate);
+  wmma_tiles::gemm_blocked<T, Warps, TransA, TransB, MinBlocks>(a, lda, b, ldb, c, ldc, m, n, k,
+                                                                accumulate);
 }
 
 constexpr int kC = kGatedDeltaChunk;
