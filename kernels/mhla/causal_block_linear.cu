@@ -29,16 +29,17 @@ constexpr int kSweepThreads = 256;
 // bandwidth-bound in principle: each state is read once and each prefix written once).
 constexpr int kSweepAhead = 4;
 constexpr size_t kMaxSharedBytes = 227 * 1024;  // tokens per block (== kTile: one tile per block)
-constexpr int kLdScore = kC + 8;  // fp32 64 x 64 tiles (8-bank row stride: see gated_delta Ld)
-constexpr int kLdScoreE = kC + 8;               // 64 x 64 tiles of tensor-core elements
+constexpr int kLdScore = kC + 8;   // fp32 64 x 64 tiles (8-bank row stride: see gated_delta Ld)
+constexpr int kLdScoreE = kC + 8;  // 64 x 64 tiles of tensor-core elements
 static_assert(kC == kTile, "one shared-memory tile per causal block");
 
 // The CTA-wide tensor-core product of kernels/common/wmma_gemm.cuh with this file's warps.
 template <typename T, bool TransA, bool TransB>
 __device__ void gemm(const typename Mma<T>::elem* a, int lda, const typename Mma<T>::elem* b,
                      int ldb, float* c, int ldc, int m, int n, int k, bool accumulate) {
-  wmma_tiles::gemm_blocked<T, kCausalWarps, TransA, TransB>(a, lda, b, ldb, c, ldc, m, n, k,
-                                                   accumulate);
+  // Bigger tile blocks on half the warps (as the gated-delta passes: shared-memory bound).
+  wmma_tiles::gemm_blocked<T, kCausalWarps, TransA, TransB, kCausalWarps / 2>(
+      a, lda, b, ldb, c, ldc, m, n, k, accumulate);
 }
 
 __host__ __device__ constexpr int blocks_of(int tokens) {
