@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_grads_kernel(GatedDeltaArg
   __syncthreads();
 
   // ---- Through P: R, C and the gate sums' part Q . R - K . C.
-  gemm<T, kWarps, false, true>(do_s, Ld<D>::e, u_s, Ld<D>::e, dp, kLdSquare, kC, kC, D, false);
+  gemm<T, kWarps, false, true, kWarps / 2>(do_s, Ld<D>::e, u_s, Ld<D>::e, dp, kLdSquare, kC, kC, D, false);
   for (int e = threadIdx.x; e < kC * (D / 4); e += kThreads) {
     const int t = e / (D / 4), d = 4 * (e % (D / 4));
     *reinterpret_cast<float4*>(r_f + t * ldg + d) = float4{};
@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_grads_kernel(GatedDeltaArg
   copy_async_wait<1>();  // du and S_i (dS_{i+1} may still be in flight)
   __syncthreads();
   // dq = R + exp(G) . (scale dO S^T); dG += Q . that.
-  gemm<T, kWarps, false, true>(do_s, Ld<D>::e, st_s, Ld<D>::e, res, ldg, kC, D, D, false);
+  gemm<T, kWarps, false, true, kWarps / 2>(do_s, Ld<D>::e, st_s, Ld<D>::e, res, ldg, kC, D, D, false);
   copy_async_wait<0>();
   __syncthreads();
   {  // rowsum(S . dS) of each state row (from the element-type copies), four rows per warp
@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_grads_kernel(GatedDeltaArg
   }
   __syncthreads();
   // dk' = C + exp(G_C - G) . (u dS^T); dG -= K . that; the last row collects their sum.
-  gemm<T, kWarps, false, true>(u_s, Ld<D>::e, ds_s, Ld<D>::e, res, ldg, kC, D, D, false);
+  gemm<T, kWarps, false, true, kWarps / 2>(u_s, Ld<D>::e, ds_s, Ld<D>::e, res, ldg, kC, D, D, false);
   __syncthreads();
   float* dk_partial = p.dk_partial + at.tile(0, D);
   float k_terms = 0.f;
@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_grads_kernel(GatedDeltaArg
   atomicAdd(&col[d], k_terms);
   __syncthreads();
   // dW = -du S^T (the element type: the WY backward's product operand).
-  gemm<T, kWarps, false, true>(du_s, Ld<D>::e, st_s, Ld<D>::e, res, ldg, kC, D, D, false);
+  gemm<T, kWarps, false, true, kWarps / 2>(du_s, Ld<D>::e, st_s, Ld<D>::e, res, ldg, kC, D, D, false);
   __syncthreads();
   T* dw = static_cast<T*>(p.dw) + at.tile(0, D);
   for (int e = threadIdx.x; e < kC * (D / 8); e += kThreads) {

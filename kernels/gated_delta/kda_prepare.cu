@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kThreads) kda_prepare_kernel(GatedDeltaArgs p)
   }
   __syncthreads();
   for (int half = 0; half < 2; ++half) {
-    gemm<T, kWarps, false, false>(t_s, kLdSquareE, half == 0 ? k_s : v_s, Ld<D>::e, staging,
+    gemm<T, kWarps, false, false, kWarps / 2>(t_s, kLdSquareE, half == 0 ? k_s : v_s, Ld<D>::e, staging,
                                   Ld<D>::f, kC, D, kC, false);
     __syncthreads();
     T* dst = static_cast<T*>(half == 0 ? p.w : p.u0) + at.tile(0, D);

@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(kThreads) kda_wy_backward_kernel(GatedDeltaArg
   __syncthreads();
 
   // ---- System part. dX = T^T [dW | du].
-  gemm<T, kWarps, true, false>(t_s, kLdSquareE, grads, L::ld_wide_e, dx_f, L::ld_wide_f, kC, 2 * D,
+  gemm<T, kWarps, true, false, kWarps / 2>(t_s, kLdSquareE, grads, L::ld_wide_e, dx_f, L::ld_wide_f, kC, 2 * D,
                                kC, false);
   __syncthreads();
   // A warp's rows: dk' and dG from dX_K, dv, dbeta's row sums, and dX in the element type. This
@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(kThreads) kda_wy_backward_kernel(GatedDeltaArg
   }
   __syncthreads();
   // dA = -dX [W | U0]^T (dX's fp32 space is free now).
-  gemm<T, kWarps, false, true>(dx_bf, L::ld_wide_e, sol, L::ld_wide_e, da, kLdSquare, kC, kC, 2 * D,
+  gemm<T, kWarps, false, true, kWarps / 2>(dx_bf, L::ld_wide_e, sol, L::ld_wide_e, da, kLdSquare, kC, kC, 2 * D,
                                false);
   __syncthreads();
   for (int e = threadIdx.x; e < kC * kC / 8; e += kThreads) {  // N = -diag(beta) dA, lower
