@@ -17,22 +17,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   run_gpu_tests "$V" tests.log 200 "$tests" \
     "delta rule: the fused*,ops: every op and GPU backend*,attention: causal block-linear*"
   memcheck_delta "$V" "$new"
-  # The backward walk's paired buffering is taken only for grids larger than the GPU; the tests'
-  # shapes are small, so run them (and memcheck, racecheck) with it forced as well.
-  MHLA_DELTA_WALK_BUFFERS=1 run_gpu_tests "$V" tests_paired.log 200 "$tests" \
-    "delta rule: the fused*"
-  for tool in racecheck memcheck; do
-    for buffers in 1 2; do
-      [ $tool = memcheck ] && [ $buffers = 2 ] && continue  # memcheck_delta ran it
-      for op in gated_deltanet kda; do
-        log="$V/${tool}_${op}_walk$buffers.log"
-        MHLA_DELTA_WALK_BUFFERS=$buffers timeout 150 compute-sanitizer --tool $tool "$new" \
-          bench attention --op $op --causal --backend cuda --shape 1,2,200,64 --warmup 0 \
-          --iters 1 > "$log" 2>&1
-        echo "$tool $op buffers=$buffers rc=$?: $(grep -E 'SUMMARY' "$log" | tr '\n' ' ')"
-      done
-    done
-  done
+  walk_modes_delta "$V" "$new" "$tests"
 fi
 ops="kda gated_deltanet ${CAUSAL_AB:+linear mhla}"
 bench() {  # bench LABEL BINARY

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Session 12's report call: every [gpu] test (except the DeiT CUDA-graph case, which needs
-# Fashion-MNIST: not carried), memcheck of the gated-delta kernels, our gated DeltaNet and KDA
+# The gated-delta report call (session 12's, then named gpu_session12_final.sh): every [gpu]
+# test (except the DeiT CUDA-graph case, which needs Fashion-MNIST: not carried), memcheck and
+# racecheck of the gated-delta kernels in both walk modes, our gated DeltaNet and KDA
 # forward+backward at the LM shapes (a previous binary, staged as mhla_prev.gz, and this one,
 # before and after fla), fla's chunk_gated_delta_rule, chunk_kda and chunk_linear_attn, our
 # causal linear and MHLA, the GPT table's KDA and gated-DeltaNet rows, and per-kernel times.
@@ -14,6 +15,7 @@ shapes="--shape 16,8,2048,128 --shape 4,8,8192,128 --shape 1,8,32768,128"
 source scripts/gpu_delta_checks.sh
 run_gpu_tests "$V" gpu_tests.log 260 "$tests" "[gpu]" "~train: CUDA-graph steps*"
 memcheck_delta "$V" "$new"
+walk_modes_delta "$V" "$new" "$tests"
 bench() {  # bench LABEL BINARY OPS...
   local label=$1 bin=$2; shift 2
   for op in "$@"; do
@@ -45,5 +47,5 @@ for op in kda gated_deltanet; do
     > "$V/ncu_$op.csv" 2> /dev/null
   python3 scripts/ncu_kernel_sums.py "$V/ncu_$op.csv" 12
 done
-gzip -f "$V"/*.csv "$V"/gpu_tests.log 2>/dev/null
+gzip -f "$V"/*.csv "$V"/*.log 2>/dev/null
 tar czf "$OUT/final.tgz" -C "$OUT" final
