@@ -160,9 +160,9 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(GatedDeltaArgs p)
     decay[threadIdx.x] = p.scale * e;
     to_end[threadIdx.x] = __expf(g[kC - 1] - g[threadIdx.x]);
   }
-  gemm<T, kWarps, false, true, kWarps / 2>(q_s, Ld<D>::e, k_s, Ld<D>::e, pf, kLdSquare, kC, kC, D,
+  gemm<T, kWarps, false, true, kWarps / 4>(q_s, Ld<D>::e, k_s, Ld<D>::e, pf, kLdSquare, kC, kC, D,
                                            false);
-  gemm<T, kWarps, false, true, kWarps / 2>(do_s, Ld<D>::e, u_s, Ld<D>::e, dk_f, kLdSquare, kC, kC,
+  gemm<T, kWarps, false, true, kWarps / 4>(do_s, Ld<D>::e, u_s, Ld<D>::e, dk_f, kLdSquare, kC, kC,
                                            D, false);
   __syncthreads();
   for (int e = threadIdx.x; e < kC * kC / 8; e += kThreads) {  // 8 columns per thread
@@ -194,7 +194,7 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(GatedDeltaArgs p)
     col[s] = sum;
   }
   // Y = dO S_i^T (the scale of dO' = scale dO rides with exp(G) in decay).
-  gemm<T, kWarps, false, true, kWarps / 2>(do_s, Ld<D>::e, st_s, Ld<D>::e, dk_f, Ld<D>::f, kC, D, D,
+  gemm<T, kWarps, false, true, kWarps / 4>(do_s, Ld<D>::e, st_s, Ld<D>::e, dk_f, Ld<D>::f, kC, D, D,
                                            false);
   __syncthreads();
   // The scores and dO are done with: W | U0 stream in over them (D = 128) while the rest runs.
@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(GatedDeltaArgs p)
   row_dot_then_scale<T, D>(q_s, dk_f, decay,
                            [&](int r, float sum) { dg[r] += decay[r] * sum - col[r]; });
   __syncthreads();
-  gemm<T, kWarps, false, false, kWarps / 2>(m_bf, kLdSquareE, k_s, Ld<D>::e, dk_f, Ld<D>::f, kC, D,
+  gemm<T, kWarps, false, false, kWarps / 4>(m_bf, kLdSquareE, k_s, Ld<D>::e, dk_f, Ld<D>::f, kC, D,
                                             kC, true);
   __syncthreads();
   T* dq = static_cast<T*>(p.dq);
@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(GatedDeltaArgs p)
                              Ld<D>::f, at.valid);
   __syncthreads();
   // Z = u dS_{i+1}^T, the gradient of K~.
-  gemm<T, kWarps, false, true, kWarps / 2>(u_s, Ld<D>::e, ds_s, Ld<D>::e, dk_f, Ld<D>::f, kC, D, D,
+  gemm<T, kWarps, false, true, kWarps / 4>(u_s, Ld<D>::e, ds_s, Ld<D>::e, dk_f, Ld<D>::f, kC, D, D,
                                            false);
   float state_dot = 0.f;  // sum(S_i . dS_{i+1}), before dS's tile is reused
   for (int e = threadIdx.x; e < D * D; e += kThreads) {
@@ -228,11 +228,11 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(GatedDeltaArgs p)
   });
   // K K^T for the WY part, over u (done with since Z).
   float* kk = reinterpret_cast<float*>(raw + L::kk);
-  gemm<T, kWarps, false, true, kWarps / 2>(k_s, Ld<D>::e, k_s, Ld<D>::e, kk, kLdSquare, kC, kC, D,
+  gemm<T, kWarps, false, true, kWarps / 4>(k_s, Ld<D>::e, k_s, Ld<D>::e, kk, kLdSquare, kC, kC, D,
                                            false);
   __syncthreads();
   // dk' = Z . exp(G_C - G) + M^T Q, kept in dk_f.
-  gemm<T, kWarps, true, false, kWarps / 2>(m_bf, kLdSquareE, q_s, Ld<D>::e, dk_f, Ld<D>::f, kC, D,
+  gemm<T, kWarps, true, false, kWarps / 4>(m_bf, kLdSquareE, q_s, Ld<D>::e, dk_f, Ld<D>::f, kC, D,
                                            kC, true);
   __syncthreads();
   // Q and M are done with: T streams in over them.
@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(GatedDeltaArgs p)
   // dW = -du S_i^T: fp32 over dS, then the element type beside T.
   float* dw_f = reinterpret_cast<float*>(raw + L::dw_f);
   T* dw_e = reinterpret_cast<T*>(raw + L::dw_e);
-  gemm<T, kWarps, false, true, kWarps / 2>(du_s, Ld<D>::e, st_s, Ld<D>::e, dw_f, Ld<D>::f, kC, D, D,
+  gemm<T, kWarps, false, true, kWarps / 4>(du_s, Ld<D>::e, st_s, Ld<D>::e, dw_f, Ld<D>::f, kC, D, D,
                                            false);
   if (threadIdx.x == 0) {
     float k_terms = 0.f;
@@ -258,9 +258,9 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(GatedDeltaArgs p)
   // ---- WY part. dX = T^T [dW | du], its halves over dW's fp32 tile and over S_i.
   float* dxk_f = reinterpret_cast<float*>(raw + L::dxk_f);
   float* dxv_f = reinterpret_cast<float*>(raw + L::dxv_f);
-  gemm<T, kWarps, true, false, kWarps / 2>(t_s, kLdSquareE, dw_e, Ld<D>::e, dxk_f, Ld<D>::f, kC, D,
+  gemm<T, kWarps, true, false, kWarps / 4>(t_s, kLdSquareE, dw_e, Ld<D>::e, dxk_f, Ld<D>::f, kC, D,
                                            kC, false);
-  gemm<T, kWarps, true, false, kWarps / 2>(t_s, kLdSquareE, du_s, Ld<D>::e, dxv_f, Ld<D>::f, kC, D,
+  gemm<T, kWarps, true, false, kWarps / 4>(t_s, kLdSquareE, du_s, Ld<D>::e, dxv_f, Ld<D>::f, kC, D,
                                            kC, false);
   __syncthreads();
   T* dxk_e = dw_e;  // dX in the element type, over dW and du (both done with)
@@ -309,9 +309,9 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(GatedDeltaArgs p)
   __syncthreads();
   // dA = -dX [W | U0]^T, over dX_K's fp32 tile (done with).
   float* da = dxk_f;
-  gemm<T, kWarps, false, true, kWarps / 2>(dxk_e, Ld<D>::e, sol, L::ld_wide_e, da, kLdSquare, kC,
+  gemm<T, kWarps, false, true, kWarps / 4>(dxk_e, Ld<D>::e, sol, L::ld_wide_e, da, kLdSquare, kC,
                                            kC, D, false);
-  gemm<T, kWarps, false, true, kWarps / 2>(dxv_e, Ld<D>::e, sol + D, L::ld_wide_e, da, kLdSquare,
+  gemm<T, kWarps, false, true, kWarps / 4>(dxv_e, Ld<D>::e, sol + D, L::ld_wide_e, da, kLdSquare,
                                            kC, kC, D, true);
   __syncthreads();
   T* n_bf = reinterpret_cast<T*>(raw + L::dxv_f);  // N, over dX_V's fp32 tile (done with)
@@ -352,10 +352,10 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(GatedDeltaArgs p)
     }
   }
   __syncthreads();
-  gemm<T, kWarps, false, false, kWarps / 2>(n_bf, kLdSquareE, k_s, Ld<D>::e, dk_f, Ld<D>::f, kC, D,
+  gemm<T, kWarps, false, false, kWarps / 4>(n_bf, kLdSquareE, k_s, Ld<D>::e, dk_f, Ld<D>::f, kC, D,
                                             kC, true);
   __syncthreads();
-  gemm<T, kWarps, true, false, kWarps / 2>(n_bf, kLdSquareE, k_s, Ld<D>::e, dk_f, Ld<D>::f, kC, D,
+  gemm<T, kWarps, true, false, kWarps / 4>(n_bf, kLdSquareE, k_s, Ld<D>::e, dk_f, Ld<D>::f, kC, D,
                                            kC, true);
   __syncthreads();
   T* dk = static_cast<T*>(p.dk);

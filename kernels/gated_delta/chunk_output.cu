@@ -28,7 +28,7 @@ constexpr size_t output_bytes() {
 // gate sums; pf is fp32 scratch. Ends synchronized.
 template <typename T, int D>
 __device__ void decayed_scores(const T* q_s, const T* k_s, const float* g, float* pf, T* p_bf) {
-  gemm<T, kWarps, false, true, kWarps / 2>(q_s, Ld<D>::e, k_s, Ld<D>::e, pf, kLdSquare, kC, kC, D,
+  gemm<T, kWarps, false, true, kWarps / 4>(q_s, Ld<D>::e, k_s, Ld<D>::e, pf, kLdSquare, kC, kC, D,
                                            false);
   __syncthreads();
   causal_decayed<T, kThreads>(p_bf, pf, g);
@@ -87,10 +87,10 @@ __global__ void __launch_bounds__(kThreads) output_kernel(GatedDeltaArgs p) {
     __syncthreads();
   }
   float* out_f = pf;  // [64][68]
-  gemm<T, kWarps, false, false, kWarps / 2>(q_s, Ld<D>::e, st_s, kLdOutE, out_f, kLdSquare, kC,
+  gemm<T, kWarps, false, false, kWarps / 4>(q_s, Ld<D>::e, st_s, kLdOutE, out_f, kLdSquare, kC,
                                             kCols, D, false);
   __syncthreads();
-  gemm<T, kWarps, false, false, kWarps / 2>(p_bf, kLdSquareE, u_s, kLdOutE, out_f, kLdSquare, kC,
+  gemm<T, kWarps, false, false, kWarps / 4>(p_bf, kLdSquareE, u_s, kLdOutE, out_f, kLdSquare, kC,
                                             kCols, kC, true);
   __syncthreads();
   T* out = static_cast<T*>(p.out) + col0;
