@@ -37,8 +37,8 @@ cudaError_t gated_delta_forward(const GatedDeltaArgs& a, cudaStream_t stream) {
 }
 
 cudaError_t gated_delta_backward(const GatedDeltaArgs& a, cudaStream_t stream) {
-  if (!common_ok(a) || !a.d_out || !a.du || !a.state_grads || !a.dq || !a.dk ||
-      !a.dv || !a.dbeta || !a.dgate) {
+  if (!common_ok(a) || !a.d_out || !a.du || !a.state_grads || !a.dq || !a.dk || !a.dv || !a.dbeta ||
+      !a.dgate) {
     return cudaErrorInvalidValue;
   }
   using namespace gated_delta;

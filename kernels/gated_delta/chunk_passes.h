@@ -13,7 +13,7 @@ cudaError_t run_prepare(const GatedDeltaArgs& a, cudaStream_t stream);         /
 cudaError_t run_states_forward(const GatedDeltaArgs& a, cudaStream_t stream);  // S_i, u, S_n
 cudaError_t run_output(const GatedDeltaArgs& a, cudaStream_t stream);          // o
 // Backward.
-cudaError_t run_states_backward(const GatedDeltaArgs& a, cudaStream_t stream);    // dS, du, dS_0
+cudaError_t run_states_backward(const GatedDeltaArgs& a, cudaStream_t stream);  // dS, du, dS_0
 cudaError_t run_chunk_grads(const GatedDeltaArgs& a, cudaStream_t stream);  // dq, dk, dv, dbeta, dg
 
 // KDA (per-key gates): its own prepare and per-chunk gradient passes; the states, output and

@@ -55,7 +55,8 @@ __global__ void __launch_bounds__(kThreads, 2) prepare_kernel(GatedDeltaArgs p) 
   finish_loads();
   __syncthreads();
   if (threadIdx.x < 32) warp_running_sum64(g);
-  gemm<T, kWarps, false, true, kWarps / 2>(x, L::ld_wide, x, L::ld_wide, a, kLdSquare, kC, kC, D, false);
+  gemm<T, kWarps, false, true, kWarps / 2>(x, L::ld_wide, x, L::ld_wide, a, kLdSquare, kC, kC, D,
+                                           false);
   __syncthreads();
   if (threadIdx.x < kC) {
     p.gate_sums[(static_cast<int64_t>(at.bh) * at.chunks + at.chunk) * kC + threadIdx.x] =
@@ -95,8 +96,8 @@ __global__ void __launch_bounds__(kThreads, 2) prepare_kernel(GatedDeltaArgs p) 
   }
   __syncthreads();
   for (int half = 0; half < 2; ++half) {
-    gemm<T, kWarps, false, false, kWarps / 2>(t_s, kLdSquareE, x + half * D, L::ld_wide, staging, Ld<D>::f, kC,
-                                  D, kC, false);
+    gemm<T, kWarps, false, false, kWarps / 2>(t_s, kLdSquareE, x + half * D, L::ld_wide, staging,
+                                              Ld<D>::f, kC, D, kC, false);
     __syncthreads();
     T* dst = static_cast<T*>(half == 0 ? p.w : p.u0) + at.tile(0, D);
     store_rows<T, D, kThreads>([&](int r) { return dst + r * D; }, staging, Ld<D>::f, kC);

@@ -28,27 +28,27 @@ constexpr int kWarps = kThreads / 32;
 template <int D>
 struct ChunkGradsLayout {
   // Both parts.
-  static constexpr size_t q = 0;                        // [64][D + 8]
-  static constexpr size_t k = q + 2 * kC * Ld<D>::e;    // [64][D + 8]
+  static constexpr size_t q = 0;                          // [64][D + 8]
+  static constexpr size_t k = q + 2 * kC * Ld<D>::e;      // [64][D + 8]
   static constexpr size_t d_out = k + 2 * kC * Ld<D>::e;  // [64][D + 8]: dO (unscaled)
   static constexpr size_t u = d_out + 2 * kC * Ld<D>::e;  // [64][D + 8]
   // First part (through P).
-  static constexpr size_t g = u + 2 * kC * Ld<D>::e;         // f32 [64][D + 4]: G
-  static constexpr size_t r = g + 4 * kC * Ld<D>::f;         // f32 [64][D + 4]: R
-  static constexpr size_t c = r + 4 * kC * Ld<D>::f;         // f32 [64][D + 4]: C
-  static constexpr size_t m = c + 4 * kC * Ld<D>::f;         // [64][72]: dP
+  static constexpr size_t g = u + 2 * kC * Ld<D>::e;          // f32 [64][D + 4]: G
+  static constexpr size_t r = g + 4 * kC * Ld<D>::f;          // f32 [64][D + 4]: R
+  static constexpr size_t c = r + 4 * kC * Ld<D>::f;          // f32 [64][D + 4]: C
+  static constexpr size_t m = c + 4 * kC * Ld<D>::f;          // [64][72]: dP
   static constexpr size_t scratch = m + 2 * kC * kLdSquareE;  // f32 [64][68] dP, then scaled rows
   static constexpr size_t scratch_bytes = 2 * kScoresBackwardScratchRows * Ld<D>::e;
   static_assert(4 * kC * kLdSquare <= scratch_bytes, "dP fits the scratch");
   static constexpr size_t bytes = scratch + scratch_bytes;
   // Second part (through the states): du and S_i where dP and the scratch were (loaded while
   // R, C and G move to registers), dS_{i+1}, the products and the sums where G, R and C were.
-  static constexpr size_t du = m;                               // [64][D + 8]
-  static constexpr size_t st = du + 2 * kC * Ld<D>::e;          // [D][D + 8]: S_i
-  static constexpr size_t ds = g;                               // [D][D + 8]: dS_{i+1}
-  static constexpr size_t result = ds + 2 * D * Ld<D>::e;       // f32 [64][D + 4]
-  static constexpr size_t col = result + 4 * kC * Ld<D>::f;     // f32 [D]
-  static constexpr size_t row_dot = col + 4 * D;                // f32 [D]
+  static constexpr size_t du = m;                            // [64][D + 8]
+  static constexpr size_t st = du + 2 * kC * Ld<D>::e;       // [D][D + 8]: S_i
+  static constexpr size_t ds = g;                            // [D][D + 8]: dS_{i+1}
+  static constexpr size_t result = ds + 2 * D * Ld<D>::e;    // f32 [64][D + 4]
+  static constexpr size_t col = result + 4 * kC * Ld<D>::f;  // f32 [D]
+  static constexpr size_t row_dot = col + 4 * D;             // f32 [D]
   static_assert(st + 2 * D * Ld<D>::e <= bytes, "du and S_i fit the first part's tiles");
   static_assert(row_dot + 4 * D <= m, "dS, the products and the sums fit G, R and C");
 };
@@ -86,7 +86,8 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_grads_kernel(GatedDeltaArg
   __syncthreads();
 
   // ---- Through P: R, C and the gate sums' part Q . R - K . C.
-  gemm<T, kWarps, false, true, kWarps / 2>(do_s, Ld<D>::e, u_s, Ld<D>::e, dp, kLdSquare, kC, kC, D, false);
+  gemm<T, kWarps, false, true, kWarps / 2>(do_s, Ld<D>::e, u_s, Ld<D>::e, dp, kLdSquare, kC, kC, D,
+                                           false);
   for (int e = threadIdx.x; e < kC * (D / 4); e += kThreads) {
     const int t = e / (D / 4), d = 4 * (e % (D / 4));
     *reinterpret_cast<float4*>(r_f + t * ldg + d) = float4{};
@@ -127,14 +128,15 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_grads_kernel(GatedDeltaArg
   float* res = reinterpret_cast<float*>(raw + L::result);
   float* col = reinterpret_cast<float*>(raw + L::col);
   float* row_dot = reinterpret_cast<float*>(raw + L::row_dot);
-  load_matrix<T, D, D, kThreads>(ds_s, Ld<D>::e,
-                                 static_cast<const T*>(p.state_grads) + at.state(D), D);
+  load_matrix<T, D, D, kThreads>(ds_s, Ld<D>::e, static_cast<const T*>(p.state_grads) + at.state(D),
+                                 D);
   copy_async_commit();
   if (threadIdx.x < D) col[threadIdx.x] = 0.f;
   copy_async_wait<1>();  // du and S_i (dS_{i+1} may still be in flight)
   __syncthreads();
   // dq = R + exp(G) . (scale dO S^T); dG += Q . that.
-  gemm<T, kWarps, false, true, kWarps / 2>(do_s, Ld<D>::e, st_s, Ld<D>::e, res, ldg, kC, D, D, false);
+  gemm<T, kWarps, false, true, kWarps / 2>(do_s, Ld<D>::e, st_s, Ld<D>::e, res, ldg, kC, D, D,
+                                           false);
   copy_async_wait<0>();
   __syncthreads();
   {  // rowsum(S . dS) of each state row (from the element-type copies), four rows per warp
@@ -160,7 +162,8 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_grads_kernel(GatedDeltaArg
   }
   __syncthreads();
   // dk' = C + exp(G_C - G) . (u dS^T); dG -= K . that; the last row collects their sum.
-  gemm<T, kWarps, false, true, kWarps / 2>(u_s, Ld<D>::e, ds_s, Ld<D>::e, res, ldg, kC, D, D, false);
+  gemm<T, kWarps, false, true, kWarps / 2>(u_s, Ld<D>::e, ds_s, Ld<D>::e, res, ldg, kC, D, D,
+                                           false);
   __syncthreads();
   float* dk_partial = p.dk_partial + at.tile(0, D);
   float k_terms = 0.f;
@@ -176,7 +179,8 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_grads_kernel(GatedDeltaArg
   atomicAdd(&col[d], k_terms);
   __syncthreads();
   // dW = -du S^T (the element type: the WY backward's product operand).
-  gemm<T, kWarps, false, true, kWarps / 2>(du_s, Ld<D>::e, st_s, Ld<D>::e, res, ldg, kC, D, D, false);
+  gemm<T, kWarps, false, true, kWarps / 2>(du_s, Ld<D>::e, st_s, Ld<D>::e, res, ldg, kC, D, D,
+                                           false);
   __syncthreads();
   T* dw = static_cast<T*>(p.dw) + at.tile(0, D);
   for (int e = threadIdx.x; e < kC * (D / 8); e += kThreads) {

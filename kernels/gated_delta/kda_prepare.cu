@@ -72,7 +72,8 @@ __global__ void __launch_bounds__(kThreads) kda_prepare_kernel(GatedDeltaArgs p)
   float* g_out = p.gate_sums + at.tile(0, D);
   for (int e = threadIdx.x; e < kC * (D / 4); e += kThreads) {
     const int r = e / (D / 4), c = (e % (D / 4)) * 4;
-    *reinterpret_cast<float4*>(g_out + r * D + c) = *reinterpret_cast<const float4*>(g + r * ldg + c);
+    *reinterpret_cast<float4*>(g_out + r * D + c) =
+        *reinterpret_cast<const float4*>(g + r * ldg + c);
   }
   per_key_scores<T, D, kThreads, true>(q_s, k_s, g, scratch, scores);
   per_key_scores<T, D, kThreads, false>(k_s, k_s, g, scratch, keys, /*y_copies_ready=*/true);
@@ -137,8 +138,8 @@ __global__ void __launch_bounds__(kThreads) kda_prepare_kernel(GatedDeltaArgs p)
   }
   __syncthreads();
   for (int half = 0; half < 2; ++half) {
-    gemm<T, kWarps, false, false, kWarps / 2>(t_s, kLdSquareE, half == 0 ? k_s : v_s, Ld<D>::e, staging,
-                                  Ld<D>::f, kC, D, kC, false);
+    gemm<T, kWarps, false, false, kWarps / 2>(t_s, kLdSquareE, half == 0 ? k_s : v_s, Ld<D>::e,
+                                              staging, Ld<D>::f, kC, D, kC, false);
     __syncthreads();
     T* dst = static_cast<T*>(half == 0 ? p.w : p.u0) + at.tile(0, D);
     store_rows<T, D, kThreads>([&](int r) { return dst + r * D; }, staging, Ld<D>::f, kC);

@@ -90,8 +90,8 @@ __global__ void __launch_bounds__(kThreads) kda_wy_backward_kernel(GatedDeltaArg
   __syncthreads();
 
   // ---- System part. dX = T^T [dW | du].
-  gemm<T, kWarps, true, false, kWarps / 2>(t_s, kLdSquareE, grads, L::ld_wide_e, dx_f, L::ld_wide_f, kC, 2 * D,
-                               kC, false);
+  gemm<T, kWarps, true, false, kWarps / 2>(t_s, kLdSquareE, grads, L::ld_wide_e, dx_f, L::ld_wide_f,
+                                           kC, 2 * D, kC, false);
   __syncthreads();
   // A warp's rows: dk' and dG from dX_K, dv, dbeta's row sums, and dX in the element type. This
   // thread's dk' and dG (rows warp + kWarps i, columns lane + 32 j) stay in registers.
@@ -142,8 +142,8 @@ __global__ void __launch_bounds__(kThreads) kda_wy_backward_kernel(GatedDeltaArg
   }
   __syncthreads();
   // dA = -dX [W | U0]^T (dX's fp32 space is free now).
-  gemm<T, kWarps, false, true, kWarps / 2>(dx_bf, L::ld_wide_e, sol, L::ld_wide_e, da, kLdSquare, kC, kC, 2 * D,
-                               false);
+  gemm<T, kWarps, false, true, kWarps / 2>(dx_bf, L::ld_wide_e, sol, L::ld_wide_e, da, kLdSquare,
+                                           kC, kC, 2 * D, false);
   __syncthreads();
   for (int e = threadIdx.x; e < kC * kC / 8; e += kThreads) {  // N = -diag(beta) dA, lower
     const int r = e / (kC / 8), s0 = 8 * (e % (kC / 8));
@@ -154,7 +154,8 @@ __global__ void __launch_bounds__(kThreads) kda_wy_backward_kernel(GatedDeltaArg
   }
   for (int r = warp; r < kC; r += kWarps) {  // dbeta_r += sum_s dA_rs K~_rs, a warp per row
     float sum = 0.f;
-    for (int s = lane; s < r; s += 32) sum -= da[r * kLdSquare + s] * to_float(kk[r * kLdSquareE + s]);
+    for (int s = lane; s < r; s += 32)
+      sum -= da[r * kLdSquare + s] * to_float(kk[r * kLdSquareE + s]);
     sum = warp_sum(sum);
     if (lane == 0 && r < at.valid) p.dbeta[at.token(r, 1, p.heads, p.tokens)] = dbeta[r] + sum;
   }
