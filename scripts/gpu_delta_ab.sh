@@ -11,7 +11,6 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}; V=$OUT/ab; mkdir -p "$V"
 new=${MHLA_BIN:-build-gpu/mhla}; prev=/tmp/mhla_bin/mhla_prev
 tests=${MHLA_TESTS_BIN:-build-gpu/tests/mhla_tests}
-shapes="--shape 16,8,2048,128 --shape 4,8,8192,128 --shape 1,8,32768,128"
 source scripts/gpu_delta_checks.sh
 if [ -z "${SKIP_TESTS:-}" ]; then
   run_gpu_tests "$V" tests.log 200 "$tests" \
@@ -20,36 +19,17 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   walk_modes_delta "$V" "$new" "$tests"
 fi
 ops="kda gated_deltanet ${CAUSAL_AB:+linear mhla}"
-bench() {  # bench LABEL BINARY
-  for op in $ops; do
-    timeout 100 "$2" bench attention --op $op --causal --backend cuda $shapes --blocks 16 \
-      --warmup 3 --iters 10 2>> "$V/bench.err" | grep '^{' > "$V/$1_$op.jsonl"
-    python3 -c "import json,sys; print('$1 $op', ' '.join('%.3f' % json.loads(l)['fwd_bwd_ms'] for l in open(sys.argv[1])))" "$V/$1_$op.jsonl"
-  done
-}
-bench prev1 "$prev"; bench new1 "$new"
+bench_lm "$V" prev1 "$prev" $ops; bench_lm "$V" new1 "$new" $ops
 if [ -z "${SKIP_PEER:-}" ]; then
   source scripts/gpu_fla_env.sh
   timeout 150 python3 scripts/fla_delta_peer.py --kda 2> "$V/peer.err" | grep '^{' |
     tee "$V/peers_lm.jsonl" |
     python3 -c "import json,sys; [print(d['op'], d['N'], '%.3f' % d['fwdbwd_ms']) for d in map(json.loads, sys.stdin)]"
 fi
-bench prev2 "$prev"; bench new2 "$new"
-if [ -z "${SKIP_BREAKDOWN:-}" ]; then
-  for op in kda gated_deltanet; do
-    timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum --csv "$new" bench \
-      attention --op $op --causal --backend cuda --shape 16,8,2048,128 --warmup 0 --iters 1 \
-      > "$V/ncu_$op.csv" 2> /dev/null
-    python3 scripts/ncu_kernel_sums.py "$V/ncu_$op.csv" 16
-  done
-fi
-if [ -n "${CAUSAL_BREAKDOWN:-}" ]; then
-  for op in linear mhla; do
-    timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum --csv "$new" bench \
-      attention --op $op --causal --backend cuda --shape 4,8,8192,128 --blocks 16 --warmup 0 \
-      --iters 1 > "$V/ncu_causal_$op.csv" 2> /dev/null
-    python3 scripts/ncu_kernel_sums.py "$V/ncu_causal_$op.csv" 16
-  done
-fi
+bench_lm "$V" prev2 "$prev" $ops; bench_lm "$V" new2 "$new" $ops
+[ -z "${SKIP_BREAKDOWN:-}" ] &&
+  kernel_times "$V" "$new" ncu_ 16,8,2048,128 16 kda gated_deltanet
+[ -n "${CAUSAL_BREAKDOWN:-}" ] &&
+  kernel_times "$V" "$new" ncu_causal_ 4,8,8192,128 16 linear mhla
 gzip -f "$V"/*.csv 2>/dev/null
 tar czf "$OUT/ab.tgz" -C "$OUT" ab

@@ -20,15 +20,7 @@ for op in kda gated_deltanet; do
     --shape 4,8,8192,128 --shape 1,8,32768,128 --warmup 3 --iters 10 2>> "$V/bench.err" |
     grep '^{' | tee -a "$V/ours_lm.jsonl"
 done
-if [ -z "${SKIP_GPT:-}" ]; then
-  for op in kda gated_deltanet; do
-    timeout 200 "$bin" train configs/gpt_austen_kjv.yaml --set attention.type=$op \
-      --set run.name=gpt_$op > "$V/gpt_$op.log" 2>&1
-    echo "gpt $op rc=$?: $(grep -E 'done:' "$V/gpt_$op.log")"
-    tail -3 "$V/gpt_$op.log"
-    cp "runs/gpt_$op/metrics.jsonl" "$V/gpt_${op}_metrics.jsonl" 2>/dev/null
-  done
-fi
+[ -z "${SKIP_GPT:-}" ] && gpt_rows "$V" "$bin" 200 kda gated_deltanet
 source scripts/gpu_fla_env.sh
 timeout 150 python3 scripts/fla_delta_peer.py 2> "$V/peer.err" | grep '^{' | tee "$V/peers_lm.jsonl"
 timeout ${KDA_PEER_TIMEOUT:-150} python3 scripts/fla_delta_peer.py --kda-only 2>> "$V/peer.err" |
