@@ -3,7 +3,8 @@
 // head) walks the chunks. Its [D, 32] slice of the state lives in fp32 tensor-core accumulators
 // in registers for the whole walk, with an element-type copy in shared memory as the operand of
 // the next chunk's first product; the next chunk's tiles (from the parallel passes and the
-// inputs) load asynchronously into a second buffer while the current chunk computes.
+// inputs) load asynchronously while the current chunk computes (into a second buffer, or for the
+// backward's big tiles on large grids into the same one as soon as it is read: BackwardLayout).
 //   forward:  store S_i;  u = U0 - W S_i;  S_{i+1} = exp(G_C) S_i + K^T diag(exp(G_C - G)) u
 //   backward: store dS_{i+1};  du = scale P^T dO + diag(exp(G_C - G)) K dS_{i+1};
 //             dS_i = exp(G_C) dS_{i+1} + [Q ; W]^T [diag(scale exp(G)) dO ; -du]
