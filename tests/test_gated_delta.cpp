@@ -1,5 +1,8 @@
 // Gated DeltaNet / KDA references: the chunked WY form against the token-by-token recurrence
 // (float64: outputs, final states and every gradient), closed forms, decode and prefill+decode.
+#include <cstdlib>
+#include <string>
+
 #include "attention/delta_chunk_recurrence.h"
 #include "attention/gated_delta.h"
 #include "attention/gated_delta_decode.h"
@@ -7,6 +10,10 @@
 #include "catch_compat.h"
 #include "core/error.h"
 #include "test_helpers.h"
+
+#ifdef MHLA_WITH_CUDA_KERNELS
+#include "gated_delta/chunk_fused.h"
+#endif
 
 using namespace mhla;
 
@@ -406,6 +413,74 @@ TEST_CASE(
       CHECK(test::relative_error(x, expected[i]) < tolerance[i]);
     }
   }
+}
+
+TEST_CASE(
+    "delta rule: the fused kernels' walks cut into pipelined segments give the same results bit "
+    "for bit",
+    "[attention][gpu]") {
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device: skipped");
+    return;
+  }
+#ifdef MHLA_WITH_CUDA_KERNELS
+  struct Case {
+    const char* what;
+    int64_t b, t, h, d;
+    bool per_key;
+  };
+  // Segments of unequal lengths (T = 1,000: 16 chunks, the last partial), both state widths and
+  // both variants, an initial state and a final-state gradient crossing every boundary.
+  const Case cases[] = {{"gated DeltaNet, D = 128", 1, 1000, 2, 128, false},
+                        {"gated DeltaNet, D = 64", 2, 1000, 1, 64, false},
+                        {"KDA, D = 128", 1, 1000, 2, 128, true}};
+  const char* previous = std::getenv("MHLA_DELTA_WALK_SEGMENTS");
+  const std::string restore = previous != nullptr ? previous : "";
+  auto run = [](const Inputs& in, const char* segments, double scale) {
+    setenv("MHLA_DELTA_WALK_SEGMENTS", segments, 1);
+    auto cuda = torch::TensorOptions().device(torch::kCUDA);
+    auto leaf = [&](const torch::Tensor& x, torch::ScalarType type) {
+      return x.to(cuda.dtype(type)).detach().requires_grad_(true);
+    };
+    auto q = leaf(in.q, torch::kBFloat16), k = leaf(in.k, torch::kBFloat16);
+    auto v = leaf(in.v, torch::kBFloat16);
+    auto beta = leaf(in.beta, torch::kFloat32), g = leaf(in.g, torch::kFloat32);
+    auto s0 = leaf(in.s0, torch::kFloat32);
+    auto r = gated_delta_fused(q, k, v, beta, g, s0, scale);
+    torch::manual_seed(11);
+    auto w_out = torch::randn_like(r.out, cuda.dtype(torch::kFloat32));
+    auto w_state = torch::randn_like(r.final_state);
+    ((r.out.to(torch::kFloat32) * w_out).sum() + (r.final_state * w_state).sum()).backward();
+    return std::vector<torch::Tensor>{r.out,    r.final_state, q.grad(),  k.grad(),
+                                      v.grad(), beta.grad(),   g.grad(), s0.grad()};
+  };
+  const char* names[] = {"o", "final state", "dq", "dk", "dv", "dbeta", "dg", "dh0"};
+  for (const auto& c : cases) {
+    INFO(c.what << " (B=" << c.b << " T=" << c.t << " H=" << c.h << ")");
+    torch::manual_seed(5);
+    const auto in = make_inputs(c.b, c.t, c.h, c.d, c.d, 1.0, c.per_key, true);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+    const auto whole = run(in, "1", scale);
+    for (const char* segments : {"2", "3", "16"}) {
+      INFO(segments << " segments");
+      mhla_kernels::GatedDeltaArgs shape;
+      shape.batch = static_cast<int>(c.b), shape.tokens = static_cast<int>(c.t);
+      shape.heads = static_cast<int>(c.h), shape.head_dim = static_cast<int>(c.d);
+      setenv("MHLA_DELTA_WALK_SEGMENTS", segments, 1);
+      REQUIRE(mhla_kernels::gated_delta_walk_segments(shape) == std::atoi(segments));
+      const auto cut = run(in, segments, scale);
+      for (size_t i = 0; i < whole.size(); ++i) {
+        INFO(names[i]);
+        CHECK(torch::equal(cut[i], whole[i]));
+      }
+    }
+  }
+  if (previous != nullptr) {
+    setenv("MHLA_DELTA_WALK_SEGMENTS", restore.c_str(), 1);
+  } else {
+    unsetenv("MHLA_DELTA_WALK_SEGMENTS");
+  }
+#endif
 }
 
 TEST_CASE("delta rule: the fused gated DeltaNet entry refuses what its kernels do not take",

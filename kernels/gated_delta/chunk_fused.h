@@ -76,6 +76,12 @@ struct GatedDeltaArgs {
   float* dbeta = nullptr;                            // [B, T, H]
   float* dgate = nullptr;                            // [B, T, H]
   float* initial_state_grad = nullptr;               // [B, H, D, D] or null (not wanted)
+  // Pipelining (see gated_delta_walk_segments): fp32 [2, B*H, D, D] scratch for the state carried
+  // between walk segments, or null (the walks run whole).
+  float* walk_scratch = nullptr;
+  // The chunks a pass covers, [chunk_begin, chunk_end) (chunk_end 0: to the last). The entry
+  // points set them for the segments of a pipelined walk; callers leave them alone.
+  int chunk_begin = 0, chunk_end = 0;
 };
 
 #ifdef __CUDACC__
@@ -87,6 +93,15 @@ struct GatedDeltaArgs {
 MHLA_GATED_DELTA_HD inline int gated_delta_chunks(int tokens) {
   return (tokens + kGatedDeltaChunk - 1) / kGatedDeltaChunk;
 }
+
+// How many segments the entry points cut the state walks into: more than one where the walks'
+// grid leaves at least half the SMs idle (long sequences, few batch x heads). Each segment's
+// per-chunk passes (output; the chunk gradients) then run beside the next segment's walk, on the
+// idle SMs, and the walk on a stream of higher priority. The
+// results are the same bit for bit: the state crosses a segment boundary in fp32 through
+// walk_scratch, which must be set when this is > 1 (else the walks run whole).
+// MHLA_DELTA_WALK_SEGMENTS=N forces N (1: no pipelining).
+int gated_delta_walk_segments(const GatedDeltaArgs& args);
 
 // Fills gate_sums, w, u0, u, states, scores, out and final_state (and for KDA q_gated, k_to_end,
 // key_scores).

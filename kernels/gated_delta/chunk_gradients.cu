@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(GatedDeltaArgs p)
   T* q_s = reinterpret_cast<T*>(raw + L::q);
   T* m_bf = reinterpret_cast<T*>(raw + L::m);   // [64][72]
   T* st_s = reinterpret_cast<T*>(raw + L::st);  // [D][D + 8]: S_i
-  const ChunkPosition at(p, blockIdx.y, blockIdx.x);
+  const ChunkPosition at = block_chunk(p);
   auto rows = [&](const void* base) {
     return [&at, &p, base](int r) {
       return static_cast<const T*>(base) + at.token(r, D, p.heads, p.tokens);

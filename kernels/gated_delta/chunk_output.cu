@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(kThreads) output_kernel(GatedDeltaArgs p) {
   T* u_s = k_s + kC * Ld<D>::e;               // [64][72]: this CTA's columns of u
   T* st_s = u_s + kC * kLdOutE;               // [D][72]: of S_i
   T* p_bf = st_s + D * kLdOutE;               // [64][72]
-  const ChunkPosition at(p, blockIdx.y, blockIdx.x);
+  const ChunkPosition at = block_chunk(p);
   const int col0 = blockIdx.z * kCols;
   load_matrix<T, kC, kCols, kThreads>(u_s, kLdOutE,
                                       static_cast<const T*>(p.u) + at.tile(0, D) + col0, D);

@@ -1,12 +1,16 @@
 #pragma once
 // The passes of the fused gated-delta kernels, in the order the entry points of chunk_fused.cu
-// run them (see chunk_fused.h for the math). Each launches over the whole batch.
+// run them (see chunk_fused.h for the math). Each launches over the whole batch, for the chunks
+// [chunk_begin, chunk_end) of GatedDeltaArgs.
 #include <cuda_runtime.h>
 
 #include "gated_delta/chunk_fused.h"
 
 namespace mhla_kernels {
 namespace gated_delta {
+
+// Segments of a pipelined walk (gated_delta_walk_segments in chunk_fused.h).
+int walk_segments(const GatedDeltaArgs& a);
 
 // Forward.
 cudaError_t run_prepare(const GatedDeltaArgs& a, cudaStream_t stream);         // G, W, U0

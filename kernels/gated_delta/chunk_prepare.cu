@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(kThreads, 2) prepare_kernel(GatedDeltaArgs p) 
   float* beta = reinterpret_cast<float*>(raw + L::beta);
   T* x = reinterpret_cast<T*>(raw + L::x);
   T* t_s = reinterpret_cast<T*>(raw + L::t);
-  const ChunkPosition at(p, blockIdx.y, blockIdx.x);
+  const ChunkPosition at = block_chunk(p);
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
   load_rows<T, D, kThreads>(

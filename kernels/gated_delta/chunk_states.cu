@@ -17,6 +17,7 @@
 #include "gated_delta/chunk_passes.h"
 #include "gated_delta/chunk_tiles.cuh"
 
+#include <algorithm>
 #include <cstdlib>
 
 namespace mhla_kernels {
@@ -222,6 +223,7 @@ __global__ void __launch_bounds__(kThreads, 2) states_forward_kernel(GatedDeltaA
   auto stage = [&](int s, size_t part) { return raw + L::stage0 + s * L::stage_bytes + part; };
   const int bh = blockIdx.y, col0 = blockIdx.x * Slice;
   const int chunks = gated_delta_chunks(p.tokens);
+  const int first = p.chunk_begin, last = range_end(p);  // this walk's chunks (a segment)
   const T* w = static_cast<const T*>(p.w);
   const T* k = static_cast<const T*>(PerKey ? p.k_to_end : p.k);
   const T* u0 = static_cast<const T*>(p.u0);
@@ -245,21 +247,21 @@ __global__ void __launch_bounds__(kThreads, 2) states_forward_kernel(GatedDeltaA
     copy_gate_sums_async<PerKey, D>(reinterpret_cast<float*>(stage(s, L::g)), p, bh, chunks, i);
     copy_async_commit();
   };
-  issue(0, 0);
+  issue(first, 0);
   const int64_t state0 = static_cast<int64_t>(bh) * D * D;
   load_state_slice<D, Slice>(staging, p.initial_state ? p.initial_state + state0 : nullptr, col0);
   __syncthreads();
   StateFragments<T, D, Slice> state;
   state.load(staging);
   convert_tile<T, D, Slice, kThreads>(s_bf, SliceLd<Slice>::e, staging, SliceLd<Slice>::f);
-  for (int i = 0; i < chunks; ++i) {
-    const int s = i & 1;
+  for (int i = first; i < last; ++i) {
+    const int s = (i - first) & 1;
     const ChunkPosition at(p, bh, i);
     copy_async_wait<0>();
     __syncthreads();  // chunk i's tiles are in; s_bf holds S_i
     // The other buffer's readers (chunk i - 1's last product) passed the barrier: issuing before
     // it could overwrite K under a slower warp.
-    if (i + 1 < chunks) issue(i + 1, s ^ 1);
+    if (i + 1 < last) issue(i + 1, s ^ 1);
     const T* w_s = reinterpret_cast<const T*>(stage(s, L::w));
     const T* k_s = reinterpret_cast<const T*>(stage(s, L::k));
     const T* u0_s = reinterpret_cast<const T*>(stage(s, L::u0));
@@ -313,6 +315,7 @@ __global__ void __launch_bounds__(kThreads, 3 - BigBuffers)
   };
   const int bh = blockIdx.y, col0 = blockIdx.x * Slice;
   const int chunks = gated_delta_chunks(p.tokens);
+  const int first = p.chunk_begin, last = range_end(p);  // this walk's chunks (a segment)
   const T* q = static_cast<const T*>(PerKey ? p.q_gated : p.q);
   const T* w = static_cast<const T*>(p.w);
   const T* k = static_cast<const T*>(PerKey ? p.k_to_end : p.k);
@@ -328,11 +331,11 @@ __global__ void __launch_bounds__(kThreads, 3 - BigBuffers)
           dst, Ld<D>::e, [&](int r) { return base + at.token(r, D, p.heads, p.tokens); }, at.valid);
     }
   };
-  // Three commit groups per chunk i into buffer s, in this order (i < 0: empty groups keep the
+  // Three commit groups per chunk i into buffer s, in this order (i < first: empty groups keep the
   // count): dO and G, K and P, Q and W. Paired: at the top of chunk i + 1, once its first phase is
   // done with K and P, and at its end; otherwise all three at the top of chunk i + 1.
   auto issue_rows = [&](int i, int s) {
-    if (i >= 0) {
+    if (i >= first) {
       const ChunkPosition at(p, bh, i);
       copy_rows_async<T, Slice, kThreads>(
           reinterpret_cast<T*>(stage(s, L::d_out)), SliceLd<Slice>::e,
@@ -342,7 +345,7 @@ __global__ void __launch_bounds__(kThreads, 3 - BigBuffers)
     copy_async_commit();
   };
   auto issue_keys = [&](int i, int s) {
-    if (i >= 0) {
+    if (i >= first) {
       const ChunkPosition at(p, bh, i);
       copy_rows(big(s, L::k), k, at);
       copy_rows_async<T, kC, kThreads>(
@@ -351,7 +354,7 @@ __global__ void __launch_bounds__(kThreads, 3 - BigBuffers)
     copy_async_commit();
   };
   auto issue_queries = [&](int i, int s) {
-    if (i >= 0) {
+    if (i >= first) {
       const ChunkPosition at(p, bh, i);
       copy_rows(big(s, L::q), q, at);
       copy_rows_async<T, D, kThreads>(
@@ -359,15 +362,15 @@ __global__ void __launch_bounds__(kThreads, 3 - BigBuffers)
     }
     copy_async_commit();
   };
-  issue_rows(chunks - 1, 0);
-  issue_keys(chunks - 1, 0);
-  issue_queries(chunks - 1, 0);
+  issue_rows(last - 1, 0);
+  issue_keys(last - 1, 0);
+  issue_queries(last - 1, 0);
   const int64_t state0 = static_cast<int64_t>(bh) * D * D;
   StateFragments<T, D, Slice> grad;
   grad.load_global(p.final_state_grad ? p.final_state_grad + state0 : nullptr, col0);
   grad.store_elements(ds_bf);
-  for (int step = 0; step < chunks; ++step) {
-    const int i = chunks - 1 - step, s = step & 1;
+  for (int step = 0; step < last - first; ++step) {
+    const int i = last - 1 - step, s = step & 1;
     const ChunkPosition at(p, bh, i);
     // Paired: dO, G, K and P of chunk i are in (Q and W may still be in flight); otherwise all.
     if constexpr (kPaired) {
@@ -458,6 +461,26 @@ inline int walk_big_buffers(dim3 grid) {
   return static_cast<int>(grid.x * grid.y) > multiprocessors() ? 1 : 2;
 }
 
+// Pipelined walks (gated_delta_walk_segments): cut into up to kMaxWalkSegments segments of at
+// least kMinSegmentChunks chunks (a boundary costs a launch and an fp32 state round trip) where
+// the walk leaves at least half the SMs free for the per-chunk passes. With fewer free SMs they
+// gained nothing: the chunk-gradient pass fits no SM beside a walk CTA, and an output CTA fits
+// beside a forward walk CTA but did not speed it up (H200, B*T = 32,768, H = 8, D = 128:
+// T = 8,192, 128 walk CTAs, gated DeltaNet 1.925 -> 1.953 ms forward+backward with the forward
+// in 8 segments; T = 32,768, 64 CTAs, 3.341 -> 2.644 with both walks in 8).
+constexpr int kMaxWalkSegments = 8;
+constexpr int kMinSegmentChunks = 16;
+
+int segments_for(const GatedDeltaArgs& a) {
+  const int chunks = gated_delta_chunks(a.tokens);
+  if (const char* forced = std::getenv("MHLA_DELTA_WALK_SEGMENTS")) {
+    return std::max(1, std::min(std::atoi(forced), chunks));
+  }
+  const int walk_ctas = a.batch * a.heads * (a.head_dim / state_slice(a));
+  if (2 * walk_ctas > multiprocessors()) return 1;
+  return std::max(1, std::min(kMaxWalkSegments, chunks / kMinSegmentChunks));
+}
+
 template <typename T, int D, int Slice, int BigBuffers>
 cudaError_t launch_backward(const GatedDeltaArgs& a, dim3 grid, cudaStream_t stream) {
   constexpr size_t bytes = BackwardLayout<D, Slice, BigBuffers>::bytes;
@@ -497,6 +520,10 @@ struct Walk {
 };
 
 }  // namespace
+
+int walk_segments(const GatedDeltaArgs& a) {
+  return segments_for(a);
+}
 
 cudaError_t run_states_forward(const GatedDeltaArgs& a, cudaStream_t stream) {
   return dispatch<Walk<true>::Pass>(a, stream);

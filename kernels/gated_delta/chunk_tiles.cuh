@@ -271,8 +271,19 @@ cudaError_t dispatch(const GatedDeltaArgs& a, cudaStream_t stream) {
 }
 
 // The grid of the per-chunk passes: (chunks, B * H, parts).
+// The chunks a pass covers (GatedDeltaArgs::chunk_begin, chunk_end).
+MHLA_GATED_DELTA_HD inline int range_end(const GatedDeltaArgs& a) {
+  return a.chunk_end > 0 ? a.chunk_end : gated_delta_chunks(a.tokens);
+}
+
+// One CTA per (chunk of the range, batch x head, part).
 inline dim3 chunk_grid(const GatedDeltaArgs& a, int parts = 1) {
-  return dim3(gated_delta_chunks(a.tokens), a.batch * a.heads, parts);
+  return dim3(range_end(a) - a.chunk_begin, a.batch * a.heads, parts);
+}
+
+// The chunk of a per-chunk pass's CTA (grid from chunk_grid).
+__device__ inline ChunkPosition block_chunk(const GatedDeltaArgs& p) {
+  return ChunkPosition(p, blockIdx.y, p.chunk_begin + blockIdx.x);
 }
 
 // Opts the kernel into `bytes` of dynamic shared memory and launches it.

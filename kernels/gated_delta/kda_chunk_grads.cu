@@ -47,8 +47,10 @@ struct ChunkGradsLayout {
   static constexpr size_t st = du + 2 * kC * Ld<D>::e;       // [D][D + 8]: S_i
   static constexpr size_t ds = g;                            // [D][D + 8]: dS_{i+1}
   static constexpr size_t result = ds + 2 * D * Ld<D>::e;    // f32 [64][D + 4]
-  static constexpr size_t col = result + 4 * kC * Ld<D>::f;  // f32 [D]
-  static constexpr size_t row_dot = col + 4 * D;             // f32 [D]
+  // f32 [kThreads / D][D]: each row group's part of the last row's column sums, added in a
+  // fixed order (an atomic sum would make dg differ from run to run).
+  static constexpr size_t col = result + 4 * kC * Ld<D>::f;
+  static constexpr size_t row_dot = col + 4 * kThreads;  // f32 [D]
   static_assert(st + 2 * D * Ld<D>::e <= bytes, "du and S_i fit the first part's tiles");
   static_assert(row_dot + 4 * D <= m, "dS, the products and the sums fit G, R and C");
 };
@@ -71,7 +73,7 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_grads_kernel(GatedDeltaArg
   T* m_bf = reinterpret_cast<T*>(raw + L::m);
   T* scratch = reinterpret_cast<T*>(raw + L::scratch);
   float* dp = reinterpret_cast<float*>(raw + L::scratch);
-  const ChunkPosition at(p, blockIdx.y, blockIdx.x);
+  const ChunkPosition at = block_chunk(p);
   auto rows = [&](const void* base) {
     return [&at, &p, base](int r) {
       return static_cast<const T*>(base) + at.token(r, D, p.heads, p.tokens);
@@ -131,7 +133,6 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_grads_kernel(GatedDeltaArg
   load_matrix<T, D, D, kThreads>(ds_s, Ld<D>::e, static_cast<const T*>(p.state_grads) + at.state(D),
                                  D);
   copy_async_commit();
-  if (threadIdx.x < D) col[threadIdx.x] = 0.f;
   copy_async_wait<1>();  // du and S_i (dS_{i+1} may still be in flight)
   __syncthreads();
   // dq = R + exp(G) . (scale dO S^T); dG += Q . that.
@@ -176,7 +177,7 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_grads_kernel(GatedDeltaArg
     dg[i] -= term;
     k_terms += term;
   }
-  atomicAdd(&col[d], k_terms);
+  col[row0 * D + d] = k_terms;
   __syncthreads();
   // dW = -du S^T (the element type: the WY backward's product operand).
   gemm<T, kWarps, false, true, kWarps / 2>(du_s, Ld<D>::e, st_s, Ld<D>::e, res, ldg, kC, D, D,
@@ -195,7 +196,12 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_grads_kernel(GatedDeltaArg
   for (int i = 0; i < kPerThread; ++i) {
     const int t = row0 + kRowsPerPass * i;
     float x = dg[i];
-    if (t == kC - 1) x += col[d] + __expf(g_end) * row_dot[d];
+    if (t == kC - 1) {
+      float k_sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < kRowsPerPass; ++j) k_sum += col[j * D + d];
+      x += k_sum + __expf(g_end) * row_dot[d];
+    }
     dgate[t * D + d] = x;
   }
 }

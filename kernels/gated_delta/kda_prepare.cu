@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(kThreads) kda_prepare_kernel(GatedDeltaArgs p)
   T* t_s = reinterpret_cast<T*>(raw + L::t);
   T* scratch = reinterpret_cast<T*>(raw + L::scratch);
   float* staging = reinterpret_cast<float*>(raw + L::scratch);
-  const ChunkPosition at(p, blockIdx.y, blockIdx.x);
+  const ChunkPosition at = block_chunk(p);
   auto rows = [&](const void* base) {
     return [&at, &p, base](int r) {
       return static_cast<const T*>(base) + at.token(r, D, p.heads, p.tokens);

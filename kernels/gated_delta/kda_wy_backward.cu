@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(kThreads) kda_wy_backward_kernel(GatedDeltaArg
   T* dx_bf = grads;
   T* t_s = reinterpret_cast<T*>(raw + L::t);
   T* kk = reinterpret_cast<T*>(raw + L::kk);
-  const ChunkPosition at(p, blockIdx.y, blockIdx.x);
+  const ChunkPosition at = block_chunk(p);
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
   auto tile = [&](const void* base) {

@@ -177,7 +177,7 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
 
 bool kernels_take(const torch::Tensor& q, const torch::Tensor& v, const torch::Tensor& mixing) {
   const auto dtype = kernel_dtype_of(v.scalar_type());
-  if (!dtype || mixing.defined() && mixing.size(0) > 64) return false;
+  if (!dtype || (mixing.defined() && mixing.size(0) > 64)) return false;
   const auto empty = torch::Tensor();
   return kernels::causal_block_linear_supported(
       causal_shape_of(q, mixing.defined() ? mixing : empty), *dtype);

@@ -50,6 +50,17 @@ kernels::GatedDeltaArgs base_args(const torch::Tensor& q, const torch::Tensor& k
   return a;
 }
 
+// The fp32 scratch a pipelined walk carries its state in (gated_delta_walk_segments), when the
+// kernels will pipeline; kept alive by the caller until the launches are queued (the stream
+// orders its reuse).
+torch::Tensor walk_scratch_for(kernels::GatedDeltaArgs& a, const torch::Tensor& v) {
+  if (kernels::gated_delta_walk_segments(a) <= 1) return {};
+  auto scratch = torch::empty({2, v.size(0) * v.size(2), v.size(3), v.size(3)},
+                              v.options().dtype(torch::kFloat32));
+  a.walk_scratch = scratch.data_ptr<float>();
+  return scratch;
+}
+
 class GatedDeltaFusedFunction : public torch::autograd::Function<GatedDeltaFusedFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& q_in,
@@ -97,6 +108,7 @@ class GatedDeltaFusedFunction : public torch::autograd::Function<GatedDeltaFused
     } else {
       q_gated = k_to_end = key_scores = torch::empty({0}, v.options());
     }
+    const auto scratch = walk_scratch_for(a, v);
     check_launch(
         kernels::gated_delta_forward(a,
                                      c10::cuda::getCurrentCUDAStream(v.device().index()).stream()),
@@ -150,6 +162,7 @@ class GatedDeltaFusedFunction : public torch::autograd::Function<GatedDeltaFused
     a.dq = dq.data_ptr(), a.dk = dk.data_ptr(), a.dv = dv.data_ptr();
     a.dbeta = dbeta.data_ptr<float>(), a.dgate = dgate.data_ptr<float>();
     a.initial_state_grad = has_h0 ? dh0.data_ptr<float>() : nullptr;
+    const auto scratch = walk_scratch_for(a, v);
     check_launch(
         kernels::gated_delta_backward(a,
                                       c10::cuda::getCurrentCUDAStream(v.device().index()).stream()),
