@@ -451,7 +451,7 @@ TEST_CASE(
     auto w_out = torch::randn_like(r.out, cuda.dtype(torch::kFloat32));
     auto w_state = torch::randn_like(r.final_state);
     ((r.out.to(torch::kFloat32) * w_out).sum() + (r.final_state * w_state).sum()).backward();
-    return std::vector<torch::Tensor>{r.out,    r.final_state, q.grad(),  k.grad(),
+    return std::vector<torch::Tensor>{r.out,    r.final_state, q.grad(), k.grad(),
                                       v.grad(), beta.grad(),   g.grad(), s0.grad()};
   };
   const char* names[] = {"o", "final state", "dq", "dk", "dv", "dbeta", "dg", "dh0"};

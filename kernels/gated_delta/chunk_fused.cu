@@ -48,8 +48,7 @@ cudaError_t walk_stream(int segments, WalkStream** out) {
     int least = 0, greatest = 0;
     if (cudaError_t err = cudaDeviceGetStreamPriorityRange(&least, &greatest); err != cudaSuccess)
       return err;
-    if (cudaError_t err =
-            cudaStreamCreateWithPriority(&w.stream, cudaStreamNonBlocking, greatest);
+    if (cudaError_t err = cudaStreamCreateWithPriority(&w.stream, cudaStreamNonBlocking, greatest);
         err != cudaSuccess) {
       w.stream = nullptr;
       return err;
@@ -78,8 +77,8 @@ struct Segments {
     return static_cast<int>(static_cast<int64_t>(gated_delta_chunks(a.tokens)) * k / n);
   }
   float* carry(int k) const {
-    return a.walk_scratch + static_cast<int64_t>(k % 2) * a.batch * a.heads * a.head_dim *
-                                a.head_dim;
+    return a.walk_scratch +
+           static_cast<int64_t>(k % 2) * a.batch * a.heads * a.head_dim * a.head_dim;
   }
   GatedDeltaArgs chunks(int k) const {
     GatedDeltaArgs s = a;

@@ -14,6 +14,7 @@
 // KDA (PerKey) runs the same walks with exp(G_C) a per-row (key dimension) decay and the gated
 // operands its prepare pass kept: exp(G_C - G) . K for K with its decay, exp(G) . Q for Q.
 #include "common/device_info.h"
+#include "common/packed_access.cuh"
 #include "gated_delta/chunk_passes.h"
 #include "gated_delta/chunk_tiles.cuh"
 
@@ -227,23 +228,21 @@ __global__ void __launch_bounds__(kThreads, 2) states_forward_kernel(GatedDeltaA
   const T* w = static_cast<const T*>(p.w);
   const T* k = static_cast<const T*>(PerKey ? p.k_to_end : p.k);
   const T* u0 = static_cast<const T*>(p.u0);
+  const int b = bh / p.heads, h = bh % p.heads;
   auto issue = [&](int i, int s) {
-    const ChunkPosition at(p, bh, i);
-    copy_rows_async<T, D, kThreads>(
-        reinterpret_cast<T*>(stage(s, L::w)), Ld<D>::e, [&](int r) { return w + at.tile(r, D); },
-        kC);
+    const ChunkPosition at(p, bh, b, h, i);
+    copy_strided_rows_async<T, D, kThreads>(reinterpret_cast<T*>(stage(s, L::w)), Ld<D>::e,
+                                            w + at.tile(0, D), D, kC);
     if constexpr (PerKey) {  // exp(G_C - G) . K, a per-chunk tile
-      copy_rows_async<T, D, kThreads>(
-          reinterpret_cast<T*>(stage(s, L::k)), Ld<D>::e, [&](int r) { return k + at.tile(r, D); },
-          kC);
+      copy_strided_rows_async<T, D, kThreads>(reinterpret_cast<T*>(stage(s, L::k)), Ld<D>::e,
+                                              k + at.tile(0, D), D, kC);
     } else {
-      copy_rows_async<T, D, kThreads>(
-          reinterpret_cast<T*>(stage(s, L::k)), Ld<D>::e,
-          [&](int r) { return k + at.token(r, D, p.heads, p.tokens); }, at.valid);
+      copy_strided_rows_async<T, D, kThreads>(reinterpret_cast<T*>(stage(s, L::k)), Ld<D>::e,
+                                              k + at.token(0, D, p.heads, p.tokens), p.heads * D,
+                                              at.valid);
     }
-    copy_rows_async<T, Slice, kThreads>(
-        reinterpret_cast<T*>(stage(s, L::u0)), SliceLd<Slice>::e,
-        [&](int r) { return u0 + at.tile(r, D) + col0; }, kC);
+    copy_strided_rows_async<T, Slice, kThreads>(
+        reinterpret_cast<T*>(stage(s, L::u0)), SliceLd<Slice>::e, u0 + at.tile(0, D) + col0, D, kC);
     copy_gate_sums_async<PerKey, D>(reinterpret_cast<float*>(stage(s, L::g)), p, bh, chunks, i);
     copy_async_commit();
   };
@@ -256,7 +255,7 @@ __global__ void __launch_bounds__(kThreads, 2) states_forward_kernel(GatedDeltaA
   convert_tile<T, D, Slice, kThreads>(s_bf, SliceLd<Slice>::e, staging, SliceLd<Slice>::f);
   for (int i = first; i < last; ++i) {
     const int s = (i - first) & 1;
-    const ChunkPosition at(p, bh, i);
+    const ChunkPosition at(p, bh, b, h, i);
     copy_async_wait<0>();
     __syncthreads();  // chunk i's tiles are in; s_bf holds S_i
     // The other buffer's readers (chunk i - 1's last product) passed the barrier: issuing before
@@ -279,12 +278,16 @@ __global__ void __launch_bounds__(kThreads, 2) states_forward_kernel(GatedDeltaA
                                   SliceLd<Slice>::f, kC, Slice, D, false);
     __syncthreads();
     T* u_out = static_cast<T*>(p.u) + at.tile(0, D) + col0;
-    for (int e = threadIdx.x; e < kC * Slice; e += kThreads) {
-      const int r = e / Slice, c = e % Slice;
-      const float u =
-          to_float(u0_s[r * SliceLd<Slice>::e + c]) - staging[r * SliceLd<Slice>::f + c];
-      u_out[static_cast<int64_t>(r) * D + c] = from_float<T>(u);
-      us_bf[r * SliceLd<Slice>::e + c] = from_float<T>(to_end[r] * u);
+    for (int e = threadIdx.x; e < kC * Slice / 4; e += kThreads) {  // 4 columns a thread
+      const int r = e / (Slice / 4), c = 4 * (e % (Slice / 4));
+      float u[4], us[4];
+      load_pack<T, 4>(u0_s + r * SliceLd<Slice>::e + c, u);
+      const float4 ws = *reinterpret_cast<const float4*>(staging + r * SliceLd<Slice>::f + c);
+      u[0] -= ws.x, u[1] -= ws.y, u[2] -= ws.z, u[3] -= ws.w;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) us[j] = to_end[r] * u[j];
+      store_pack<T, 4>(u_out + r * D + c, u);
+      store_pack<T, 4>(us_bf + r * SliceLd<Slice>::e + c, us);
     }
     __syncthreads();
     // S_{i+1} = exp(G_C) S_i + K^T diag(exp(G_C - G)) u, in the registers.
@@ -321,14 +324,14 @@ __global__ void __launch_bounds__(kThreads, 3 - BigBuffers)
   const T* k = static_cast<const T*>(PerKey ? p.k_to_end : p.k);
   const T* d_out = static_cast<const T*>(p.d_out);
   const T* p_scores = static_cast<const T*>(p.scores);
+  const int b = bh / p.heads, h = bh % p.heads;
   // Q and K rows: KDA's gated per-chunk tiles, or gated DeltaNet's raw tokens.
   auto copy_rows = [&](T* dst, const T* base, const ChunkPosition& at) {
     if constexpr (PerKey) {
-      copy_rows_async<T, D, kThreads>(
-          dst, Ld<D>::e, [&](int r) { return base + at.tile(r, D); }, kC);
+      copy_strided_rows_async<T, D, kThreads>(dst, Ld<D>::e, base + at.tile(0, D), D, kC);
     } else {
-      copy_rows_async<T, D, kThreads>(
-          dst, Ld<D>::e, [&](int r) { return base + at.token(r, D, p.heads, p.tokens); }, at.valid);
+      copy_strided_rows_async<T, D, kThreads>(
+          dst, Ld<D>::e, base + at.token(0, D, p.heads, p.tokens), p.heads * D, at.valid);
     }
   };
   // Three commit groups per chunk i into buffer s, in this order (i < first: empty groups keep the
@@ -336,29 +339,28 @@ __global__ void __launch_bounds__(kThreads, 3 - BigBuffers)
   // done with K and P, and at its end; otherwise all three at the top of chunk i + 1.
   auto issue_rows = [&](int i, int s) {
     if (i >= first) {
-      const ChunkPosition at(p, bh, i);
-      copy_rows_async<T, Slice, kThreads>(
+      const ChunkPosition at(p, bh, b, h, i);
+      copy_strided_rows_async<T, Slice, kThreads>(
           reinterpret_cast<T*>(stage(s, L::d_out)), SliceLd<Slice>::e,
-          [&](int r) { return d_out + at.token(r, D, p.heads, p.tokens) + col0; }, at.valid);
+          d_out + at.token(0, D, p.heads, p.tokens) + col0, p.heads * D, at.valid);
       copy_gate_sums_async<PerKey, D>(reinterpret_cast<float*>(stage(s, L::g)), p, bh, chunks, i);
     }
     copy_async_commit();
   };
   auto issue_keys = [&](int i, int s) {
     if (i >= first) {
-      const ChunkPosition at(p, bh, i);
+      const ChunkPosition at(p, bh, b, h, i);
       copy_rows(big(s, L::k), k, at);
-      copy_rows_async<T, kC, kThreads>(
-          big(s, L::scores), kLdSquareE, [&](int r) { return p_scores + at.tile(r, kC); }, kC);
+      copy_strided_rows_async<T, kC, kThreads>(big(s, L::scores), kLdSquareE,
+                                               p_scores + at.tile(0, kC), kC, kC);
     }
     copy_async_commit();
   };
   auto issue_queries = [&](int i, int s) {
     if (i >= first) {
-      const ChunkPosition at(p, bh, i);
+      const ChunkPosition at(p, bh, b, h, i);
       copy_rows(big(s, L::q), q, at);
-      copy_rows_async<T, D, kThreads>(
-          big(s, L::w), Ld<D>::e, [&](int r) { return w + at.tile(r, D); }, kC);
+      copy_strided_rows_async<T, D, kThreads>(big(s, L::w), Ld<D>::e, w + at.tile(0, D), D, kC);
     }
     copy_async_commit();
   };
@@ -371,7 +373,7 @@ __global__ void __launch_bounds__(kThreads, 3 - BigBuffers)
   grad.store_elements(ds_bf);
   for (int step = 0; step < last - first; ++step) {
     const int i = last - 1 - step, s = step & 1;
-    const ChunkPosition at(p, bh, i);
+    const ChunkPosition at(p, bh, b, h, i);
     // Paired: dO, G, K and P of chunk i are in (Q and W may still be in flight); otherwise all.
     if constexpr (kPaired) {
       copy_async_wait<1>();
@@ -413,14 +415,23 @@ __global__ void __launch_bounds__(kThreads, 3 - BigBuffers)
     __syncthreads();
     if constexpr (kPaired) issue_keys(i - 1, 0);  // K and P of this chunk are done with
     T* du_out = static_cast<T*>(p.du) + at.tile(0, D) + col0;
-    for (int e = threadIdx.x; e < kC * Slice; e += kThreads) {
-      const int r = e / Slice, c = e % Slice;
-      const float du = p.scale * local[r * SliceLd<Slice>::f + c] +
-                       to_end[r] * staging[r * SliceLd<Slice>::f + c];
-      du_out[static_cast<int64_t>(r) * D + c] = from_float<T>(du);
-      du_neg[r * SliceLd<Slice>::e + c] = from_float<T>(-du);
-      T& x = do_s[r * SliceLd<Slice>::e + c];
-      x = from_float<T>(decay[r] * to_float(x));  // (exp(G) . Q)^T dO' as Q^T (scale exp(G) . dO)
+    for (int e = threadIdx.x; e < kC * Slice / 4; e += kThreads) {  // 4 columns a thread
+      const int r = e / (Slice / 4), c = 4 * (e % (Slice / 4));
+      const float4 pl = *reinterpret_cast<const float4*>(local + r * SliceLd<Slice>::f + c);
+      const float4 kd = *reinterpret_cast<const float4*>(staging + r * SliceLd<Slice>::f + c);
+      const float lp[4] = {pl.x, pl.y, pl.z, pl.w}, ks[4] = {kd.x, kd.y, kd.z, kd.w};
+      float du[4], du_minus[4], dout[4];
+      T* x = do_s + r * SliceLd<Slice>::e + c;
+      load_pack<T, 4>(x, dout);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        du[j] = p.scale * lp[j] + to_end[r] * ks[j];
+        du_minus[j] = -du[j];
+        dout[j] *= decay[r];  // (exp(G) . Q)^T dO' as Q^T (scale exp(G) . dO)
+      }
+      store_pack<T, 4>(du_out + r * D + c, du);
+      store_pack<T, 4>(du_neg + r * SliceLd<Slice>::e + c, du_minus);
+      store_pack<T, 4>(x, dout);
     }
     // Paired: Q and W of chunk i (the rows and keys of chunk i - 1 may be pending).
     if constexpr (kPaired) copy_async_wait<2>();

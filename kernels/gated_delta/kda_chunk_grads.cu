@@ -43,10 +43,10 @@ struct ChunkGradsLayout {
   static constexpr size_t bytes = scratch + scratch_bytes;
   // Second part (through the states): du and S_i where dP and the scratch were (loaded while
   // R, C and G move to registers), dS_{i+1}, the products and the sums where G, R and C were.
-  static constexpr size_t du = m;                            // [64][D + 8]
-  static constexpr size_t st = du + 2 * kC * Ld<D>::e;       // [D][D + 8]: S_i
-  static constexpr size_t ds = g;                            // [D][D + 8]: dS_{i+1}
-  static constexpr size_t result = ds + 2 * D * Ld<D>::e;    // f32 [64][D + 4]
+  static constexpr size_t du = m;                          // [64][D + 8]
+  static constexpr size_t st = du + 2 * kC * Ld<D>::e;     // [D][D + 8]: S_i
+  static constexpr size_t ds = g;                          // [D][D + 8]: dS_{i+1}
+  static constexpr size_t result = ds + 2 * D * Ld<D>::e;  // f32 [64][D + 4]
   // f32 [kThreads / D][D]: each row group's part of the last row's column sums, added in a
   // fixed order (an atomic sum would make dg differ from run to run).
   static constexpr size_t col = result + 4 * kC * Ld<D>::f;
