@@ -129,17 +129,9 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(GatedDeltaArgs p)
   T* m_bf = reinterpret_cast<T*>(raw + L::m);   // [64][72]
   T* st_s = reinterpret_cast<T*>(raw + L::st);  // [D][D + 8]: S_i
   const ChunkPosition at = block_chunk(p);
-  auto rows = [&](const void* base) {
-    return [&at, &p, base](int r) {
-      return static_cast<const T*>(base) + at.token(r, D, p.heads, p.tokens);
-    };
-  };
-  auto tile = [&](const void* base) {
-    return [&at, base](int r) { return static_cast<const T*>(base) + at.tile(r, D); };
-  };
-  load_rows<T, D, kThreads>(q_s, Ld<D>::e, rows(p.q), at.valid);
-  load_rows<T, D, kThreads>(k_s, Ld<D>::e, rows(p.k), at.valid);
-  load_rows<T, D, kThreads>(do_s, Ld<D>::e, rows(p.d_out), at.valid);  // dO; dO' = scale dO
+  load_token_rows<T, D, kThreads>(q_s, Ld<D>::e, p.q, p, at);
+  load_token_rows<T, D, kThreads>(k_s, Ld<D>::e, p.k, p, at);
+  load_token_rows<T, D, kThreads>(do_s, Ld<D>::e, p.d_out, p, at);  // dO; dO' = scale dO
   load_matrix<T, kC, D, kThreads>(u_s, Ld<D>::e, static_cast<const T*>(p.u) + at.tile(0, D), D);
   load_matrix<T, kC, D, kThreads>(du_s, Ld<D>::e, static_cast<const T*>(p.du) + at.tile(0, D), D);
   load_matrix<T, D, D, kThreads>(st_s, Ld<D>::e, static_cast<const T*>(p.states) + at.state(D), D);
@@ -199,8 +191,9 @@ __global__ void __launch_bounds__(kThreads) chunk_grads_kernel(GatedDeltaArgs p)
   __syncthreads();
   // The scores and dO are done with: W | U0 stream in over them (D = 128) while the rest runs.
   T* sol = reinterpret_cast<T*>(raw + L::sol);
-  load_rows<T, D, kThreads>(sol, L::ld_wide_e, tile(p.w), kC);
-  load_rows<T, D, kThreads>(sol + D, L::ld_wide_e, tile(p.u0), kC);
+  load_matrix<T, kC, D, kThreads>(sol, L::ld_wide_e, static_cast<const T*>(p.w) + at.tile(0, D), D);
+  load_matrix<T, kC, D, kThreads>(sol + D, L::ld_wide_e,
+                                  static_cast<const T*>(p.u0) + at.tile(0, D), D);
   copy_async_commit();
   row_dot_then_scale<T, D>(q_s, dk_f, decay,
                            [&](int r, float sum) { dg[r] += decay[r] * sum - col[r]; });

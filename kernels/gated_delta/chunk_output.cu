@@ -61,12 +61,8 @@ __global__ void __launch_bounds__(kThreads) output_kernel(GatedDeltaArgs p) {
     finish_loads();
     __syncthreads();
   } else {
-    const T* q = static_cast<const T*>(p.q);
-    const T* k = static_cast<const T*>(p.k);
-    load_rows<T, D, kThreads>(
-        q_s, Ld<D>::e, [&](int r) { return q + at.token(r, D, p.heads, p.tokens); }, at.valid);
-    load_rows<T, D, kThreads>(
-        k_s, Ld<D>::e, [&](int r) { return k + at.token(r, D, p.heads, p.tokens); }, at.valid);
+    load_token_rows<T, D, kThreads>(q_s, Ld<D>::e, p.q, p, at);
+    load_token_rows<T, D, kThreads>(k_s, Ld<D>::e, p.k, p, at);
     load_gate_sums(g, p, at);
     finish_loads();
     __syncthreads();

@@ -40,12 +40,8 @@ __global__ void __launch_bounds__(kThreads, 2) prepare_kernel(GatedDeltaArgs p) 
   T* x = reinterpret_cast<T*>(raw + L::x);
   T* t_s = reinterpret_cast<T*>(raw + L::t);
   const ChunkPosition at = block_chunk(p);
-  const T* k = static_cast<const T*>(p.k);
-  const T* v = static_cast<const T*>(p.v);
-  load_rows<T, D, kThreads>(
-      x, L::ld_wide, [&](int r) { return k + at.token(r, D, p.heads, p.tokens); }, at.valid);
-  load_rows<T, D, kThreads>(
-      x + D, L::ld_wide, [&](int r) { return v + at.token(r, D, p.heads, p.tokens); }, at.valid);
+  load_token_rows<T, D, kThreads>(x, L::ld_wide, p.k, p, at);
+  load_token_rows<T, D, kThreads>(x + D, L::ld_wide, p.v, p, at);
   if (threadIdx.x < kC) {
     const int r = threadIdx.x;
     const int64_t i = at.token(r, 1, p.heads, p.tokens);
@@ -85,15 +81,7 @@ __global__ void __launch_bounds__(kThreads, 2) prepare_kernel(GatedDeltaArgs p) 
   }
   __syncthreads();
   invert_unit_lower<kThreads>(a, staging, staging + kC * kLdSquare);
-  T* t_out = static_cast<T*>(p.t_inverse) + at.tile(0, kC);
-  for (int e = threadIdx.x; e < kC * kC / 8; e += kThreads) {
-    const int r = e / (kC / 8), c = 8 * (e % (kC / 8));
-    float y[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) y[j] = staging[r * kLdSquare + c + j];
-    store_pack<T, 8>(t_s + r * kLdSquareE + c, y);
-    store_pack<T, 8>(t_out + r * kC + c, y);
-  }
+  keep_inverse<T, kThreads>(staging, t_s, static_cast<T*>(p.t_inverse) + at.tile(0, kC));
   __syncthreads();
   for (int half = 0; half < 2; ++half) {
     gemm<T, kWarps, false, false, kWarps / 2>(t_s, kLdSquareE, x + half * D, L::ld_wide, staging,

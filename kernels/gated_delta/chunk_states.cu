@@ -74,8 +74,10 @@ struct StateFragments {
       }
     }
   }
-  // The slice straight from / to a global fp32 [D, D] matrix (columns col0 on; src null: zeros).
-  __device__ void load_global(const float* src, int col0) {
+  // Calls visit(first, second, offset) for each pair of adjacent columns a thread holds, with
+  // the pair's offset in a [D, D] matrix whose slice starts at column col0.
+  template <typename Fragments, typename Visit>
+  __device__ static void each_pair(Fragments& fragments, int col0, Visit visit) {
 #pragma unroll
     for (int j = 0; j < kPerWarp; ++j) {
 #pragma unroll
@@ -84,29 +86,23 @@ struct StateFragments {
         for (int i = 0; i < 4; i += 2) {
           const int r = 16 * tile_row(j) + wmma_tiles::TileAccumulator::row(i);
           const int c = col0 + 16 * tile_col(j) + wmma_tiles::TileAccumulator::col(h, i);
-          const float2 v =
-              src != nullptr
-                  ? *reinterpret_cast<const float2*>(src + static_cast<int64_t>(r) * D + c)
-                  : make_float2(0.f, 0.f);
-          f[j].x[h][i] = v.x, f[j].x[h][i + 1] = v.y;
+          visit(fragments[j].x[h][i], fragments[j].x[h][i + 1], static_cast<int64_t>(r) * D + c);
         }
       }
     }
   }
+  // The slice straight from / to a global fp32 [D, D] matrix (columns col0 on; src null: zeros).
+  __device__ void load_global(const float* src, int col0) {
+    each_pair(f, col0, [&](float& a, float& b, int64_t at) {
+      const float2 v =
+          src != nullptr ? *reinterpret_cast<const float2*>(src + at) : make_float2(0.f, 0.f);
+      a = v.x, b = v.y;
+    });
+  }
   __device__ void store_global(float* dst, int col0) const {
-#pragma unroll
-    for (int j = 0; j < kPerWarp; ++j) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int i = 0; i < 4; i += 2) {
-          const int r = 16 * tile_row(j) + wmma_tiles::TileAccumulator::row(i);
-          const int c = col0 + 16 * tile_col(j) + wmma_tiles::TileAccumulator::col(h, i);
-          *reinterpret_cast<float2*>(dst + static_cast<int64_t>(r) * D + c) =
-              make_float2(f[j].x[h][i], f[j].x[h][i + 1]);
-        }
-      }
-    }
+    each_pair(f, col0, [&](const float& a, const float& b, int64_t at) {
+      *reinterpret_cast<float2*>(dst + at) = make_float2(a, b);
+    });
   }
   // f += A^T B for A [Depth][D] (rows lda apart) and B [Depth][32] (rows ldb apart).
   __device__ void add(const T* a, int lda, const T* b, int ldb, int depth) {

@@ -108,21 +108,10 @@ __device__ __forceinline__ void copy_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
 }
 
-// dst[r][c] = src_row(r)[c] for c < Cols (element type; rows >= valid zero), asynchronously.
-template <typename T, int Cols, int Threads, typename RowPtr>
-__device__ void copy_rows_async(T* dst, int ld, RowPtr src_row, int valid) {
-  constexpr int kPerRow = Cols * static_cast<int>(sizeof(T)) / 16;
-  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
-  for (int e = threadIdx.x; e < kC * kPerRow; e += Threads) {
-    const int r = e / kPerRow, c = (e % kPerRow) * kVec;
-    copy_async16(dst + r * ld + c, src_row(r < valid ? r : 0) + c, r < valid);
-  }
-}
-
 // dst[r][c] = src[r * stride + c] for the chunk's 64 rows and c < Cols (rows >= valid zero),
-// asynchronously: copy_rows_async with the rows' addresses as one base and a 32-bit stride, for
-// the state walks, which issue their copies every chunk (with an offset computed per row in 64
-// bits, the copies took about a third of the walks' stall samples at T = 32,768).
+// asynchronously, the rows' addresses as one base and a 32-bit stride (the state walks issue
+// their copies every chunk: with an offset computed per row in 64 bits, the copies took about a
+// third of their stall samples at T = 32,768).
 template <typename T, int Cols, int Threads>
 __device__ __forceinline__ void copy_strided_rows_async(T* dst, int ld, const T* src, int stride,
                                                         int valid) {
@@ -143,9 +132,13 @@ __device__ __forceinline__ void copy_strided_rows_async(T* dst, int ld, const T*
 // The loads every pass starts with, all asynchronous (cp.async: no register round trip, so a
 // thread's copies are all in flight at once); finish_loads() waits for them, before the
 // __syncthreads that publishes them.
-template <typename T, int Cols, int Threads, typename RowPtr>
-__device__ void load_rows(T* dst, int ld, RowPtr src_row, int valid) {
-  copy_rows_async<T, Cols, Threads>(dst, ld, src_row, valid);
+// The chunk's rows of a token-major [B, T, H, Cols] input (rows past the sequence zero).
+template <typename T, int Cols, int Threads>
+__device__ void load_token_rows(T* dst, int ld, const void* base, const GatedDeltaArgs& p,
+                                const ChunkPosition& at) {
+  copy_strided_rows_async<T, Cols, Threads>(
+      dst, ld, static_cast<const T*>(base) + at.token(0, Cols, p.heads, p.tokens), p.heads * Cols,
+      at.valid);
 }
 
 // A [Rows][Cols] matrix from global (row stride width) into shared memory (row stride ld).

@@ -74,14 +74,9 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_grads_kernel(GatedDeltaArg
   T* scratch = reinterpret_cast<T*>(raw + L::scratch);
   float* dp = reinterpret_cast<float*>(raw + L::scratch);
   const ChunkPosition at = block_chunk(p);
-  auto rows = [&](const void* base) {
-    return [&at, &p, base](int r) {
-      return static_cast<const T*>(base) + at.token(r, D, p.heads, p.tokens);
-    };
-  };
-  load_rows<T, D, kThreads>(q_s, Ld<D>::e, rows(p.q), at.valid);
-  load_rows<T, D, kThreads>(k_s, Ld<D>::e, rows(p.k), at.valid);
-  load_rows<T, D, kThreads>(do_s, Ld<D>::e, rows(p.d_out), at.valid);
+  load_token_rows<T, D, kThreads>(q_s, Ld<D>::e, p.q, p, at);
+  load_token_rows<T, D, kThreads>(k_s, Ld<D>::e, p.k, p, at);
+  load_token_rows<T, D, kThreads>(do_s, Ld<D>::e, p.d_out, p, at);
   load_matrix<T, kC, D, kThreads>(u_s, Ld<D>::e, static_cast<const T*>(p.u) + at.tile(0, D), D);
   load_matrix<float, kC, D, kThreads>(g, ldg, p.gate_sums + at.tile(0, D), D);
   finish_loads();

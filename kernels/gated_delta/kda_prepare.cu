@@ -50,16 +50,10 @@ __global__ void __launch_bounds__(kThreads) kda_prepare_kernel(GatedDeltaArgs p)
   T* scratch = reinterpret_cast<T*>(raw + L::scratch);
   float* staging = reinterpret_cast<float*>(raw + L::scratch);
   const ChunkPosition at = block_chunk(p);
-  auto rows = [&](const void* base) {
-    return [&at, &p, base](int r) {
-      return static_cast<const T*>(base) + at.token(r, D, p.heads, p.tokens);
-    };
-  };
-  load_rows<T, D, kThreads>(q_s, Ld<D>::e, rows(p.q), at.valid);
-  load_rows<T, D, kThreads>(k_s, Ld<D>::e, rows(p.k), at.valid);
-  load_rows<T, D, kThreads>(v_s, Ld<D>::e, rows(p.v), at.valid);
-  load_rows<float, D, kThreads>(
-      g, ldg, [&](int r) { return p.gate + at.token(r, D, p.heads, p.tokens); }, at.valid);
+  load_token_rows<T, D, kThreads>(q_s, Ld<D>::e, p.q, p, at);
+  load_token_rows<T, D, kThreads>(k_s, Ld<D>::e, p.k, p, at);
+  load_token_rows<T, D, kThreads>(v_s, Ld<D>::e, p.v, p, at);
+  load_token_rows<float, D, kThreads>(g, ldg, p.gate, p, at);
   if (threadIdx.x < kC) {
     const int r = threadIdx.x;
     beta[r] = r < at.valid ? p.beta[at.token(r, 1, p.heads, p.tokens)] : 0.f;
@@ -127,15 +121,7 @@ __global__ void __launch_bounds__(kThreads) kda_prepare_kernel(GatedDeltaArgs p)
     store_pack<T, 8>(v_s + r * Ld<D>::e + c, vx);
   }
   invert_unit_lower<kThreads>(keys, staging, staging + kC * kLdSquare);  // syncs first
-  T* t_out = static_cast<T*>(p.t_inverse) + at.tile(0, kC);
-  for (int e = threadIdx.x; e < kC * kC / 8; e += kThreads) {
-    const int r = e / (kC / 8), c = 8 * (e % (kC / 8));
-    float y[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) y[j] = staging[r * kLdSquare + c + j];
-    store_pack<T, 8>(t_s + r * kLdSquareE + c, y);
-    store_pack<T, 8>(t_out + r * kC + c, y);
-  }
+  keep_inverse<T, kThreads>(staging, t_s, static_cast<T*>(p.t_inverse) + at.tile(0, kC));
   __syncthreads();
   for (int half = 0; half < 2; ++half) {
     gemm<T, kWarps, false, false, kWarps / 2>(t_s, kLdSquareE, half == 0 ? k_s : v_s, Ld<D>::e,

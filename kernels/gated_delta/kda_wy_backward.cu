@@ -68,16 +68,13 @@ __global__ void __launch_bounds__(kThreads) kda_wy_backward_kernel(GatedDeltaArg
   const ChunkPosition at = block_chunk(p);
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
-  auto tile = [&](const void* base) {
-    return [&at, base](int r) { return static_cast<const T*>(base) + at.tile(r, D); };
-  };
-  load_rows<T, D, kThreads>(
-      k_s, Ld<D>::e, [&](int r) { return k + at.token(r, D, p.heads, p.tokens); }, at.valid);
+  auto tile = [&](const void* base) { return static_cast<const T*>(base) + at.tile(0, D); };
+  load_token_rows<T, D, kThreads>(k_s, Ld<D>::e, p.k, p, at);
   load_matrix<float, kC, D, kThreads>(g, ldg, p.gate_sums + at.tile(0, D), D);
-  load_rows<T, D, kThreads>(sol, L::ld_wide_e, tile(p.w), kC);
-  load_rows<T, D, kThreads>(sol + D, L::ld_wide_e, tile(p.u0), kC);
-  load_rows<T, D, kThreads>(grads, L::ld_wide_e, tile(p.dw), kC);
-  load_rows<T, D, kThreads>(grads + D, L::ld_wide_e, tile(p.du), kC);
+  load_matrix<T, kC, D, kThreads>(sol, L::ld_wide_e, tile(p.w), D);
+  load_matrix<T, kC, D, kThreads>(sol + D, L::ld_wide_e, tile(p.u0), D);
+  load_matrix<T, kC, D, kThreads>(grads, L::ld_wide_e, tile(p.dw), D);
+  load_matrix<T, kC, D, kThreads>(grads + D, L::ld_wide_e, tile(p.du), D);
   load_matrix<T, kC, kC, kThreads>(t_s, kLdSquareE,
                                    static_cast<const T*>(p.t_inverse) + at.tile(0, kC), kC);
   load_matrix<T, kC, kC, kThreads>(kk, kLdSquareE,

@@ -55,12 +55,28 @@ __device__ void invert_unit_lower(const float* a, float* t, float* y) {
       for (int m = 0; m < kB; m += 4) {
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          sum[q] += t[(kB * i + r) * kLdSquare + kB * i + m + q] * y[j * kB * kB + (m + q) * kB + c];
+          sum[q] +=
+              t[(kB * i + r) * kLdSquare + kB * i + m + q] * y[j * kB * kB + (m + q) * kB + c];
         }
       }
       t[(kB * i + r) * kLdSquare + kB * j + c] = -((sum[0] + sum[1]) + (sum[2] + sum[3]));
     }
     __syncthreads();
+  }
+}
+
+// The inverse from fp32 t (as invert_unit_lower leaves it) in the element type, into the
+// product operand t_s (shared, [64][72]) and the t_inverse buffer the backward reads (t_out,
+// [64][64]). Not synchronized.
+template <typename T, int Threads>
+__device__ void keep_inverse(const float* t, T* t_s, T* t_out) {
+  for (int e = threadIdx.x; e < kC * kC / 8; e += Threads) {
+    const int r = e / (kC / 8), c = 8 * (e % (kC / 8));
+    float y[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) y[j] = t[r * kLdSquare + c + j];
+    store_pack<T, 8>(t_s + r * kLdSquareE + c, y);
+    store_pack<T, 8>(t_out + r * kC + c, y);
   }
 }
 
