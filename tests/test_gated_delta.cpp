@@ -1,6 +1,7 @@
 // Gated DeltaNet / KDA references: the chunked WY form against the token-by-token recurrence
 // (float64: outputs, final states and every gradient), closed forms, decode and prefill+decode.
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "attention/delta_chunk_recurrence.h"
@@ -12,6 +13,10 @@
 #include "test_helpers.h"
 
 #ifdef MHLA_WITH_CUDA_KERNELS
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
 #include "gated_delta/chunk_fused.h"
 #endif
 
@@ -415,6 +420,78 @@ TEST_CASE(
   }
 }
 
+#ifdef MHLA_WITH_CUDA_KERNELS
+namespace {
+
+// Sets an environment variable for a scope and restores it after (the gated-delta kernels read
+// their knobs on every call).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) previous_ = old;
+    set(value);
+  }
+  ~ScopedEnv() {
+    if (previous_) {
+      setenv(name_, previous_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+  void set(const char* value) { setenv(name_, value, 1); }
+
+ private:
+  const char* name_;
+  std::optional<std::string> previous_;
+};
+
+// The fused kernels' leaves on the GPU (bf16 q, k, v; fp32 beta, g and initial state) and fixed
+// weights for a loss over the output and the final state.
+struct FusedLeaves {
+  torch::Tensor q, k, v, beta, g, s0, w_out, w_state;
+
+  explicit FusedLeaves(const Inputs& in) {
+    auto cuda = torch::TensorOptions().device(torch::kCUDA);
+    auto leaf = [&](const torch::Tensor& x, torch::ScalarType type) {
+      return x.to(cuda.dtype(type)).detach().requires_grad_(true);
+    };
+    q = leaf(in.q, torch::kBFloat16), k = leaf(in.k, torch::kBFloat16);
+    v = leaf(in.v, torch::kBFloat16);
+    beta = leaf(in.beta, torch::kFloat32), g = leaf(in.g, torch::kFloat32);
+    s0 = leaf(in.s0, torch::kFloat32);
+    torch::manual_seed(11);
+    w_out = torch::randn(in.v.sizes(), cuda.dtype(torch::kFloat32));
+    w_state = torch::randn(in.s0.sizes(), cuda.dtype(torch::kFloat32));
+  }
+
+  // New values in place (the tensors a captured graph reads).
+  void assign(const Inputs& in) {
+    torch::NoGradGuard no_grad;
+    for (auto [leaf, value] :
+         {std::pair{&q, &in.q}, std::pair{&k, &in.k}, std::pair{&v, &in.v},
+          std::pair{&beta, &in.beta}, std::pair{&g, &in.g}, std::pair{&s0, &in.s0}}) {
+      leaf->copy_(*value);
+    }
+  }
+
+  // One forward+backward: the output, the final state and the seven gradients (fresh gradient
+  // tensors each time).
+  std::vector<torch::Tensor> step(double scale) {
+    for (auto* x : {&q, &k, &v, &beta, &g, &s0}) x->mutable_grad().reset();
+    auto r = gated_delta_fused(q, k, v, beta, g, s0, scale);
+    ((r.out.to(torch::kFloat32) * w_out).sum() + (r.final_state * w_state).sum()).backward();
+    return {r.out, r.final_state, q.grad(), k.grad(), v.grad(), beta.grad(), g.grad(), s0.grad()};
+  }
+};
+
+const char* const kFusedResultNames[] = {"o",  "final state", "dq", "dk",
+                                         "dv", "dbeta",       "dg", "dh0"};
+
+}  // namespace
+#endif
+
 TEST_CASE(
     "delta rule: the fused kernels' walks cut into pipelined segments give the same results bit "
     "for bit",
@@ -434,51 +511,73 @@ TEST_CASE(
   const Case cases[] = {{"gated DeltaNet, D = 128", 1, 1000, 2, 128, false},
                         {"gated DeltaNet, D = 64", 2, 1000, 1, 64, false},
                         {"KDA, D = 128", 1, 1000, 2, 128, true}};
-  const char* previous = std::getenv("MHLA_DELTA_WALK_SEGMENTS");
-  const std::string restore = previous != nullptr ? previous : "";
-  auto run = [](const Inputs& in, const char* segments, double scale) {
-    setenv("MHLA_DELTA_WALK_SEGMENTS", segments, 1);
-    auto cuda = torch::TensorOptions().device(torch::kCUDA);
-    auto leaf = [&](const torch::Tensor& x, torch::ScalarType type) {
-      return x.to(cuda.dtype(type)).detach().requires_grad_(true);
-    };
-    auto q = leaf(in.q, torch::kBFloat16), k = leaf(in.k, torch::kBFloat16);
-    auto v = leaf(in.v, torch::kBFloat16);
-    auto beta = leaf(in.beta, torch::kFloat32), g = leaf(in.g, torch::kFloat32);
-    auto s0 = leaf(in.s0, torch::kFloat32);
-    auto r = gated_delta_fused(q, k, v, beta, g, s0, scale);
-    torch::manual_seed(11);
-    auto w_out = torch::randn_like(r.out, cuda.dtype(torch::kFloat32));
-    auto w_state = torch::randn_like(r.final_state);
-    ((r.out.to(torch::kFloat32) * w_out).sum() + (r.final_state * w_state).sum()).backward();
-    return std::vector<torch::Tensor>{r.out,    r.final_state, q.grad(), k.grad(),
-                                      v.grad(), beta.grad(),   g.grad(), s0.grad()};
-  };
-  const char* names[] = {"o", "final state", "dq", "dk", "dv", "dbeta", "dg", "dh0"};
+  ScopedEnv segments("MHLA_DELTA_WALK_SEGMENTS", "1");
   for (const auto& c : cases) {
     INFO(c.what << " (B=" << c.b << " T=" << c.t << " H=" << c.h << ")");
     torch::manual_seed(5);
-    const auto in = make_inputs(c.b, c.t, c.h, c.d, c.d, 1.0, c.per_key, true);
+    FusedLeaves leaves(make_inputs(c.b, c.t, c.h, c.d, c.d, 1.0, c.per_key, true));
     const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
-    const auto whole = run(in, "1", scale);
-    for (const char* segments : {"2", "3", "16"}) {
-      INFO(segments << " segments");
+    segments.set("1");
+    const auto whole = leaves.step(scale);
+    for (const char* count : {"2", "3", "16"}) {
+      INFO(count << " segments");
+      segments.set(count);
       mhla_kernels::GatedDeltaArgs shape;
       shape.batch = static_cast<int>(c.b), shape.tokens = static_cast<int>(c.t);
       shape.heads = static_cast<int>(c.h), shape.head_dim = static_cast<int>(c.d);
-      setenv("MHLA_DELTA_WALK_SEGMENTS", segments, 1);
-      REQUIRE(mhla_kernels::gated_delta_walk_segments(shape) == std::atoi(segments));
-      const auto cut = run(in, segments, scale);
+      REQUIRE(mhla_kernels::gated_delta_walk_segments(shape) == std::atoi(count));
+      const auto cut = leaves.step(scale);
       for (size_t i = 0; i < whole.size(); ++i) {
-        INFO(names[i]);
+        INFO(kFusedResultNames[i]);
         CHECK(torch::equal(cut[i], whole[i]));
       }
     }
   }
-  if (previous != nullptr) {
-    setenv("MHLA_DELTA_WALK_SEGMENTS", restore.c_str(), 1);
-  } else {
-    unsetenv("MHLA_DELTA_WALK_SEGMENTS");
+#endif
+}
+
+TEST_CASE(
+    "delta rule: the pipelined fused kernels captured in a CUDA graph replay eager's results on "
+    "new inputs",
+    "[attention][gpu]") {
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device: skipped");
+    return;
+  }
+#ifdef MHLA_WITH_CUDA_KERNELS
+  // The walk stream joins the capture through the events that fork and join it; a replay on new
+  // inputs must equal an eager forward+backward on them (the training step's graph, as
+  // train.cuda_graph captures it, with the walks in segments).
+  ScopedEnv segments("MHLA_DELTA_WALK_SEGMENTS", "3");
+  for (const bool per_key : {false, true}) {
+    INFO((per_key ? "KDA" : "gated DeltaNet"));
+    torch::manual_seed(9);
+    const auto first = make_inputs(1, 1000, 2, 64, 64, 1.0, per_key, true);
+    const auto second = make_inputs(1, 1000, 2, 64, 64, 1.0, per_key, true);
+    const double scale = 0.125;
+    FusedLeaves leaves(first);
+    auto side = c10::cuda::getStreamFromPool();
+    torch::cuda::synchronize();
+    at::cuda::CUDAGraph graph;
+    std::vector<torch::Tensor> captured;
+    {
+      c10::cuda::CUDAStreamGuard on_side(side);
+      leaves.step(scale);  // warm-up: the walk streams and their events exist before the capture
+      side.synchronize();
+      graph.capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+      captured = leaves.step(scale);
+      graph.capture_end();
+    }
+    leaves.assign(second);
+    graph.replay();
+    torch::cuda::synchronize();
+    FusedLeaves eager(second);
+    const auto expected = eager.step(scale);
+    REQUIRE(captured.size() == expected.size());
+    for (size_t i = 0; i < expected.size(); ++i) {
+      INFO(kFusedResultNames[i]);
+      CHECK(torch::equal(captured[i], expected[i]));
+    }
   }
 #endif
 }
