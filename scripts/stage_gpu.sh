@@ -23,7 +23,8 @@ if [ "${1:-}" = "--binaries" ]; then
   # Stripped and gzipped (a quarter of the size: carry is limited to 64 MiB a call);
   # scripts/gpu_env.sh unpacks them on the GPU machine.
   rm -f "$root"/.gpu_stage/bin/*
-  for b in build/mhla build/tests/mhla_tests; do
+  for b in build/mhla build/tests/mhla_tests build/kernels/block_linear_smoke \
+    build/kernels/warpgroup_mma_smoke; do
     [ -f "$root/$b" ] || continue
     name=$(basename "$b")
     strip -o "$root/.gpu_stage/bin/$name" "$root/$b"

@@ -1,0 +1,187 @@
+// Checks the warpgroup products of kernels/common/warpgroup_mma.cuh against a host computation:
+// a 64 x N x K wgmma from core tiles (N = 64, 128), then mma.sync strip products on the same
+// accumulators with each operand plain or transposed, as the gated-delta passes chain them.
+//   build-gpu/kernels/warpgroup_mma_smoke [--time]
+// Exits nonzero on a mismatch or a CUDA error; 0 with a message when there is no GPU.
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "common/warpgroup_mma.cuh"
+
+using namespace mhla_kernels;
+using warpgroup::CoreTile;
+
+namespace {
+
+#define CHECK_CUDA(call)                                                                 \
+  do {                                                                                   \
+    cudaError_t err_ = (call);                                                           \
+    if (err_ != cudaSuccess) {                                                           \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(err_)); \
+      std::exit(1);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+using T = __nv_bfloat16;
+
+// C = A B^T (A [64][K], B [N][K]) by wgmma, then C += A2 B2 by strip products with A2 [64][64]
+// (stored transposed when TransA) and B2 [64][N] (stored [N][64] when TransB). All inputs are
+// row-major in global memory; C is fp32 [64][N].
+template <int N, int K, bool TransA, bool TransB>
+__global__ void chain_kernel(const T* a, const T* b, const T* a2, const T* b2, float* c) {
+  extern __shared__ __align__(128) unsigned char raw[];
+  CoreTile<T, K> as{reinterpret_cast<T*>(raw)};
+  CoreTile<T, K> bs{as.p + 64 * K};
+  CoreTile<T, 64> a2s{bs.p + N * K};
+  using B2Tile = CoreTile<T, TransB ? 64 : N>;
+  B2Tile b2s{a2s.p + 64 * 64};
+  warpgroup::copy_rows_async<T, 64, K, 128>(as, a, K, 64);
+  warpgroup::copy_rows_async<T, N, K, 128>(bs, b, K, N);
+  warpgroup::copy_rows_async<T, 64, 64, 128>(a2s, a2, 64, 64);
+  if constexpr (TransB) {
+    warpgroup::copy_rows_async<T, N, 64, 128>(b2s, b2, 64, N);
+  } else {
+    warpgroup::copy_rows_async<T, 64, N, 128>(b2s, b2, N, 64);
+  }
+  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+  warpgroup::fence_shared_for_mma();
+  __syncthreads();
+  float acc[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) acc[i] = 0.f;
+  warpgroup::fence();
+  warpgroup::product<T, N, K>(acc, as, 0, 0, bs, 0, 0, false);
+  warpgroup::wait<0>();
+  warpgroup::pin(acc);
+  const int strip = 16 * (threadIdx.x / 32);
+  warpgroup::strip_product<T, TransA, TransB, N / 16>(acc, 0, a2s, strip, b2s, 0, 0, 64);
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) c[warpgroup::acc_row(i) * N + warpgroup::acc_col(i)] = acc[i];
+}
+
+// Many 64 x 128 x 128 products per CTA (four warpgroups), for a throughput figure.
+__global__ void __launch_bounds__(512) throughput_kernel(float* sink, int repeats) {
+  extern __shared__ __align__(128) unsigned char raw[];
+  CoreTile<T, 128> as{reinterpret_cast<T*>(raw)};
+  CoreTile<T, 128> bs{as.p + 64 * 128};
+  for (int e = threadIdx.x; e < (64 + 128) * 128; e += blockDim.x) as.p[e] = __float2bfloat16(0.001f);
+  warpgroup::fence_shared_for_mma();
+  __syncthreads();
+  float acc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+  for (int r = 0; r < repeats; ++r) {
+    warpgroup::fence();
+    warpgroup::product<T, 128, 128>(acc, as, 0, 0, bs, 0, 0, true);
+    warpgroup::wait<0>();
+  }
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) s += acc[i];
+  if (s == 12345.f) sink[0] = s;
+}
+
+std::vector<float> random_values(size_t n, std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = __bfloat162float(__float2bfloat16(normal(rng)));
+  return v;
+}
+
+T* upload(const std::vector<float>& host) {
+  std::vector<T> converted(host.size());
+  for (size_t i = 0; i < host.size(); ++i) converted[i] = __float2bfloat16(host[i]);
+  T* device = nullptr;
+  CHECK_CUDA(cudaMalloc(&device, converted.size() * sizeof(T)));
+  CHECK_CUDA(
+      cudaMemcpy(device, converted.data(), converted.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return device;
+}
+
+template <int N, int K, bool TransA, bool TransB>
+bool check_chain(std::mt19937& rng) {
+  const auto a = random_values(64 * K, rng), b = random_values(N * K, rng);
+  const auto a2 = random_values(64 * 64, rng), b2 = random_values(64 * N, rng);
+  // Host: C[r][n] = sum_k a[r][k] b[n][k] + sum_s A2[r][s] B2[s][n].
+  std::vector<double> expected(64 * N, 0.0);
+  for (int r = 0; r < 64; ++r) {
+    for (int n = 0; n < N; ++n) {
+      double sum = 0;
+      for (int k = 0; k < K; ++k) sum += double(a[r * K + k]) * b[n * K + k];
+      for (int s = 0; s < 64; ++s) {
+        const double x = TransA ? a2[s * 64 + r] : a2[r * 64 + s];
+        const double y = TransB ? b2[n * 64 + s] : b2[s * N + n];
+        sum += x * y;
+      }
+      expected[r * N + n] = sum;
+    }
+  }
+  T *da = upload(a), *db = upload(b), *da2 = upload(a2), *db2 = upload(b2);
+  float* dc = nullptr;
+  CHECK_CUDA(cudaMalloc(&dc, 64 * N * sizeof(float)));
+  const size_t bytes = sizeof(T) * (64 * K + N * K + 64 * 64 + 64 * N);
+  auto kernel = chain_kernel<N, K, TransA, TransB>;
+  CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  kernel<<<1, 128, bytes>>>(da, db, da2, db2, dc);
+  CHECK_CUDA(cudaGetLastError());
+  std::vector<float> c(64 * N);
+  CHECK_CUDA(cudaMemcpy(c.data(), dc, c.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < c.size(); ++i) {
+    diff += (c[i] - expected[i]) * (c[i] - expected[i]);
+    norm += expected[i] * expected[i];
+  }
+  const double rel = std::sqrt(diff / norm);
+  const bool ok = rel < 1e-5;
+  std::printf("wgmma 64x%dx%d + strip (A %s, B %s): relative error %.2e %s\n", N, K,
+              TransA ? "transposed" : "plain", TransB ? "transposed" : "plain", rel,
+              ok ? "ok" : "MISMATCH");
+  for (T* p : {da, db, da2, db2}) CHECK_CUDA(cudaFree(p));
+  CHECK_CUDA(cudaFree(dc));
+  return ok;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("no GPU: nothing to check\n");
+    return 0;
+  }
+  std::mt19937 rng(7);
+  bool ok = true;
+  ok &= check_chain<128, 128, false, false>(rng);
+  ok &= check_chain<128, 64, true, false>(rng);
+  ok &= check_chain<64, 128, false, true>(rng);
+  ok &= check_chain<64, 64, true, true>(rng);
+  if (argc > 1 && std::strcmp(argv[1], "--time") == 0) {
+    int sms = 0;
+    CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    float* sink = nullptr;
+    CHECK_CUDA(cudaMalloc(&sink, sizeof(float)));
+    const size_t bytes = (64 + 128) * 128 * sizeof(T);
+    const int repeats = 2000;
+    cudaEvent_t start, stop;
+    CHECK_CUDA(cudaEventCreate(&start));
+    CHECK_CUDA(cudaEventCreate(&stop));
+    throughput_kernel<<<sms, 512, bytes>>>(sink, 10);
+    CHECK_CUDA(cudaEventRecord(start));
+    throughput_kernel<<<sms, 512, bytes>>>(sink, repeats);
+    CHECK_CUDA(cudaEventRecord(stop));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    const double flops = 2.0 * 64 * 128 * 128 * 4 * repeats * sms;
+    std::printf("wgmma 64x128x128 from shared memory, 4 warpgroups per SM: %.0f TFLOP/s\n",
+                flops / (ms * 1e-3) / 1e12);
+  }
+  std::printf(ok ? "all products agree\n" : "MISMATCH\n");
+  return ok ? 0 : 1;
+}
