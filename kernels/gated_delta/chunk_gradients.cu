@@ -1,7 +1,6 @@
 // Per-chunk gradients of the fused gated DeltaNet, in one pass after the states' backward pass.
-// One CTA per (chunk, batch x head), products on tensor cores. With dO' = scale dO,
-// P = (Q K^T) . D, the chunk's u and du (the total gradient of u), S_i and the gradient dS_{i+1}
-// of the state leaving the chunk:
+// One CTA per (chunk, batch x head). With dO' = scale dO, P = (Q K^T) . D, the chunk's u and du
+// (the total gradient of u), S_i and the gradient dS_{i+1} of the state leaving the chunk:
 //   chunk part:  dP^ = dO' u^T;  M = dP^ . D  (the gradient of the raw scores Q K^T)
 //                dq  = exp(G) . (dO' S_i^T) + M K
 //                dk' = M^T Q + exp(G_C - G) . (u dS_{i+1}^T)
@@ -16,11 +15,20 @@
 //                dbeta_r = exp(G_r) k_r . dX_K[r] + v_r . dX_V[r] + sum_s dA_rs (k_r . k_s) E_rs
 //                dG_r   += beta_r exp(G_r) k_r . dX_K[r] + sum_s dA_rs A_rs - sum_s dA_sr A_sr
 //   and dg is the reverse running sum of dG inside the chunk (g_t enters every G_r, r >= t).
-// dk', dW and dG' stay in shared memory between the parts (no fp32 round trip through global
-// memory); the WY part's tiles take the places the chunk part has finished with, and W, U0 and
-// T stream in while the chunk part still runs.
-#include <type_traits>
-
+//
+// Four warpgroups; every product with a 64-row result whose operands are K-major (Q K^T, dO u^T,
+// K K^T, dO S^T, u dS^T, du S^T, dX [W | U0]^T) is one warpgroup's wgmma from shared memory, its
+// 64 x N result in that group's registers, where the row and column sums, the decays and the
+// scalings are applied. The products with a transposed operand (M K, M^T Q, T^T dW, T^T du, N K,
+// N^T K; depth 64, triangular) continue on the same registers with each warp's mma.sync over its
+// 16 rows, skipping the blocks the triangle zeroes. Only M, dW, dX and N go through shared memory
+// (as operands, in the element type); dk' stays in one group's registers from the first phase to
+// the store.
+//   phase 1: group 0 P, dP^ -> M and the score sums; group 1 dO S^T (kept);
+//            group 2 u dS^T -> dk' (kept); group 3 dW, sum(S_i . dS).
+//   phase 2: group 1 dq; group 2 dk' += M^T Q, dX_K; groups 0 and 3 dX_V, dv (column halves).
+//   phase 3: group 0 K K^T and dA -> N, its sums.   phase 4: group 2 dk' += N K + N^T K, dk; group 1 dbeta, dg.
+#include "common/warpgroup_mma.cuh"
 #include "gated_delta/chunk_passes.h"
 #include "gated_delta/chunk_tiles.cuh"
 
@@ -28,343 +36,405 @@ namespace mhla_kernels {
 namespace gated_delta {
 namespace {
 
-constexpr int kThreads = 512;
-constexpr int kWarps = kThreads / 32;
+namespace wg = warpgroup;
+using wg::CoreTile;
 
-// Each lane takes D / 32 adjacent columns in one access per operand.
-template <typename T, int D, typename Reduce>
-__device__ void row_dot_then_scale(const T* x, float* r_f, const float* factor, Reduce reduce) {
-  constexpr int kPer = D / 32;
-  static_assert(kPer == 2 || kPer == 4, "D of 64 or 128");
-  using Vec = std::conditional_t<kPer == 4, float4, float2>;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int r = warp; r < kC; r += kWarps) {
-    alignas(16) float xs[kPer], ys[kPer];
-    load_pack<T, kPer>(x + r * Ld<D>::e + kPer * lane, xs);
-    Vec& row = *reinterpret_cast<Vec*>(r_f + r * Ld<D>::f + kPer * lane);
-    *reinterpret_cast<Vec*>(ys) = row;
-    float sum = 0.f;
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) sum += xs[i] * ys[i];
-    sum = warp_sum(sum);
-    if (lane == 0) reduce(r, sum);
-    const float f = factor[r];
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) ys[i] *= f;
-    row = *reinterpret_cast<const Vec*>(ys);
+constexpr int kThreads = 512;
+
+// Shared memory (bytes). Element-type core tiles, then the per-row fp32 arrays. W and U0 stream
+// in over dO and u once phase 1 is done with them, dX_K and dX_V are written over dS and S_i,
+// N over M.
+template <int D>
+struct GradsLayout {
+  static constexpr size_t tile = 2 * kC * D;   // [64][D]
+  static constexpr size_t state = 2 * D * D;   // [D][D]
+  static constexpr size_t square = 2 * kC * kC;  // [64][64]
+  static constexpr size_t q = 0, k = q + tile, d_out = k + tile, u = d_out + tile,
+                          du = u + tile, v = du + tile, st = v + tile, ds = st + state,
+                          t = ds + state, m = t + square, dw = m + square, rows = dw + tile;
+  static constexpr size_t w = d_out, u0 = u, dxk = ds, dxv = st, n = m;
+  static_assert(tile <= state, "dX_K and dX_V fit over dS and S_i");
+  static constexpr int kRowArrays = 24;  // per-row arrays of 64 floats (see the kernel)
+  static constexpr size_t bytes = rows + 4 * (kRowArrays * kC + 32);
+};
+
+// Per-thread view of the two rows a thread's accumulator elements lie on.
+__device__ __forceinline__ int row_of(int i) { return wg::acc_row(i); }
+__device__ __forceinline__ bool upper_row(int i) { return (i % 4) >= 2; }
+
+// Sums of the thread's values on its two rows over the four lanes that share them; lane % 4 == 0
+// writes them to out[row].
+__device__ __forceinline__ void store_row_sums(float lo, float hi, float* out) {
+  lo += __shfl_xor_sync(0xffffffffu, lo, 1);
+  lo += __shfl_xor_sync(0xffffffffu, lo, 2);
+  hi += __shfl_xor_sync(0xffffffffu, hi, 1);
+  hi += __shfl_xor_sync(0xffffffffu, hi, 2);
+  if (threadIdx.x % 4 == 0) {
+    const int r = row_of(0);
+    out[r] = lo;
+    out[r + 8] = hi;
   }
 }
 
-// Shared memory. Both parts: dk' (fp32, the WY products accumulate into it), the per-row
-// values, K and du. The chunk part's tiles are ordered so that those it finishes with first make
-// room for the WY part's (D = 128: W | U0 over the scores and dO, K K^T over u, dW and then dX_K
-// over dS, T and dW over Q and M, dX_V over S_i); at D = 64 the WY part simply follows.
-template <int D>
-struct GradsLayout {
-  static constexpr int ld_wide_e = 2 * D + 8;              // [W | U0] rows, element type
-  static constexpr size_t tile_e = 2 * kC * Ld<D>::e;      // [64][D + 8] element type
-  static constexpr size_t tile_f = 4 * kC * Ld<D>::f;      // [64][D + 4] fp32
-  static constexpr size_t square_f = 4 * kC * kLdSquare;   // [64][68] fp32
-  static constexpr size_t square_e = 2 * kC * kLdSquareE;  // [64][72] element type
-  static constexpr size_t state_e = 2 * D * Ld<D>::e;      // [D][D + 8] element type
-  static constexpr int kRowValues = 10;                    // per-row arrays of 64 floats, + 32
-  // Both parts.
-  static constexpr size_t dk = 0;
-  static constexpr size_t rows = dk + tile_f;
-  static constexpr size_t k = rows + 4 * (kRowValues * kC + 32);
-  static constexpr size_t du = k + tile_e;
-  // Chunk part.
-  static constexpr size_t scores = du + tile_e;  // fp32 [64][68]
-  static constexpr size_t d_out = scores + square_f;
-  static constexpr size_t u = d_out + tile_e;
-  static constexpr size_t ds = u + tile_e;
-  static constexpr size_t q = ds + state_e;
-  static constexpr size_t m = q + tile_e;
-  static constexpr size_t st = m + square_e;
-  static constexpr size_t chunk_end = st + state_e;
-  // WY part.
-  static constexpr bool overlay = D == 128;
-  static constexpr size_t sol = overlay ? scores : chunk_end;           // [64][2D + 8]
-  static constexpr size_t kk = overlay ? u : sol + 2 * kC * ld_wide_e;  // fp32 [64][68]
-  static constexpr size_t dw_f = overlay ? ds : kk + square_f;          // fp32 [64][D + 4]
-  static constexpr size_t dxk_f = dw_f;                                 // then dX_K, then dA
-  static constexpr size_t t = overlay ? q : dw_f + tile_f;              // [64][72]
-  static constexpr size_t dw_e = t + square_e;                          // [64][D + 8], then dX_K
-  static constexpr size_t dxv_f = overlay ? st : dw_e + tile_e;         // fp32 [64][D + 4], then N
-  static constexpr size_t bytes = overlay ? chunk_end : dxv_f + tile_f;
-  static_assert(!overlay || (2 * kC * ld_wide_e <= square_f + tile_e &&  // W | U0: scores, dO
-                             square_f <= tile_e &&                       // K K^T: u
-                             tile_f <= state_e &&                        // dW, dX_K: dS
-                             square_e + tile_e <= tile_e + square_e &&   // T, dW: Q, M
-                             tile_f <= state_e),                         // dX_V: S_i
-                "the WY tiles fit where the chunk part's were");
-  static_assert(square_f <= tile_f && square_e <= tile_f, "dA and N fit dX's tiles");
+// Column sums of a 64 x 64 accumulator over the warp's 16 rows, into part[warp % 4][column]
+// (summed over the four warps later, in a fixed order).
+__device__ __forceinline__ void store_column_sums(const float (&x)[32], float* part) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int i = 0; i < 32; i += 4) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float s = x[i + h] + x[i + h + 2];
+      s += __shfl_xor_sync(0xffffffffu, s, 4);
+      s += __shfl_xor_sync(0xffffffffu, s, 8);
+      s += __shfl_xor_sync(0xffffffffu, s, 16);
+      if (lane < 4) part[((threadIdx.x / 32) % 4) * kC + wg::acc_col(i + h)] = s;
+    }
+  }
+}
+
+// sum_c X[r][c0 + c] acc[r][c] per row r of the thread (X a core tile read at the accumulator's
+// positions: a warp's 4-byte reads cover one core matrix, no bank conflicts).
+template <typename T, int R, int L>
+__device__ __forceinline__ void row_dots(CoreTile<T, L> x, int c0, const float (&acc)[R],
+                                         float& lo, float& hi) {
+#pragma unroll
+  for (int i = 0; i < R; i += 2) {
+    const auto pair = *reinterpret_cast<const typename std::conditional_t<
+        std::is_same_v<T, __nv_bfloat16>, __nv_bfloat162, __half2>*>(
+        x.at(row_of(i), c0 + wg::acc_col(i)));
+    const float d = to_float(pair.x) * acc[i] + to_float(pair.y) * acc[i + 1];
+    if (upper_row(i)) hi += d; else lo += d;
+  }
+}
+
+// The accumulator's rows r < valid into a token-major global matrix (rows `stride` apart).
+template <typename T, int R>
+__device__ __forceinline__ void store_global_rows(T* row0, int stride, int valid, int c0,
+                                                  const float (&acc)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; i += 2) {
+    const int r = row_of(i);
+    if (r < valid) {
+      *reinterpret_cast<unsigned*>(row0 + static_cast<int64_t>(r) * stride + c0 + wg::acc_col(i)) =
+          wg::pack_pair<T>(acc[i], acc[i + 1]);
+    }
+  }
+}
+
+template <int R>
+__device__ __forceinline__ void zero(float (&x)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) x[i] = 0.f;
+}
+
+// What every group reads: the shared tiles, the per-row arrays and the chunk's position.
+template <typename T, int D>
+struct Chunk {
+  using L = GradsLayout<D>;
+  CoreTile<T, D> q, k, d_out, u, du, v, st, ds, dw, w, u0, dxk, dxv;
+  CoreTile<T, kC> t, m, n;
+  float *g, *beta, *gate, *decay, *to_end;  // G, beta, exp(G), scale exp(G), exp(G_C - G)
+  float* score_rows;  // rowsum(dP^ . P)
+  float* score_cols;  // [4][64]: colsum(dP^ . P), per warp of group 0
+  float* q_dots;      // rowsum(Q . dO S^T)
+  float* k_dots;      // rowsum(K . u dS^T)
+  float* xk_dots;     // k_r . dX_K[r]
+  float* xv_dots;     // [2][64]: v_r . dX_V[r], per column half
+  float* a_rows;      // sum_s dA_rs (k_r . k_s) E_rs
+  float* a_cols;      // [4][64]: sum_r dA_rs A_rs, per warp of group 0
+  float* dg_sum;      // dG, then its reverse running sum
+  float* state_part;  // [4]: sum(S_i . dS), per warp of group 3
+  ChunkPosition at;
+  int strip;  // the warp's first row in its group's 64 x N results
+
+  __device__ Chunk(unsigned char* raw, const GatedDeltaArgs& p) : at(block_chunk(p)) {
+    auto tile = [&](size_t o) { return CoreTile<T, D>{reinterpret_cast<T*>(raw + o)}; };
+    auto square = [&](size_t o) { return CoreTile<T, kC>{reinterpret_cast<T*>(raw + o)}; };
+    q = tile(L::q), k = tile(L::k), d_out = tile(L::d_out), u = tile(L::u), du = tile(L::du);
+    v = tile(L::v), st = tile(L::st), ds = tile(L::ds), dw = tile(L::dw), w = tile(L::w);
+    u0 = tile(L::u0), dxk = tile(L::dxk), dxv = tile(L::dxv);
+    t = square(L::t), m = square(L::m), n = square(L::n);
+    float* f = reinterpret_cast<float*>(raw + L::rows);
+    g = f, beta = g + kC, gate = beta + kC, decay = gate + kC, to_end = decay + kC;
+    score_rows = to_end + kC, score_cols = score_rows + kC, q_dots = score_cols + 4 * kC;
+    k_dots = q_dots + kC, xk_dots = k_dots + kC, xv_dots = xk_dots + kC;
+    a_rows = xv_dots + 2 * kC, a_cols = a_rows + kC, dg_sum = a_cols + 4 * kC;
+    state_part = dg_sum + kC;
+    strip = 16 * ((threadIdx.x / 32) % 4);
+  }
+  __device__ T* token_row0(void* base, const GatedDeltaArgs& p) const {
+    return static_cast<T*>(base) + at.token(0, D, p.heads, p.tokens);
+  }
+  __device__ const T* chunk_row0(const void* base) const {
+    return static_cast<const T*>(base) + at.tile(0, D);
+  }
+  // W and U0 stream in over dO and u, which phase 1 is done with: issued by every thread at the
+  // start of phase 2, awaited at its end.
+  __device__ void stream_wy_operands(const GatedDeltaArgs& p) const {
+    wg::copy_rows_async<T, kC, D, kThreads>(w, chunk_row0(p.w), D, kC);
+    wg::copy_rows_async<T, kC, D, kThreads>(u0, chunk_row0(p.u0), D, kC);
+    copy_async_commit();
+  }
+  __device__ void await_wy_operands() const {
+    copy_async_wait<0>();
+    wg::fence_shared_for_mma();
+  }
 };
+static_assert(GradsLayout<64>::kRowArrays >= 5 + 1 + 4 + 4 + 2 + 1 + 4 + 1 + 1, "row arrays");
+
+// The kernel's barriers: every thread passes each of them once, from its group's code.
+__device__ __forceinline__ void barrier() { asm volatile("bar.sync 0;\n" ::: "memory"); }
+
+// Groups 0 and 3: dX_V = T^T du for half of the columns (T^T's row s has r >= s): dv, the row
+// dots with v, and the element type for dA.
+template <typename T, int D>
+__device__ void value_gradient_half(const Chunk<T, D>& c, const GatedDeltaArgs& p, int half) {
+  constexpr int kHalf = D / 2;
+  float x[kHalf / 2], lo = 0.f, hi = 0.f;
+  zero(x);
+  wg::strip_product<T, true, false, kHalf / 16>(x, 0, c.t, c.strip, c.du, half * kHalf, c.strip,
+                                                kC);
+  row_dots(c.v, half * kHalf, x, lo, hi);
+  store_row_sums(lo, hi, c.xv_dots + half * kC);
+  wg::store_accumulator(c.dxv, 0, half * kHalf, x);
+  const float b_lo = c.beta[row_of(0)], b_hi = c.beta[row_of(2)];
+#pragma unroll
+  for (int i = 0; i < kHalf / 2; ++i) x[i] *= upper_row(i) ? b_hi : b_lo;
+  store_global_rows<T>(c.token_row0(p.dv, p), p.heads * D, c.at.valid, half * kHalf, x);
+}
+
+// Group 0: the scores (M and the score sums), then K K^T and dA (N and its sums).
+template <typename T, int D>
+__device__ void scores_and_wy_group(const Chunk<T, D>& c, const GatedDeltaArgs& p) {
+  {
+    float scores[32], dscores[32], lo = 0.f, hi = 0.f;
+    wg::fence();
+    wg::product<T, kC, D>(scores, c.q, 0, 0, c.k, 0, 0, false);
+    wg::product<T, kC, D>(dscores, c.d_out, 0, 0, c.u, 0, 0, false);
+    wg::wait<0>();
+    wg::pin(scores);
+    wg::pin(dscores);
+    // t = dP^ . P . D (for the gate sums) and M = dP^ . D, causal.
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int r = row_of(i), s = wg::acc_col(i);
+      float t = 0.f, mv = 0.f;
+      if (s <= r) {
+        const float d = __expf(c.g[r] - c.g[s]), dp = p.scale * dscores[i];
+        t = dp * scores[i] * d;
+        mv = dp * d;
+      }
+      scores[i] = t;
+      dscores[i] = mv;
+      if (upper_row(i)) hi += t; else lo += t;
+    }
+    store_row_sums(lo, hi, c.score_rows);
+    store_column_sums(scores, c.score_cols);
+    wg::store_accumulator(c.m, 0, 0, dscores);
+  }
+  barrier();  // phase 2
+  c.stream_wy_operands(p);
+  value_gradient_half<T, D>(c, p, 0);  // the first half of dX_V's columns
+  c.await_wy_operands();
+  barrier();  // phase 3
+  {
+    // dA = -dX [W | U0]^T (strictly lower) beside K K^T: N and its sums.
+    float kk[32], da[32], lo = 0.f, hi = 0.f;
+    wg::fence();
+    wg::product<T, kC, D>(kk, c.k, 0, 0, c.k, 0, 0, false);
+    wg::product<T, kC, D>(da, c.dxk, 0, 0, c.w, 0, 0, false);
+    wg::product<T, kC, D>(da, c.dxv, 0, 0, c.u0, 0, 0, true);
+    wg::wait<0>();
+    wg::pin(kk);
+    wg::pin(da);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int r = row_of(i), s = wg::acc_col(i);
+      float n = 0.f, a_term = 0.f;
+      if (s < r) {
+        const float d_a = -da[i], e = __expf(c.g[r] - c.g[s]);
+        const float db = d_a * kk[i] * e;
+        if (upper_row(i)) hi += db; else lo += db;
+        n = d_a * c.beta[r] * e;
+        a_term = c.beta[r] * db;  // dA_rs A_rs
+      }
+      da[i] = n;
+      kk[i] = a_term;
+    }
+    store_row_sums(lo, hi, c.a_rows);
+    store_column_sums(kk, c.a_cols);
+    wg::store_accumulator(c.n, 0, 0, da);
+  }
+  barrier();  // phase 4
+}
+
+// Group 1: dq = exp(G) . dO' S^T + M K; then dbeta and dG per row.
+template <typename T, int D>
+__device__ void query_group(const Chunk<T, D>& c, const GatedDeltaArgs& p) {
+  float acc[D / 2], lo = 0.f, hi = 0.f;
+  wg::fence();
+  wg::product<T, D, D>(acc, c.d_out, 0, 0, c.st, 0, 0, false);  // dO S^T
+  wg::wait<0>();
+  wg::pin(acc);
+  row_dots(c.q, 0, acc, lo, hi);
+  store_row_sums(lo, hi, c.q_dots);
+  const float f_lo = c.decay[row_of(0)], f_hi = c.decay[row_of(2)];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) acc[i] *= upper_row(i) ? f_hi : f_lo;
+  barrier();  // phase 2: M is in shared memory; it is causal, so depth up to the strip's last row.
+  c.stream_wy_operands(p);
+  wg::strip_product<T, false, false, D / 16>(acc, 0, c.m, c.strip, c.k, 0, 0, c.strip + 16);
+  store_global_rows<T>(c.token_row0(p.dq, p), p.heads * D, c.at.valid, 0, acc);
+  c.await_wy_operands();
+  barrier();  // phase 3
+  barrier();  // phase 4: every row sum is in; dbeta and dG, a row per thread of two warps.
+  if (threadIdx.x % 128 < kC) {
+    const int r = threadIdx.x % 128;
+    auto sum4 = [&](const float* x) { return x[r] + x[kC + r] + x[2 * kC + r] + x[3 * kC + r]; };
+    const float xk = c.beta[r] * c.gate[r];
+    const float dbeta = c.gate[r] * c.xk_dots[r] + c.xv_dots[r] + c.xv_dots[kC + r] + c.a_rows[r];
+    c.dg_sum[r] = c.score_rows[r] - sum4(c.score_cols) + c.decay[r] * c.q_dots[r] -
+                  c.to_end[r] * c.k_dots[r] + xk * c.xk_dots[r] + c.beta[r] * c.a_rows[r] -
+                  sum4(c.a_cols);
+    if (r < c.at.valid) p.dbeta[c.at.token(r, 1, p.heads, p.tokens)] = dbeta;
+  }
+}
+
+// Group 2: dk' = exp(G_C - G) . u dS^T + M^T Q + diag(beta exp(G)) dX_K + N K + N^T K, kept in
+// registers from the first phase to the store.
+template <typename T, int D>
+__device__ void key_group(const Chunk<T, D>& c, const GatedDeltaArgs& p) {
+  float acc[D / 2], lo = 0.f, hi = 0.f;
+  wg::fence();
+  wg::product<T, D, D>(acc, c.u, 0, 0, c.ds, 0, 0, false);  // u dS^T
+  wg::wait<0>();
+  wg::pin(acc);
+  row_dots(c.k, 0, acc, lo, hi);
+  store_row_sums(lo, hi, c.k_dots);
+  {
+    const float f_lo = c.to_end[row_of(0)], f_hi = c.to_end[row_of(2)];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) acc[i] *= upper_row(i) ? f_hi : f_lo;
+  }
+  barrier();  // phase 2
+  c.stream_wy_operands(p);
+  // M^T Q (M^T's row s has r >= s).
+  wg::strip_product<T, true, false, D / 16>(acc, 0, c.m, c.strip, c.q, 0, c.strip, kC);
+  // dX_K = T^T dW, 32 columns at a time: into dk', its row dots, the element type for dA.
+  {
+    const float f_lo = c.beta[row_of(0)] * c.gate[row_of(0)];
+    const float f_hi = c.beta[row_of(2)] * c.gate[row_of(2)];
+    lo = hi = 0.f;
+#pragma unroll
+    for (int c0 = 0; c0 < D; c0 += 32) {
+      float x[16];
+      zero(x);
+      wg::strip_product<T, true, false, 2>(x, 0, c.t, c.strip, c.dw, c0, c.strip, kC);
+      row_dots(c.k, c0, x, lo, hi);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) acc[(c0 / 8) * 4 + i] += (upper_row(i) ? f_hi : f_lo) * x[i];
+      wg::store_accumulator(c.dxk, 0, c0, x);
+    }
+    store_row_sums(lo, hi, c.xk_dots);
+  }
+  c.await_wy_operands();
+  barrier();  // phase 3
+  barrier();  // phase 4: N K (N's row r has s < r) + N^T K (N^T's row s has r > s); then dk.
+  wg::strip_product<T, false, false, D / 16>(acc, 0, c.n, c.strip, c.k, 0, 0, c.strip + 16);
+  wg::strip_product<T, true, false, D / 16>(acc, 0, c.n, c.strip, c.k, 0, c.strip, kC);
+  store_global_rows<T>(c.token_row0(p.dk, p), p.heads * D, c.at.valid, 0, acc);
+}
+
+// Group 3: dW = -du S^T and sum(S_i . dS_{i+1}); then the second half of dX_V.
+template <typename T, int D>
+__device__ void state_group(const Chunk<T, D>& c, const GatedDeltaArgs& p) {
+  {
+    float acc[D / 2];
+    wg::fence();
+    wg::product<T, D, D>(acc, c.du, 0, 0, c.st, 0, 0, false);  // du S^T
+    // sum(S_i . dS_{i+1}) meanwhile, 8 elements per access (both tiles have the same layout).
+    float dot = 0.f;
+    for (int e = (threadIdx.x % 128) * 8; e < D * D; e += 128 * 8) {
+      float a8[8], b8[8];
+      load_pack<T, 8>(c.st.p + e, a8);
+      load_pack<T, 8>(c.ds.p + e, b8);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) dot += a8[j] * b8[j];
+    }
+    dot = warp_sum(dot);
+    if (threadIdx.x % 32 == 0) c.state_part[(threadIdx.x / 32) % 4] = dot;
+    wg::wait<0>();
+    wg::pin(acc);
+    wg::store_accumulator(c.dw, 0, 0, acc, -1.f);
+  }
+  barrier();  // phase 2
+  c.stream_wy_operands(p);
+  value_gradient_half<T, D>(c, p, 1);
+  c.await_wy_operands();
+  barrier();  // phase 3
+  barrier();  // phase 4
+}
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) chunk_grads_kernel(GatedDeltaArgs p) {
-  using L = GradsLayout<D>;
-  constexpr int kRowsPerWarp = kC / kWarps;
-  constexpr int kPerLane = D / 32;
+__global__ void __launch_bounds__(kThreads, 1) chunk_grads_kernel(GatedDeltaArgs p) {
   extern __shared__ __align__(128) unsigned char raw[];
-  float* dk_f = reinterpret_cast<float*>(raw + L::dk);  // dP^, then Y, Z, then dk' and dk
-  float* g = reinterpret_cast<float*>(raw + L::rows);   // [64]
-  float* decay = g + kC;                                // [64]: scale exp(G_r)
-  float* to_end = decay + kC;                           // [64]: exp(G_C - G_r)
-  float* dg = to_end + kC;                              // [64]: the chunk part's dG'
-  float* col = dg + kC;                                 // [64]: column sums, then K~ terms
-  float* beta = col + kC;                               // [64]
-  float* gate = beta + kC;                              // [64]: exp(G_r)
-  float* dg_wy = gate + kC;                             // [64]: the WY part's dG
-  float* dbeta = dg_wy + kC;                            // [64]
-  float* col_wy = dbeta + kC;                           // [64]: sum_r dA_rs A_rs
-  float* scratch = col_wy + kC;                         // [32]
-  T* k_s = reinterpret_cast<T*>(raw + L::k);
-  T* du_s = reinterpret_cast<T*>(raw + L::du);
-  float* pf = reinterpret_cast<float*>(raw + L::scores);  // scores, then dP^ . P
-  T* do_s = reinterpret_cast<T*>(raw + L::d_out);         // dO (unscaled)
-  T* u_s = reinterpret_cast<T*>(raw + L::u);
-  T* ds_s = reinterpret_cast<T*>(raw + L::ds);  // [D][D + 8]: dS_{i+1}
-  T* q_s = reinterpret_cast<T*>(raw + L::q);
-  T* m_bf = reinterpret_cast<T*>(raw + L::m);   // [64][72]
-  T* st_s = reinterpret_cast<T*>(raw + L::st);  // [D][D + 8]: S_i
-  const ChunkPosition at = block_chunk(p);
-  load_token_rows<T, D, kThreads>(q_s, Ld<D>::e, p.q, p, at);
-  load_token_rows<T, D, kThreads>(k_s, Ld<D>::e, p.k, p, at);
-  load_token_rows<T, D, kThreads>(do_s, Ld<D>::e, p.d_out, p, at);  // dO; dO' = scale dO
-  load_matrix<T, kC, D, kThreads>(u_s, Ld<D>::e, static_cast<const T*>(p.u) + at.tile(0, D), D);
-  load_matrix<T, kC, D, kThreads>(du_s, Ld<D>::e, static_cast<const T*>(p.du) + at.tile(0, D), D);
-  load_matrix<T, D, D, kThreads>(st_s, Ld<D>::e, static_cast<const T*>(p.states) + at.state(D), D);
-  load_matrix<T, D, D, kThreads>(ds_s, Ld<D>::e, static_cast<const T*>(p.state_grads) + at.state(D),
-                                 D);
-  load_gate_sums(g, p, at);
+  const Chunk<T, D> c(raw, p);
+  const ChunkPosition& at = c.at;
+  const int token_stride = p.heads * D;
+  auto token_rows = [&](const void* base) {
+    return static_cast<const T*>(base) + at.token(0, D, p.heads, p.tokens);
+  };
+  wg::copy_rows_async<T, kC, D, kThreads>(c.q, token_rows(p.q), token_stride, at.valid);
+  wg::copy_rows_async<T, kC, D, kThreads>(c.k, token_rows(p.k), token_stride, at.valid);
+  wg::copy_rows_async<T, kC, D, kThreads>(c.d_out, token_rows(p.d_out), token_stride, at.valid);
+  wg::copy_rows_async<T, kC, D, kThreads>(c.v, token_rows(p.v), token_stride, at.valid);
+  wg::copy_rows_async<T, kC, D, kThreads>(c.u, c.chunk_row0(p.u), D, kC);
+  wg::copy_rows_async<T, kC, D, kThreads>(c.du, c.chunk_row0(p.du), D, kC);
+  wg::copy_rows_async<T, D, D, kThreads>(c.st, static_cast<const T*>(p.states) + at.state(D), D,
+                                         D);
+  wg::copy_rows_async<T, D, D, kThreads>(c.ds, static_cast<const T*>(p.state_grads) + at.state(D),
+                                         D, D);
+  wg::copy_rows_async<T, kC, kC, kThreads>(c.t, static_cast<const T*>(p.t_inverse) + at.tile(0, kC),
+                                           kC, kC);
   if (threadIdx.x < kC) {
     const int r = threadIdx.x;
-    beta[r] = r < at.valid ? p.beta[at.token(r, 1, p.heads, p.tokens)] : 0.f;
+    const float* sums = p.gate_sums + (static_cast<int64_t>(at.bh) * at.chunks + at.chunk) * kC;
+    const float g = sums[r], e = __expf(g);
+    c.g[r] = g;
+    c.gate[r] = e;
+    c.decay[r] = p.scale * e;
+    c.to_end[r] = __expf(sums[kC - 1] - g);
+    c.beta[r] = r < at.valid ? p.beta[at.token(r, 1, p.heads, p.tokens)] : 0.f;
   }
   finish_loads();
+  wg::fence_shared_for_mma();
   __syncthreads();
-
-  // ---- Chunk part.
-  if (threadIdx.x < kC) {
-    const float e = __expf(g[threadIdx.x]);
-    gate[threadIdx.x] = e;
-    decay[threadIdx.x] = p.scale * e;
-    to_end[threadIdx.x] = __expf(g[kC - 1] - g[threadIdx.x]);
-  }
-  gemm<T, kWarps, false, true, kWarps / 4>(q_s, Ld<D>::e, k_s, Ld<D>::e, pf, kLdSquare, kC, kC, D,
-                                           false);
-  gemm<T, kWarps, false, true, kWarps / 4>(do_s, Ld<D>::e, u_s, Ld<D>::e, dk_f, kLdSquare, kC, kC,
-                                           D, false);
-  __syncthreads();
-  for (int e = threadIdx.x; e < kC * kC / 8; e += kThreads) {  // 8 columns per thread
-    const int r = e / (kC / 8), s0 = 8 * (e % (kC / 8));
-    float mv[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int s = s0 + j;
-      float t = 0.f;
-      mv[j] = 0.f;
-      if (s <= r) {
-        const float d = __expf(g[r] - g[s]), dp = p.scale * dk_f[r * kLdSquare + s];
-        t = dp * pf[r * kLdSquare + s] * d;
-        mv[j] = dp * d;
-      }
-      pf[r * kLdSquare + s] = t;
-    }
-    store_pack<T, 8>(m_bf + r * kLdSquareE + s0, mv);
-  }
-  __syncthreads();
-  if (threadIdx.x < kC) {
-    float sum = 0.f;
-    for (int s = 0; s < kC; ++s) sum += pf[threadIdx.x * kLdSquare + s];
-    dg[threadIdx.x] = sum;
-  } else if (threadIdx.x < 2 * kC) {
-    const int s = threadIdx.x - kC;
-    float sum = 0.f;
-    for (int r = 0; r < kC; ++r) sum += pf[r * kLdSquare + s];
-    col[s] = sum;
-  }
-  // Y = dO S_i^T (the scale of dO' = scale dO rides with exp(G) in decay).
-  gemm<T, kWarps, false, true, kWarps / 4>(do_s, Ld<D>::e, st_s, Ld<D>::e, dk_f, Ld<D>::f, kC, D, D,
-                                           false);
-  __syncthreads();
-  // The scores and dO are done with: W | U0 stream in over them (D = 128) while the rest runs.
-  T* sol = reinterpret_cast<T*>(raw + L::sol);
-  load_matrix<T, kC, D, kThreads>(sol, L::ld_wide_e, static_cast<const T*>(p.w) + at.tile(0, D), D);
-  load_matrix<T, kC, D, kThreads>(sol + D, L::ld_wide_e,
-                                  static_cast<const T*>(p.u0) + at.tile(0, D), D);
-  copy_async_commit();
-  row_dot_then_scale<T, D>(q_s, dk_f, decay,
-                           [&](int r, float sum) { dg[r] += decay[r] * sum - col[r]; });
-  __syncthreads();
-  gemm<T, kWarps, false, false, kWarps / 4>(m_bf, kLdSquareE, k_s, Ld<D>::e, dk_f, Ld<D>::f, kC, D,
-                                            kC, true);
-  __syncthreads();
-  T* dq = static_cast<T*>(p.dq);
-  store_rows<T, D, kThreads>([&](int r) { return dq + at.token(r, D, p.heads, p.tokens); }, dk_f,
-                             Ld<D>::f, at.valid);
-  __syncthreads();
-  // Z = u dS_{i+1}^T, the gradient of K~.
-  gemm<T, kWarps, false, true, kWarps / 4>(u_s, Ld<D>::e, ds_s, Ld<D>::e, dk_f, Ld<D>::f, kC, D, D,
-                                           false);
-  float state_dot = 0.f;  // sum(S_i . dS_{i+1}), before dS's tile is reused
-  for (int e = threadIdx.x; e < D * D; e += kThreads) {
-    const int r = e / D, c = e % D;
-    state_dot += to_float(st_s[r * Ld<D>::e + c]) * to_float(ds_s[r * Ld<D>::e + c]);
-  }
-  state_dot = block_sum<kThreads>(state_dot, scratch);  // synchronizes
-  row_dot_then_scale<T, D>(k_s, dk_f, to_end, [&](int r, float sum) {
-    const float t = to_end[r] * sum;
-    dg[r] -= t;
-    col[r] = t;
-  });
-  // K K^T for the WY part, over u (done with since Z).
-  float* kk = reinterpret_cast<float*>(raw + L::kk);
-  gemm<T, kWarps, false, true, kWarps / 4>(k_s, Ld<D>::e, k_s, Ld<D>::e, kk, kLdSquare, kC, kC, D,
-                                           false);
-  __syncthreads();
-  // dk' = Z . exp(G_C - G) + M^T Q, kept in dk_f.
-  gemm<T, kWarps, true, false, kWarps / 4>(m_bf, kLdSquareE, q_s, Ld<D>::e, dk_f, Ld<D>::f, kC, D,
-                                           kC, true);
-  __syncthreads();
-  // Q and M are done with: T streams in over them.
-  T* t_s = reinterpret_cast<T*>(raw + L::t);
-  load_matrix<T, kC, kC, kThreads>(t_s, kLdSquareE,
-                                   static_cast<const T*>(p.t_inverse) + at.tile(0, kC), kC);
-  copy_async_commit();
-  // dW = -du S_i^T: fp32 over dS, then the element type beside T.
-  float* dw_f = reinterpret_cast<float*>(raw + L::dw_f);
-  T* dw_e = reinterpret_cast<T*>(raw + L::dw_e);
-  gemm<T, kWarps, false, true, kWarps / 4>(du_s, Ld<D>::e, st_s, Ld<D>::e, dw_f, Ld<D>::f, kC, D, D,
-                                           false);
-  if (threadIdx.x == 0) {
-    float k_terms = 0.f;
-    for (int r = 0; r < kC; ++r) k_terms += col[r];
-    dg[kC - 1] += k_terms + __expf(g[kC - 1]) * state_dot;
-  }
-  __syncthreads();
-  store_rows<T, D, kThreads>([&](int r) { return dw_e + r * Ld<D>::e; }, dw_f, Ld<D>::f, kC, -1.f);
-  copy_async_wait<0>();
-  __syncthreads();
-
-  // ---- WY part. dX = T^T [dW | du], its halves over dW's fp32 tile and over S_i.
-  float* dxk_f = reinterpret_cast<float*>(raw + L::dxk_f);
-  float* dxv_f = reinterpret_cast<float*>(raw + L::dxv_f);
-  gemm<T, kWarps, true, false, kWarps / 4>(t_s, kLdSquareE, dw_e, Ld<D>::e, dxk_f, Ld<D>::f, kC, D,
-                                           kC, false);
-  gemm<T, kWarps, true, false, kWarps / 4>(t_s, kLdSquareE, du_s, Ld<D>::e, dxv_f, Ld<D>::f, kC, D,
-                                           kC, false);
-  __syncthreads();
-  T* dxk_e = dw_e;  // dX in the element type, over dW and du (both done with)
-  T* dxv_e = du_s;
-  {
-    // A warp's rows: dk' + diag(beta exp(G)) dX_K, dv, the row sums for dbeta and dG, and dX in
-    // the element type. The global rows of v are read before any sum needs them.
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const T* v = static_cast<const T*>(p.v);
-    float v_rows[kRowsPerWarp][kPerLane];
-#pragma unroll
-    for (int i = 0; i < kRowsPerWarp; ++i) {
-      const int r = warp + kWarps * i;
-      const bool in = r < at.valid;
-      const int64_t row = at.token(in ? r : 0, D, p.heads, p.tokens);
-#pragma unroll
-      for (int j = 0; j < kPerLane; ++j) v_rows[i][j] = in ? to_float(v[row + lane + 32 * j]) : 0.f;
-    }
-    T* dv = static_cast<T*>(p.dv);
-#pragma unroll
-    for (int i = 0; i < kRowsPerWarp; ++i) {
-      const int r = warp + kWarps * i;
-      const bool in = r < at.valid;
-      const int64_t row = at.token(in ? r : 0, D, p.heads, p.tokens);
-      const float xk = beta[r] * gate[r];
-      float sk = 0.f, sv = 0.f;
-#pragma unroll
-      for (int j = 0; j < kPerLane; ++j) {
-        const int c = lane + 32 * j;
-        const float dxk = dxk_f[r * Ld<D>::f + c], dxv = dxv_f[r * Ld<D>::f + c];
-        sk += to_float(k_s[r * Ld<D>::e + c]) * dxk;
-        sv += v_rows[i][j] * dxv;
-        if (in) dv[row + c] = from_float<T>(beta[r] * dxv);
-        dk_f[r * Ld<D>::f + c] += xk * dxk;
-        dxk_e[r * Ld<D>::e + c] = from_float<T>(dxk);
-        dxv_e[r * Ld<D>::e + c] = from_float<T>(dxv);
-      }
-      sk = warp_sum(sk);
-      sv = warp_sum(sv);
-      if (lane == 0) {
-        dbeta[r] = gate[r] * sk + sv;
-        dg_wy[r] = xk * sk;
-      }
-    }
-  }
-  __syncthreads();
-  // dA = -dX [W | U0]^T, over dX_K's fp32 tile (done with).
-  float* da = dxk_f;
-  gemm<T, kWarps, false, true, kWarps / 4>(dxk_e, Ld<D>::e, sol, L::ld_wide_e, da, kLdSquare, kC,
-                                           kC, D, false);
-  gemm<T, kWarps, false, true, kWarps / 4>(dxv_e, Ld<D>::e, sol + D, L::ld_wide_e, da, kLdSquare,
-                                           kC, kC, D, true);
-  __syncthreads();
-  T* n_bf = reinterpret_cast<T*>(raw + L::dxv_f);  // N, over dX_V's fp32 tile (done with)
-  {
-    // N and the row sums of dA . A, a warp per row (lanes over two columns each); then the
-    // column sums, a warp per column.
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (int r = warp; r < kC; r += kWarps) {
-      float db = 0.f;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int s = lane + 32 * h;
-        float n = 0.f;
-        if (s < r) {
-          const float d_a = -da[r * kLdSquare + s], e = __expf(g[r] - g[s]);
-          db += d_a * kk[r * kLdSquare + s] * e;
-          n = d_a * beta[r] * e;
-        }
-        n_bf[r * kLdSquareE + s] = from_float<T>(n);
-      }
-      db = warp_sum(db);
-      if (lane == 0) {
-        dbeta[r] += db;
-        dg_wy[r] += beta[r] * db;
-      }
-    }
-    for (int s = warp; s < kC; s += kWarps) {
-      float sum = 0.f;  // sum_r dA_rs A_rs
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = lane + 32 * h;
-        if (r > s) {
-          sum -= da[r * kLdSquare + s] * beta[r] * kk[r * kLdSquare + s] * __expf(g[r] - g[s]);
-        }
-      }
-      sum = warp_sum(sum);
-      if (lane == 0) col_wy[s] = sum;
-    }
-  }
-  __syncthreads();
-  gemm<T, kWarps, false, false, kWarps / 4>(n_bf, kLdSquareE, k_s, Ld<D>::e, dk_f, Ld<D>::f, kC, D,
-                                            kC, true);
-  __syncthreads();
-  gemm<T, kWarps, true, false, kWarps / 4>(n_bf, kLdSquareE, k_s, Ld<D>::e, dk_f, Ld<D>::f, kC, D,
-                                           kC, true);
-  __syncthreads();
-  T* dk = static_cast<T*>(p.dk);
-  store_rows<T, D, kThreads>([&](int r) { return dk + at.token(r, D, p.heads, p.tokens); }, dk_f,
-                             Ld<D>::f, at.valid);
-  if (threadIdx.x < kC) {
-    const int r = threadIdx.x;
-    dg_wy[r] += dg[r] - col_wy[r];
-    if (r < at.valid) p.dbeta[at.token(r, 1, p.heads, p.tokens)] = dbeta[r];
+  // Each group runs its phases; the phases meet at barriers (see the top of the file).
+  const int group = threadIdx.x / 128;
+  if (group == 0) {
+    scores_and_wy_group<T, D>(c, p);
+  } else if (group == 1) {
+    query_group<T, D>(c, p);
+  } else if (group == 2) {
+    key_group<T, D>(c, p);
+  } else {
+    state_group<T, D>(c, p);
   }
   __syncthreads();
   if (threadIdx.x < 32) {
-    warp_reverse_running_sum64(dg_wy);
+    if (threadIdx.x == 0) {
+      // The last row's key and state terms (G_C enters exp(G_C - G) and the state decay).
+      float k_terms = 0.f;
+      for (int r = 0; r < kC; ++r) k_terms += c.to_end[r] * c.k_dots[r];
+      const float state_dot = c.state_part[0] + c.state_part[1] + c.state_part[2] + c.state_part[3];
+      c.dg_sum[kC - 1] += k_terms + c.gate[kC - 1] * state_dot;
+    }
+    __syncwarp();
+    warp_reverse_running_sum64(c.dg_sum);
     __syncwarp();
     for (int r = threadIdx.x; r < at.valid; r += 32) {
-      p.dgate[at.token(r, 1, p.heads, p.tokens)] = dg_wy[r];
+      p.dgate[at.token(r, 1, p.heads, p.tokens)] = c.dg_sum[r];
     }
   }
 }
