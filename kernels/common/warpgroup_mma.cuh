@@ -19,15 +19,24 @@
 namespace mhla_kernels {
 namespace warpgroup {
 
-// A [rows][Cols] 16-bit tile in core-matrix layout.
-template <typename T, int Cols>
+// A [rows][Cols] 16-bit tile in core-matrix layout: row groups major (Rows = 0), or with
+// Rows > 0 column blocks major (element (r, c) at ((c / 8) Rows + r) 8 + c % 8: the order in
+// which the tensor copy engine writes a box of 8-column blocks; see tensor_copy.cuh).
+template <typename T, int Cols, int Rows = 0>
 struct CoreTile {
   static_assert(Cols % 16 == 0, "whole k16 steps");
-  static constexpr int kRowGroupElems = 8 * Cols;  // one group of 8 rows
+  using elem = T;
   T* p;
   __device__ T* at(int r, int c) const {
-    return p + ((r >> 3) * (Cols / 8) + (c >> 3)) * 64 + (r & 7) * 8 + (c & 7);
+    if constexpr (Rows > 0) {
+      return p + ((c >> 3) * Rows + r) * 8 + (c & 7);
+    } else {
+      return p + ((r >> 3) * (Cols / 8) + (c >> 3)) * 64 + (r & 7) * 8 + (c & 7);
+    }
   }
+  // Bytes between core matrices adjacent along the columns (K) and along the rows (M or N).
+  static constexpr uint32_t k_stride = Rows > 0 ? 16 * Rows : 128;
+  static constexpr uint32_t mn_stride = Rows > 0 ? 128 : 16 * Cols;
 };
 
 // Shared-memory matrix descriptor of a K-major, unswizzled operand starting at `start`.
@@ -66,15 +75,14 @@ __device__ __forceinline__ void pin(float (&acc)[R]) {
 // Issues acc (+)= A B^T over depth K for A = rows a_row0 .. a_row0 + 63 of a (K-major, [.][KA]
 // columns from a_col0) and B^T = rows b_row0 .. b_row0 + N - 1 of b (K-major, from b_col0):
 // K / 16 wgmmas, one commit group. The caller fences before (fence()) and waits after.
-template <typename T, int N, int K, int KA, int KB>
-__device__ __forceinline__ void product(float (&acc)[N / 2], CoreTile<T, KA> a, int a_row0,
-                                        int a_col0, CoreTile<T, KB> b, int b_row0, int b_col0,
-                                        bool accumulate) {
+template <typename T, int N, int K, typename TileA, typename TileB>
+__device__ __forceinline__ void product(float (&acc)[N / 2], TileA a, int a_row0, int a_col0,
+                                        TileB b, int b_row0, int b_col0, bool accumulate) {
   pin(acc);
 #pragma unroll
   for (int kk = 0; kk < K; kk += 16) {
-    const uint64_t da = descriptor(a.at(a_row0, a_col0 + kk), 128, KA * 16);
-    const uint64_t db = descriptor(b.at(b_row0, b_col0 + kk), 128, KB * 16);
+    const uint64_t da = descriptor(a.at(a_row0, a_col0 + kk), TileA::k_stride, TileA::mn_stride);
+    const uint64_t db = descriptor(b.at(b_row0, b_col0 + kk), TileB::k_stride, TileB::mn_stride);
     WarpgroupMma<T, N>::run(acc, da, db, (accumulate || kk > 0) ? 1 : 0);
   }
   commit();
@@ -92,10 +100,9 @@ __device__ __forceinline__ void load_blocks(unsigned (&r)[4], const void* row) {
 // acc[n8 tiles n_begin / 8 ..] += A B for the strip's 16 rows: A [16][k] is rows a_row0.. of a
 // (stored [k][m], columns a_row0.., when TransA), B [k][n] is b from column n0 (stored [n][k]
 // when TransB), depth k over [k_begin, k_end) in steps of 16; Cols16 blocks of 16 columns.
-template <typename T, bool TransA, bool TransB, int Cols16, int R, int LA, int LB>
-__device__ __forceinline__ void strip_product(float (&acc)[R], int acc_n0, CoreTile<T, LA> a,
-                                              int a_row0, CoreTile<T, LB> b, int n0, int k_begin,
-                                              int k_end) {
+template <typename T, bool TransA, bool TransB, int Cols16, int R, typename TileA, typename TileB>
+__device__ __forceinline__ void strip_product(float (&acc)[R], int acc_n0, TileA a, int a_row0,
+                                              TileB b, int n0, int k_begin, int k_end) {
   const int lane = threadIdx.x % 32, quad = lane / 8, row8 = lane % 8;
   for (int kk = k_begin; kk < k_end; kk += 16) {
     unsigned fa[4];
@@ -121,6 +128,42 @@ __device__ __forceinline__ void strip_product(float (&acc)[R], int acc_n0, CoreT
   }
 }
 
+// The 16-bit A fragments of a warp's 16 x K strip held as an accumulator (K / 2 floats, n8-tile
+// layout): k-block kb is accumulator tiles 2 kb and 2 kb + 1 (mma.sync's accumulator and A
+// layouts agree row for row).
+template <typename T, int R>
+__device__ __forceinline__ void to_a_fragments(const float (&acc)[R], unsigned (&frag)[R / 8][4]);
+
+// acc[n8 tiles from acc_n0 / 8] += A B for the strip's 16 rows with A given as fragments
+// (to_a_fragments) over depth k in [k_begin, k_end) and B [k][n] from column n0 of b (stored
+// [n][k] when TransB).
+template <typename T, bool TransB, int Cols16, int R, int KBlocks, typename TileB>
+__device__ __forceinline__ void strip_product_from_registers(float (&acc)[R], int acc_n0,
+                                                             const unsigned (&frag)[KBlocks][4],
+                                                             TileB b, int n0, int k_begin,
+                                                             int k_end) {
+  const int lane = threadIdx.x % 32, quad = lane / 8, row8 = lane % 8;
+#pragma unroll
+  for (int kb = 0; kb < KBlocks; ++kb) {
+    const int kk = 16 * kb;
+    if (kk < k_begin || kk >= k_end) continue;
+#pragma unroll
+    for (int j = 0; j < Cols16; ++j) {
+      const int c0 = n0 + 16 * j;
+      unsigned fb[4];
+      if constexpr (TransB) {
+        load_blocks<false>(fb, b.at(c0 + (quad / 2) * 8 + row8, kk + (quad % 2) * 8));
+      } else {
+        load_blocks<true>(fb, b.at(kk + (quad % 2) * 8 + row8, c0 + (quad / 2) * 8));
+      }
+      float(&d0)[4] = *reinterpret_cast<float(*)[4]>(&acc[(acc_n0 / 8 + 2 * j) * 4]);
+      float(&d1)[4] = *reinterpret_cast<float(*)[4]>(&acc[(acc_n0 / 8 + 2 * j + 1) * 4]);
+      wmma_tiles::detail::mma16816<T>(d0, frag[kb], fb[0], fb[1]);
+      wmma_tiles::detail::mma16816<T>(d1, frag[kb], fb[2], fb[3]);
+    }
+  }
+}
+
 // Where element i of a thread's accumulator lies in the 64 x N tile of its warpgroup.
 __device__ __forceinline__ int acc_row(int i) {
   return 16 * ((threadIdx.x / 32) % 4) + (threadIdx.x % 32) / 4 + ((i % 4) >= 2 ? 8 : 0);
@@ -141,14 +184,25 @@ __device__ __forceinline__ unsigned pack_pair(float x, float y) {
   }
 }
 
+template <typename T, int R>
+__device__ __forceinline__ void to_a_fragments(const float (&acc)[R], unsigned (&frag)[R / 8][4]) {
+#pragma unroll
+  for (int kb = 0; kb < R / 8; ++kb) {
+    frag[kb][0] = pack_pair<T>(acc[8 * kb], acc[8 * kb + 1]);
+    frag[kb][1] = pack_pair<T>(acc[8 * kb + 2], acc[8 * kb + 3]);
+    frag[kb][2] = pack_pair<T>(acc[8 * kb + 4], acc[8 * kb + 5]);
+    frag[kb][3] = pack_pair<T>(acc[8 * kb + 6], acc[8 * kb + 7]);
+  }
+}
+
 // The accumulator as 16-bit values into a core tile at (row0 + its rows, col0 + its columns).
-template <typename T, int R, int L>
-__device__ __forceinline__ void store_accumulator(CoreTile<T, L> t, int row0, int col0,
+template <typename Tile, int R>
+__device__ __forceinline__ void store_accumulator(Tile t, int row0, int col0,
                                                   const float (&acc)[R], float scale = 1.f) {
 #pragma unroll
   for (int i = 0; i < R; i += 2) {
     *reinterpret_cast<unsigned*>(t.at(row0 + acc_row(i), col0 + acc_col(i))) =
-        pack_pair<T>(scale * acc[i], scale * acc[i + 1]);
+        pack_pair<typename Tile::elem>(scale * acc[i], scale * acc[i + 1]);
   }
 }
 

@@ -1,0 +1,25 @@
+#pragma once
+// Tensor maps (Hopper's tensor copy engine, TMA) over 16-bit matrices whose boxes land in shared
+// memory as 8-column blocks, one after another: element (r, c) of a box of R rows at
+// ((c / 8) R + r) 8 + c % 8, the column-blocks-major core-matrix layout that
+// warpgroup::CoreTile<T, Cols, R> reads (wgmma operands, ldmatrix). Host side; the copies
+// themselves are in tensor_copy.cuh.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace mhla_kernels {
+
+// Rows of a token-major [batch, tokens, heads, dim] tensor: a box is `box_rows` consecutive
+// tokens of one (batch, head), all dim columns; tokens past the sequence read as zeros.
+// Coordinates (tensor_copy.cuh, copy_token_rows): token, head, batch.
+cudaError_t encode_token_rows_map(CUtensorMap* map, const void* base, int batch, int tokens,
+                                  int heads, int dim, int box_rows);
+
+// Rows of a row-major [rows, cols] matrix: a box is `box_rows` consecutive rows, all cols.
+// Coordinate (copy_matrix_rows): the first row.
+cudaError_t encode_matrix_rows_map(CUtensorMap* map, const void* base, int64_t rows, int cols,
+                                   int box_rows);
+
+}  // namespace mhla_kernels
