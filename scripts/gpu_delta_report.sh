@@ -7,7 +7,8 @@
 # causal linear and MHLA, the GPT table's KDA and gated-DeltaNet rows, and per-kernel times.
 # Optional: BASE=1 also times the previous binary with the walks unsegmented
 # (MHLA_DELTA_WALK_SEGMENTS=1, labels base*); SKIP_GPT=1 leaves out the GPT rows (then data/text
-# need not be carried), SKIP_BREAKDOWN=1 the per-kernel times.
+# need not be carried), SKIP_BREAKDOWN=1 the per-kernel times, SKIP_LINEAR=1 fla's linear
+# attention (its Triton build outlasts the call's bound unless its cache is carried).
 # Carry .gpu_stage (binaries, triton_cache.txz), .whl and data/text; run after
 # `source scripts/gpu_env.sh`. Results in $OUT/final.tgz.
 set -uo pipefail
@@ -25,7 +26,7 @@ source scripts/gpu_fla_env.sh
 summary="import json,sys; [print(d['op'], d['N'], '%.3f' % d['fwdbwd_ms']) for d in map(json.loads, sys.stdin)]"
 timeout 150 python3 scripts/fla_delta_peer.py --kda 2> "$V/peer.err" | grep '^{' |
   tee "$V/peers_delta.jsonl" | python3 -c "$summary"
-OUT=$V timeout 100 python3 scripts/fla_linear_peer.py 2>> "$V/peer.err" | grep '^{' |
+[ -z "${SKIP_LINEAR:-}" ] && OUT=$V timeout 100 python3 scripts/fla_linear_peer.py 2>> "$V/peer.err" | grep '^{' |
   tee "$V/peers_linear.jsonl" | python3 -c "$summary"
 [ -n "${BASE:-}" ] && MHLA_DELTA_WALK_SEGMENTS=1 bench_lm "$V" base2 "$prev" kda gated_deltanet
 bench_lm "$V" prev2 "$prev" kda gated_deltanet linear mhla

@@ -61,5 +61,15 @@ __device__ __forceinline__ void copy_matrix_rows(void* dst, const CUtensorMap* m
       : "memory");
 }
 
+// `bytes` contiguous bytes (a multiple of 16, both addresses 16-byte aligned).
+__device__ __forceinline__ void copy_bytes(void* dst, const void* src, uint32_t bytes,
+                                           uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(smem(dst)),
+      "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(smem(bar))
+      : "memory");
+}
+
 }  // namespace tensor_copy
 }  // namespace mhla_kernels

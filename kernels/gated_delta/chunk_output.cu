@@ -1,8 +1,20 @@
 // The forward output of a chunk, o = scale [(exp(G) . Q) S_i + P u] with the decayed causal
-// scores P = (Q K^T) . D (D_rs = exp(G_r - G_s), s <= r). One CTA per (chunk, batch x head,
-// half of the value columns), products on tensor cores with fp32 accumulation. Gated DeltaNet
-// forms P here and keeps it (the backward's state walk reads it for P^T dO); KDA reads P and
-// exp(G) . Q from its prepare pass instead.
+// scores P = (Q K^T) . D (D_rs = exp(G_r - G_s), s <= r). Gated DeltaNet forms P here and keeps
+// it (the backward's state walk reads it for P^T dO); KDA reads P and exp(G) . Q from its prepare
+// pass instead.
+//
+// Persistent CTAs of two warpgroups, each group taking half of the value columns of every
+// chunk.
+// The tensor copy engine brings each chunk's Q (or exp(G) . Q), K, u, S_i, G (or P) into one of
+// two stages while the chunk before is computed. Q K^T is a wgmma into the group's registers
+// (every group forms it: cheaper than sharing it), decayed and masked there; Q S_i and P u follow
+// per warp on tensor cores (mma.sync) into one accumulator, P straight from registers.
+#include <algorithm>
+
+#include "common/device_info.h"
+#include "common/tensor_copy.cuh"
+#include "common/tensor_map.h"
+#include "common/warpgroup_mma.cuh"
 #include "gated_delta/chunk_passes.h"
 #include "gated_delta/chunk_tiles.cuh"
 
@@ -10,98 +22,169 @@ namespace mhla_kernels {
 namespace gated_delta {
 namespace {
 
-constexpr int kThreads = 512;
-constexpr int kWarps = kThreads / 32;
+namespace wg = warpgroup;
+namespace tc = tensor_copy;
+using wg::CoreTile;
 
-// The output pass splits the value columns over CTAs (kOutputCols each): with the fp32 result
-// tile sharing the scores' space, two CTAs fit an SM at D = 128.
-constexpr int kOutputCols = 64;
-constexpr int kLdOutE = kOutputCols + 8;
+constexpr int kGroups = 2;  // warpgroups, each taking D / 2 of the value columns (call 11: 4 were slower)
+constexpr int kThreads = 128 * kGroups;
 
+// One stage of shared memory (bytes): Q (or exp(G) . Q), K (gated DeltaNet) or P (KDA), u, S_i, G.
 template <int D>
-constexpr size_t output_bytes() {
-  return sizeof(float) * (kC * kLdSquare + 2 * kC) +
-         2 * (2 * kC * Ld<D>::e + kC * kLdOutE + D * kLdOutE + kC * kLdSquareE);
-}
+struct OutputStage {
+  static constexpr size_t tile = 2 * kC * D, state = 2 * D * D, square = 2 * kC * kC;
+  static constexpr size_t q = 0, k = q + tile, u = k + tile, st = u + tile, g = st + state,
+                          bytes = g + 4 * kC;
+  static constexpr size_t p = k;  // KDA: P in K's place
+  static constexpr size_t barrier_bytes = 16;
+  static constexpr size_t total = 2 * bytes + barrier_bytes;  // two stages, two barriers
+};
 
-// P into p_bf (element type, zeros above the diagonal); q_s and k_s hold the raw rows, g the
-// gate sums; pf is fp32 scratch. Ends synchronized.
-template <typename T, int D>
-__device__ void decayed_scores(const T* q_s, const T* k_s, const float* g, float* pf, T* p_bf) {
-  gemm<T, kWarps, false, true, kWarps / 4>(q_s, Ld<D>::e, k_s, Ld<D>::e, pf, kLdSquare, kC, kC, D,
-                                           false);
-  __syncthreads();
-  causal_decayed<T, kThreads>(p_bf, pf, g);
-  __syncthreads();
-}
+struct OutputMaps {
+  CUtensorMap q, k, u, states, q_gated, scores;
+};
 
 template <typename T, int D, bool PerKey>
-__global__ void __launch_bounds__(kThreads) output_kernel(GatedDeltaArgs p) {
-  constexpr int kCols = D < kOutputCols ? D : kOutputCols;
+__global__ void __launch_bounds__(kThreads, 1)
+    output_kernel(GatedDeltaArgs p, const __grid_constant__ OutputMaps maps) {
+  using S = OutputStage<D>;
+  using Rows64 = CoreTile<T, D, kC>;
   extern __shared__ __align__(128) unsigned char raw[];
-  float* pf = reinterpret_cast<float*>(raw);  // [64][68]: scores, then the output tile
-  float* g = pf + kC * kLdSquare;             // [64]
-  float* decay = g + kC;                      // [64]: exp(G_r)
-  T* q_s = reinterpret_cast<T*>(decay + kC);  // [64][D + 8]
-  T* k_s = q_s + kC * Ld<D>::e;               // [64][D + 8]
-  T* u_s = k_s + kC * Ld<D>::e;               // [64][72]: this CTA's columns of u
-  T* st_s = u_s + kC * kLdOutE;               // [D][72]: of S_i
-  T* p_bf = st_s + D * kLdOutE;               // [64][72]
-  const ChunkPosition at = block_chunk(p);
-  const int col0 = blockIdx.z * kCols;
-  load_matrix<T, kC, kCols, kThreads>(u_s, kLdOutE,
-                                      static_cast<const T*>(p.u) + at.tile(0, D) + col0, D);
-  load_matrix<T, D, kCols, kThreads>(st_s, kLdOutE,
-                                     static_cast<const T*>(p.states) + at.state(D) + col0, D);
-  if constexpr (PerKey) {  // exp(G) . Q and P from the prepare pass
-    load_matrix<T, kC, D, kThreads>(q_s, Ld<D>::e, static_cast<const T*>(p.q_gated) + at.tile(0, D),
-                                    D);
-    load_matrix<T, kC, kC, kThreads>(p_bf, kLdSquareE,
-                                     static_cast<const T*>(p.scores) + at.tile(0, kC), kC);
-    finish_loads();
-    __syncthreads();
-  } else {
-    load_token_rows<T, D, kThreads>(q_s, Ld<D>::e, p.q, p, at);
-    load_token_rows<T, D, kThreads>(k_s, Ld<D>::e, p.k, p, at);
-    load_gate_sums(g, p, at);
-    finish_loads();
-    __syncthreads();
-    if (threadIdx.x < kC) decay[threadIdx.x] = __expf(g[threadIdx.x]);
-    decayed_scores<T, D>(q_s, k_s, g, pf, p_bf);
-    if (blockIdx.z == 0) {  // kept for the backward (one CTA of the chunk stores it)
-      store_matrix<T, kC, kC, kThreads>(static_cast<T*>(p.scores) + at.tile(0, kC), kC, p_bf,
-                                        kLdSquareE);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(raw + 2 * S::bytes);
+  const int range = range_end(p) - p.chunk_begin, items = range * p.batch * p.heads;
+  auto position = [&](int item) {
+    return ChunkPosition(p, item / range, p.chunk_begin + item % range);
+  };
+  // One thread starts the copies of `item` into stage `stage`.
+  auto issue = [&](int item, int stage) {
+    if (threadIdx.x != 0 || item >= items) return;
+    const ChunkPosition at = position(item);
+    const int64_t chunk_index = static_cast<int64_t>(at.bh) * at.chunks + at.chunk;
+    unsigned char* base = raw + stage * S::bytes;
+    uint64_t* bar = bars + stage;
+    if constexpr (PerKey) {
+      tc::arrive_expecting(bar, 2 * S::tile + S::state + S::square);
+      tc::copy_matrix_rows(base + S::q, &maps.q_gated, static_cast<int>(chunk_index * kC), bar);
+      tc::copy_matrix_rows(base + S::p, &maps.scores, static_cast<int>(chunk_index * kC), bar);
+    } else {
+      tc::arrive_expecting(bar, 3 * S::tile + S::state + 4 * kC);
+      tc::copy_token_rows(base + S::q, &maps.q, at.t0, at.h, at.b, bar);
+      tc::copy_token_rows(base + S::k, &maps.k, at.t0, at.h, at.b, bar);
+      tc::copy_bytes(base + S::g, p.gate_sums + chunk_index * kC, 4 * kC, bar);
     }
-    for (int e = threadIdx.x; e < kC * (D / 8); e += kThreads) {
-      const int r = e / (D / 8), c = 8 * (e % (D / 8));
-      float x[8];
-      load_pack<T, 8>(q_s + r * Ld<D>::e + c, x);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) x[j] *= decay[r];
-      store_pack<T, 8>(q_s + r * Ld<D>::e + c, x);
-    }
-    __syncthreads();
+    tc::copy_matrix_rows(base + S::u, &maps.u, static_cast<int>(chunk_index * kC), bar);
+    tc::copy_matrix_rows(base + S::st, &maps.states, static_cast<int>(chunk_index * D), bar);
+  };
+  if (threadIdx.x == 0) {
+    tc::init(bars);
+    tc::init(bars + 1);
+    tc::fence_init();
   }
-  float* out_f = pf;  // [64][68]
-  gemm<T, kWarps, false, false, kWarps / 4>(q_s, Ld<D>::e, st_s, kLdOutE, out_f, kLdSquare, kC,
-                                            kCols, D, false);
   __syncthreads();
-  gemm<T, kWarps, false, false, kWarps / 4>(p_bf, kLdSquareE, u_s, kLdOutE, out_f, kLdSquare, kC,
-                                            kCols, kC, true);
-  __syncthreads();
-  T* out = static_cast<T*>(p.out) + col0;
-  store_rows<T, kCols, kThreads>([&](int r) { return out + at.token(r, D, p.heads, p.tokens); },
-                                 out_f, kLdSquare, at.valid, p.scale);
+  issue(blockIdx.x, 0);
+  issue(blockIdx.x + gridDim.x, 1);
+
+  constexpr int kPart = D / kGroups;
+  const int part = threadIdx.x / 128, strip = 16 * ((threadIdx.x / 32) % 4);
+  const int col0 = part * kPart;
+  int count = 0;
+  for (int item = blockIdx.x; item < items; item += gridDim.x, ++count) {
+    const int stage = count & 1;
+    unsigned char* base = raw + stage * S::bytes;
+    const Rows64 q{reinterpret_cast<T*>(base + S::q)}, u{reinterpret_cast<T*>(base + S::u)};
+    const CoreTile<T, D, D> st{reinterpret_cast<T*>(base + S::st)};
+    tc::wait(bars + stage, (count >> 1) & 1);
+    const ChunkPosition at = position(item);
+    float acc[kPart / 2];
+#pragma unroll
+    for (int i = 0; i < kPart / 2; ++i) acc[i] = 0.f;
+    if constexpr (PerKey) {
+      // exp(G) . Q and P from the prepare pass.
+      const CoreTile<T, kC, kC> scores{reinterpret_cast<T*>(base + S::p)};
+      wg::strip_product<T, false, false, kPart / 16>(acc, 0, q, strip, st, col0, 0, D);
+      wg::strip_product<T, false, false, kPart / 16>(acc, 0, scores, strip, u, col0, 0,
+                                                     strip + 16);
+    } else {
+      const Rows64 k{reinterpret_cast<T*>(base + S::k)};
+      const float* g = reinterpret_cast<const float*>(base + S::g);
+      float scores[32];
+      wg::fence();
+      wg::product<T, kC, D>(scores, q, 0, 0, k, 0, 0, false);  // Q K^T, while Q S_i runs
+      wg::strip_product<T, false, false, kPart / 16>(acc, 0, q, strip, st, col0, 0, D);
+      const int r_lo = wg::acc_row(0), r_hi = wg::acc_row(2);
+      const float e_lo = __expf(g[r_lo]), e_hi = __expf(g[r_hi]);
+#pragma unroll
+      for (int i = 0; i < kPart / 2; ++i) acc[i] *= (i % 4) >= 2 ? e_hi : e_lo;
+      wg::wait<0>();
+      wg::pin(scores);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const int r = wg::acc_row(i), s = wg::acc_col(i);
+        scores[i] = s <= r ? scores[i] * __expf(g[r] - g[s]) : 0.f;
+      }
+      if (part == 0) {  // kept for the backward
+        T* out = static_cast<T*>(p.scores) + at.tile(0, kC);
+#pragma unroll
+        for (int i = 0; i < 32; i += 2) {
+          *reinterpret_cast<unsigned*>(out + wg::acc_row(i) * kC + wg::acc_col(i)) =
+              wg::pack_pair<T>(scores[i], scores[i + 1]);
+        }
+      }
+      unsigned frag[4][4];
+      wg::to_a_fragments<T>(scores, frag);
+      wg::strip_product_from_registers<T, false, kPart / 16>(acc, 0, frag, u, col0, 0, strip + 16);
+    }
+    T* out = static_cast<T*>(p.out) + at.token(0, D, p.heads, p.tokens);
+    const int stride = p.heads * D;
+#pragma unroll
+    for (int i = 0; i < kPart / 2; i += 2) {
+      const int r = wg::acc_row(i);
+      if (r < at.valid) {
+        *reinterpret_cast<unsigned*>(out + static_cast<int64_t>(r) * stride + col0 +
+                                     wg::acc_col(i)) =
+            wg::pack_pair<T>(p.scale * acc[i], p.scale * acc[i + 1]);
+      }
+    }
+    __syncthreads();  // the stage is free: the chunk after next comes into it
+    issue(item + 2 * gridDim.x, stage);
+  }
 }
 
 template <typename T, int D>
 struct Output {
   static cudaError_t launch(const GatedDeltaArgs& a, cudaStream_t stream) {
-    const dim3 grid = chunk_grid(a, D < kOutputCols ? 1 : D / kOutputCols);
-    return a.per_key_gate ? launch_pass(output_kernel<T, D, true>, grid, kThreads,
-                                        output_bytes<D>(), a, stream)
-                          : launch_pass(output_kernel<T, D, false>, grid, kThreads,
-                                        output_bytes<D>(), a, stream);
+    OutputMaps maps{};
+    const int chunks = gated_delta_chunks(a.tokens);
+    const int64_t tile_rows = static_cast<int64_t>(a.batch) * a.heads * chunks * kC;
+    const int64_t state_rows = static_cast<int64_t>(a.batch) * a.heads * chunks * D;
+    cudaError_t err = encode_matrix_rows_map(&maps.u, a.u, tile_rows, D, kC);
+    if (err == cudaSuccess) err = encode_matrix_rows_map(&maps.states, a.states, state_rows, D, D);
+    if (a.per_key_gate) {
+      if (err == cudaSuccess) err = encode_matrix_rows_map(&maps.q_gated, a.q_gated, tile_rows, D, kC);
+      if (err == cudaSuccess) err = encode_matrix_rows_map(&maps.scores, a.scores, tile_rows, kC, kC);
+    } else {
+      if (err == cudaSuccess) {
+        err = encode_token_rows_map(&maps.q, a.q, a.batch, a.tokens, a.heads, D, kC);
+      }
+      if (err == cudaSuccess) {
+        err = encode_token_rows_map(&maps.k, a.k, a.batch, a.tokens, a.heads, D, kC);
+      }
+    }
+    if (err != cudaSuccess) return err;
+    const dim3 one_each = chunk_grid(a);
+    const int items = static_cast<int>(one_each.x * one_each.y);
+    // Persistent over the whole sequence; beside a pipelined walk, a CTA per chunk (the walk
+    // keeps its SMs).
+    const bool whole = a.chunk_begin == 0 && a.chunk_end == 0;
+    const int grid = whole ? std::min(items, multiprocessors()) : items;
+    auto run = [&](auto kernel) {
+      cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(OutputStage<D>::total));
+      if (e != cudaSuccess) return e;
+      kernel<<<grid, kThreads, OutputStage<D>::total, stream>>>(a, maps);
+      return cudaGetLastError();
+    };
+    return a.per_key_gate ? run(output_kernel<T, D, true>) : run(output_kernel<T, D, false>);
   }
 };
 
