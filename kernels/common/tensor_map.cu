@@ -27,10 +27,10 @@ cudaError_t encode(CUtensorMap* map, const void* base, cuuint32_t rank, const cu
   const auto fn = encoder();
   if (fn == nullptr) return cudaErrorNotSupported;
   const cuuint32_t ones[5] = {1, 1, 1, 1, 1};
-  const CUresult r = fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, rank, const_cast<void*>(base), dims,
-                        strides, box, ones, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                        CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r =
+      fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, rank, const_cast<void*>(base), dims, strides, box,
+         ones, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+         CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
@@ -43,8 +43,8 @@ cudaError_t encode_token_rows_map(CUtensorMap* map, const void* base, int batch,
   const cuuint64_t dims[5] = {8, static_cast<cuuint64_t>(tokens), static_cast<cuuint64_t>(dim / 8),
                               static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(batch)};
   const cuuint64_t strides[4] = {row, 16, static_cast<cuuint64_t>(dim) * 2, row * tokens};
-  const cuuint32_t box[5] = {8, static_cast<cuuint32_t>(box_rows),
-                             static_cast<cuuint32_t>(dim / 8), 1, 1};
+  const cuuint32_t box[5] = {8, static_cast<cuuint32_t>(box_rows), static_cast<cuuint32_t>(dim / 8),
+                             1, 1};
   return encode(map, base, 5, dims, strides, box);
 }
 

@@ -57,7 +57,9 @@ struct WarpgroupMma;
 __device__ __forceinline__ void fence_shared_for_mma() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
-__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
 __device__ __forceinline__ void commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
@@ -197,8 +199,8 @@ __device__ __forceinline__ void to_a_fragments(const float (&acc)[R], unsigned (
 
 // The accumulator as 16-bit values into a core tile at (row0 + its rows, col0 + its columns).
 template <typename Tile, int R>
-__device__ __forceinline__ void store_accumulator(Tile t, int row0, int col0,
-                                                  const float (&acc)[R], float scale = 1.f) {
+__device__ __forceinline__ void store_accumulator(Tile t, int row0, int col0, const float (&acc)[R],
+                                                  float scale = 1.f) {
 #pragma unroll
   for (int i = 0; i < R; i += 2) {
     *reinterpret_cast<unsigned*>(t.at(row0 + acc_row(i), col0 + acc_col(i))) =

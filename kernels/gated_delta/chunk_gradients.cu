@@ -73,8 +73,12 @@ struct GradsLayout {
 };
 
 // Per-thread view of the two rows a thread's accumulator elements lie on.
-__device__ __forceinline__ int row_of(int i) { return wg::acc_row(i); }
-__device__ __forceinline__ bool upper_row(int i) { return (i % 4) >= 2; }
+__device__ __forceinline__ int row_of(int i) {
+  return wg::acc_row(i);
+}
+__device__ __forceinline__ bool upper_row(int i) {
+  return (i % 4) >= 2;
+}
 
 // Sums of the thread's values on its two rows over the four lanes that share them; lane % 4 == 0
 // writes them to out[row].
@@ -110,15 +114,18 @@ __device__ __forceinline__ void store_column_sums(const float (&x)[32], float* p
 // sum_c X[r][c0 + c] acc[r][c] per row r of the thread (X a core tile read at the accumulator's
 // positions: a warp's 4-byte reads cover one core matrix, no bank conflicts).
 template <typename Tile, int R>
-__device__ __forceinline__ void row_dots(Tile x, int c0, const float (&acc)[R],
-                                         float& lo, float& hi) {
+__device__ __forceinline__ void row_dots(Tile x, int c0, const float (&acc)[R], float& lo,
+                                         float& hi) {
 #pragma unroll
   for (int i = 0; i < R; i += 2) {
     const auto pair = *reinterpret_cast<const typename std::conditional_t<
         std::is_same_v<typename Tile::elem, __nv_bfloat16>, __nv_bfloat162, __half2>*>(
         x.at(row_of(i), c0 + wg::acc_col(i)));
     const float d = to_float(pair.x) * acc[i] + to_float(pair.y) * acc[i + 1];
-    if (upper_row(i)) hi += d; else lo += d;
+    if (upper_row(i))
+      hi += d;
+    else
+      lo += d;
   }
 }
 
@@ -150,7 +157,9 @@ __device__ __forceinline__ void copy_async4(float* dst, const float* src, bool v
 }
 
 // The kernel's barriers: every thread passes each once per chunk, from its group's code.
-__device__ __forceinline__ void barrier() { asm volatile("bar.sync 0;\n" ::: "memory"); }
+__device__ __forceinline__ void barrier() {
+  asm volatile("bar.sync 0;\n" ::: "memory");
+}
 
 // The tensor maps of the inputs a chunk reads (tensor_map.h): boxes of 64 token rows (q, k, dO,
 // v), of one chunk's 64 rows (u, du, T) and of one chunk's D rows (S_i, dS_{i+1}).
@@ -177,7 +186,9 @@ struct Chunk {
   // Tiles the tensor copies fill: column blocks major (CoreTile's Rows).
   using Rows64 = CoreTile<T, D, kC>;
   using State = CoreTile<T, D, D>;
-  __device__ Rows64 copied(size_t offset) const { return Rows64{reinterpret_cast<T*>(raw + offset)}; }
+  __device__ Rows64 copied(size_t offset) const {
+    return Rows64{reinterpret_cast<T*>(raw + offset)};
+  }
   __device__ Rows64 q() const { return copied(L::q); }
   __device__ Rows64 d_out() const { return copied(L::d_out); }
   __device__ Rows64 u() const { return copied(L::u); }
@@ -193,21 +204,21 @@ struct Chunk {
   }
   __device__ CoreTile<T, kC> m() const { return square(L::m); }
   __device__ CoreTile<T, kC> n() const { return square(L::n); }
-  __device__ float* g_buf() const { return rows(0); }         // [2][64]: G, this chunk and next
-  __device__ float* beta_buf() const { return rows(2); }      // [2][64]
-  __device__ float* gate() const { return rows(4); }          // exp(G)
-  __device__ float* decay() const { return rows(5); }         // scale exp(G)
-  __device__ float* to_end() const { return rows(6); }        // exp(G_C - G)
-  __device__ float* score_rows() const { return rows(7); }    // rowsum(dP^ . P)
-  __device__ float* score_cols() const { return rows(8); }    // [4][64]: colsum, per warp
-  __device__ float* q_dots() const { return rows(12); }       // rowsum(Q . dO S^T)
-  __device__ float* k_dots() const { return rows(13); }       // rowsum(K . u dS^T)
-  __device__ float* xk_dots() const { return rows(14); }      // k_r . dX_K[r]
-  __device__ float* xv_dots() const { return rows(15); }      // [2][64]: v_r . dX_V[r]
-  __device__ float* a_rows() const { return rows(17); }       // sum_s dA_rs (k_r . k_s) E_rs
-  __device__ float* a_cols() const { return rows(18); }       // [4][64]: sum_r dA_rs A_rs
-  __device__ float* dg_sum() const { return rows(22); }       // dG, then its reverse sum
-  __device__ float* state_part() const { return rows(23); }   // [4]: sum(S_i . dS) per warp
+  __device__ float* g_buf() const { return rows(0); }        // [2][64]: G, this chunk and next
+  __device__ float* beta_buf() const { return rows(2); }     // [2][64]
+  __device__ float* gate() const { return rows(4); }         // exp(G)
+  __device__ float* decay() const { return rows(5); }        // scale exp(G)
+  __device__ float* to_end() const { return rows(6); }       // exp(G_C - G)
+  __device__ float* score_rows() const { return rows(7); }   // rowsum(dP^ . P)
+  __device__ float* score_cols() const { return rows(8); }   // [4][64]: colsum, per warp
+  __device__ float* q_dots() const { return rows(12); }      // rowsum(Q . dO S^T)
+  __device__ float* k_dots() const { return rows(13); }      // rowsum(K . u dS^T)
+  __device__ float* xk_dots() const { return rows(14); }     // k_r . dX_K[r]
+  __device__ float* xv_dots() const { return rows(15); }     // [2][64]: v_r . dX_V[r]
+  __device__ float* a_rows() const { return rows(17); }      // sum_s dA_rs (k_r . k_s) E_rs
+  __device__ float* a_cols() const { return rows(18); }      // [4][64]: sum_r dA_rs A_rs
+  __device__ float* dg_sum() const { return rows(22); }      // dG, then its reverse sum
+  __device__ float* state_part() const { return rows(23); }  // [4]: sum(S_i . dS) per warp
   int item, items, range, parity;  // work item (chunk of the range x batch-head), K's buffer
   int count = 0;                   // chunks this CTA has begun (the barriers' phase)
   ChunkPosition at;
@@ -249,8 +260,10 @@ struct Chunk {
                              int next_item, int buffer) const {
     if (next_item >= items) return;
     const ChunkPosition nx = position(p, next_item, range);
-    const int tile_row = static_cast<int>((static_cast<int64_t>(nx.bh) * nx.chunks + nx.chunk) * kC);
-    const int state_row = static_cast<int>((static_cast<int64_t>(nx.bh) * nx.chunks + nx.chunk) * D);
+    const int tile_row =
+        static_cast<int>((static_cast<int64_t>(nx.bh) * nx.chunks + nx.chunk) * kC);
+    const int state_row =
+        static_cast<int>((static_cast<int64_t>(nx.bh) * nx.chunks + nx.chunk) * D);
     if (threadIdx.x == kIssuer) {
       namespace tc = tensor_copy;
       if (stage == 0 || stage == 1) {
@@ -314,8 +327,8 @@ __device__ void value_gradient_half(const Chunk<T, D>& c, const GatedDeltaArgs& 
   constexpr int kHalf = D / 2;
   float x[kHalf / 2], lo = 0.f, hi = 0.f;
   zero(x);
-  wg::strip_product<T, true, false, kHalf / 16>(x, 0, c.t(), c.strip(), c.du(), half * kHalf, c.strip(),
-                                                kC);
+  wg::strip_product<T, true, false, kHalf / 16>(x, 0, c.t(), c.strip(), c.du(), half * kHalf,
+                                                c.strip(), kC);
   row_dots(c.v(), half * kHalf, x, lo, hi);
   store_row_sums(lo, hi, c.xv_dots() + half * kC);
   wg::store_accumulator(c.dxv(), 0, half * kHalf, x);
@@ -328,7 +341,8 @@ __device__ void value_gradient_half(const Chunk<T, D>& c, const GatedDeltaArgs& 
 // Group 0: the scores (M and the score sums); half of dX_V; K K^T and dA (N and its sums); and
 // after the last phase the reverse running sum of dG, dg.
 template <typename T, int D>
-__device__ void scores_and_wy_group(Chunk<T, D>& c, const GatedDeltaArgs& p, const GradsMaps& maps) {
+__device__ void scores_and_wy_group(Chunk<T, D>& c, const GatedDeltaArgs& p,
+                                    const GradsMaps& maps) {
   for (; c.valid(); c.advance()) {
     c.begin();
     c.row_factors(p);
@@ -353,7 +367,10 @@ __device__ void scores_and_wy_group(Chunk<T, D>& c, const GatedDeltaArgs& p, con
         }
         scores[i] = t;
         dscores[i] = mv;
-        if (upper_row(i)) hi += t; else lo += t;
+        if (upper_row(i))
+          hi += t;
+        else
+          lo += t;
       }
       store_row_sums(lo, hi, c.score_rows());
       store_column_sums(scores, c.score_cols());
@@ -396,7 +413,10 @@ __device__ void scores_and_wy_group(Chunk<T, D>& c, const GatedDeltaArgs& p, con
         if (s < r) {
           const float d_a = -da[i], e = __expf(g[r] - g[s]);
           const float db = d_a * kk[i] * e;
-          if (upper_row(i)) hi += db; else lo += db;
+          if (upper_row(i))
+            hi += db;
+          else
+            lo += db;
           nv = d_a * c.beta()[r] * e;
           a_term = c.beta()[r] * db;  // dA_rs A_rs
         }
@@ -411,10 +431,12 @@ __device__ void scores_and_wy_group(Chunk<T, D>& c, const GatedDeltaArgs& p, con
     c.prefetch(p, maps, 3);
     barrier();  // the row values of dG are in (group 1)
     if (threadIdx.x < 32) {
-      if (threadIdx.x == 0) {
-        // The last row's key and state terms (G_C enters exp(G_C - G) and the state decay).
-        float k_terms = 0.f;
-        for (int r = 0; r < kC; ++r) k_terms += c.to_end()[r] * c.k_dots()[r];
+      // The last row's key and state terms (G_C enters exp(G_C - G) and the state decay), summed
+      // by the warp (one thread's loop over the 64 rows sat on the chunk's critical path).
+      const int lane = threadIdx.x;
+      const float k_terms = warp_sum(c.to_end()[lane] * c.k_dots()[lane] +
+                                     c.to_end()[lane + 32] * c.k_dots()[lane + 32]);
+      if (lane == 0) {
         const float state_dot =
             c.state_part()[0] + c.state_part()[1] + c.state_part()[2] + c.state_part()[3];
         c.dg_sum()[kC - 1] += k_terms + c.gate()[kC - 1] * state_dot;
@@ -447,7 +469,8 @@ __device__ void query_group(Chunk<T, D>& c, const GatedDeltaArgs& p, const Grads
     for (int i = 0; i < D / 2; ++i) acc[i] *= upper_row(i) ? f_hi : f_lo;
     barrier();  // phase 2: M is in; it is causal, so depth up to the strip's last row.
     c.prefetch(p, maps, 1);
-    wg::strip_product<T, false, false, D / 16>(acc, 0, c.m(), c.strip(), c.k(), 0, 0, c.strip() + 16);
+    wg::strip_product<T, false, false, D / 16>(acc, 0, c.m(), c.strip(), c.k(), 0, 0,
+                                               c.strip() + 16);
     store_global_rows<T>(c.out_rows(p.dq, p), p.heads * D, c.at.valid, 0, acc);
     barrier();  // phase 3
     c.prefetch(p, maps, 2);
@@ -457,10 +480,11 @@ __device__ void query_group(Chunk<T, D>& c, const GatedDeltaArgs& p, const Grads
       const int r = threadIdx.x % 128;
       auto sum4 = [&](const float* x) { return x[r] + x[kC + r] + x[2 * kC + r] + x[3 * kC + r]; };
       const float beta = c.beta()[r], xk = beta * c.gate()[r];
-      const float dbeta = c.gate()[r] * c.xk_dots()[r] + c.xv_dots()[r] + c.xv_dots()[kC + r] + c.a_rows()[r];
+      const float dbeta =
+          c.gate()[r] * c.xk_dots()[r] + c.xv_dots()[r] + c.xv_dots()[kC + r] + c.a_rows()[r];
       c.dg_sum()[r] = c.score_rows()[r] - sum4(c.score_cols()) + c.decay()[r] * c.q_dots()[r] -
-                    c.to_end()[r] * c.k_dots()[r] + xk * c.xk_dots()[r] + beta * c.a_rows()[r] -
-                    sum4(c.a_cols());
+                      c.to_end()[r] * c.k_dots()[r] + xk * c.xk_dots()[r] + beta * c.a_rows()[r] -
+                      sum4(c.a_cols());
       if (r < c.at.valid) p.dbeta[c.at.token(r, 1, p.heads, p.tokens)] = dbeta;
     }
     barrier();  // dG's row values are in
@@ -512,7 +536,8 @@ __device__ void key_group(Chunk<T, D>& c, const GatedDeltaArgs& p, const GradsMa
     c.prefetch(p, maps, 2);
     barrier();  // phase 4: N K (N's row r has s < r) + N^T K (N^T's row s has r > s); then dk.
     c.prefetch(p, maps, 3);
-    wg::strip_product<T, false, false, D / 16>(acc, 0, c.n(), c.strip(), c.k(), 0, 0, c.strip() + 16);
+    wg::strip_product<T, false, false, D / 16>(acc, 0, c.n(), c.strip(), c.k(), 0, 0,
+                                               c.strip() + 16);
     wg::strip_product<T, true, false, D / 16>(acc, 0, c.n(), c.strip(), c.k(), 0, c.strip(), kC);
     store_global_rows<T>(c.out_rows(p.dk, p), p.heads * D, c.at.valid, 0, acc);
     barrier();  // dG's row values are in

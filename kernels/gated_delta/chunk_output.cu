@@ -26,7 +26,8 @@ namespace wg = warpgroup;
 namespace tc = tensor_copy;
 using wg::CoreTile;
 
-constexpr int kGroups = 2;  // warpgroups, each taking D / 2 of the value columns (call 11: 4 were slower)
+constexpr int kGroups =
+    2;  // warpgroups, each taking D / 2 of the value columns (call 11: 4 were slower)
 constexpr int kThreads = 128 * kGroups;
 
 // One stage of shared memory (bytes): Q (or exp(G) . Q), K (gated DeltaNet) or P (KDA), u, S_i, G.
@@ -102,8 +103,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // exp(G) . Q and P from the prepare pass.
       const CoreTile<T, kC, kC> scores{reinterpret_cast<T*>(base + S::p)};
       wg::strip_product<T, false, false, kPart / 16>(acc, 0, q, strip, st, col0, 0, D);
-      wg::strip_product<T, false, false, kPart / 16>(acc, 0, scores, strip, u, col0, 0,
-                                                     strip + 16);
+      wg::strip_product<T, false, false, kPart / 16>(acc, 0, scores, strip, u, col0, 0, strip + 16);
     } else {
       const Rows64 k{reinterpret_cast<T*>(base + S::k)};
       const float* g = reinterpret_cast<const float*>(base + S::g);
@@ -160,8 +160,10 @@ struct Output {
     cudaError_t err = encode_matrix_rows_map(&maps.u, a.u, tile_rows, D, kC);
     if (err == cudaSuccess) err = encode_matrix_rows_map(&maps.states, a.states, state_rows, D, D);
     if (a.per_key_gate) {
-      if (err == cudaSuccess) err = encode_matrix_rows_map(&maps.q_gated, a.q_gated, tile_rows, D, kC);
-      if (err == cudaSuccess) err = encode_matrix_rows_map(&maps.scores, a.scores, tile_rows, kC, kC);
+      if (err == cudaSuccess)
+        err = encode_matrix_rows_map(&maps.q_gated, a.q_gated, tile_rows, D, kC);
+      if (err == cudaSuccess)
+        err = encode_matrix_rows_map(&maps.scores, a.scores, tile_rows, kC, kC);
     } else {
       if (err == cudaSuccess) {
         err = encode_token_rows_map(&maps.q, a.q, a.batch, a.tokens, a.heads, D, kC);

@@ -101,8 +101,8 @@ __global__ void tensor_copy_kernel(const __grid_constant__ CUtensorMap tokens,
 #pragma unroll
   for (int i = 0; i < 32; ++i) acc[i] = 0.f;
   warpgroup::fence();
-  warpgroup::product<T, 64, 128>(acc, CoreTile<T, 128, 64>{q_s}, 0, 0, CoreTile<T, 128, 64>{k_s},
-                                 0, 0, false);
+  warpgroup::product<T, 64, 128>(acc, CoreTile<T, 128, 64>{q_s}, 0, 0, CoreTile<T, 128, 64>{k_s}, 0,
+                                 0, false);
   warpgroup::wait<0>();
   warpgroup::pin(acc);
 #pragma unroll
@@ -126,8 +126,8 @@ bool check_tensor_copies(std::mt19937& rng) {
   }
   const int token0 = 64, head = 1, batch = 1, row0 = 256;
   const size_t bytes = 2 * (3 * 64 * 128 + 64 * 64);
-  CHECK_CUDA(cudaFuncSetAttribute(tensor_copy_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  bytes));
+  CHECK_CUDA(
+      cudaFuncSetAttribute(tensor_copy_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   tensor_copy_kernel<<<1, 128, bytes>>>(tokens, matrix, token0, head, batch, row0, out_t, out_m,
                                         dc);
   CHECK_CUDA(cudaGetLastError());
@@ -153,15 +153,17 @@ bool check_tensor_copies(std::mt19937& rng) {
   for (int r = 0; r < 64; ++r) {
     for (int s = 0; s < 64; ++s) {
       double sum = 0;
-      for (int c = 0; c < D; ++c) sum += double(x[(size_t(r) * H + 0) * D + c]) * x[(size_t(s) * H + 1) * D + c];
+      for (int c = 0; c < D; ++c)
+        sum += double(x[(size_t(r) * H + 0) * D + c]) * x[(size_t(s) * H + 1) * D + c];
       diff += (got_c[r * 64 + s] - sum) * (got_c[r * 64 + s] - sum);
       norm += sum * sum;
     }
   }
   const double rel = std::sqrt(diff / norm);
   const bool ok = bad == 0 && rel < 1e-5;
-  std::printf("tensor copies: %d misplaced elements; wgmma on copied boxes: relative error %.2e %s\n",
-              bad, rel, ok ? "ok" : "MISMATCH");
+  std::printf(
+      "tensor copies: %d misplaced elements; wgmma on copied boxes: relative error %.2e %s\n", bad,
+      rel, ok ? "ok" : "MISMATCH");
   for (T* p : {dx, dm, out_t, out_m}) CHECK_CUDA(cudaFree(p));
   CHECK_CUDA(cudaFree(dc));
   return ok;
@@ -172,7 +174,8 @@ __global__ void __launch_bounds__(512) throughput_kernel(float* sink, int repeat
   extern __shared__ __align__(128) unsigned char raw[];
   CoreTile<T, 128> as{reinterpret_cast<T*>(raw)};
   CoreTile<T, 128> bs{as.p + 64 * 128};
-  for (int e = threadIdx.x; e < (64 + 128) * 128; e += blockDim.x) as.p[e] = __float2bfloat16(0.001f);
+  for (int e = threadIdx.x; e < (64 + 128) * 128; e += blockDim.x)
+    as.p[e] = __float2bfloat16(0.001f);
   warpgroup::fence_shared_for_mma();
   __syncthreads();
   float acc[64];
