@@ -37,21 +37,22 @@ struct OutputStage {
   static constexpr size_t q = 0, k = q + tile, u = k + tile, st = u + tile, g = st + state,
                           bytes = g + 4 * kC;
   static constexpr size_t p = k;  // KDA: P in K's place
-  static constexpr size_t barrier_bytes = 16;
-  static constexpr size_t total = 2 * bytes + barrier_bytes;  // two stages, two barriers
+  // Stages (and their barriers): two while persistent; one beside a pipelined walk, so that an
+  // output CTA still fits an SM beside a walk CTA.
+  static constexpr size_t total(int stages) { return stages * (bytes + 8); }
 };
 
 struct OutputMaps {
   CUtensorMap q, k, u, states, q_gated, scores;
 };
 
-template <typename T, int D, bool PerKey>
+template <typename T, int D, bool PerKey, int Stages>
 __global__ void __launch_bounds__(kThreads, 1)
     output_kernel(GatedDeltaArgs p, const __grid_constant__ OutputMaps maps) {
   using S = OutputStage<D>;
   using Rows64 = CoreTile<T, D, kC>;
   extern __shared__ __align__(128) unsigned char raw[];
-  uint64_t* bars = reinterpret_cast<uint64_t*>(raw + 2 * S::bytes);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(raw + Stages * S::bytes);
   const int range = range_end(p) - p.chunk_begin, items = range * p.batch * p.heads;
   auto position = [&](int item) {
     return ChunkPosition(p, item / range, p.chunk_begin + item % range);
@@ -77,24 +78,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     tc::copy_matrix_rows(base + S::st, &maps.states, static_cast<int>(chunk_index * D), bar);
   };
   if (threadIdx.x == 0) {
-    tc::init(bars);
-    tc::init(bars + 1);
+    for (int s = 0; s < Stages; ++s) tc::init(bars + s);
     tc::fence_init();
   }
   __syncthreads();
-  issue(blockIdx.x, 0);
-  issue(blockIdx.x + gridDim.x, 1);
+  for (int s = 0; s < Stages; ++s) issue(blockIdx.x + s * gridDim.x, s);
 
   constexpr int kPart = D / kGroups;
   const int part = threadIdx.x / 128, strip = 16 * ((threadIdx.x / 32) % 4);
   const int col0 = part * kPart;
   int count = 0;
   for (int item = blockIdx.x; item < items; item += gridDim.x, ++count) {
-    const int stage = count & 1;
+    const int stage = count % Stages;
     unsigned char* base = raw + stage * S::bytes;
     const Rows64 q{reinterpret_cast<T*>(base + S::q)}, u{reinterpret_cast<T*>(base + S::u)};
     const CoreTile<T, D, D> st{reinterpret_cast<T*>(base + S::st)};
-    tc::wait(bars + stage, (count >> 1) & 1);
+    tc::wait(bars + stage, (count / Stages) & 1);
     const ChunkPosition at = position(item);
     float acc[kPart / 2];
 #pragma unroll
@@ -146,7 +145,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     __syncthreads();  // the stage is free: the chunk after next comes into it
-    issue(item + 2 * gridDim.x, stage);
+    issue(item + Stages * gridDim.x, stage);
   }
 }
 
@@ -179,14 +178,20 @@ struct Output {
     // keeps its SMs).
     const bool whole = a.chunk_begin == 0 && a.chunk_end == 0;
     const int grid = whole ? std::min(items, multiprocessors()) : items;
-    auto run = [&](auto kernel) {
+    auto run = [&](auto kernel, int stages) {
+      const size_t bytes = OutputStage<D>::total(stages);
       cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(OutputStage<D>::total));
+                                           static_cast<int>(bytes));
       if (e != cudaSuccess) return e;
-      kernel<<<grid, kThreads, OutputStage<D>::total, stream>>>(a, maps);
+      kernel<<<grid, kThreads, bytes, stream>>>(a, maps);
       return cudaGetLastError();
     };
-    return a.per_key_gate ? run(output_kernel<T, D, true>) : run(output_kernel<T, D, false>);
+    if (whole) {
+      return a.per_key_gate ? run(output_kernel<T, D, true, 2>, 2)
+                            : run(output_kernel<T, D, false, 2>, 2);
+    }
+    return a.per_key_gate ? run(output_kernel<T, D, true, 1>, 1)
+                          : run(output_kernel<T, D, false, 1>, 1);
   }
 };
 
