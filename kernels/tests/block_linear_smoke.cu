@@ -14,30 +14,11 @@
 #include "mhla/block_linear_attention.h"
 #include "mhla/dense_block_linear.h"
 #include "mhla/resident_block_linear.h"
+#include "tests/smoke_util.h"
 
 using namespace mhla_kernels;
 
 namespace {
-
-#define CHECK_CUDA(call)                                                                 \
-  do {                                                                                   \
-    cudaError_t err_ = (call);                                                           \
-    if (err_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(err_)); \
-      std::exit(1);                                                                      \
-    }                                                                                    \
-  } while (0)
-
-template <typename T>
-T* upload(const std::vector<float>& host) {
-  std::vector<T> converted(host.size());
-  for (size_t i = 0; i < host.size(); ++i) converted[i] = T(host[i]);
-  T* device = nullptr;
-  CHECK_CUDA(cudaMalloc(&device, converted.size() * sizeof(T)));
-  CHECK_CUDA(
-      cudaMemcpy(device, converted.data(), converted.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return device;
-}
 
 template <typename T>
 bool all_finite(const void* device, size_t count) {
@@ -72,7 +53,8 @@ bool dense_agrees(DType dtype, const BlockLinearShape& shape, const TokenTensor&
                   const void* grad_out, const void* out, const void* dq, const void* dk,
                   const void* dv, const float* grad_mixing) {
   if (!dense_block_linear_supported(shape, dtype, /*causal=*/false)) return true;
-  const size_t count = static_cast<size_t>(shape.batch) * shape.tokens * shape.heads * shape.head_dim;
+  const size_t count =
+      static_cast<size_t>(shape.batch) * shape.tokens * shape.heads * shape.head_dim;
   const size_t rows = static_cast<size_t>(shape.batch) * shape.heads * shape.tokens;
   void *d_out, *d_dq, *d_dk, *d_dv;
   float *den, *grad_den, *d_dm;
@@ -91,7 +73,8 @@ bool dense_agrees(DType dtype, const BlockLinearShape& shape, const TokenTensor&
   for (int b = 0; b < shape.batch; ++b)
     for (int n = 0; n < N; ++n)
       for (int h = 0; h < H; ++h) {
-        const size_t row = (static_cast<size_t>(b) * N + n) * H + h, bh = static_cast<size_t>(b) * H + h;
+        const size_t row = (static_cast<size_t>(b) * N + n) * H + h,
+                     bh = static_cast<size_t>(b) * H + h;
         const float scale = 1.0f / (den_host[bh * N + n] + 1e-6f);
         float dot = 0;
         for (int d = 0; d < D; ++d) {
@@ -126,7 +109,8 @@ bool dense_agrees(DType dtype, const BlockLinearShape& shape, const TokenTensor&
     const size_t mm = static_cast<size_t>(shape.blocks) * shape.blocks;
     compare("dmixing", download<float>(d_dm, mm), download<float>(grad_mixing, mm));
   }
-  for (void* p : {d_out, d_dq, d_dk, d_dv, (void*)den, (void*)grad_den, (void*)d_dm, (void*)g_device})
+  for (void* p :
+       {d_out, d_dq, d_dk, d_dv, (void*)den, (void*)grad_den, (void*)d_dm, (void*)g_device})
     cudaFree(p);
   return ok;
 }
@@ -138,7 +122,8 @@ bool resident_agrees(DType dtype, const BlockLinearShape& shape, const TokenTens
                      const TokenTensor& grad_out, const void* out, const void* dq, const void* dk,
                      const void* dv, const float* grad_mixing) {
   if (!resident_block_linear_supported(shape, dtype)) return true;
-  const size_t count = static_cast<size_t>(shape.batch) * shape.tokens * shape.heads * shape.head_dim;
+  const size_t count =
+      static_cast<size_t>(shape.batch) * shape.tokens * shape.heads * shape.head_dim;
   const size_t rows = static_cast<size_t>(shape.batch) * shape.heads * shape.tokens;
   void *r_out, *r_dq, *r_dk, *r_dv;
   float *den, *r_dm;
@@ -194,7 +179,8 @@ bool run_case(DType dtype, int batch, int heads, int tokens, int dim, int blocks
   std::vector<float> mixing_host(static_cast<size_t>(blocks) * blocks);
   for (int i = 0; i < blocks; ++i)
     for (int j = 0; j < blocks; ++j)
-      mixing_host[static_cast<size_t>(i) * blocks + j] = (1.0f + (i * 7 + j * 3) % 5) / (3.0f * blocks);
+      mixing_host[static_cast<size_t>(i) * blocks + j] =
+          (1.0f + (i * 7 + j * 3) % 5) / (3.0f * blocks);
   float* mixing = mixes ? upload<float>(mixing_host) : nullptr;
   const BlockLinearShape shape{batch, tokens, heads, dim, blocks};
   const size_t floats = block_linear_state_floats(shape);
@@ -278,7 +264,8 @@ void time_resident() {
     f.shape = shape, f.q = view(q), f.k = view(k), f.v = view(v);
     f.mixing = blocks > 1 ? mixing : nullptr, f.out = out, f.den = den;
     ResidentBlockLinearBackward bw;
-    bw.shape = shape, bw.q = f.q, bw.k = f.k, bw.v = f.v, bw.out = view(out), bw.grad_out = view(go);
+    bw.shape = shape, bw.q = f.q, bw.k = f.k, bw.v = f.v, bw.out = view(out),
+    bw.grad_out = view(go);
     bw.den = den, bw.mixing = f.mixing, bw.grad_mixing = blocks > 1 ? dm : nullptr;
     bw.grad_q = dq, bw.grad_k = dk, bw.grad_v = dv;
     cudaEvent_t start, stop;
@@ -322,7 +309,8 @@ int main(int argc, char** argv) {
   ok &= run_case<float>(DType::f32, 1, 1, 256, 32, 64, true);           // 64 blocks, tf32
   ok &= run_case<__nv_bfloat16>(DType::bf16, 4, 6, 256, 64, 16, true);  // the DeiT/DiT shape
   ok &= run_case<__half>(DType::f16, 2, 3, 512, 32, 8, true);           // resident, fp16, D = 32
-  ok &= run_case<__nv_bfloat16>(DType::bf16, 2, 2, 200, 64, 1, false);  // resident linear, partial strip
-  ok &= run_case<__nv_bfloat16>(DType::bf16, 1, 2, 48, 64, 1, true);    // resident, M = 1 with mixing
+  ok &= run_case<__nv_bfloat16>(DType::bf16, 2, 2, 200, 64, 1,
+                                false);  // resident linear, partial strip
+  ok &= run_case<__nv_bfloat16>(DType::bf16, 1, 2, 48, 64, 1, true);  // resident, M = 1 with mixing
   return ok ? 0 : 1;
 }

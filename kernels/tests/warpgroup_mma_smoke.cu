@@ -15,25 +15,16 @@
 #include "common/tensor_copy.cuh"
 #include "common/tensor_map.h"
 #include "common/warpgroup_mma.cuh"
+#include "tests/smoke_util.h"
 
 using namespace mhla_kernels;
 using warpgroup::CoreTile;
 
 namespace {
 
-#define CHECK_CUDA(call)                                                                 \
-  do {                                                                                   \
-    cudaError_t err_ = (call);                                                           \
-    if (err_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(err_)); \
-      std::exit(1);                                                                      \
-    }                                                                                    \
-  } while (0)
-
 using T = __nv_bfloat16;
 
 std::vector<float> random_values(size_t n, std::mt19937& rng);
-T* upload(const std::vector<float>& host);
 
 // C = A B^T (A [64][K], B [N][K]) by wgmma, then C += A2 B2 by strip products with A2 [64][64]
 // (stored transposed when TransA) and B2 [64][N] (stored [N][64] when TransB). All inputs are
@@ -113,7 +104,7 @@ bool check_tensor_copies(std::mt19937& rng) {
   constexpr int B = 2, Tn = 100, H = 3, D = 128, Rows = 300, Cols = 64;
   const auto x = random_values(size_t(B) * Tn * H * D, rng);
   const auto mtx = random_values(size_t(Rows) * Cols, rng);
-  T *dx = upload(x), *dm = upload(mtx), *out_t = nullptr, *out_m = nullptr;
+  T *dx = upload<T>(x), *dm = upload<T>(mtx), *out_t = nullptr, *out_m = nullptr;
   float* dc = nullptr;
   CHECK_CUDA(cudaMalloc(&out_t, 64 * 128 * sizeof(T)));
   CHECK_CUDA(cudaMalloc(&out_m, 64 * 64 * sizeof(T)));
@@ -199,16 +190,6 @@ std::vector<float> random_values(size_t n, std::mt19937& rng) {
   return v;
 }
 
-T* upload(const std::vector<float>& host) {
-  std::vector<T> converted(host.size());
-  for (size_t i = 0; i < host.size(); ++i) converted[i] = __float2bfloat16(host[i]);
-  T* device = nullptr;
-  CHECK_CUDA(cudaMalloc(&device, converted.size() * sizeof(T)));
-  CHECK_CUDA(
-      cudaMemcpy(device, converted.data(), converted.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return device;
-}
-
 template <int N, int K, bool TransA, bool TransB>
 bool check_chain(std::mt19937& rng) {
   const auto a = random_values(64 * K, rng), b = random_values(N * K, rng);
@@ -227,7 +208,7 @@ bool check_chain(std::mt19937& rng) {
       expected[r * N + n] = sum;
     }
   }
-  T *da = upload(a), *db = upload(b), *da2 = upload(a2), *db2 = upload(b2);
+  T *da = upload<T>(a), *db = upload<T>(b), *da2 = upload<T>(a2), *db2 = upload<T>(b2);
   float* dc = nullptr;
   CHECK_CUDA(cudaMalloc(&dc, 64 * N * sizeof(float)));
   const size_t bytes = sizeof(T) * (64 * K + N * K + 64 * 64 + 64 * N);
