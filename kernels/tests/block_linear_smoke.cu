@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "mhla/block_linear_attention.h"
+#include "mhla/cluster_block_linear.h"
 #include "mhla/dense_block_linear.h"
 #include "mhla/resident_block_linear.h"
 #include "tests/smoke_util.h"
@@ -161,6 +162,48 @@ bool resident_agrees(DType dtype, const BlockLinearShape& shape, const TokenTens
   return ok;
 }
 
+// The cluster kernels on the same inputs, against the state kernels.
+template <typename T>
+bool cluster_agrees(DType dtype, const BlockLinearShape& shape, const TokenTensor& q,
+                    const TokenTensor& k, const TokenTensor& v, const float* mixing,
+                    const TokenTensor& grad_out, const void* out, const void* dq, const void* dk,
+                    const void* dv, const float* grad_mixing) {
+  if (!cluster_block_linear_supported(shape, dtype)) return true;
+  const size_t count =
+      static_cast<size_t>(shape.batch) * shape.tokens * shape.heads * shape.head_dim;
+  void *c_out, *c_dq, *c_dk, *c_dv;
+  float* c_dm;
+  for (void** p : {&c_out, &c_dq, &c_dk, &c_dv}) CHECK_CUDA(cudaMalloc(p, count * sizeof(T)));
+  CHECK_CUDA(cudaMalloc(&c_dm, static_cast<size_t>(shape.blocks) * shape.blocks * 4));
+  ClusterBlockLinearForward f;
+  f.shape = shape, f.dtype = dtype, f.q = q, f.k = k, f.v = v, f.mixing = mixing;
+  f.out = c_out;
+  CHECK_CUDA(cluster_block_linear_forward(f, nullptr));
+  ClusterBlockLinearBackward bw;
+  bw.shape = shape, bw.dtype = dtype, bw.q = q, bw.k = k, bw.v = v, bw.grad_out = grad_out;
+  bw.mixing = mixing;
+  bw.grad_q = c_dq, bw.grad_k = c_dk, bw.grad_v = c_dv;
+  bw.grad_mixing = mixing ? c_dm : nullptr;
+  CHECK_CUDA(cluster_block_linear_backward(bw, nullptr));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  bool ok = true;
+  auto compare = [&](const char* what, const std::vector<float>& a, const std::vector<float>& b) {
+    const double r = relative_difference(a, b);
+    std::printf("  cluster vs states %s: %.2e\n", what, r);
+    ok = ok && r < 2e-2;
+  };
+  compare("out", download<T>(c_out, count), download<T>(out, count));
+  compare("dq", download<T>(c_dq, count), download<T>(dq, count));
+  compare("dk", download<T>(c_dk, count), download<T>(dk, count));
+  compare("dv", download<T>(c_dv, count), download<T>(dv, count));
+  if (mixing && shape.blocks > 1) {
+    const size_t mm = static_cast<size_t>(shape.blocks) * shape.blocks;
+    compare("dmixing", download<float>(c_dm, mm), download<float>(grad_mixing, mm));
+  }
+  for (void* p : {c_out, c_dq, c_dk, c_dv, (void*)c_dm}) cudaFree(p);
+  return ok;
+}
+
 template <typename T>
 bool run_case(DType dtype, int batch, int heads, int tokens, int dim, int blocks, bool mixes) {
   std::mt19937 rng(7);
@@ -229,6 +272,9 @@ bool run_case(DType dtype, int batch, int heads, int tokens, int dim, int blocks
        ok;
   ok = resident_agrees<T>(dtype, shape, view(q), view(k), view(v), mixing, view(grad_out), out, dq,
                           dk, dv, mixes ? grad_mixing : nullptr) &&
+       ok;
+  ok = cluster_agrees<T>(dtype, shape, view(q), view(k), view(v), mixing, view(grad_out), out, dq,
+                         dk, dv, mixes ? grad_mixing : nullptr) &&
        ok;
   for (void* p :
        {(void*)q, (void*)k, (void*)v, (void*)grad_out, (void*)mixing, (void*)states, (void*)mixed,
@@ -312,5 +358,7 @@ int main(int argc, char** argv) {
   ok &= run_case<__nv_bfloat16>(DType::bf16, 2, 2, 200, 64, 1,
                                 false);  // resident linear, partial strip
   ok &= run_case<__nv_bfloat16>(DType::bf16, 1, 2, 48, 64, 1, true);  // resident, M = 1 with mixing
+  ok &= run_case<__nv_bfloat16>(DType::bf16, 2, 3, 1024, 64, 16, true);  // cluster, 64-token spans
+  ok &= run_case<__half>(DType::f16, 1, 2, 160, 64, 1, false);  // cluster linear, 10-token spans
   return ok ? 0 : 1;
 }

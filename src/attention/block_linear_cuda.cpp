@@ -5,14 +5,19 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <string>
+#include <vector>
+
 #include "attention/causal_block_linear_cuda.h"
 #include "attention/causal_linear.h"
 #include "attention/kernel_views.h"
 #include "attention/state_mixing.h"
+#include "core/environment.h"
 #include "core/error.h"
 #include "core/kernel_dtype.h"
 #include "linear_attn/linear_attn.h"
 #include "mhla/block_linear_attention.h"
+#include "mhla/cluster_block_linear.h"
 #include "mhla/dense_block_linear.h"
 #include "mhla/resident_block_linear.h"
 
@@ -322,6 +327,82 @@ class ResidentBlockLinearFunction : public torch::autograd::Function<ResidentBlo
   }
 };
 
+// One 16-CTA cluster per (batch, head) (kernels/mhla/cluster_block_linear.h): saves q, k, v and
+// the mixing matrix only; the backward kernel recomputes the states and the output.
+class ClusterBlockLinearFunction : public torch::autograd::Function<ClusterBlockLinearFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q_in,
+                               const torch::Tensor& k_in, const torch::Tensor& v_in,
+                               const torch::Tensor& mixing_in, int64_t blocks) {
+    const auto t = DenseFormTensors::for_forward(q_in, k_in, v_in, mixing_in);
+    kernels::ClusterBlockLinearForward a;
+    a.shape = shape_of(t.q, blocks);
+    a.dtype = kernel_dtype(t.v.scalar_type());
+    a.q = view_of(t.q), a.k = view_of(t.k), a.v = view_of(t.v);
+    a.mixing = t.mixes() ? t.mixing.data_ptr<float>() : nullptr;
+    a.out = t.out.data_ptr();
+    const c10::cuda::CUDAGuard on_device(t.q.device());  // launch on the inputs' GPU
+    auto stream = c10::cuda::getCurrentCUDAStream(t.q.device().index()).stream();
+    check_launch(kernels::cluster_block_linear_forward(a, stream), "cluster block linear forward");
+    ctx->save_for_backward({t.q, t.k, t.v, t.mixing});
+    ctx->saved_data["blocks"] = blocks;
+    remember_input_dtypes(ctx, q_in, k_in);
+    return t.out;
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    auto saved = ctx->get_saved_variables();
+    auto q = saved[0], k = saved[1], v = saved[2], mixing = saved[3];
+    const int64_t blocks = ctx->saved_data["blocks"].toInt();
+    const bool mixes = mixing.numel() > 0;
+    auto grad_out = readable(grads[0], v.scalar_type());
+    auto contiguous = v.options().memory_format(torch::MemoryFormat::Contiguous);
+    auto dq = torch::empty(q.sizes(), contiguous), dk = torch::empty(q.sizes(), contiguous);
+    auto dv = torch::empty(q.sizes(), contiguous);
+    torch::Tensor dmixing;
+    if (mixes) dmixing = torch::empty({blocks, blocks}, q.options().dtype(torch::kFloat32));
+    kernels::ClusterBlockLinearBackward a;
+    a.shape = shape_of(q, blocks);
+    a.dtype = kernel_dtype(v.scalar_type());
+    a.q = view_of(q), a.k = view_of(k), a.v = view_of(v), a.grad_out = view_of(grad_out);
+    if (mixes) {
+      a.mixing = mixing.data_ptr<float>();
+      a.grad_mixing = dmixing.data_ptr<float>();
+    }
+    a.grad_q = dq.data_ptr(), a.grad_k = dk.data_ptr(), a.grad_v = dv.data_ptr();
+    const c10::cuda::CUDAGuard on_device(q.device());  // launch on the inputs' GPU
+    auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+    check_launch(kernels::cluster_block_linear_backward(a, stream),
+                 "cluster block linear backward");
+    const auto [q_type, k_type] = input_dtypes(ctx);
+    return {dq.to(q_type), dk.to(k_type), dv, dmixing, torch::Tensor()};
+  }
+};
+
+// Which bidirectional kernel family the `cuda` backend takes: by default the resident kernels
+// where they fit, else the cluster kernels, else the state kernels. MHLA_BIDIRECTIONAL_KERNEL =
+// resident / cluster / states puts that family first (for A/B runs in one binary; a family that
+// does not take the shape still falls through).
+enum class Family { resident, cluster, states };
+
+std::vector<Family> family_order() {
+  static const std::vector<Family> order = [] {
+    const char* value = std::getenv("MHLA_BIDIRECTIONAL_KERNEL");
+    const std::string choice = value != nullptr ? value : "";
+    if (choice == "cluster") return std::vector{Family::cluster, Family::resident, Family::states};
+    if (choice == "states") return std::vector{Family::states};
+    return std::vector{Family::resident, Family::cluster, Family::states};
+  }();
+  return order;
+}
+
+bool cluster_takes(const torch::Tensor& q, const torch::Tensor& v, int64_t blocks) {
+  const auto type = v.scalar_type();
+  if (type != torch::kFloat16 && type != torch::kBFloat16) return false;
+  return kernels::cluster_block_linear_supported(shape_of(q, blocks), kernel_dtype(type));
+}
+
 // Whether the resident kernels take these inputs (dtype of v, as the functions compute in it).
 bool resident_takes(const torch::Tensor& q, const torch::Tensor& v, int64_t blocks) {
   const auto type = v.scalar_type();
@@ -329,12 +410,18 @@ bool resident_takes(const torch::Tensor& q, const torch::Tensor& v, int64_t bloc
   return kernels::resident_block_linear_supported(shape_of(q, blocks), kernel_dtype(type));
 }
 
-// The resident kernels for short sequences, the state kernels otherwise (`cuda` backend).
-torch::Tensor block_linear_resident_or_states(const torch::Tensor& q, const torch::Tensor& k,
+// The resident kernels for short sequences, the cluster kernels where they fit, the state
+// kernels otherwise (`cuda` backend; family_order says how to reorder them).
+torch::Tensor block_linear_by_family(const torch::Tensor& q, const torch::Tensor& k,
                                               const torch::Tensor& v, const torch::Tensor& mixing,
                                               int64_t blocks) {
-  if (resident_takes(q, v, blocks)) {
-    return ResidentBlockLinearFunction::apply(q, k, v, mixing, blocks);
+  for (const Family family : family_order()) {
+    if (family == Family::resident && resident_takes(q, v, blocks)) {
+      return ResidentBlockLinearFunction::apply(q, k, v, mixing, blocks);
+    }
+    if (family == Family::cluster && cluster_takes(q, v, blocks)) {
+      return ClusterBlockLinearFunction::apply(q, k, v, mixing, blocks);
+    }
   }
   return BlockLinearFunction::apply(q, k, v, mixing, blocks);
 }
@@ -378,12 +465,33 @@ torch::Tensor causal_dense_or_reference(const torch::Tensor& q, const torch::Ten
 
 }  // namespace
 
+bool block_linear_family_takes(const std::string& family, const torch::Tensor& q,
+                               const torch::Tensor& v, int64_t blocks) {
+  if (family == "resident") return resident_takes(q, v, blocks);
+  if (family == "cluster") return cluster_takes(q, v, blocks);
+  if (family == "states") return true;
+  fail("unknown bidirectional kernel family '{}' (resident, cluster, states)", family);
+}
+
+torch::Tensor block_linear_by_named_family(const std::string& family, const torch::Tensor& q,
+                                           const torch::Tensor& k, const torch::Tensor& v,
+                                           const torch::Tensor& mixing, int64_t blocks) {
+  check_inputs(mixing.numel() > 0 ? "mhla" : "linear", q, k, v, blocks);
+  if (!block_linear_family_takes(family, q, v, blocks)) {
+    fail("the {} kernels do not take q {} ({}) with {} blocks", family, c10::str(q.sizes()),
+         c10::toString(v.scalar_type()), blocks);
+  }
+  if (family == "resident") return ResidentBlockLinearFunction::apply(q, k, v, mixing, blocks);
+  if (family == "cluster") return ClusterBlockLinearFunction::apply(q, k, v, mixing, blocks);
+  return BlockLinearFunction::apply(q, k, v, mixing, blocks);
+}
+
 torch::Tensor linear_attention_cuda(const torch::Tensor& q, const torch::Tensor& k,
                                     const torch::Tensor& v, const OpArgs& args) {
   if (args.causal) return causal_block_linear_cuda(q, k, v, torch::Tensor());
   check_inputs("linear", q, k, v, 1);
   // Autograd functions take defined tensors only: an empty one means "no mixing".
-  return block_linear_resident_or_states(q, k, v,
+  return block_linear_by_family(q, k, v,
                                          torch::empty({0}, q.options().dtype(torch::kFloat32)), 1);
 }
 
@@ -396,7 +504,7 @@ torch::Tensor mhla_cuda(const torch::Tensor& q, const torch::Tensor& k, const to
     fail("mhla (cuda): mixing must be [blocks, blocks] = [{}, {}]", args.blocks, args.blocks);
   }
   check_same_device("mhla (cuda)", q, {{"the mixing matrix", args.mixing}});
-  return block_linear_resident_or_states(q, k, v, args.mixing, args.blocks);
+  return block_linear_by_family(q, k, v, args.mixing, args.blocks);
 }
 
 torch::Tensor linear_attention_cuda_dense(const torch::Tensor& q, const torch::Tensor& k,

@@ -3,6 +3,8 @@
 // kernels/linear_attn and kernels/mhla (forward and backward, gradients for q, k, v and the mixing
 // matrix). Bidirectional ops run here; causal ones go to causal_block_linear_cuda.h. Built only
 // where the CUDA kernels are (MHLA_WITH_CUDA_KERNELS).
+#include <string>
+
 #include "attention/attention_op.h"
 
 namespace mhla {
@@ -21,5 +23,17 @@ torch::Tensor linear_attention_cuda_dense(const torch::Tensor& q, const torch::T
                                           const torch::Tensor& v, const OpArgs& args);
 torch::Tensor mhla_cuda_dense(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const OpArgs& args);
+
+// The bidirectional kernel families of the `cuda` backend, by name: "resident" (the whole
+// sequence of a (batch, head) in one CTA), "cluster" (one 16-CTA cluster per (batch, head)) and
+// "states" (block states through global memory). The backend takes the first that fits, in that
+// order (MHLA_BIDIRECTIONAL_KERNEL=cluster / states moves one first). For tests and A/B runs:
+// whether `family` takes the inputs, and the op run by it (an error if it does not take them).
+// mixing: [blocks, blocks] fp32, or an empty tensor for linear attention (blocks = 1).
+bool block_linear_family_takes(const std::string& family, const torch::Tensor& q,
+                               const torch::Tensor& v, int64_t blocks);
+torch::Tensor block_linear_by_named_family(const std::string& family, const torch::Tensor& q,
+                                           const torch::Tensor& k, const torch::Tensor& v,
+                                           const torch::Tensor& mixing, int64_t blocks);
 
 }  // namespace mhla

@@ -1,0 +1,552 @@
+// Block linear attention with one 16-CTA cluster per (batch, head): cluster_block_linear.h says
+// what each pass computes. The tile loops (feature map while loading, WMMA products, feature
+// backward) are those of the state kernels (block_linear_attention.cu); what is new here is the
+// state exchange through distributed shared memory.
+//
+// One forward CTA:  states (S_c, fp32) -> cluster sync -> mix slice into every CTA's tile ->
+//                   cluster sync -> outputs from its own mixed tile.
+// One backward CTA: states -> sync -> mix -> sync -> query tiles (dq, dS'_c) -> sync ->
+//                   mix dS' back + the dm products of its slice -> sync -> dm rows reduced over
+//                   the cluster -> key tiles (dk, dv) -> final cluster wait (peers may still read
+//                   this CTA's dm products until then).
+#include <cooperative_groups.h>
+
+#include "common/packed_access.cuh"
+#include "mhla/cluster_block_linear.h"
+#include "mhla/state_tiles.cuh"
+#include "mhla/tiles.cuh"
+
+namespace mhla_kernels {
+namespace {
+
+using namespace tiles;
+namespace cg = cooperative_groups;
+
+constexpr int kC = kAttentionClusterSize;
+
+// The token span of this CTA: rank c of the cluster of (batch, head) blockIdx.y.
+struct Span {
+  int b, h, rank, begin, end;
+};
+
+__device__ __forceinline__ Span span_of(const BlockLinearShape& s, const cg::cluster_group& cl) {
+  Span w;
+  w.b = blockIdx.y / s.heads;
+  w.h = blockIdx.y % s.heads;
+  w.rank = static_cast<int>(cl.block_rank());
+  const int length = s.tokens / kC;
+  w.begin = w.rank * length;
+  w.end = w.begin + length;
+  return w;
+}
+
+// w[t * kC + c]: the weight of CTA c's state in CTA t's mixed state.
+__device__ __forceinline__ void load_weights(const float* mixing, int blocks, float* w) {
+  const int per = kC / blocks;
+  for (int e = threadIdx.x; e < kC * kC; e += kThreads) {
+    const int t = e / kC, c = e % kC;
+    w[e] = mixing != nullptr ? mixing[(t / per) * blocks + c / per] : 1.f;
+  }
+}
+
+// Shared-memory layout of one head dimension for these kernels.
+template <typename T, int D>
+struct Smem {
+  using L = Layout<T, D>;
+  using E = typename Mma<T>::elem;
+  static constexpr int state_floats = D * D + D;               // S (or dS') then z, fp32
+  static constexpr int groups = state_floats / 4;              // float4 groups of a state
+  static constexpr int slice = (groups + kC - 1) / kC;         // groups per CTA in the mix
+  static constexpr size_t tile_bytes = align128(kTile * L::lde * sizeof(E));
+  static constexpr size_t ftile_bytes = align128(kTile * L::ldf * 4);
+  static constexpr size_t state_bytes = align128(state_floats * 4);
+  static constexpr size_t big_bytes = state_bytes > ftile_bytes ? state_bytes : ftile_bytes;
+  static constexpr size_t mixed_bytes = align128(D * L::lde * sizeof(E)) + align128(D * 4);
+  static constexpr size_t small_bytes = align128(kC * kC * 4) * 2 + 3 * align128(kTile * 4);
+  // Forward: own state (later the numerator tile) | mixed tile + z | k (later q) and v tiles.
+  static constexpr size_t forward = big_bytes + mixed_bytes + 2 * tile_bytes + small_bytes;
+  // Backward: own state | mixed tile + z (later dS + dz) | k, v tiles | q, dnum tiles (later the
+  // dv tile) | numerator / dphi tile (dS' between the query and key tiles).
+  static constexpr size_t backward =
+      state_bytes + mixed_bytes + 4 * tile_bytes + big_bytes + small_bytes;
+  // The backward mix stages dS' and S slices of all sixteen CTAs over the four token tiles.
+  static_assert(2 * kC * slice * 16 <= 4 * tile_bytes, "mix staging does not fit");
+  static_assert(ftile_bytes <= 2 * tile_bytes, "dv tile does not fit the q tiles");
+};
+
+// Carves the dynamic shared memory in order.
+struct Carver {
+  unsigned char* cursor;
+  template <typename X>
+  __device__ __forceinline__ X* take(size_t bytes) {
+    X* at = reinterpret_cast<X*>(cursor);
+    cursor += align128(bytes);
+    return at;
+  }
+};
+
+// S_c = phi(K)^T V and z_c = sum phi(k) over the span, into `state` (fp32, D x D then D).
+template <typename T, int D>
+__device__ void span_state(const TokenTensor& k, const TokenTensor& v, const Span& w,
+                           typename Mma<T>::elem* kf, typename Mma<T>::elem* vt, float* state) {
+  using L = Layout<T, D>;
+  FragC<T> acc[L::frags_per_warp];
+#pragma unroll
+  for (int u = 0; u < L::frags_per_warp; ++u) wmma::fill_fragment(acc[u], 0.f);
+  float z = 0.f;  // thread d < D: sum of phi(k)[d]
+  TileRows<T, D> k_rows, v_rows;
+  auto issue = [&](int n0) {
+    const int valid = min(kTile, w.end - n0), rows = (valid + 15) / 16 * 16;
+    k_rows.load(k, w.b, w.h, n0, valid, rows);
+    v_rows.load(v, w.b, w.h, n0, valid, rows);
+  };
+  issue(w.begin);
+  for (int n0 = w.begin; n0 < w.end; n0 += kTile) {
+    const int valid = min(kTile, w.end - n0), rows = (valid + 15) / 16 * 16;
+    __syncthreads();
+    k_rows.store_features(valid, rows, kf, nullptr);
+    v_rows.store_plain(rows, vt);
+    if (n0 + kTile < w.end) issue(n0 + kTile);
+    __syncthreads();
+    if (threadIdx.x < D) {
+      for (int r = 0; r < valid; ++r) z += to_float(kf[r * L::lde + threadIdx.x]);
+    }
+    accumulate_at_b<T, D>(acc, kf, vt, rows);
+  }
+  write_state<T, D>(acc, state, /*atomic=*/false, state);
+  if (threadIdx.x < D) state[D * D + threadIdx.x] = z;
+}
+
+// This CTA's slice of the mix: for every CTA t of the cluster, sum_c w(t, c) X_c (Transposed:
+// w(c, t)) over the float4 groups of the slice, from the fp32 states X_c at `state` in each CTA,
+// into t's tensor-core tile (D x lde) and its normalizer column `z`. With `stage`, the groups read
+// (X_c) and Y_c from `other` are also kept in this CTA's shared memory as stage[c][slot] and
+// stage[kC + c][slot] (zeros past the state) for the mixing gradient.
+template <typename T, int D, bool Transposed>
+__device__ void mix_slice(const cg::cluster_group& cl, int rank, const float* state,
+                          const float* w, typename Mma<T>::elem* tile, float* z,
+                          const float* other = nullptr, float4* stage = nullptr) {
+  using S = Smem<T, D>;
+  using L = Layout<T, D>;
+  using E = typename Mma<T>::elem;
+  const int slot = threadIdx.x, g = rank * S::slice + slot;
+  if (slot >= S::slice) return;
+  if (g >= S::groups) {
+    if (stage != nullptr) {
+      for (int c = 0; c < 2 * kC; ++c) stage[c * S::slice + slot] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    return;
+  }
+  float4 x[kC];
+#pragma unroll
+  for (int c = 0; c < kC; ++c)
+    x[c] = *reinterpret_cast<const float4*>(cl.map_shared_rank(state, c) + 4 * g);
+  if (stage != nullptr) {
+#pragma unroll
+    for (int c = 0; c < kC; ++c) {
+      stage[c * S::slice + slot] = x[c];
+      stage[(kC + c) * S::slice + slot] =
+          *reinterpret_cast<const float4*>(cl.map_shared_rank(other, c) + 4 * g);
+    }
+  }
+  const int e = 4 * g;
+#pragma unroll 4
+  for (int t = 0; t < kC; ++t) {
+    float sum[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int c = 0; c < kC; ++c) {
+      const float weight = Transposed ? w[c * kC + t] : w[t * kC + c];
+      sum[0] += weight * x[c].x, sum[1] += weight * x[c].y;
+      sum[2] += weight * x[c].z, sum[3] += weight * x[c].w;
+    }
+    if (e < D * D) {
+      store_pack<E, 4>(cl.map_shared_rank(tile, t) + (e / D) * L::lde + e % D, sum);
+    } else {
+      *reinterpret_cast<float4*>(cl.map_shared_rank(z, t) + (e - D * D)) =
+          make_float4(sum[0], sum[1], sum[2], sum[3]);
+    }
+  }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads, 3)
+    cluster_forward_kernel(ClusterBlockLinearForward p) {
+  using S = Smem<T, D>;
+  using L = Layout<T, D>;
+  using E = typename Mma<T>::elem;
+  extern __shared__ __align__(128) unsigned char smem[];
+  Carver carve{smem};
+  float* state = carve.take<float>(S::big_bytes);  // later the numerator tile
+  E* mixed = carve.take<E>(D * L::lde * sizeof(E));
+  float* z = carve.take<float>(D * 4);
+  E* kf = carve.take<E>(S::tile_bytes);  // later q's features
+  E* vt = carve.take<E>(S::tile_bytes);
+  float* w = carve.take<float>(kC * kC * 4);
+  float* denominator = carve.take<float>(kTile * 4);
+  float* numerator = state;
+  E* qf = kf;
+
+  const cg::cluster_group cl = cg::this_cluster();
+  const Span span = span_of(p.shape, cl);
+  load_weights(p.mixing, p.shape.blocks, w);
+  span_state<T, D>(p.k, p.v, span, kf, vt, state);
+  cl.sync();
+  mix_slice<T, D, false>(cl, span.rank, state, w, mixed, z);
+  TileRows<T, D> q_rows;  // the first q tile is in flight across the cluster barrier
+  auto issue = [&](int n0) {
+    const int valid = min(kTile, span.end - n0), rows = (valid + 15) / 16 * 16;
+    q_rows.load(p.q, span.b, span.h, n0, valid, rows);
+  };
+  issue(span.begin);
+  cl.sync();  // every CTA's mixed tile is complete; no peer reads `state` any more
+
+  T* out = static_cast<T*>(p.out);
+  const int lane = threadIdx.x % L::lanes;
+  for (int n0 = span.begin; n0 < span.end; n0 += kTile) {
+    const int valid = min(kTile, span.end - n0), rows = (valid + 15) / 16 * 16;
+    __syncthreads();
+    q_rows.store_features(valid, rows, qf, nullptr);
+    if (n0 + kTile < span.end) issue(n0 + kTile);
+    __syncthreads();
+    for (int r = threadIdx.x; r < valid; r += kThreads) {
+      float dot = 0.f;
+      for (int d = 0; d < D; ++d) dot += to_float(qf[r * L::lde + d]) * z[d];
+      denominator[r] = dot + kDenominatorEps;
+    }
+    multiply_tile<T, D, false>(qf, mixed, numerator, rows);
+    __syncthreads();
+    for (int r = threadIdx.x / L::lanes; r < valid; r += L::rows_per_pass) {
+      float x[L::vec];
+      const float inv = 1.f / denominator[r];
+#pragma unroll
+      for (int i = 0; i < L::vec; ++i) x[i] = numerator[r * L::ldf + lane * L::vec + i] * inv;
+      const size_t row =
+          (static_cast<size_t>(span.b) * p.shape.tokens + n0 + r) * p.shape.heads + span.h;
+      store_vector<T, D>(out + row * D + lane * L::vec, x);
+    }
+  }
+}
+
+// dm products of this CTA's slice: part[i * kC + j] = sum over the slice of dS'_i * S_j, from
+// stage (dS' groups in rows 0..kC-1, S groups in rows kC..2kC-1). Thread t takes a 2 x 2 block of
+// pairs and a quarter of the slots; quarters are summed over neighbouring lanes.
+template <int Slice>
+__device__ void slice_pair_products(const float4* stage, float* part) {
+  const int quarter = threadIdx.x % 4, block = threadIdx.x / 4;  // 64 blocks of 2 x 2 pairs
+  const int i0 = (block / 8) * 2, j0 = (block % 8) * 2;
+  float sum[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+  for (int s = quarter; s < Slice; s += 4) {
+    float4 x[2], y[2];
+#pragma unroll
+    for (int a = 0; a < 2; ++a) {
+      x[a] = stage[(i0 + a) * Slice + s];
+      y[a] = stage[(kC + j0 + a) * Slice + s];
+    }
+#pragma unroll
+    for (int a = 0; a < 2; ++a) {
+#pragma unroll
+      for (int b = 0; b < 2; ++b)
+        sum[a][b] += x[a].x * y[b].x + x[a].y * y[b].y + x[a].z * y[b].z + x[a].w * y[b].w;
+    }
+  }
+#pragma unroll
+  for (int a = 0; a < 2; ++a) {
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      float v = sum[a][b];
+      v += __shfl_xor_sync(0xffffffffu, v, 1);
+      v += __shfl_xor_sync(0xffffffffu, v, 2);
+      if (quarter == 0) part[(i0 + a) * kC + j0 + b] = v;
+    }
+  }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads, 2)  // 83 KB of shared memory at D = 64
+    cluster_backward_kernel(ClusterBlockLinearBackward p) {
+  using S = Smem<T, D>;
+  using L = Layout<T, D>;
+  using E = typename Mma<T>::elem;
+  extern __shared__ __align__(128) unsigned char smem[];
+  Carver carve{smem};
+  float* state = carve.take<float>(S::state_bytes);
+  E* mixed = carve.take<E>(D * L::lde * sizeof(E));  // S'_c, later dS_c
+  float* z = carve.take<float>(D * 4);               // z'_c, later dz_c
+  E* kf = carve.take<E>(S::tile_bytes);
+  E* vt = carve.take<E>(S::tile_bytes);
+  E* qf = carve.take<E>(S::tile_bytes);
+  E* dnum = carve.take<E>(S::tile_bytes);
+  float* work = carve.take<float>(S::big_bytes);  // numerator, dphi, then dS'_c, then dphi(k)
+  float* w = carve.take<float>(kC * kC * 4);
+  float* part = carve.take<float>(kC * kC * 4);
+  float* inv_rms = carve.take<float>(kTile * 4);
+  float* denominator = carve.take<float>(kTile * 4);
+  float* dden = carve.take<float>(kTile * 4);
+  float4* stage = reinterpret_cast<float4*>(kf);  // kf .. dnum while mixing back
+  float* dv_tile = reinterpret_cast<float*>(qf);  // qf, dnum in the key tiles
+
+  const cg::cluster_group cl = cg::this_cluster();
+  const Span span = span_of(p.shape, cl);
+  const int lane = threadIdx.x % L::lanes;
+  load_weights(p.mixing, p.shape.blocks, w);
+  span_state<T, D>(p.k, p.v, span, kf, vt, state);
+  cl.sync();
+  mix_slice<T, D, false>(cl, span.rank, state, w, mixed, z);
+  // q and dO rows of a tile are loaded together; q's raw rows stay for the feature backward.
+  TileRows<T, D> q_rows, go_rows;
+  auto issue_query = [&](int n0) {
+    const int valid = min(kTile, span.end - n0), rows = (valid + 15) / 16 * 16;
+    q_rows.load(p.q, span.b, span.h, n0, valid, rows);
+    go_rows.load(p.grad_out, span.b, span.h, n0, valid, rows);
+  };
+  issue_query(span.begin);
+  cl.sync();
+
+  // Query tiles: o recomputed as in the forward; dnum = dO / den, dden = -(dO . o) / den;
+  // dS'_c += phi(Q)^T dnum, dz'_c += phi(Q)^T dden; dq from dphi = dnum S'^T + dden z'.
+  FragC<T> acc[L::frags_per_warp];
+#pragma unroll
+  for (int u = 0; u < L::frags_per_warp; ++u) wmma::fill_fragment(acc[u], 0.f);
+  float dz = 0.f;
+  T* grad_q = static_cast<T*>(p.grad_q);
+  for (int n0 = span.begin; n0 < span.end; n0 += kTile) {
+    const int valid = min(kTile, span.end - n0), rows = (valid + 15) / 16 * 16;
+    if (n0 != span.begin) issue_query(n0);
+    __syncthreads();
+    q_rows.store_features(valid, rows, qf, inv_rms);
+    __syncthreads();
+    for (int r = threadIdx.x; r < valid; r += kThreads) {
+      float dot = 0.f;
+      for (int d = 0; d < D; ++d) dot += to_float(qf[r * L::lde + d]) * z[d];
+      denominator[r] = dot + kDenominatorEps;
+    }
+    multiply_tile<T, D, false>(qf, mixed, work, rows);  // numerator
+    __syncthreads();
+#pragma unroll
+    for (int pass = 0; pass < TileRows<T, D>::passes; ++pass) {
+      const int r = TileRows<T, D>::row(pass);
+      if (r >= rows) break;
+      float g[L::vec];
+      float dot = 0.f;
+      if (r < valid) {
+        go_rows.values(pass, g);
+        const float inv = 1.f / denominator[r];
+#pragma unroll
+        for (int i = 0; i < L::vec; ++i) {
+          dot += g[i] * work[r * L::ldf + lane * L::vec + i] * inv;  // dO . o
+          g[i] *= inv;
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < L::vec; ++i) g[i] = 0.f;
+      }
+      dot = row_sum<L::lanes>(dot);
+#pragma unroll
+      for (int i = 0; i < L::vec; ++i) dnum[r * L::lde + lane * L::vec + i] = from_float<E>(g[i]);
+      if (lane == 0) dden[r] = r < valid ? -dot / denominator[r] : 0.f;
+    }
+    __syncthreads();
+    if (threadIdx.x < D) {
+      for (int r = 0; r < valid; ++r) dz += to_float(qf[r * L::lde + threadIdx.x]) * dden[r];
+    }
+    accumulate_at_b<T, D>(acc, qf, dnum, rows);
+    multiply_tile<T, D, true>(dnum, mixed, work, rows);  // dphi = dnum S'^T (+ dden z' below)
+    __syncthreads();
+#pragma unroll
+    for (int pass = 0; pass < TileRows<T, D>::passes; ++pass) {  // whole warps: row shuffles
+      const int r = TileRows<T, D>::row(pass);
+      if (r >= rows) break;
+      float x[L::vec], g[L::vec];
+      const bool live = r < valid;
+      q_rows.values(pass, x);
+#pragma unroll
+      for (int i = 0; i < L::vec; ++i) {
+        const int d = lane * L::vec + i;
+        if (!live) x[i] = 0.f;
+        g[i] = live ? work[r * L::ldf + d] + dden[r] * z[d] : 0.f;
+      }
+      feature_backward<T, D>(x, live ? inv_rms[r] : 0.f, g);
+      const size_t row =
+          (static_cast<size_t>(span.b) * p.shape.tokens + n0 + r) * p.shape.heads + span.h;
+      if (live) store_vector<T, D>(grad_q + row * D + lane * L::vec, g);
+    }
+  }
+  __syncthreads();  // the last dphi tile has been read
+  float* grad_mixed = work;
+  write_state<T, D>(acc, grad_mixed, /*atomic=*/false, grad_mixed);
+  if (threadIdx.x < D) grad_mixed[D * D + threadIdx.x] = dz;
+  cl.sync();  // dS' complete everywhere; every CTA is done with its mixed tile
+
+  // dS_c = sum_t w(t, c) dS'_t into every CTA's tile; this slice's dm products on the way.
+  mix_slice<T, D, true>(cl, span.rank, grad_mixed, w, mixed, z, state, stage);
+  __syncthreads();
+  slice_pair_products<S::slice>(stage, part);
+  TileRows<T, D> k_rows, v_rows;
+  auto issue_key = [&](int n0) {
+    const int valid = min(kTile, span.end - n0), rows = (valid + 15) / 16 * 16;
+    k_rows.load(p.k, span.b, span.h, n0, valid, rows);
+    v_rows.load(p.v, span.b, span.h, n0, valid, rows);
+  };
+  issue_key(span.begin);
+  cl.sync();  // dS tiles and the dm products complete
+
+  // Row `rank` of the cluster's dm products, summed over its CTAs, into the mixing gradient.
+  if (p.grad_mixing != nullptr && threadIdx.x < kC) {
+    float sum = 0.f;
+    for (int c = 0; c < kC; ++c) sum += cl.map_shared_rank(part, c)[span.rank * kC + threadIdx.x];
+    const int per = kC / p.shape.blocks;
+    atomicAdd(p.grad_mixing + (span.rank / per) * p.shape.blocks + threadIdx.x / per, sum);
+  }
+  // Peers read `part` until they arrive here; this CTA waits for them before it exits.
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+
+  // Key tiles: dk from dphi(k) = V dS^T + dz, dv = phi(K) dS.
+  T* grad_k = static_cast<T*>(p.grad_k);
+  T* grad_v = static_cast<T*>(p.grad_v);
+  for (int n0 = span.begin; n0 < span.end; n0 += kTile) {
+    const int valid = min(kTile, span.end - n0), rows = (valid + 15) / 16 * 16;
+    if (n0 != span.begin) issue_key(n0);
+    __syncthreads();
+    k_rows.store_features(valid, rows, kf, inv_rms);
+    v_rows.store_plain(rows, vt);
+    __syncthreads();
+    multiply_tile<T, D, true>(vt, mixed, work, rows);    // dphi(k) = V dS^T (+ dz below)
+    multiply_tile<T, D, false>(kf, mixed, dv_tile, rows);  // dV = phi(K) dS
+    __syncthreads();
+#pragma unroll
+    for (int pass = 0; pass < TileRows<T, D>::passes; ++pass) {  // whole warps, as above
+      const int r = TileRows<T, D>::row(pass);
+      if (r >= rows) break;
+      float x[L::vec], g[L::vec];
+      const bool live = r < valid;
+      const size_t row =
+          (static_cast<size_t>(span.b) * p.shape.tokens + n0 + r) * p.shape.heads + span.h;
+      k_rows.values(pass, x);
+      if (live) {
+#pragma unroll
+        for (int i = 0; i < L::vec; ++i) g[i] = dv_tile[r * L::ldf + lane * L::vec + i];
+        store_vector<T, D>(grad_v + row * D + lane * L::vec, g);
+      }
+#pragma unroll
+      for (int i = 0; i < L::vec; ++i) {
+        const int d = lane * L::vec + i;
+        if (!live) x[i] = 0.f;
+        g[i] = live ? work[r * L::ldf + d] + z[d] : 0.f;
+      }
+      feature_backward<T, D>(x, live ? inv_rms[r] : 0.f, g);
+      if (live) store_vector<T, D>(grad_k + row * D + lane * L::vec, g);
+    }
+  }
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// Opts `kernel` into its shared memory and the non-portable cluster size of 16; each
+// instantiation calls this from its own function-local static, so it runs once per kernel.
+template <typename Kernel>
+cudaError_t configure_clusters(Kernel kernel, size_t smem_bytes) {
+  const cudaError_t err = allow_smem(kernel, smem_bytes);
+  if (err != cudaSuccess) return err;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+}
+
+// Launches `kernel` on (16, B * H) CTAs in clusters of 16.
+template <typename Kernel, typename Args>
+cudaError_t launch_clusters(Kernel kernel, size_t smem_bytes, const Args& args,
+                            cudaStream_t stream) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(kC, args.shape.batch * args.shape.heads);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = kC;
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, args);
+}
+
+template <typename T, int D>
+struct ClusterForward {
+  static cudaError_t run(const ClusterBlockLinearForward& a, cudaStream_t stream) {
+    constexpr size_t bytes = Smem<T, D>::forward;
+    static const cudaError_t configured = configure_clusters(cluster_forward_kernel<T, D>, bytes);
+    if (configured != cudaSuccess) return configured;
+    return launch_clusters(cluster_forward_kernel<T, D>, bytes, a, stream);
+  }
+};
+
+template <typename T, int D>
+struct ClusterBackward {
+  static cudaError_t run(const ClusterBlockLinearBackward& a, cudaStream_t stream) {
+    constexpr size_t bytes = Smem<T, D>::backward;
+    static const cudaError_t configured = configure_clusters(cluster_backward_kernel<T, D>, bytes);
+    if (configured != cudaSuccess) return configured;
+    if (a.grad_mixing != nullptr) {
+      const size_t floats = static_cast<size_t>(a.shape.blocks) * a.shape.blocks;
+      const cudaError_t err = cudaMemsetAsync(a.grad_mixing, 0, sizeof(float) * floats, stream);
+      if (err != cudaSuccess) return err;
+    }
+    return launch_clusters(cluster_backward_kernel<T, D>, bytes, a, stream);
+  }
+};
+
+template <typename Args, template <typename, int> class Pass>
+Launcher<Args> cluster_launcher(DType dtype, int head_dim) {
+  auto by_dim = [&](auto tag) -> Launcher<Args> {
+    using T = decltype(tag);
+    if (head_dim == 32) return &Pass<T, 32>::run;
+    if (head_dim == 64) return &Pass<T, 64>::run;
+    return nullptr;
+  };
+  if (dtype == DType::bf16) return by_dim(__nv_bfloat16{});
+  if (dtype == DType::f16) return by_dim(__half{});
+  return nullptr;
+}
+
+bool device_has_clusters() {
+  static const bool has = [] {
+    int device = 0, major = 0, launch = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return false;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&launch, cudaDevAttrClusterLaunch, device);
+    return major >= 9 && launch != 0;
+  }();
+  return has;
+}
+
+}  // namespace
+
+bool cluster_block_linear_shape_ok(const BlockLinearShape& s, DType dtype) {
+  const bool type_ok = dtype == DType::bf16 || dtype == DType::f16;
+  const bool dim_ok = s.head_dim == 32 || s.head_dim == 64;
+  return type_ok && dim_ok && s.batch > 0 && s.heads > 0 && s.blocks >= 1 &&
+         kC % s.blocks == 0 && s.tokens >= kC && s.tokens % kC == 0 &&
+         static_cast<int64_t>(s.batch) * s.heads <= 65535;
+}
+
+bool cluster_block_linear_supported(const BlockLinearShape& s, DType dtype) {
+  return cluster_block_linear_shape_ok(s, dtype) && device_has_clusters();
+}
+
+cudaError_t cluster_block_linear_forward(const ClusterBlockLinearForward& args,
+                                         cudaStream_t stream) {
+  if (!cluster_block_linear_supported(args.shape, args.dtype)) return cudaErrorInvalidValue;
+  if (args.mixing == nullptr && args.shape.blocks != 1) return cudaErrorInvalidValue;
+  auto run = cluster_launcher<ClusterBlockLinearForward, ClusterForward>(args.dtype,
+                                                                          args.shape.head_dim);
+  return run != nullptr ? run(args, stream) : cudaErrorInvalidValue;
+}
+
+cudaError_t cluster_block_linear_backward(const ClusterBlockLinearBackward& args,
+                                          cudaStream_t stream) {
+  if (!cluster_block_linear_supported(args.shape, args.dtype)) return cudaErrorInvalidValue;
+  if (args.mixing == nullptr && args.shape.blocks != 1) return cudaErrorInvalidValue;
+  auto run = cluster_launcher<ClusterBlockLinearBackward, ClusterBackward>(args.dtype,
+                                                                            args.shape.head_dim);
+  return run != nullptr ? run(args, stream) : cudaErrorInvalidValue;
+}
+
+}  // namespace mhla_kernels

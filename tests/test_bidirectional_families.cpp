@@ -1,0 +1,149 @@
+// The three bidirectional kernel families of the `cuda` backend of linear attention and MHLA
+// (src/attention/block_linear_cuda.h): resident, cluster and states, each run by name on every
+// shape it takes, outputs and all gradients against the float32 reference on the CPU. The op
+// harness (test_attention_ops.cpp) only sees the family the backend picks for each shape.
+#include "catch_compat.h"
+
+#ifdef MHLA_WITH_CUDA_KERNELS
+#include "attention/attention_op.h"
+#include "attention/block_linear_cuda.h"
+#include "mhla/cluster_block_linear.h"
+#include "test_helpers.h"
+
+using namespace mhla;
+
+TEST_CASE("cluster kernels: the shapes they take", "[attention]") {
+  using mhla_kernels::DType;
+  auto takes = [](int batch, int tokens, int heads, int dim, int blocks,
+                  DType dtype = DType::bf16) {
+    return mhla_kernels::cluster_block_linear_shape_ok({batch, tokens, heads, dim, blocks}, dtype);
+  };
+  // One CTA per 1/16 of the sequence, inside one block: blocks divide 16 and tokens divide by 16.
+  CHECK(takes(64, 1024, 6, 64, 16));
+  CHECK(takes(4, 16384, 6, 64, 16, DType::f16));
+  CHECK(takes(2, 1200, 2, 64, 2));
+  CHECK(takes(2, 512, 2, 32, 1));
+  CHECK(takes(1, 16, 1, 32, 16));
+  CHECK_FALSE(takes(2, 1000, 2, 64, 4));   // 1000 % 16
+  CHECK_FALSE(takes(2, 12, 2, 64, 4));     // shorter than the cluster
+  CHECK_FALSE(takes(2, 1024, 2, 64, 32));  // more blocks than CTAs
+  CHECK_FALSE(takes(2, 960, 2, 64, 3));    // 3 does not divide 16
+  CHECK_FALSE(takes(2, 1024, 2, 128, 16)); // D = 128: the states do not fit
+  CHECK_FALSE(takes(2, 1024, 2, 64, 16, DType::f32));
+  CHECK_FALSE(takes(0, 1024, 2, 64, 16));
+  CHECK_FALSE(takes(256, 1024, 256, 64, 16));  // B * H > 65535
+}
+
+namespace {
+
+struct FamilyShape {
+  const char* what;
+  int64_t batch, heads, tokens, head_dim, blocks;
+  double scale = 1.0;
+};
+
+const FamilyShape kFamilyShapes[] = {
+    {"the vision shape at N = 256 (16-token blocks)", 2, 3, 256, 64, 16},
+    {"N = 1,024 in 16 blocks", 1, 2, 1024, 64, 16},
+    {"linear attention (one block)", 2, 2, 512, 64, 1},
+    {"D = 32, 8 blocks of two CTAs each", 1, 3, 384, 32, 8},
+    {"75-token spans: a full and a partial tile per CTA", 1, 2, 1200, 64, 2},
+    {"2-token spans", 2, 2, 32, 32, 4},
+    {"large magnitude", 2, 2, 512, 64, 4, 30.0},
+};
+
+struct Grads {
+  torch::Tensor out, dq, dk, dv, dm;
+};
+
+Grads run_family(const std::string& family, const torch::Tensor& q, const torch::Tensor& k,
+                 const torch::Tensor& v, const torch::Tensor& mixing, int64_t blocks,
+                 const torch::Tensor& grad_out, torch::ScalarType dtype) {
+  auto on_gpu = [&](const torch::Tensor& t) {
+    return t.to(torch::kCUDA, dtype).detach().requires_grad_(true);
+  };
+  auto qd = on_gpu(q), kd = on_gpu(k), vd = on_gpu(v);
+  auto md = mixing.numel() > 0
+                ? mixing.to(torch::kCUDA).detach().requires_grad_(true)
+                : torch::empty({0}, torch::TensorOptions().device(torch::kCUDA));
+  auto out = block_linear_by_named_family(family, qd, kd, vd, md, blocks);
+  out.backward(grad_out.to(torch::kCUDA, dtype));
+  return {out.detach().cpu().to(torch::kFloat32), qd.grad().cpu().to(torch::kFloat32),
+          kd.grad().cpu().to(torch::kFloat32), vd.grad().cpu().to(torch::kFloat32),
+          mixing.numel() > 0 ? md.grad().cpu() : torch::Tensor()};
+}
+
+Grads run_reference(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                    const torch::Tensor& mixing, int64_t blocks, const torch::Tensor& grad_out) {
+  auto leaf = [](const torch::Tensor& t) { return t.detach().clone().requires_grad_(true); };
+  auto qd = leaf(q), kd = leaf(k), vd = leaf(v);
+  auto md = mixing.numel() > 0 ? leaf(mixing) : torch::Tensor();
+  auto out = block_linear_attention(qd, kd, vd, md, blocks);
+  out.backward(grad_out);
+  return {out.detach(), qd.grad(), kd.grad(), vd.grad(),
+          mixing.numel() > 0 ? md.grad() : torch::Tensor()};
+}
+
+// A row of the mixing matrix can be scaled without changing the normalized output, so the
+// gradient along each row's own direction is rounding noise: compared without it.
+torch::Tensor without_row_directions(const torch::Tensor& g, const torch::Tensor& m) {
+  return g - (g * m).sum(1, true) / (m * m).sum(1, true) * m;
+}
+
+}  // namespace
+
+TEST_CASE("bidirectional kernel families: each matches the float32 reference on the shapes it takes", "[attention][gpu]") {
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device: skipped");
+    return;
+  }
+  torch::manual_seed(21);
+  int runs = 0;
+  for (const std::string family : {"resident", "cluster", "states"}) {
+    for (auto dtype : {torch::kBFloat16, torch::kFloat16}) {
+      for (const auto& s : kFamilyShapes) {
+        const std::vector<int64_t> dims = {s.batch, s.tokens, s.heads, s.head_dim};
+        auto probe = torch::empty(dims, torch::TensorOptions().device(torch::kCUDA).dtype(dtype));
+        if (!block_linear_family_takes(family, probe, probe, s.blocks)) continue;
+        INFO(family << " in " << c10::toString(dtype) << ": " << s.what << " (B=" << s.batch
+                    << " H=" << s.heads << " N=" << s.tokens << " D=" << s.head_dim
+                    << " M=" << s.blocks << ")");
+        auto q = (torch::randn(dims) * s.scale).to(dtype).to(torch::kFloat32);
+        auto k = (torch::randn(dims) * s.scale).to(dtype).to(torch::kFloat32);
+        auto v = (torch::randn(dims) * s.scale).to(dtype).to(torch::kFloat32);
+        auto grad_out = torch::randn(dims).to(dtype).to(torch::kFloat32);
+        // A mixing matrix away from uniform, so a wrong block index changes the numbers.
+        auto mixing = s.blocks > 1 ? torch::rand({s.blocks, s.blocks}) + 0.05
+                                   : torch::empty({0});
+        const auto expected = run_reference(q, k, v, mixing, s.blocks, grad_out);
+        const auto got = run_family(family, q, k, v, mixing, s.blocks, grad_out, dtype);
+        CHECK(got.out.isfinite().all().item<bool>());
+        CHECK(test::relative_error(got.out, expected.out) < 5e-3);
+        CHECK(test::relative_error(got.dq, expected.dq) < 8e-3);
+        CHECK(test::relative_error(got.dk, expected.dk) < 8e-3);
+        CHECK(test::relative_error(got.dv, expected.dv) < 8e-3);
+        if (s.blocks > 1) {
+          CHECK(test::relative_error(without_row_directions(got.dm, mixing),
+                                     without_row_directions(expected.dm, mixing)) < 2e-2);
+        }
+        ++runs;
+      }
+    }
+  }
+  // Every family took some shape (so a support check that refuses everything fails here).
+  CHECK(runs >= 2 * (2 + 7 + 7));
+}
+
+TEST_CASE("bidirectional kernel families: a family asked for a shape it does not take says so", "[attention][gpu]") {
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device: skipped");
+    return;
+  }
+  auto x = torch::randn({1, 64, 2, 128}, torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16));
+  auto mixing = torch::ones({4, 4}, torch::TensorOptions().device(torch::kCUDA));
+  const auto message = test::error_of([&] { block_linear_by_named_family("cluster", x, x, x, mixing, 4); });
+  CHECK(test::contains(message, "the cluster kernels do not take q [1, 64, 2, 128]"));
+  CHECK(test::contains(test::error_of([&] { block_linear_family_takes("tiles", x, x, 4); }),
+                       "unknown bidirectional kernel family 'tiles'"));
+}
+#endif
