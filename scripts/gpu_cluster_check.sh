@@ -23,15 +23,16 @@ if [ "${SKIP_CHECKS:-0}" != 1 ]; then
     echo "$tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool.txt" | tail -1)"
   done
   step tests
-  timeout 300 "$tests" "bidirectional kernel families*" "ops: every op and GPU backend*" \
-    "ops: GPU backends read strided*" > "$OUT/tests.txt" 2>&1
+  timeout 300 "$tests" "bidirectional kernel families*,ops: every op and GPU backend*,ops: GPU backends read strided*" \
+    > "$OUT/tests.txt" 2>&1
   echo "tests rc=$?"; tail -3 "$OUT/tests.txt"; grep -B5 -A25 FAILED "$OUT/tests.txt" | head -80
 fi
 
+"$smoke" --occupancy
 step bench
 shapes=(--shape 256,6,256,64 --shape 64,6,1024,64 --shape 16,6,4096,64 --shape 4,6,16384,64)
 for round in 1 2; do
-  for family in states cluster default; do
+  for family in ${FAMILIES:-states cluster default}; do
     for op in mhla linear; do
       env_family=$family; [ $family = default ] && env_family=
       MHLA_BIDIRECTIONAL_KERNEL=$env_family timeout 120 "$bin" bench attention --op $op \
@@ -52,6 +53,16 @@ for (op, n, family), rs in sorted(rows.items()):
     share = [round(x["fwd_bwd_bandwidth_share"], 3) for x in rs]
     print(f"{op:7s} N={n:6d} {family:8s} fwd {fwd} fwd+bwd {fb} share {share}")
 PY
+
+if [ -n "${NCU_SHAPE:-}" ]; then
+  step ncu
+  timeout 200 ncu --clock-control none --kernel-name regex:cluster_ --launch-skip 2 --launch-count 2 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section MemoryWorkloadAnalysis "$bin" bench attention --op mhla --backend cuda \
+    --shape "$NCU_SHAPE" --blocks 16 --warmup 1 --iters 1 > "$OUT/ncu.txt" 2>&1
+  echo "ncu rc=$?"
+  grep -E "cluster_(forward|backward)_kernel|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Stall|Block Limit|Cluster|Waves" "$OUT/ncu.txt" | head -80
+fi
 
 if [ "${SKIP_PEER:-0}" != 1 ]; then
   step vision_table

@@ -11,6 +11,8 @@
 //                   this CTA's dm products until then).
 #include <cooperative_groups.h>
 
+#include <cstdlib>
+
 #include "common/packed_access.cuh"
 #include "mhla/cluster_block_linear.h"
 #include "mhla/state_tiles.cuh"
@@ -24,15 +26,16 @@ namespace cg = cooperative_groups;
 
 constexpr int kC = kAttentionClusterSize;
 
-// The token span of this CTA: rank c of the cluster of (batch, head) blockIdx.y.
+// The token span of this CTA in the cluster's current (batch, head) item: rank c's 1/16.
 struct Span {
   int b, h, rank, begin, end;
 };
 
-__device__ __forceinline__ Span span_of(const BlockLinearShape& s, const cg::cluster_group& cl) {
+__device__ __forceinline__ Span span_of(const BlockLinearShape& s, const cg::cluster_group& cl,
+                                        int item) {
   Span w;
-  w.b = blockIdx.y / s.heads;
-  w.h = blockIdx.y % s.heads;
+  w.b = item / s.heads;
+  w.h = item % s.heads;
   w.rank = static_cast<int>(cl.block_rank());
   const int length = s.tokens / kC;
   w.begin = w.rank * length;
@@ -187,8 +190,12 @@ __global__ void __launch_bounds__(kThreads, 3)
   E* qf = kf;
 
   const cg::cluster_group cl = cg::this_cluster();
-  const Span span = span_of(p.shape, cl);
   load_weights(p.mixing, p.shape.blocks, w);
+  // Persistent clusters walk the (batch, head) items. The cluster barriers of one item also
+  // order the next: a peer writes this CTA's mixed tile only after the next item's first
+  // barrier, which this CTA reaches when its outputs are done.
+  for (int item = blockIdx.y; item < p.shape.batch * p.shape.heads; item += gridDim.y) {
+  const Span span = span_of(p.shape, cl, item);
   span_state<T, D>(p.k, p.v, span, kf, vt, state);
   cl.sync();
   mix_slice<T, D, false>(cl, span.rank, state, w, mixed, z);
@@ -224,6 +231,7 @@ __global__ void __launch_bounds__(kThreads, 3)
           (static_cast<size_t>(span.b) * p.shape.tokens + n0 + r) * p.shape.heads + span.h;
       store_vector<T, D>(out + row * D + lane * L::vec, x);
     }
+  }
   }
 }
 
@@ -286,9 +294,10 @@ __global__ void __launch_bounds__(kThreads, 2)  // 83 KB of shared memory at D =
   float* dv_tile = reinterpret_cast<float*>(qf);  // qf, dnum in the key tiles
 
   const cg::cluster_group cl = cg::this_cluster();
-  const Span span = span_of(p.shape, cl);
   const int lane = threadIdx.x % L::lanes;
   load_weights(p.mixing, p.shape.blocks, w);
+  for (int item = blockIdx.y; item < p.shape.batch * p.shape.heads; item += gridDim.y) {
+  const Span span = span_of(p.shape, cl, item);
   span_state<T, D>(p.k, p.v, span, kf, vt, state);
   cl.sync();
   mix_slice<T, D, false>(cl, span.rank, state, w, mixed, z);
@@ -438,6 +447,7 @@ __global__ void __launch_bounds__(kThreads, 2)  // 83 KB of shared memory at D =
     }
   }
   asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+  }
 }
 
 // Opts `kernel` into its shared memory and the non-portable cluster size of 16; each
@@ -449,12 +459,26 @@ cudaError_t configure_clusters(Kernel kernel, size_t smem_bytes) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
 }
 
-// Launches `kernel` on (16, B * H) CTAs in clusters of 16.
+template <typename Kernel>
+int max_active_clusters(Kernel kernel, size_t smem_bytes);
+
+// Clusters to launch: as many as the device holds at once (persistent, each walking items), or
+// one per item with MHLA_CLUSTER_PERSISTENT=0. Each instantiation keeps its answer in a static.
+template <typename Kernel>
+int resident_clusters(Kernel kernel, size_t smem_bytes) {
+  const char* value = std::getenv("MHLA_CLUSTER_PERSISTENT");
+  if (value != nullptr && value[0] == '0') return 1 << 30;
+  const int count = max_active_clusters(kernel, smem_bytes);
+  return count > 0 ? count : 1 << 30;
+}
+
+// Launches `kernel` on (16, clusters) CTAs in clusters of 16.
 template <typename Kernel, typename Args>
-cudaError_t launch_clusters(Kernel kernel, size_t smem_bytes, const Args& args,
+cudaError_t launch_clusters(Kernel kernel, size_t smem_bytes, const Args& args, int resident,
                             cudaStream_t stream) {
+  const int items = args.shape.batch * args.shape.heads;
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(kC, args.shape.batch * args.shape.heads);
+  config.gridDim = dim3(kC, items < resident ? items : resident);
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = smem_bytes;
   config.stream = stream;
@@ -474,7 +498,8 @@ struct ClusterForward {
     constexpr size_t bytes = Smem<T, D>::forward;
     static const cudaError_t configured = configure_clusters(cluster_forward_kernel<T, D>, bytes);
     if (configured != cudaSuccess) return configured;
-    return launch_clusters(cluster_forward_kernel<T, D>, bytes, a, stream);
+    static const int resident = resident_clusters(cluster_forward_kernel<T, D>, bytes);
+    return launch_clusters(cluster_forward_kernel<T, D>, bytes, a, resident, stream);
   }
 };
 
@@ -484,12 +509,13 @@ struct ClusterBackward {
     constexpr size_t bytes = Smem<T, D>::backward;
     static const cudaError_t configured = configure_clusters(cluster_backward_kernel<T, D>, bytes);
     if (configured != cudaSuccess) return configured;
+    static const int resident = resident_clusters(cluster_backward_kernel<T, D>, bytes);
     if (a.grad_mixing != nullptr) {
       const size_t floats = static_cast<size_t>(a.shape.blocks) * a.shape.blocks;
       const cudaError_t err = cudaMemsetAsync(a.grad_mixing, 0, sizeof(float) * floats, stream);
       if (err != cudaSuccess) return err;
     }
-    return launch_clusters(cluster_backward_kernel<T, D>, bytes, a, stream);
+    return launch_clusters(cluster_backward_kernel<T, D>, bytes, a, resident, stream);
   }
 };
 
@@ -517,7 +543,31 @@ bool device_has_clusters() {
   return has;
 }
 
+template <typename Kernel>
+int max_active_clusters(Kernel kernel, size_t smem_bytes) {
+  if (configure_clusters(kernel, smem_bytes) != cudaSuccess) return -1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(kC, 1024);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem_bytes;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = kC;
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  int clusters = 0;
+  return cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess ? clusters : -1;
+}
+
 }  // namespace
+
+int cluster_block_linear_max_active_clusters(bool backward) {
+  using T = __nv_bfloat16;
+  return backward ? max_active_clusters(cluster_backward_kernel<T, 64>, Smem<T, 64>::backward)
+                  : max_active_clusters(cluster_forward_kernel<T, 64>, Smem<T, 64>::forward);
+}
 
 bool cluster_block_linear_shape_ok(const BlockLinearShape& s, DType dtype) {
   const bool type_ok = dtype == DType::bf16 || dtype == DType::f16;

@@ -47,6 +47,10 @@ struct ClusterBlockLinearBackward {
 // (queried once).
 bool cluster_block_linear_shape_ok(const BlockLinearShape& shape, DType dtype);
 bool cluster_block_linear_supported(const BlockLinearShape& shape, DType dtype);
+// How many clusters of the bf16, D = 64 forward or backward kernel the device holds at once
+// (cudaOccupancyMaxActiveClusters; -1 on error). For diagnostics: block_linear_smoke --occupancy.
+int cluster_block_linear_max_active_clusters(bool backward);
+
 cudaError_t cluster_block_linear_forward(const ClusterBlockLinearForward& args,
                                          cudaStream_t stream);
 cudaError_t cluster_block_linear_backward(const ClusterBlockLinearBackward& args,

@@ -344,6 +344,13 @@ int main(int argc, char** argv) {
     std::printf("no CUDA device: nothing to run\n");
     return 0;
   }
+  if (argc > 1 && std::string(argv[1]) == "--occupancy") {
+    std::printf("cluster kernels (bf16, D = 64), clusters of 16 resident at once: forward %d, "
+                "backward %d\n",
+                cluster_block_linear_max_active_clusters(false),
+                cluster_block_linear_max_active_clusters(true));
+    return 0;
+  }
   if (argc > 1 && std::string(argv[1]) == "--time") {
     time_resident();
     return 0;
@@ -360,5 +367,6 @@ int main(int argc, char** argv) {
   ok &= run_case<__nv_bfloat16>(DType::bf16, 1, 2, 48, 64, 1, true);  // resident, M = 1 with mixing
   ok &= run_case<__nv_bfloat16>(DType::bf16, 2, 3, 1024, 64, 16, true);  // cluster, 64-token spans
   ok &= run_case<__half>(DType::f16, 1, 2, 160, 64, 1, false);  // cluster linear, 10-token spans
+  ok &= run_case<__nv_bfloat16>(DType::bf16, 32, 6, 256, 64, 16, true);  // clusters walk items
   return ok ? 0 : 1;
 }
