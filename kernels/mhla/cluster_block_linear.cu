@@ -65,7 +65,8 @@ struct Smem {
   static constexpr size_t state_bytes = align128(state_floats * 4);
   static constexpr size_t big_bytes = state_bytes > ftile_bytes ? state_bytes : ftile_bytes;
   static constexpr size_t mixed_bytes = align128(D * L::lde * sizeof(E)) + align128(D * 4);
-  static constexpr size_t small_bytes = align128(kC * kC * 4) * 2 + 3 * align128(kTile * 4);
+  static constexpr size_t small_bytes =
+      align128(kC * kC * 4) * 2 + 3 * align128(kTile * 4) + align128(kThreads * 4);
   // Forward: own state (later the numerator tile) | mixed tile + z | k (later q) and v tiles.
   static constexpr size_t forward = big_bytes + mixed_bytes + 2 * tile_bytes + small_bytes;
   // Backward: own state | mixed tile + z (later dS + dz) | k, v tiles | q, dnum tiles (later the
@@ -88,36 +89,88 @@ struct Carver {
   }
 };
 
-// S_c = phi(K)^T V and z_c = sum phi(k) over the span, into `state` (fp32, D x D then D).
+// Per-column sums of a tile's rows by all threads: thread t adds column t % D of rows
+// t / D, t / D + kThreads / D, ... to `partial`; column_sums() then folds the partials.
+template <typename T, int D>
+__device__ __forceinline__ void add_column(const typename Mma<T>::elem* tile, int valid,
+                                           const float* row_weight, float& partial) {
+  using L = Layout<T, D>;
+  const int d = threadIdx.x % D;
+  for (int r = threadIdx.x / D; r < valid; r += kThreads / D) {
+    const float x = to_float(tile[r * L::lde + d]);
+    partial += row_weight != nullptr ? x * row_weight[r] : x;
+  }
+}
+
+// Column d's sum into out[d] for d < D (scratch: kThreads floats; ends with a CTA barrier).
+template <int D>
+__device__ __forceinline__ void column_sums(float partial, float* scratch, float* out) {
+  scratch[threadIdx.x] = partial;
+  __syncthreads();
+  if (threadIdx.x < D) {
+    float sum = 0.f;
+#pragma unroll
+    for (int g = 0; g < kThreads / D; ++g) sum += scratch[g * D + threadIdx.x];
+    out[threadIdx.x] = sum;
+  }
+  __syncthreads();
+}
+
+// The first tile of a span (or of the next item's span): k and v rows into registers.
+template <typename T, int D>
+__device__ __forceinline__ void issue_span(const TokenTensor& k, const TokenTensor& v,
+                                           const Span& w, int n0, TileRows<T, D>& k_rows,
+                                           TileRows<T, D>& v_rows) {
+  const int valid = min(kTile, w.end - n0), rows = (valid + 15) / 16 * 16;
+  k_rows.load(k, w.b, w.h, n0, valid, rows);
+  v_rows.load(v, w.b, w.h, n0, valid, rows);
+}
+
+// S_c = phi(K)^T V and z_c = sum phi(k) over the span, into `state` (fp32, D x D then D). The
+// span's first tile is already in k_rows, v_rows; when `next` is given, its first tile is
+// issued as soon as the registers are free, so it is in flight across the rest of this item.
 template <typename T, int D>
 __device__ void span_state(const TokenTensor& k, const TokenTensor& v, const Span& w,
-                           typename Mma<T>::elem* kf, typename Mma<T>::elem* vt, float* state) {
+                           const Span* next, TileRows<T, D>& k_rows, TileRows<T, D>& v_rows,
+                           typename Mma<T>::elem* kf, typename Mma<T>::elem* vt, float* state,
+                           float* scratch) {
   using L = Layout<T, D>;
   FragC<T> acc[L::frags_per_warp];
 #pragma unroll
   for (int u = 0; u < L::frags_per_warp; ++u) wmma::fill_fragment(acc[u], 0.f);
-  float z = 0.f;  // thread d < D: sum of phi(k)[d]
-  TileRows<T, D> k_rows, v_rows;
-  auto issue = [&](int n0) {
-    const int valid = min(kTile, w.end - n0), rows = (valid + 15) / 16 * 16;
-    k_rows.load(k, w.b, w.h, n0, valid, rows);
-    v_rows.load(v, w.b, w.h, n0, valid, rows);
-  };
-  issue(w.begin);
+  float z = 0.f;
   for (int n0 = w.begin; n0 < w.end; n0 += kTile) {
     const int valid = min(kTile, w.end - n0), rows = (valid + 15) / 16 * 16;
     __syncthreads();
     k_rows.store_features(valid, rows, kf, nullptr);
     v_rows.store_plain(rows, vt);
-    if (n0 + kTile < w.end) issue(n0 + kTile);
-    __syncthreads();
-    if (threadIdx.x < D) {
-      for (int r = 0; r < valid; ++r) z += to_float(kf[r * L::lde + threadIdx.x]);
+    if (n0 + kTile < w.end) {
+      issue_span<T, D>(k, v, w, n0 + kTile, k_rows, v_rows);
+    } else if (next != nullptr) {
+      issue_span<T, D>(k, v, *next, next->begin, k_rows, v_rows);
     }
+    __syncthreads();
+    add_column<T, D>(kf, valid, nullptr, z);
     accumulate_at_b<T, D>(acc, kf, vt, rows);
   }
   write_state<T, D>(acc, state, /*atomic=*/false, state);
-  if (threadIdx.x < D) state[D * D + threadIdx.x] = z;
+  column_sums<D>(z, scratch, state + D * D);
+}
+
+// phi(q) . z' + eps for the valid rows of a feature tile, four threads per row.
+template <typename T, int D>
+__device__ __forceinline__ void denominators(const typename Mma<T>::elem* qf, const float* z,
+                                             int valid, float* out) {
+  using L = Layout<T, D>;
+  static_assert(kThreads == 4 * kTile, "four threads per tile row");
+  const int r = threadIdx.x / 4, part = threadIdx.x % 4;
+  float dot = 0.f;
+#pragma unroll 8
+  for (int d = part * (D / 4); d < (part + 1) * (D / 4); ++d)
+    dot += to_float(qf[r * L::lde + d]) * z[d];
+  dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+  dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+  if (part == 0 && r < valid) out[r] = dot + kDenominatorEps;
 }
 
 // This CTA's slice of the mix: for every CTA t of the cluster, sum_c w(t, c) X_c (Transposed:
@@ -172,7 +225,7 @@ __device__ void mix_slice(const cg::cluster_group& cl, int rank, const float* st
 }
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads, 3)
+__global__ void __launch_bounds__(kThreads, 2)  // 128 registers: the mix holds 64 floats
     cluster_forward_kernel(ClusterBlockLinearForward p) {
   using S = Smem<T, D>;
   using L = Layout<T, D>;
@@ -186,6 +239,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   E* vt = carve.take<E>(S::tile_bytes);
   float* w = carve.take<float>(kC * kC * 4);
   float* denominator = carve.take<float>(kTile * 4);
+  float* scratch = carve.take<float>(kThreads * 4);
   float* numerator = state;
   E* qf = kf;
 
@@ -194,9 +248,17 @@ __global__ void __launch_bounds__(kThreads, 3)
   // Persistent clusters walk the (batch, head) items. The cluster barriers of one item also
   // order the next: a peer writes this CTA's mixed tile only after the next item's first
   // barrier, which this CTA reaches when its outputs are done.
-  for (int item = blockIdx.y; item < p.shape.batch * p.shape.heads; item += gridDim.y) {
+  const int items = p.shape.batch * p.shape.heads;
+  TileRows<T, D> k_rows, v_rows;
+  if (blockIdx.y < items) {
+    const Span first = span_of(p.shape, cl, blockIdx.y);
+    issue_span<T, D>(p.k, p.v, first, first.begin, k_rows, v_rows);
+  }
+  for (int item = blockIdx.y; item < items; item += gridDim.y) {
   const Span span = span_of(p.shape, cl, item);
-  span_state<T, D>(p.k, p.v, span, kf, vt, state);
+  const Span next = span_of(p.shape, cl, item + gridDim.y);
+  span_state<T, D>(p.k, p.v, span, item + gridDim.y < items ? &next : nullptr, k_rows, v_rows,
+                   kf, vt, state, scratch);
   cl.sync();
   mix_slice<T, D, false>(cl, span.rank, state, w, mixed, z);
   TileRows<T, D> q_rows;  // the first q tile is in flight across the cluster barrier
@@ -215,11 +277,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     q_rows.store_features(valid, rows, qf, nullptr);
     if (n0 + kTile < span.end) issue(n0 + kTile);
     __syncthreads();
-    for (int r = threadIdx.x; r < valid; r += kThreads) {
-      float dot = 0.f;
-      for (int d = 0; d < D; ++d) dot += to_float(qf[r * L::lde + d]) * z[d];
-      denominator[r] = dot + kDenominatorEps;
-    }
+    denominators<T, D>(qf, z, valid, denominator);
     multiply_tile<T, D, false>(qf, mixed, numerator, rows);
     __syncthreads();
     for (int r = threadIdx.x / L::lanes; r < valid; r += L::rows_per_pass) {
@@ -290,15 +348,24 @@ __global__ void __launch_bounds__(kThreads, 2)  // 83 KB of shared memory at D =
   float* inv_rms = carve.take<float>(kTile * 4);
   float* denominator = carve.take<float>(kTile * 4);
   float* dden = carve.take<float>(kTile * 4);
+  float* scratch = carve.take<float>(kThreads * 4);
   float4* stage = reinterpret_cast<float4*>(kf);  // kf .. dnum while mixing back
   float* dv_tile = reinterpret_cast<float*>(qf);  // qf, dnum in the key tiles
 
   const cg::cluster_group cl = cg::this_cluster();
   const int lane = threadIdx.x % L::lanes;
   load_weights(p.mixing, p.shape.blocks, w);
-  for (int item = blockIdx.y; item < p.shape.batch * p.shape.heads; item += gridDim.y) {
+  const int items = p.shape.batch * p.shape.heads;
+  TileRows<T, D> k_rows, v_rows;  // the states' first tile, then the key tiles
+  if (blockIdx.y < items) {
+    const Span first = span_of(p.shape, cl, blockIdx.y);
+    issue_span<T, D>(p.k, p.v, first, first.begin, k_rows, v_rows);
+  }
+  for (int item = blockIdx.y; item < items; item += gridDim.y) {
   const Span span = span_of(p.shape, cl, item);
-  span_state<T, D>(p.k, p.v, span, kf, vt, state);
+  const Span next = span_of(p.shape, cl, item + gridDim.y);
+  const bool has_next = item + gridDim.y < items;
+  span_state<T, D>(p.k, p.v, span, nullptr, k_rows, v_rows, kf, vt, state, scratch);
   cl.sync();
   mix_slice<T, D, false>(cl, span.rank, state, w, mixed, z);
   // q and dO rows of a tile are loaded together; q's raw rows stay for the feature backward.
@@ -324,11 +391,7 @@ __global__ void __launch_bounds__(kThreads, 2)  // 83 KB of shared memory at D =
     __syncthreads();
     q_rows.store_features(valid, rows, qf, inv_rms);
     __syncthreads();
-    for (int r = threadIdx.x; r < valid; r += kThreads) {
-      float dot = 0.f;
-      for (int d = 0; d < D; ++d) dot += to_float(qf[r * L::lde + d]) * z[d];
-      denominator[r] = dot + kDenominatorEps;
-    }
+    denominators<T, D>(qf, z, valid, denominator);
     multiply_tile<T, D, false>(qf, mixed, work, rows);  // numerator
     __syncthreads();
 #pragma unroll
@@ -355,9 +418,7 @@ __global__ void __launch_bounds__(kThreads, 2)  // 83 KB of shared memory at D =
       if (lane == 0) dden[r] = r < valid ? -dot / denominator[r] : 0.f;
     }
     __syncthreads();
-    if (threadIdx.x < D) {
-      for (int r = 0; r < valid; ++r) dz += to_float(qf[r * L::lde + threadIdx.x]) * dden[r];
-    }
+    add_column<T, D>(qf, valid, dden, dz);
     accumulate_at_b<T, D>(acc, qf, dnum, rows);
     multiply_tile<T, D, true>(dnum, mixed, work, rows);  // dphi = dnum S'^T (+ dden z' below)
     __syncthreads();
@@ -383,20 +444,14 @@ __global__ void __launch_bounds__(kThreads, 2)  // 83 KB of shared memory at D =
   __syncthreads();  // the last dphi tile has been read
   float* grad_mixed = work;
   write_state<T, D>(acc, grad_mixed, /*atomic=*/false, grad_mixed);
-  if (threadIdx.x < D) grad_mixed[D * D + threadIdx.x] = dz;
+  column_sums<D>(dz, scratch, grad_mixed + D * D);
   cl.sync();  // dS' complete everywhere; every CTA is done with its mixed tile
 
   // dS_c = sum_t w(t, c) dS'_t into every CTA's tile; this slice's dm products on the way.
   mix_slice<T, D, true>(cl, span.rank, grad_mixed, w, mixed, z, state, stage);
   __syncthreads();
   slice_pair_products<S::slice>(stage, part);
-  TileRows<T, D> k_rows, v_rows;
-  auto issue_key = [&](int n0) {
-    const int valid = min(kTile, span.end - n0), rows = (valid + 15) / 16 * 16;
-    k_rows.load(p.k, span.b, span.h, n0, valid, rows);
-    v_rows.load(p.v, span.b, span.h, n0, valid, rows);
-  };
-  issue_key(span.begin);
+  issue_span<T, D>(p.k, p.v, span, span.begin, k_rows, v_rows);
   cl.sync();  // dS tiles and the dm products complete
 
   // Row `rank` of the cluster's dm products, summed over its CTAs, into the mixing gradient.
@@ -414,7 +469,7 @@ __global__ void __launch_bounds__(kThreads, 2)  // 83 KB of shared memory at D =
   T* grad_v = static_cast<T*>(p.grad_v);
   for (int n0 = span.begin; n0 < span.end; n0 += kTile) {
     const int valid = min(kTile, span.end - n0), rows = (valid + 15) / 16 * 16;
-    if (n0 != span.begin) issue_key(n0);
+    if (n0 != span.begin) issue_span<T, D>(p.k, p.v, span, n0, k_rows, v_rows);
     __syncthreads();
     k_rows.store_features(valid, rows, kf, inv_rms);
     v_rows.store_plain(rows, vt);
@@ -446,6 +501,8 @@ __global__ void __launch_bounds__(kThreads, 2)  // 83 KB of shared memory at D =
       if (live) store_vector<T, D>(grad_k + row * D + lane * L::vec, g);
     }
   }
+  // The next item's first k and v tile, in flight across the cluster wait.
+  if (has_next) issue_span<T, D>(p.k, p.v, next, next.begin, k_rows, v_rows);
   asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
   }
 }
