@@ -15,8 +15,7 @@
 
 #include "common/packed_access.cuh"
 #include "mhla/cluster_block_linear.h"
-#include "mhla/state_tiles.cuh"
-#include "mhla/tiles.cuh"
+#include "mhla/token_passes.cuh"
 
 namespace mhla_kernels {
 namespace {
@@ -27,20 +26,9 @@ namespace cg = cooperative_groups;
 constexpr int kC = kAttentionClusterSize;
 
 // The token span of this CTA in the cluster's current (batch, head) item: rank c's 1/16.
-struct Span {
-  int b, h, rank, begin, end;
-};
-
-__device__ __forceinline__ Span span_of(const BlockLinearShape& s, const cg::cluster_group& cl,
-                                        int item) {
-  Span w;
-  w.b = item / s.heads;
-  w.h = item % s.heads;
-  w.rank = static_cast<int>(cl.block_rank());
+__device__ __forceinline__ Span span_of(const BlockLinearShape& s, int rank, int item) {
   const int length = s.tokens / kC;
-  w.begin = w.rank * length;
-  w.end = w.begin + length;
-  return w;
+  return {item / s.heads, item % s.heads, rank * length, (rank + 1) * length};
 }
 
 // w[t * kC + c]: the weight of CTA c's state in CTA t's mixed state.
@@ -77,101 +65,6 @@ struct Smem {
   static_assert(2 * kC * slice * 16 <= 4 * tile_bytes, "mix staging does not fit");
   static_assert(ftile_bytes <= 2 * tile_bytes, "dv tile does not fit the q tiles");
 };
-
-// Carves the dynamic shared memory in order.
-struct Carver {
-  unsigned char* cursor;
-  template <typename X>
-  __device__ __forceinline__ X* take(size_t bytes) {
-    X* at = reinterpret_cast<X*>(cursor);
-    cursor += align128(bytes);
-    return at;
-  }
-};
-
-// Per-column sums of a tile's rows by all threads: thread t adds column t % D of rows
-// t / D, t / D + kThreads / D, ... to `partial`; column_sums() then folds the partials.
-template <typename T, int D>
-__device__ __forceinline__ void add_column(const typename Mma<T>::elem* tile, int valid,
-                                           const float* row_weight, float& partial) {
-  using L = Layout<T, D>;
-  const int d = threadIdx.x % D;
-  for (int r = threadIdx.x / D; r < valid; r += kThreads / D) {
-    const float x = to_float(tile[r * L::lde + d]);
-    partial += row_weight != nullptr ? x * row_weight[r] : x;
-  }
-}
-
-// Column d's sum into out[d] for d < D (scratch: kThreads floats; ends with a CTA barrier).
-template <int D>
-__device__ __forceinline__ void column_sums(float partial, float* scratch, float* out) {
-  scratch[threadIdx.x] = partial;
-  __syncthreads();
-  if (threadIdx.x < D) {
-    float sum = 0.f;
-#pragma unroll
-    for (int g = 0; g < kThreads / D; ++g) sum += scratch[g * D + threadIdx.x];
-    out[threadIdx.x] = sum;
-  }
-  __syncthreads();
-}
-
-// The first tile of a span (or of the next item's span): k and v rows into registers.
-template <typename T, int D>
-__device__ __forceinline__ void issue_span(const TokenTensor& k, const TokenTensor& v,
-                                           const Span& w, int n0, TileRows<T, D>& k_rows,
-                                           TileRows<T, D>& v_rows) {
-  const int valid = min(kTile, w.end - n0), rows = (valid + 15) / 16 * 16;
-  k_rows.load(k, w.b, w.h, n0, valid, rows);
-  v_rows.load(v, w.b, w.h, n0, valid, rows);
-}
-
-// S_c = phi(K)^T V and z_c = sum phi(k) over the span, into `state` (fp32, D x D then D). The
-// span's first tile is already in k_rows, v_rows; when `next` is given, its first tile is
-// issued as soon as the registers are free, so it is in flight across the rest of this item.
-template <typename T, int D>
-__device__ void span_state(const TokenTensor& k, const TokenTensor& v, const Span& w,
-                           const Span* next, TileRows<T, D>& k_rows, TileRows<T, D>& v_rows,
-                           typename Mma<T>::elem* kf, typename Mma<T>::elem* vt, float* state,
-                           float* scratch) {
-  using L = Layout<T, D>;
-  FragC<T> acc[L::frags_per_warp];
-#pragma unroll
-  for (int u = 0; u < L::frags_per_warp; ++u) wmma::fill_fragment(acc[u], 0.f);
-  float z = 0.f;
-  for (int n0 = w.begin; n0 < w.end; n0 += kTile) {
-    const int valid = min(kTile, w.end - n0), rows = (valid + 15) / 16 * 16;
-    __syncthreads();
-    k_rows.store_features(valid, rows, kf, nullptr);
-    v_rows.store_plain(rows, vt);
-    if (n0 + kTile < w.end) {
-      issue_span<T, D>(k, v, w, n0 + kTile, k_rows, v_rows);
-    } else if (next != nullptr) {
-      issue_span<T, D>(k, v, *next, next->begin, k_rows, v_rows);
-    }
-    __syncthreads();
-    add_column<T, D>(kf, valid, nullptr, z);
-    accumulate_at_b<T, D>(acc, kf, vt, rows);
-  }
-  write_state<T, D>(acc, state, /*atomic=*/false, state);
-  column_sums<D>(z, scratch, state + D * D);
-}
-
-// phi(q) . z' + eps for the valid rows of a feature tile, four threads per row.
-template <typename T, int D>
-__device__ __forceinline__ void denominators(const typename Mma<T>::elem* qf, const float* z,
-                                             int valid, float* out) {
-  using L = Layout<T, D>;
-  static_assert(kThreads == 4 * kTile, "four threads per tile row");
-  const int r = threadIdx.x / 4, part = threadIdx.x % 4;
-  float dot = 0.f;
-#pragma unroll 8
-  for (int d = part * (D / 4); d < (part + 1) * (D / 4); ++d)
-    dot += to_float(qf[r * L::lde + d]) * z[d];
-  dot += __shfl_xor_sync(0xffffffffu, dot, 1);
-  dot += __shfl_xor_sync(0xffffffffu, dot, 2);
-  if (part == 0 && r < valid) out[r] = dot + kDenominatorEps;
-}
 
 // This CTA's slice of the mix: for every CTA t of the cluster, sum_c w(t, c) X_c (Transposed:
 // w(c, t)) over the float4 groups of the slice, from the fp32 states X_c at `state` in each CTA,
@@ -240,56 +133,37 @@ __global__ void __launch_bounds__(kThreads, 2)  // 128 registers: the mix holds 
   float* w = carve.take<float>(kC * kC * 4);
   float* denominator = carve.take<float>(kTile * 4);
   float* scratch = carve.take<float>(kThreads * 4);
-  float* numerator = state;
-  E* qf = kf;
 
   const cg::cluster_group cl = cg::this_cluster();
+  const int rank = static_cast<int>(cl.block_rank());
   load_weights(p.mixing, p.shape.blocks, w);
   // Persistent clusters walk the (batch, head) items. The cluster barriers of one item also
   // order the next: a peer writes this CTA's mixed tile only after the next item's first
   // barrier, which this CTA reaches when its outputs are done.
   const int items = p.shape.batch * p.shape.heads;
-  TileRows<T, D> k_rows, v_rows;
+  TileRows<T, D> k_rows, v_rows, q_rows;
   if (blockIdx.y < items) {
-    const Span first = span_of(p.shape, cl, blockIdx.y);
-    issue_span<T, D>(p.k, p.v, first, first.begin, k_rows, v_rows);
+    const Span first = span_of(p.shape, rank, blockIdx.y);
+    issue_rows<T, D>(p.k, first, first.begin, k_rows);
+    issue_rows<T, D>(p.v, first, first.begin, v_rows);
   }
   for (int item = blockIdx.y; item < items; item += gridDim.y) {
-  const Span span = span_of(p.shape, cl, item);
-  const Span next = span_of(p.shape, cl, item + gridDim.y);
-  span_state<T, D>(p.k, p.v, span, item + gridDim.y < items ? &next : nullptr, k_rows, v_rows,
-                   kf, vt, state, scratch);
-  cl.sync();
-  mix_slice<T, D, false>(cl, span.rank, state, w, mixed, z);
-  TileRows<T, D> q_rows;  // the first q tile is in flight across the cluster barrier
-  auto issue = [&](int n0) {
-    const int valid = min(kTile, span.end - n0), rows = (valid + 15) / 16 * 16;
-    q_rows.load(p.q, span.b, span.h, n0, valid, rows);
-  };
-  issue(span.begin);
-  cl.sync();  // every CTA's mixed tile is complete; no peer reads `state` any more
-
-  T* out = static_cast<T*>(p.out);
-  const int lane = threadIdx.x % L::lanes;
-  for (int n0 = span.begin; n0 < span.end; n0 += kTile) {
-    const int valid = min(kTile, span.end - n0), rows = (valid + 15) / 16 * 16;
-    __syncthreads();
-    q_rows.store_features(valid, rows, qf, nullptr);
-    if (n0 + kTile < span.end) issue(n0 + kTile);
-    __syncthreads();
-    denominators<T, D>(qf, z, valid, denominator);
-    multiply_tile<T, D, false>(qf, mixed, numerator, rows);
-    __syncthreads();
-    for (int r = threadIdx.x / L::lanes; r < valid; r += L::rows_per_pass) {
-      float x[L::vec];
-      const float inv = 1.f / denominator[r];
-#pragma unroll
-      for (int i = 0; i < L::vec; ++i) x[i] = numerator[r * L::ldf + lane * L::vec + i] * inv;
-      const size_t row =
-          (static_cast<size_t>(span.b) * p.shape.tokens + n0 + r) * p.shape.heads + span.h;
-      store_vector<T, D>(out + row * D + lane * L::vec, x);
-    }
-  }
+    const Span span = span_of(p.shape, rank, item);
+    const Span next = span_of(p.shape, rank, item + gridDim.y);
+    const bool has_next = item + gridDim.y < items;
+    // The next item's first k/v tile flies across the rest of this item.
+    span_state<T, D>(p.k, p.v, span, k_rows, v_rows, kf, vt, state, scratch, [&] {
+      if (has_next) {
+        issue_rows<T, D>(p.k, next, next.begin, k_rows);
+        issue_rows<T, D>(p.v, next, next.begin, v_rows);
+      }
+    });
+    cl.sync();
+    mix_slice<T, D, false>(cl, rank, state, w, mixed, z);
+    issue_rows<T, D>(p.q, span, span.begin, q_rows);  // in flight across the barrier
+    cl.sync();  // every CTA's mixed tile is complete; no peer reads `state` any more
+    output_tiles<T, D>(p.q, span, p.shape.tokens, p.shape.heads, mixed, z, q_rows, kf, state,
+                       denominator, static_cast<T*>(p.out), [] {});
   }
 }
 
@@ -338,172 +212,80 @@ __global__ void __launch_bounds__(kThreads, 2)  // 83 KB of shared memory at D =
   float* state = carve.take<float>(S::state_bytes);
   E* mixed = carve.take<E>(D * L::lde * sizeof(E));  // S'_c, later dS_c
   float* z = carve.take<float>(D * 4);               // z'_c, later dz_c
-  E* kf = carve.take<E>(S::tile_bytes);
-  E* vt = carve.take<E>(S::tile_bytes);
-  E* qf = carve.take<E>(S::tile_bytes);
-  E* dnum = carve.take<E>(S::tile_bytes);
-  float* work = carve.take<float>(S::big_bytes);  // numerator, dphi, then dS'_c, then dphi(k)
+  GradientTiles<T> t;
+  t.kf = carve.take<E>(S::tile_bytes);
+  t.vt = carve.take<E>(S::tile_bytes);
+  t.qf = carve.take<E>(S::tile_bytes);
+  t.dnum = carve.take<E>(S::tile_bytes);
+  t.work = carve.take<float>(S::big_bytes);  // numerator, dphi, then dS'_c, then dphi(k)
+  t.dv_tile = reinterpret_cast<float*>(t.qf);  // qf, dnum in the key tiles
   float* w = carve.take<float>(kC * kC * 4);
   float* part = carve.take<float>(kC * kC * 4);
-  float* inv_rms = carve.take<float>(kTile * 4);
-  float* denominator = carve.take<float>(kTile * 4);
-  float* dden = carve.take<float>(kTile * 4);
+  t.inv_rms = carve.take<float>(kTile * 4);
+  t.denominator = carve.take<float>(kTile * 4);
+  t.dden = carve.take<float>(kTile * 4);
   float* scratch = carve.take<float>(kThreads * 4);
-  float4* stage = reinterpret_cast<float4*>(kf);  // kf .. dnum while mixing back
-  float* dv_tile = reinterpret_cast<float*>(qf);  // qf, dnum in the key tiles
+  float4* stage = reinterpret_cast<float4*>(t.kf);  // kf .. dnum while mixing back
 
   const cg::cluster_group cl = cg::this_cluster();
-  const int lane = threadIdx.x % L::lanes;
+  const int rank = static_cast<int>(cl.block_rank());
   load_weights(p.mixing, p.shape.blocks, w);
   const int items = p.shape.batch * p.shape.heads;
-  TileRows<T, D> k_rows, v_rows;  // the states' first tile, then the key tiles
+  TileRows<T, D> k_rows, v_rows, q_rows, go_rows;
   if (blockIdx.y < items) {
-    const Span first = span_of(p.shape, cl, blockIdx.y);
-    issue_span<T, D>(p.k, p.v, first, first.begin, k_rows, v_rows);
+    const Span first = span_of(p.shape, rank, blockIdx.y);
+    issue_rows<T, D>(p.k, first, first.begin, k_rows);
+    issue_rows<T, D>(p.v, first, first.begin, v_rows);
   }
   for (int item = blockIdx.y; item < items; item += gridDim.y) {
-  const Span span = span_of(p.shape, cl, item);
-  const Span next = span_of(p.shape, cl, item + gridDim.y);
-  const bool has_next = item + gridDim.y < items;
-  span_state<T, D>(p.k, p.v, span, nullptr, k_rows, v_rows, kf, vt, state, scratch);
-  cl.sync();
-  mix_slice<T, D, false>(cl, span.rank, state, w, mixed, z);
-  // q and dO rows of a tile are loaded together; q's raw rows stay for the feature backward.
-  TileRows<T, D> q_rows, go_rows;
-  auto issue_query = [&](int n0) {
-    const int valid = min(kTile, span.end - n0), rows = (valid + 15) / 16 * 16;
-    q_rows.load(p.q, span.b, span.h, n0, valid, rows);
-    go_rows.load(p.grad_out, span.b, span.h, n0, valid, rows);
-  };
-  issue_query(span.begin);
-  cl.sync();
+    const Span span = span_of(p.shape, rank, item);
+    const Span next = span_of(p.shape, rank, item + gridDim.y);
+    const bool has_next = item + gridDim.y < items;
+    span_state<T, D>(p.k, p.v, span, k_rows, v_rows, t.kf, t.vt, state, scratch, [] {});
+    cl.sync();
+    mix_slice<T, D, false>(cl, rank, state, w, mixed, z);
+    issue_rows<T, D>(p.q, span, span.begin, q_rows);
+    issue_rows<T, D>(p.grad_out, span, span.begin, go_rows);
+    cl.sync();
 
-  // Query tiles: o recomputed as in the forward; dnum = dO / den, dden = -(dO . o) / den;
-  // dS'_c += phi(Q)^T dnum, dz'_c += phi(Q)^T dden; dq from dphi = dnum S'^T + dden z'.
-  FragC<T> acc[L::frags_per_warp];
+    FragC<T> acc[L::frags_per_warp];
 #pragma unroll
-  for (int u = 0; u < L::frags_per_warp; ++u) wmma::fill_fragment(acc[u], 0.f);
-  float dz = 0.f;
-  T* grad_q = static_cast<T*>(p.grad_q);
-  for (int n0 = span.begin; n0 < span.end; n0 += kTile) {
-    const int valid = min(kTile, span.end - n0), rows = (valid + 15) / 16 * 16;
-    if (n0 != span.begin) issue_query(n0);
+    for (int u = 0; u < L::frags_per_warp; ++u) wmma::fill_fragment(acc[u], 0.f);
+    float dz = 0.f;
+    query_tiles<T, D>(p.q, p.grad_out, span, p.shape.tokens, p.shape.heads, mixed, z, q_rows,
+                      go_rows, t, static_cast<T*>(p.grad_q), acc, dz, [] {});
+    __syncthreads();  // the last dphi tile has been read
+    float* grad_mixed = t.work;
+    write_state<T, D>(acc, grad_mixed, /*atomic=*/false, grad_mixed);
+    column_sums<D>(dz, scratch, grad_mixed + D * D);
+    cl.sync();  // dS' complete everywhere; every CTA is done with its mixed tile
+
+    // dS_c = sum_t w(t, c) dS'_t into every CTA's tile; this slice's dm products on the way.
+    mix_slice<T, D, true>(cl, rank, grad_mixed, w, mixed, z, state, stage);
     __syncthreads();
-    q_rows.store_features(valid, rows, qf, inv_rms);
-    __syncthreads();
-    denominators<T, D>(qf, z, valid, denominator);
-    multiply_tile<T, D, false>(qf, mixed, work, rows);  // numerator
-    __syncthreads();
-#pragma unroll
-    for (int pass = 0; pass < TileRows<T, D>::passes; ++pass) {
-      const int r = TileRows<T, D>::row(pass);
-      if (r >= rows) break;
-      float g[L::vec];
-      float dot = 0.f;
-      if (r < valid) {
-        go_rows.values(pass, g);
-        const float inv = 1.f / denominator[r];
-#pragma unroll
-        for (int i = 0; i < L::vec; ++i) {
-          dot += g[i] * work[r * L::ldf + lane * L::vec + i] * inv;  // dO . o
-          g[i] *= inv;
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < L::vec; ++i) g[i] = 0.f;
-      }
-      dot = row_sum<L::lanes>(dot);
-#pragma unroll
-      for (int i = 0; i < L::vec; ++i) dnum[r * L::lde + lane * L::vec + i] = from_float<E>(g[i]);
-      if (lane == 0) dden[r] = r < valid ? -dot / denominator[r] : 0.f;
+    slice_pair_products<S::slice>(stage, part);
+    issue_rows<T, D>(p.k, span, span.begin, k_rows);
+    issue_rows<T, D>(p.v, span, span.begin, v_rows);
+    cl.sync();  // dS tiles and the dm products complete
+
+    // Row `rank` of the cluster's dm products, summed over its CTAs, into the mixing gradient.
+    if (p.grad_mixing != nullptr && threadIdx.x < kC) {
+      float sum = 0.f;
+      for (int c = 0; c < kC; ++c) sum += cl.map_shared_rank(part, c)[rank * kC + threadIdx.x];
+      const int per = kC / p.shape.blocks;
+      atomicAdd(p.grad_mixing + (rank / per) * p.shape.blocks + threadIdx.x / per, sum);
     }
-    __syncthreads();
-    add_column<T, D>(qf, valid, dden, dz);
-    accumulate_at_b<T, D>(acc, qf, dnum, rows);
-    multiply_tile<T, D, true>(dnum, mixed, work, rows);  // dphi = dnum S'^T (+ dden z' below)
-    __syncthreads();
-#pragma unroll
-    for (int pass = 0; pass < TileRows<T, D>::passes; ++pass) {  // whole warps: row shuffles
-      const int r = TileRows<T, D>::row(pass);
-      if (r >= rows) break;
-      float x[L::vec], g[L::vec];
-      const bool live = r < valid;
-      q_rows.values(pass, x);
-#pragma unroll
-      for (int i = 0; i < L::vec; ++i) {
-        const int d = lane * L::vec + i;
-        if (!live) x[i] = 0.f;
-        g[i] = live ? work[r * L::ldf + d] + dden[r] * z[d] : 0.f;
-      }
-      feature_backward<T, D>(x, live ? inv_rms[r] : 0.f, g);
-      const size_t row =
-          (static_cast<size_t>(span.b) * p.shape.tokens + n0 + r) * p.shape.heads + span.h;
-      if (live) store_vector<T, D>(grad_q + row * D + lane * L::vec, g);
-    }
-  }
-  __syncthreads();  // the last dphi tile has been read
-  float* grad_mixed = work;
-  write_state<T, D>(acc, grad_mixed, /*atomic=*/false, grad_mixed);
-  column_sums<D>(dz, scratch, grad_mixed + D * D);
-  cl.sync();  // dS' complete everywhere; every CTA is done with its mixed tile
-
-  // dS_c = sum_t w(t, c) dS'_t into every CTA's tile; this slice's dm products on the way.
-  mix_slice<T, D, true>(cl, span.rank, grad_mixed, w, mixed, z, state, stage);
-  __syncthreads();
-  slice_pair_products<S::slice>(stage, part);
-  issue_span<T, D>(p.k, p.v, span, span.begin, k_rows, v_rows);
-  cl.sync();  // dS tiles and the dm products complete
-
-  // Row `rank` of the cluster's dm products, summed over its CTAs, into the mixing gradient.
-  if (p.grad_mixing != nullptr && threadIdx.x < kC) {
-    float sum = 0.f;
-    for (int c = 0; c < kC; ++c) sum += cl.map_shared_rank(part, c)[span.rank * kC + threadIdx.x];
-    const int per = kC / p.shape.blocks;
-    atomicAdd(p.grad_mixing + (span.rank / per) * p.shape.blocks + threadIdx.x / per, sum);
-  }
-  // Peers read `part` until they arrive here; this CTA waits for them before it exits.
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-
-  // Key tiles: dk from dphi(k) = V dS^T + dz, dv = phi(K) dS.
-  T* grad_k = static_cast<T*>(p.grad_k);
-  T* grad_v = static_cast<T*>(p.grad_v);
-  for (int n0 = span.begin; n0 < span.end; n0 += kTile) {
-    const int valid = min(kTile, span.end - n0), rows = (valid + 15) / 16 * 16;
-    if (n0 != span.begin) issue_span<T, D>(p.k, p.v, span, n0, k_rows, v_rows);
-    __syncthreads();
-    k_rows.store_features(valid, rows, kf, inv_rms);
-    v_rows.store_plain(rows, vt);
-    __syncthreads();
-    multiply_tile<T, D, true>(vt, mixed, work, rows);    // dphi(k) = V dS^T (+ dz below)
-    multiply_tile<T, D, false>(kf, mixed, dv_tile, rows);  // dV = phi(K) dS
-    __syncthreads();
-#pragma unroll
-    for (int pass = 0; pass < TileRows<T, D>::passes; ++pass) {  // whole warps, as above
-      const int r = TileRows<T, D>::row(pass);
-      if (r >= rows) break;
-      float x[L::vec], g[L::vec];
-      const bool live = r < valid;
-      const size_t row =
-          (static_cast<size_t>(span.b) * p.shape.tokens + n0 + r) * p.shape.heads + span.h;
-      k_rows.values(pass, x);
-      if (live) {
-#pragma unroll
-        for (int i = 0; i < L::vec; ++i) g[i] = dv_tile[r * L::ldf + lane * L::vec + i];
-        store_vector<T, D>(grad_v + row * D + lane * L::vec, g);
-      }
-#pragma unroll
-      for (int i = 0; i < L::vec; ++i) {
-        const int d = lane * L::vec + i;
-        if (!live) x[i] = 0.f;
-        g[i] = live ? work[r * L::ldf + d] + z[d] : 0.f;
-      }
-      feature_backward<T, D>(x, live ? inv_rms[r] : 0.f, g);
-      if (live) store_vector<T, D>(grad_k + row * D + lane * L::vec, g);
-    }
-  }
-  // The next item's first k and v tile, in flight across the cluster wait.
-  if (has_next) issue_span<T, D>(p.k, p.v, next, next.begin, k_rows, v_rows);
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+    // Peers read `part` until they arrive here; this CTA waits for them before it goes on.
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+    // The next item's first k/v tile flies across the cluster wait.
+    key_tiles<T, D>(p.k, p.v, span, p.shape.tokens, p.shape.heads, mixed, z, k_rows, v_rows, t,
+                    static_cast<T*>(p.grad_k), static_cast<T*>(p.grad_v), [&] {
+                      if (has_next) {
+                        issue_rows<T, D>(p.k, next, next.begin, k_rows);
+                        issue_rows<T, D>(p.v, next, next.begin, v_rows);
+                      }
+                    });
+    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
   }
 }
 
