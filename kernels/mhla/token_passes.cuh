@@ -1,6 +1,6 @@
 #pragma once
 // The token passes of the bidirectional block-linear kernels that keep their block states on chip
-// (cluster_block_linear.cu, sequence_block_linear.cu): one span of tokens [begin, end) of one
+// (cluster_block_linear.cu): one span of tokens [begin, end) of one
 // (batch, head), walked in 64-token tiles with the feature map applied while loading and the
 // products on tensor cores (the helpers of tiles.cuh and state_tiles.cuh).
 //   span_state   : S = phi(K)^T V and z = sum phi(k) over the span (fp32, D x D then D)

@@ -20,7 +20,6 @@
 #include "mhla/cluster_block_linear.h"
 #include "mhla/dense_block_linear.h"
 #include "mhla/resident_block_linear.h"
-#include "mhla/sequence_block_linear.h"
 
 namespace mhla {
 namespace {
@@ -381,90 +380,23 @@ class ClusterBlockLinearFunction : public torch::autograd::Function<ClusterBlock
   }
 };
 
-// One CTA per (batch, head) with the block states in shared memory
-// (kernels/mhla/sequence_block_linear.h): saves q, k, v and the mixing matrix; the backward
-// kernel recomputes the states and the output, with a global scratch for dS'.
-class SequenceBlockLinearFunction
-    : public torch::autograd::Function<SequenceBlockLinearFunction> {
- public:
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q_in,
-                               const torch::Tensor& k_in, const torch::Tensor& v_in,
-                               const torch::Tensor& mixing_in, int64_t blocks) {
-    const auto t = DenseFormTensors::for_forward(q_in, k_in, v_in, mixing_in);
-    kernels::SequenceBlockLinearForward a;
-    a.shape = shape_of(t.q, blocks);
-    a.dtype = kernel_dtype(t.v.scalar_type());
-    a.q = view_of(t.q), a.k = view_of(t.k), a.v = view_of(t.v);
-    a.mixing = t.mixes() ? t.mixing.data_ptr<float>() : nullptr;
-    a.out = t.out.data_ptr();
-    const c10::cuda::CUDAGuard on_device(t.q.device());  // launch on the inputs' GPU
-    auto stream = c10::cuda::getCurrentCUDAStream(t.q.device().index()).stream();
-    check_launch(kernels::sequence_block_linear_forward(a, stream),
-                 "sequence block linear forward");
-    ctx->save_for_backward({t.q, t.k, t.v, t.mixing});
-    ctx->saved_data["blocks"] = blocks;
-    remember_input_dtypes(ctx, q_in, k_in);
-    return t.out;
-  }
-
-  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
-                                               torch::autograd::tensor_list grads) {
-    auto saved = ctx->get_saved_variables();
-    auto q = saved[0], k = saved[1], v = saved[2], mixing = saved[3];
-    const int64_t blocks = ctx->saved_data["blocks"].toInt();
-    const bool mixes = mixing.numel() > 0;
-    auto grad_out = readable(grads[0], v.scalar_type());
-    auto contiguous = v.options().memory_format(torch::MemoryFormat::Contiguous);
-    auto dq = torch::empty(q.sizes(), contiguous), dk = torch::empty(q.sizes(), contiguous);
-    auto dv = torch::empty(q.sizes(), contiguous);
-    torch::Tensor dmixing;
-    if (mixes) dmixing = torch::empty({blocks, blocks}, q.options().dtype(torch::kFloat32));
-    kernels::SequenceBlockLinearBackward a;
-    a.shape = shape_of(q, blocks);
-    a.dtype = kernel_dtype(v.scalar_type());
-    a.q = view_of(q), a.k = view_of(k), a.v = view_of(v), a.grad_out = view_of(grad_out);
-    if (mixes) {
-      a.mixing = mixing.data_ptr<float>();
-      a.grad_mixing = dmixing.data_ptr<float>();
-    }
-    a.grad_q = dq.data_ptr(), a.grad_k = dk.data_ptr(), a.grad_v = dv.data_ptr();
-    auto scratch = torch::empty(
-        {static_cast<int64_t>(kernels::sequence_block_linear_scratch_floats(a.shape))},
-        q.options().dtype(torch::kFloat32));
-    a.scratch = scratch.data_ptr<float>();
-    const c10::cuda::CUDAGuard on_device(q.device());  // launch on the inputs' GPU
-    auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
-    check_launch(kernels::sequence_block_linear_backward(a, stream),
-                 "sequence block linear backward");
-    const auto [q_type, k_type] = input_dtypes(ctx);
-    return {dq.to(q_type), dk.to(k_type), dv, dmixing, torch::Tensor()};
-  }
-};
-
 // Which bidirectional kernel family the `cuda` backend takes: by default the resident kernels
 // where they fit, else the state kernels. The cluster kernels are correct but slower than the
 // state kernels on the H200 (1.37 against 0.81 ms for MHLA at B = 64, N = 1,024, H = 6, D = 64;
 // experiments/attention_vision.md, session 16), so they run only when asked for:
 // MHLA_BIDIRECTIONAL_KERNEL = cluster / states puts that family first (for A/B runs in one
 // binary; a family that does not take the shape falls through to the state kernels).
-enum class Family { resident, sequence, cluster, states };
+enum class Family { resident, cluster, states };
 
 std::vector<Family> family_order() {
   static const std::vector<Family> order = [] {
     const char* value = std::getenv("MHLA_BIDIRECTIONAL_KERNEL");
     const std::string choice = value != nullptr ? value : "";
     if (choice == "cluster") return std::vector{Family::cluster, Family::resident, Family::states};
-    if (choice == "sequence") return std::vector{Family::sequence, Family::resident, Family::states};
     if (choice == "states") return std::vector{Family::states};
     return std::vector{Family::resident, Family::states};
   }();
   return order;
-}
-
-bool sequence_takes(const torch::Tensor& q, const torch::Tensor& v, int64_t blocks) {
-  const auto type = v.scalar_type();
-  if (type != torch::kFloat16 && type != torch::kBFloat16) return false;
-  return kernels::sequence_block_linear_supported(shape_of(q, blocks), kernel_dtype(type));
 }
 
 bool cluster_takes(const torch::Tensor& q, const torch::Tensor& v, int64_t blocks) {
@@ -491,9 +423,6 @@ torch::Tensor block_linear_by_family(const torch::Tensor& q, const torch::Tensor
     }
     if (family == Family::cluster && cluster_takes(q, v, blocks)) {
       return ClusterBlockLinearFunction::apply(q, k, v, mixing, blocks);
-    }
-    if (family == Family::sequence && sequence_takes(q, v, blocks)) {
-      return SequenceBlockLinearFunction::apply(q, k, v, mixing, blocks);
     }
   }
   return BlockLinearFunction::apply(q, k, v, mixing, blocks);
@@ -542,9 +471,8 @@ bool block_linear_family_takes(const std::string& family, const torch::Tensor& q
                                const torch::Tensor& v, int64_t blocks) {
   if (family == "resident") return resident_takes(q, v, blocks);
   if (family == "cluster") return cluster_takes(q, v, blocks);
-  if (family == "sequence") return sequence_takes(q, v, blocks);
   if (family == "states") return true;
-  fail("unknown bidirectional kernel family '{}' (resident, sequence, cluster, states)", family);
+  fail("unknown bidirectional kernel family '{}' (resident, cluster, states)", family);
 }
 
 torch::Tensor block_linear_by_named_family(const std::string& family, const torch::Tensor& q,
@@ -557,7 +485,6 @@ torch::Tensor block_linear_by_named_family(const std::string& family, const torc
   }
   if (family == "resident") return ResidentBlockLinearFunction::apply(q, k, v, mixing, blocks);
   if (family == "cluster") return ClusterBlockLinearFunction::apply(q, k, v, mixing, blocks);
-  if (family == "sequence") return SequenceBlockLinearFunction::apply(q, k, v, mixing, blocks);
   return BlockLinearFunction::apply(q, k, v, mixing, blocks);
 }
 

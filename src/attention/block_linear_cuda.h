@@ -25,11 +25,9 @@ torch::Tensor mhla_cuda_dense(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const OpArgs& args);
 
 // The bidirectional kernel families of the `cuda` backend, by name: "resident" (the whole
-// sequence of a (batch, head) in one CTA, dense form), "sequence" (one CTA per (batch, head), its
-// block states in shared memory), "cluster" (one 16-CTA cluster per (batch, head)) and "states"
-// (block states through global memory). The backend takes the resident kernels where
-// they fit and the state kernels otherwise; MHLA_BIDIRECTIONAL_KERNEL=sequence / cluster / states
-// moves one
+// sequence of a (batch, head) in one CTA, dense form), "cluster" (one 16-CTA cluster per
+// (batch, head)) and "states" (block states through global memory). The backend takes the resident kernels where
+// they fit and the state kernels otherwise; MHLA_BIDIRECTIONAL_KERNEL=cluster / states moves one
 // family first (the cluster kernels are slower than the state kernels: block_linear_cuda.cpp
 // says by how much). For tests and A/B runs:
 // whether `family` takes the inputs, and the op run by it (an error if it does not take them).
