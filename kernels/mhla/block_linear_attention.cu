@@ -43,8 +43,10 @@ __host__ __device__ constexpr size_t states_smem() {
   return 2 * align128(kTile * L::lde * sizeof(typename Mma<T>::elem)) + kWarps * 256 * 4;
 }
 
+// Four CTAs per multiprocessor (64 registers): the pass waits on its loads, so occupancy
+// is what hides them.
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) states_kernel(BlockLinearForward p, int chunks) {
+__global__ void __launch_bounds__(kThreads, 4) states_kernel(BlockLinearForward p, int chunks) {
   using L = Layout<T, D>;
   using E = typename Mma<T>::elem;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -179,8 +181,9 @@ __host__ __device__ constexpr size_t query_backward_smem() {
 }
 
 // dq and dS'_i, dz'_i for the tokens of one chunk of block i.
+// Three CTAs per multiprocessor (85 registers; two at its natural 90).
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 3)
     query_backward_kernel(BlockLinearBackward p, int chunks) {
   using L = Layout<T, D>;
   using E = typename Mma<T>::elem;
