@@ -312,22 +312,30 @@ int resident_clusters(Kernel kernel, size_t smem_bytes) {
 }
 
 // Launches `kernel` on (16, clusters) CTAs in clusters of 16.
+// A launch of (16, clusters) CTAs in clusters of 16; `attribute` must outlive the launch.
+cudaLaunchConfig_t cluster_config(int clusters, size_t smem_bytes, cudaStream_t stream,
+                                  cudaLaunchAttribute& attribute) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(kC, clusters);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = kC;
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return config;
+}
+
 template <typename Kernel, typename Args>
 cudaError_t launch_clusters(Kernel kernel, size_t smem_bytes, const Args& args, int resident,
                             cudaStream_t stream) {
   const int items = args.shape.batch * args.shape.heads;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(kC, items < resident ? items : resident);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem_bytes;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = kC;
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = 1;
-  config.attrs = attribute;
-  config.numAttrs = 1;
+  cudaLaunchAttribute attribute;
+  const cudaLaunchConfig_t config =
+      cluster_config(items < resident ? items : resident, smem_bytes, stream, attribute);
   return cudaLaunchKernelEx(&config, kernel, args);
 }
 
@@ -385,17 +393,8 @@ bool device_has_clusters() {
 template <typename Kernel>
 int max_active_clusters(Kernel kernel, size_t smem_bytes) {
   if (configure_clusters(kernel, smem_bytes) != cudaSuccess) return -1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(kC, 1024);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem_bytes;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = kC;
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = 1;
-  config.attrs = attribute;
-  config.numAttrs = 1;
+  cudaLaunchAttribute attribute;
+  const cudaLaunchConfig_t config = cluster_config(1024, smem_bytes, nullptr, attribute);
   int clusters = 0;
   return cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess ? clusters : -1;
 }

@@ -356,6 +356,14 @@ int main(int argc, char** argv) {
     return 0;
   }
   bool ok = true;
+  if (argc > 1 && std::string(argv[1]) == "--cluster") {
+    // The cluster kernels' cases alone (with the state kernels they are checked against), for a
+    // racecheck run that finishes in minutes.
+    ok &= run_case<__nv_bfloat16>(DType::bf16, 2, 3, 1024, 64, 16, true);
+    ok &= run_case<__half>(DType::f16, 1, 2, 160, 64, 1, false);
+    ok &= run_case<__nv_bfloat16>(DType::bf16, 8, 6, 256, 64, 16, true);  // clusters walk items
+    return ok ? 0 : 1;
+  }
   ok &= run_case<__nv_bfloat16>(DType::bf16, 2, 2, 100, 64, 4, true);   // partial tiles
   ok &= run_case<__nv_bfloat16>(DType::bf16, 1, 2, 1200, 32, 2, true);  // several chunks per block
   ok &= run_case<__nv_bfloat16>(DType::bf16, 3, 1, 12, 128, 1, false);  // linear, N < one tile
