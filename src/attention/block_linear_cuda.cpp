@@ -382,7 +382,7 @@ class ClusterBlockLinearFunction : public torch::autograd::Function<ClusterBlock
 
 // Which bidirectional kernel family the `cuda` backend takes: by default the resident kernels
 // where they fit, else the state kernels. The cluster kernels are correct but slower than the
-// state kernels on the H200 (1.37 against 0.81 ms for MHLA at B = 64, N = 1,024, H = 6, D = 64;
+// state kernels on the H200 (1.35 against 0.82 ms for MHLA at B = 64, N = 1,024, H = 6, D = 64;
 // experiments/attention_vision.md, session 16), so they run only when asked for:
 // MHLA_BIDIRECTIONAL_KERNEL = cluster / states puts that family first (for A/B runs in one
 // binary; a family that does not take the shape falls through to the state kernels).
