@@ -56,7 +56,7 @@ PY
 
 if [ -n "${NCU_SHAPE:-}" ]; then
   step ncu
-  timeout 200 ncu --clock-control none --kernel-name regex:cluster_ --launch-skip 2 --launch-count 2 \
+  MHLA_BIDIRECTIONAL_KERNEL=cluster timeout 200 ncu --clock-control none --kernel-name regex:cluster_ --launch-skip 2 --launch-count 2 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section MemoryWorkloadAnalysis "$bin" bench attention --op mhla --backend cuda \
     --shape "$NCU_SHAPE" --blocks 16 --warmup 1 --iters 1 > "$OUT/ncu.txt" 2>&1
