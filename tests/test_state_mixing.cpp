@@ -1,4 +1,6 @@
-// The GPU helpers that mix fp32 block states for the MHLA bindings (src/attention/state_mixing):
+// The GPU helpers that mix block states for the MHLA bindings (src/attention/state_mixing), with
+// fp32 and bf16 storage (bf16: the expected values from the same rounded inputs; the mix's output
+// is rounded once more, so its bound is the bf16 step):
 // the state-mix kernel against a float64 matrix product (dense, strictly lower and strictly upper
 // weights; block counts that fill no, one and several 16-block groups; cuBLAS past 128 blocks),
 // and the pair-products kernel against a float64 contraction, over row counts that pad (3), fill
@@ -26,23 +28,27 @@ TEST_CASE("attention: block state mix against float64", "[attention][gpu]") {
   struct Case {
     int64_t batch_heads, blocks, elements;
   };
-  for (const Case& c :
-       {Case{3, 1, 1056}, Case{2, 3, 4160}, Case{5, 16, 4160}, Case{2, 33, 1056},
-        Case{1, 64, 16512}, Case{2, 70, 1056}, Case{1, 128, 1056}, Case{1, 130, 1056}}) {
-    for (const MixPattern pattern : {MixPattern::dense, MixPattern::lower, MixPattern::upper}) {
-      INFO("BH=" << c.batch_heads << " blocks=" << c.blocks << " E=" << c.elements
-                 << " pattern=" << static_cast<int>(pattern));
-      auto states = torch::randn({c.batch_heads, c.blocks, c.elements}, cuda);
-      auto weights = torch::rand({c.blocks, c.blocks}, cuda);
-      if (pattern == MixPattern::lower) weights = weights.tril(-1);
-      if (pattern == MixPattern::upper) weights = weights.triu(1);
-      auto got = mix_block_states(weights, states, pattern);
-      auto expected = torch::matmul(weights.to(torch::kFloat64), states.to(torch::kFloat64));
-      REQUIRE(got.sizes() == expected.sizes());
-      if (c.blocks == 1 && pattern != MixPattern::dense) {
-        CHECK(got.abs().max().item<double>() == 0.0);  // the only weight is on the diagonal
-      } else {
-        CHECK(test::relative_error(got, expected) < 1e-5);
+  for (const auto storage : {torch::kFloat32, torch::kBFloat16}) {
+    const double bound = storage == torch::kFloat32 ? 1e-5 : 4e-3;
+    for (const Case& c :
+         {Case{3, 1, 1056}, Case{2, 3, 4160}, Case{5, 16, 4160}, Case{2, 33, 1056},
+          Case{1, 64, 16512}, Case{2, 70, 1056}, Case{1, 128, 1056}, Case{1, 130, 1056}}) {
+      for (const MixPattern pattern : {MixPattern::dense, MixPattern::lower, MixPattern::upper}) {
+        INFO("BH=" << c.batch_heads << " blocks=" << c.blocks << " E=" << c.elements
+                   << " pattern=" << static_cast<int>(pattern) << " storage=" << storage);
+        auto states = torch::randn({c.batch_heads, c.blocks, c.elements}, cuda).to(storage);
+        auto weights = torch::rand({c.blocks, c.blocks}, cuda);
+        if (pattern == MixPattern::lower) weights = weights.tril(-1);
+        if (pattern == MixPattern::upper) weights = weights.triu(1);
+        auto got = mix_block_states(weights, states, pattern);
+        auto expected = torch::matmul(weights.to(torch::kFloat64), states.to(torch::kFloat64));
+        REQUIRE(got.sizes() == expected.sizes());
+        CHECK(got.scalar_type() == storage);
+        if (c.blocks == 1 && pattern != MixPattern::dense) {
+          CHECK(got.abs().max().item<double>() == 0.0);  // the only weight is on the diagonal
+        } else {
+          CHECK(test::relative_error(got.to(torch::kFloat64), expected) < bound);
+        }
       }
     }
   }
@@ -52,7 +58,9 @@ TEST_CASE("attention: block state mix against float64", "[attention][gpu]") {
   auto expected = torch::matmul(weights.t().to(torch::kFloat64), states.to(torch::kFloat64));
   CHECK(test::relative_error(mix_block_states(weights.t(), states), expected) < 1e-5);
   CHECK(test::contains(test::error_of([&] { mix_block_states(weights.narrow(0, 0, 8), states); }),
-                       "block state mix: states must be fp32 [BH, blocks, E]"));
+                       "block state mix: states must be fp32 or bf16 [BH, blocks, E]"));
+  CHECK(test::contains(test::error_of([&] { mix_block_states(weights, states.to(torch::kHalf)); }),
+                       "block state mix: states must be fp32 or bf16"));
 #else
   WARN("built without the CUDA kernels: skipped");
 #endif
@@ -69,23 +77,27 @@ TEST_CASE("attention: block pair products (mixing gradient) against float64", "[
   struct Case {
     int64_t batch_heads, blocks, rows, elements;
   };
-  for (const Case& c : {Case{3, 5, 3, 1056}, Case{7, 16, 16, 4160}, Case{2, 64, 64, 1056},
-                        Case{5, 33, 16, 16512}, Case{1, 1, 1, 4}}) {
-    INFO("BH=" << c.batch_heads << " blocks=" << c.blocks << " rows=" << c.rows
-               << " E=" << c.elements);
-    auto x = torch::randn({c.batch_heads, c.blocks, c.elements}, cuda);
-    auto y = torch::randn({c.batch_heads, c.blocks, c.elements}, cuda);
-    auto got = block_pair_products(x, y, c.rows);
-    auto xd = x.narrow(1, 0, c.rows).to(torch::kFloat64);
-    auto yd = y.narrow(1, 0, c.rows).to(torch::kFloat64);
-    auto expected = torch::einsum("bie,bje->ij", {xd, yd});
-    REQUIRE(got.sizes() == expected.sizes());
-    CHECK(test::relative_error(got, expected) < 1e-4);
+  for (const auto storage : {torch::kFloat32, torch::kBFloat16}) {
+    for (const Case& c : {Case{3, 5, 3, 1056}, Case{7, 16, 16, 4160}, Case{2, 64, 64, 1056},
+                          Case{5, 33, 16, 16512}, Case{1, 1, 1, 4}}) {
+      INFO("BH=" << c.batch_heads << " blocks=" << c.blocks << " rows=" << c.rows
+                 << " E=" << c.elements << " storage=" << storage);
+      auto x = torch::randn({c.batch_heads, c.blocks, c.elements}, cuda).to(storage);
+      auto y = torch::randn({c.batch_heads, c.blocks, c.elements}, cuda).to(storage);
+      auto got = block_pair_products(x, y, c.rows);
+      auto xd = x.narrow(1, 0, c.rows).to(torch::kFloat64);
+      auto yd = y.narrow(1, 0, c.rows).to(torch::kFloat64);
+      auto expected = torch::einsum("bie,bje->ij", {xd, yd});
+      REQUIRE(got.sizes() == expected.sizes());
+      CHECK(got.scalar_type() == torch::kFloat32);
+      CHECK(test::relative_error(got, expected) < 1e-4);
+    }
   }
   // Bad input is refused by name, not read out of bounds.
   auto x = torch::randn({2, 4, 8}, cuda);
   CHECK(test::contains(test::error_of([&] { block_pair_products(x, x.to(torch::kFloat64), 2); }),
-                       "block pair products: x and y must be contiguous fp32"));
+                       "block pair products: x and y must be contiguous [BH, blocks, E] on "
+                       "one GPU, both fp32 or both bf16"));
   CHECK(test::contains(test::error_of([&] { block_pair_products(x, x, 5); }),
                        "block pair products: CUDA error"));
 #else

@@ -2,7 +2,9 @@
 #include <algorithm>
 
 #include "common/device_info.h"
+#include "common/packed_access.cuh"
 #include "mhla/block_pair_products.h"
+#include "mhla/state_storage.cuh"
 
 namespace mhla_kernels {
 namespace {
@@ -22,6 +24,7 @@ size_t shared_bytes(int rows) {
   return std::max<size_t>(tiles, kReduceFloats) * sizeof(float);
 }
 
+template <typename S>
 __global__ void __launch_bounds__(kThreads) pair_products_kernel(BlockPairProducts p) {
   extern __shared__ __align__(16) float smem[];
   const int padded = padded_rows(p.rows), side = padded / 4, tiles = side * side;
@@ -39,20 +42,21 @@ __global__ void __launch_bounds__(kThreads) pair_products_kernel(BlockPairProduc
     const int64_t bh = item / columns, e0 = (item % columns) * kColumns;
     const size_t base = static_cast<size_t>(bh) * p.blocks * p.elements;
     __syncthreads();  // the previous item's reads are done
-    // Up to 64 x 128 floats per set: every load of the item is issued before the first store.
+    // Up to 64 x 128 elements per set: every load of the item is issued before the first store.
     constexpr int kBatch = 8;
-    const int count = padded * kQuads;  // float4 groups per set
+    const int count = padded * kQuads;  // groups of four elements per set
     for (int first = t; first < 2 * count; first += kBatch * kThreads) {
-      float4 v[kBatch];
+      float v[kBatch][4];
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
         const int idx = first + u * kThreads;
         const int which = idx >= count, local = idx - which * count;
         const int r = local / kQuads, e = static_cast<int>(e0) + (local % kQuads) * 4;
-        v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+        v[u][0] = v[u][1] = v[u][2] = v[u][3] = 0.f;
         if (idx < 2 * count && r < p.rows && e < p.elements) {
-          const float* src = (which ? p.y : p.x) + base + static_cast<size_t>(r) * p.elements + e;
-          v[u] = __ldg(reinterpret_cast<const float4*>(src));
+          const S* src = static_cast<const S*>(which ? p.y : p.x) + base +
+                         static_cast<size_t>(r) * p.elements + e;
+          load_pack<S, 4>(src, v[u]);
         }
       }
 #pragma unroll
@@ -61,7 +65,7 @@ __global__ void __launch_bounds__(kThreads) pair_products_kernel(BlockPairProduc
         if (idx >= 2 * count) break;
         const int which = idx >= count, local = idx - which * count;
         float* dst = (which ? ys : xs) + (local / kQuads) * kLd + (local % kQuads) * 4;
-        dst[0] = v[u].x, dst[1] = v[u].y, dst[2] = v[u].z, dst[3] = v[u].w;
+        dst[0] = v[u][0], dst[1] = v[u][1], dst[2] = v[u][2], dst[3] = v[u][3];
       }
     }
     __syncthreads();
@@ -106,19 +110,24 @@ cudaError_t block_pair_products(const BlockPairProducts& p, cudaStream_t stream)
   if (p.x == nullptr || p.y == nullptr || p.grad == nullptr || p.batch_heads <= 0 || p.rows < 1 ||
       p.rows > kMaxRows || p.rows > p.blocks || p.elements <= 0 || p.elements % 4 != 0)
     return cudaErrorInvalidValue;
-  const size_t bytes = shared_bytes(p.rows);
-  if (bytes > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(
-        pair_products_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-    if (err != cudaSuccess) return err;
-  }
-  const int64_t items =
-      static_cast<int64_t>(p.batch_heads) * ((p.elements + kColumns - 1) / kColumns);
-  // Several CTAs per SM so that one's loads overlap another's products.
-  const int per_sm = std::max<int>(1, std::min<int>(8, static_cast<int>((200 * 1024) / bytes)));
-  const int ctas = static_cast<int>(std::min<int64_t>(items, int64_t{per_sm} * multiprocessors()));
-  pair_products_kernel<<<ctas, kThreads, bytes, stream>>>(p);
-  return cudaGetLastError();
+  return with_state_type(p.type, [&](auto tag) {
+    using S = decltype(tag);
+    const size_t bytes = shared_bytes(p.rows);
+    if (bytes > 48 * 1024) {
+      const cudaError_t err =
+          cudaFuncSetAttribute(pair_products_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(bytes));
+      if (err != cudaSuccess) return err;
+    }
+    const int64_t items =
+        static_cast<int64_t>(p.batch_heads) * ((p.elements + kColumns - 1) / kColumns);
+    // Several CTAs per SM so that one's loads overlap another's products.
+    const int per_sm = std::max<int>(1, std::min<int>(8, static_cast<int>((200 * 1024) / bytes)));
+    const int ctas =
+        static_cast<int>(std::min<int64_t>(items, int64_t{per_sm} * multiprocessors()));
+    pair_products_kernel<S><<<ctas, kThreads, bytes, stream>>>(p);
+    return cudaGetLastError();
+  });
 }
 
 }  // namespace mhla_kernels

@@ -2,8 +2,8 @@
 // Causal block linear attention on the GPU (language models): causal linear attention and causal
 // MHLA, chunkwise with 64-token blocks, forward and backward.
 //
-//   phi(x) = relu(x / rms(x)) + 1e-6, S_j = sum_{t in block j} phi(k_t) [v_t, 1]^T   (fp32)
-//   P_i    = sum_{j < i} w_ij S_j                       (whole earlier blocks: the prefix)
+//   phi(x) = relu(x / rms(x)) + 1e-6, S_j = sum_{t in block j} phi(k_t) [v_t, 1]^T   (summed in
+//   fp32) P_i    = sum_{j < i} w_ij S_j                       (whole earlier blocks: the prefix)
 //   n_t    = phi(q_t) P_i + w_ii sum_{s <= t, s in block i} (phi(q_t) . phi(k_s)) [v_s, 1]
 //   o_t    = n_t[:D] / (n_t[D] + 1e-6)                  for t in block i
 //
@@ -31,6 +31,7 @@
 #include <cuda_runtime.h>
 
 #include "mhla/block_linear_attention.h"
+#include "mhla/state_type.h"
 
 namespace mhla_kernels {
 
@@ -42,7 +43,9 @@ struct CausalBlockLinearShape {
 };
 
 // Blocks of one sequence, ceil(T / 64). A set of states (S and z of every batch, head and block)
-// is B * H * blocks * (D * D + D) floats, laid out [B * H, blocks, D * D + D].
+// is B * H * blocks * (D * D + D) elements, laid out [B * H, blocks, D * D + D], stored as
+// `state_type` says (fp32 inputs: fp32 only). The four sets (S, P and their gradients) are the
+// passes' largest traffic at D = 128, so 16-bit inputs store them in bf16.
 int causal_blocks(int tokens);
 
 // Whether the kernels take the shape and dtype (the binding runs the reference otherwise).
@@ -60,8 +63,9 @@ struct CausalBlockLinearForward {
   TokenTensor q, k, v;
   const float* mixing = nullptr;  // [M, M] fp32 lower triangular, or nullptr (linear attention)
   void* out = nullptr;            // [B, T, H, D] contiguous
-  float* states = nullptr;        // a set of states: S_j, kept for the backward pass
-  float* prefix = nullptr;        // a set of states: P_i, kept for the backward pass
+  StateType state_type = StateType::f32;
+  void* states = nullptr;  // a set of states: S_j, kept for the backward pass
+  void* prefix = nullptr;  // a set of states: P_i, kept for the backward pass
 };
 
 struct CausalBlockLinearBackward {
@@ -70,17 +74,19 @@ struct CausalBlockLinearBackward {
   DType dtype = DType::bf16;
   TokenTensor q, k, v, out, grad_out;
   const float* mixing = nullptr;
-  const float* states = nullptr;  // from the forward pass
-  const float* prefix = nullptr;
+  StateType state_type = StateType::f32;  // of every set below
+  const void* states = nullptr;           // from the forward pass
+  const void* prefix = nullptr;
   void* grad_q = nullptr;  // [B, T, H, D] contiguous each
   void* grad_k = nullptr;
   void* grad_v = nullptr;
   float* grad_mixing = nullptr;  // [M, M] fp32, overwritten (summed over batch and heads)
-  float* grad_prefix = nullptr;  // a set of states (workspace)
-  float* grad_states = nullptr;  // a set of states (workspace)
+  void* grad_prefix = nullptr;   // a set of states (workspace)
+  void* grad_states = nullptr;   // a set of states (workspace)
 };
 
-// cudaSuccess or the first launch error; cudaErrorInvalidValue for a shape the kernels do not take.
+// cudaSuccess or the first launch error; cudaErrorInvalidValue for a shape the kernels do not take
+// (or bf16 states with fp32 inputs).
 cudaError_t causal_block_linear_forward(const CausalBlockLinearForward& args, cudaStream_t stream);
 cudaError_t causal_block_linear_backward(const CausalBlockLinearBackward& args,
                                          cudaStream_t stream);

@@ -3,6 +3,7 @@
 // block-linear-attention kernels: A^T B accumulated into a state, tile x state products, and a
 // state's trip between global memory (fp32) and shared memory (the tensor-core element type).
 #include <cstdint>
+#include <type_traits>
 
 #include "common/packed_access.cuh"
 #include "mhla/tiles.cuh"
@@ -64,9 +65,11 @@ __device__ __forceinline__ void multiply_tile(const typename Mma<T>::elem* a,
 }
 
 // Writes the D x D accumulators to a state in global memory: stored when one CTA owns it,
-// added atomically (through a per-warp staging tile) when several chunks share it.
-template <typename T, int D, int Threads = kThreads>
-__device__ void write_state(FragC<T> (&acc)[Layout<T, D, Threads>::frags_per_warp], float* state,
+// added atomically (through a per-warp staging tile) when several chunks share it. A bf16 state
+// (S = __nv_bfloat16, stored only) also goes through the staging tile: each lane converts and
+// stores 8 elements as one 16-byte word.
+template <typename T, int D, int Threads = kThreads, typename S = float>
+__device__ void write_state(FragC<T> (&acc)[Layout<T, D, Threads>::frags_per_warp], S* state,
                             bool atomic, float* staging) {
   using L = Layout<T, D, Threads>;
   constexpr int kWarps = Threads / 32;
@@ -77,8 +80,17 @@ __device__ void write_state(FragC<T> (&acc)[Layout<T, D, Threads>::frags_per_war
     const int f = warp + u * kWarps;
     if (f >= L::frags) continue;
     const int fm = f / (D / 16), fn = f % (D / 16);
-    float* dst = state + fm * 16 * D + fn * 16;
-    if (!atomic) {
+    S* dst = state + fm * 16 * D + fn * 16;
+    if constexpr (!std::is_same_v<S, float>) {
+      wmma::store_matrix_sync(tile, acc[u], 16, wmma::mem_row_major);
+      __syncwarp();
+      const int r = lane / 2, c = (lane % 2) * 8;
+      float x[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) x[i] = tile[r * 16 + c + i];
+      store_pack<S, 8>(dst + r * D + c, x);
+      __syncwarp();
+    } else if (!atomic) {
       wmma::store_matrix_sync(dst, acc[u], D, wmma::mem_row_major);
     } else {
       wmma::store_matrix_sync(tile, acc[u], 16, wmma::mem_row_major);
@@ -93,23 +105,24 @@ __device__ void write_state(FragC<T> (&acc)[Layout<T, D, Threads>::frags_per_war
 // Every block pass starts here, so the loads are 16 bytes wide and issued in batches before any
 // store: the scalar load-convert-store loop this replaces waited one global-memory latency per
 // element group (~20 us per CTA at D = 128, most of the causal output pass). A state starts at a
-// multiple of D * (D + 1) floats, 16-byte aligned when its buffer is.
-template <typename T, int D, int Threads = kThreads>
-__device__ void load_state(const float* state, typename Mma<T>::elem* s, float* z) {
+// multiple of D * (D + 1) elements (S: float or bf16), 16-byte aligned when its buffer is.
+template <typename T, int D, int Threads = kThreads, typename S = float>
+__device__ void load_state(const S* state, typename Mma<T>::elem* s, float* z) {
   using L = Layout<T, D, Threads>;
   constexpr int kThreads = Threads;
   using E = typename Mma<T>::elem;
-  constexpr int kPerRow = D / 4, kCount = D * kPerRow;  // float4 groups of S
+  constexpr int kVec = 16 / static_cast<int>(sizeof(S));   // elements per 16-byte load
+  constexpr int kPerRow = D / kVec, kCount = D * kPerRow;  // 16-byte groups of S
   constexpr int kPerThread = kCount / kThreads > 0 ? kCount / kThreads : 1;
   constexpr int kBatch = kPerThread < 16 ? kPerThread : 16;
   if (reinterpret_cast<uintptr_t>(state) % 16 != 0) {  // not from a whole-state buffer
     for (int e = threadIdx.x; e < D * D; e += kThreads) {
-      s[(e / D) * L::lde + e % D] = from_float<E>(state[e]);
+      s[(e / D) * L::lde + e % D] = from_float<E>(to_float(state[e]));
     }
   } else {
-    const float4* src = reinterpret_cast<const float4*>(state);
+    const uint4* src = reinterpret_cast<const uint4*>(state);
     for (int first = threadIdx.x; first < kCount; first += kBatch * kThreads) {
-      float4 x[kBatch];
+      uint4 x[kBatch];
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
         const int e = first + u * kThreads;
@@ -119,13 +132,14 @@ __device__ void load_state(const float* state, typename Mma<T>::elem* s, float* 
       for (int u = 0; u < kBatch; ++u) {
         const int e = first + u * kThreads;
         if (e < kCount) {
-          const float v[4] = {x[u].x, x[u].y, x[u].z, x[u].w};
-          store_pack<E, 4>(s + (e / kPerRow) * L::lde + (e % kPerRow) * 4, v);
+          float v[kVec];
+          load_pack<S, kVec>(reinterpret_cast<const S*>(&x[u]), v);
+          store_pack<E, kVec>(s + (e / kPerRow) * L::lde + (e % kPerRow) * kVec, v);
         }
       }
     }
   }
-  for (int e = threadIdx.x; e < D; e += kThreads) z[e] = state[D * D + e];
+  for (int e = threadIdx.x; e < D; e += kThreads) z[e] = to_float(state[D * D + e]);
 }
 
 }  // namespace tiles

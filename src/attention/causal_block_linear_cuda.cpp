@@ -46,6 +46,24 @@ bool mix_by_gemm(int64_t blocks, int64_t trained_blocks) {
   return choice < 0 ? blocks <= std::max(trained_blocks, kGemmMixBlocks) : choice == 1;
 }
 
+// How the four sets of block states (S, P and their gradients: each larger than q, k and v
+// together at D = 128) are stored: bf16 for 16-bit inputs, which halves the bytes of every pass
+// that streams a set (the tensor-core passes round a state to 16 bits when they load it anyway,
+// and every sum over states stays fp32), fp32 for fp32 inputs. MHLA_CAUSAL_STATES=fp32 keeps fp32
+// sets for 16-bit inputs too (A/B runs and precision checks).
+torch::ScalarType state_dtype(torch::ScalarType input) {
+  static const bool force_fp32 = [] {
+    const char* value = std::getenv("MHLA_CAUSAL_STATES");
+    return value != nullptr && std::strcmp(value, "fp32") == 0;
+  }();
+  return input == torch::kFloat32 || force_fp32 ? torch::kFloat32 : torch::kBFloat16;
+}
+
+kernels::StateType state_type_of(const torch::Tensor& states) {
+  return states.scalar_type() == torch::kFloat32 ? kernels::StateType::f32
+                                                 : kernels::StateType::bf16;
+}
+
 // The strictly lower weights w_ij (j < i) of `blocks` blocks: the learned matrix's corner inside
 // the trained length, the policy's expansion past it.
 torch::Tensor strict_weights(const torch::Tensor& mixing, int64_t blocks) {
@@ -53,8 +71,8 @@ torch::Tensor strict_weights(const torch::Tensor& mixing, int64_t blocks) {
   return causal_mixing_matrix(mixing, blocks).tril(-1);
 }
 
-// Saves q, k, v, the output, the mixing matrix (empty: linear attention) and the fp32 block
-// states and prefixes. The prefix mixing and its backward are GEMMs here or the kernels' sweeps
+// Saves q, k, v, the output, the mixing matrix (empty: linear attention) and the block states and
+// prefixes (state_dtype). The prefix mixing and its backward are GEMMs here or the kernels' sweeps
 // (mix_by_gemm; linear attention always sweeps: a running sum). The mixing gradient of the rows
 // inside the trained length is a GEMM here in both cases (see the kernel header); past it the
 // sweep adds the sliding row's, or the GEMM path maps the expanded matrix's gradient back through
@@ -72,7 +90,7 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     const int64_t blocks = kernels::causal_blocks(shape.tokens);
     const int64_t batch_heads = q.size(0) * q.size(2), d = q.size(3);
     auto states =
-        torch::empty({batch_heads, blocks, d * d + d}, q.options().dtype(torch::kFloat32));
+        torch::empty({batch_heads, blocks, d * d + d}, q.options().dtype(state_dtype(dtype)));
     auto out = torch::empty(q.sizes(), v.options().memory_format(torch::MemoryFormat::Contiguous));
     kernels::CausalBlockLinearForward a;
     a.shape = shape;
@@ -80,22 +98,22 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     a.q = view_of(q), a.k = view_of(k), a.v = view_of(v);
     a.mixing = mixes ? mixing.data_ptr<float>() : nullptr;
     a.out = out.data_ptr();
-    a.states = states.data_ptr<float>();
+    a.state_type = state_type_of(states);
+    a.states = states.data_ptr();
     const c10::cuda::CUDAGuard on_device(q.device());
     auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
     a.passes = kernels::kCausalStatesPass;
     check_launch(kernels::causal_block_linear_forward(a, stream), "causal block linear states");
     torch::Tensor prefix;
     if (mixes && mix_by_gemm(blocks, mixing.size(0))) {
-      prefix = mix_block_states(strict_weights(mixing, blocks), states,
-                                kernels::MixPattern::lower);
+      prefix = mix_block_states(strict_weights(mixing, blocks), states, kernels::MixPattern::lower);
     } else {
       prefix = torch::empty_like(states);
-      a.prefix = prefix.data_ptr<float>();
+      a.prefix = prefix.data_ptr();
       a.passes = kernels::kCausalPrefixPass;
       check_launch(kernels::causal_block_linear_forward(a, stream), "causal block linear prefix");
     }
-    a.prefix = prefix.data_ptr<float>();
+    a.prefix = prefix.data_ptr();
     a.passes = kernels::kCausalOutputPass;
     check_launch(kernels::causal_block_linear_forward(a, stream), "causal block linear output");
     ctx->save_for_backward({q, k, v, out, mixing, states, prefix});
@@ -126,10 +144,11 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
       a.mixing = mixing.data_ptr<float>();
       a.grad_mixing = dmixing.data_ptr<float>();
     }
-    a.states = states.data_ptr<float>();
-    a.prefix = prefix.data_ptr<float>();
+    a.state_type = state_type_of(states);
+    a.states = states.data_ptr();
+    a.prefix = prefix.data_ptr();
     a.grad_q = dq.data_ptr(), a.grad_k = dk.data_ptr(), a.grad_v = dv.data_ptr();
-    a.grad_prefix = grad_prefix.data_ptr<float>();
+    a.grad_prefix = grad_prefix.data_ptr();
     const c10::cuda::CUDAGuard on_device(q.device());
     auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
     a.passes = kernels::kCausalQueryPass;
@@ -143,12 +162,12 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
                                      kernels::MixPattern::upper);
     } else {
       grad_states = torch::empty_like(states);
-      a.grad_states = grad_states.data_ptr<float>();
+      a.grad_states = grad_states.data_ptr();
       a.passes = kernels::kCausalPrefixPass;
       check_launch(kernels::causal_block_linear_backward(a, stream),
                    "causal block linear prefix backward");
     }
-    a.grad_states = grad_states.data_ptr<float>();
+    a.grad_states = grad_states.data_ptr();
     a.passes = kernels::kCausalKeyPass;
     check_launch(kernels::causal_block_linear_backward(a, stream), "causal block linear key pass");
     if (mixes) {
@@ -158,7 +177,9 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
         // dw_ij = sum <dP_i, S_j> for every j < i, mapped back to the learned matrix through the
         // policy's expansion (its autograd graph, rebuilt on a detached copy).
         auto dw = (blocks <= 64 ? block_pair_products(grad_prefix, states, blocks)
-                                : torch::bmm(grad_prefix, states.transpose(1, 2)).sum(0))
+                                : torch::bmm(grad_prefix.to(torch::kFloat32),
+                                             states.to(torch::kFloat32).transpose(1, 2))
+                                      .sum(0))
                       .tril(-1);
         torch::AutoGradMode grad_on(true);
         auto leaf = mixing.detach().requires_grad_(true);

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# One device call for the causal kernels' state storage (bf16 against fp32 block-state sets,
+# kernels/mhla/state_type.h):
+#   1. the causal, state-mixing and op-harness [gpu] tests with the default storage and with
+#      MHLA_CAUSAL_STATES=fp32; memcheck of the small-shape causal test;
+#   2. forward+backward of causal linear attention and MHLA at the LM shapes, two rounds of:
+#      the previous binary (.gpu_stage/bin/mhla_prev.gz, when carried), this one with fp32 sets,
+#      this one with its default (bf16) sets; then fla's chunk_linear_attn in the same call;
+#   3. Nsight Compute durations per kernel of one MHLA forward+backward at T = 2,048 and 8,192.
+# Run from the repository root after `source scripts/gpu_env.sh` (binaries from
+# `scripts/stage_gpu.sh --binaries`; carry .gpu_stage and .whl). SKIP_TESTS=1, SKIP_PEER=1 and
+# SKIP_NCU=1 shorten a repeat call. Results in $OUT/states/.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; V=$OUT/states; mkdir -p "$V"
+bin=${MHLA_BIN:-build-gpu/mhla}
+tests=${MHLA_TESTS_BIN:-build-gpu/tests/mhla_tests}
+source scripts/gpu_delta_checks.sh
+t0=$(date +%s); step() { echo "== $1 (t=$(( $(date +%s) - t0 ))s)"; }
+filter="*causal block-linear*,*block state mix*,*block pair products*,ops: every op and GPU backend*"
+
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  step tests
+  run_gpu_tests "$V" tests_bf16.txt 240 "$tests" "$filter"
+  MHLA_CAUSAL_STATES=fp32 run_gpu_tests "$V" tests_fp32.txt 150 "$tests" "*causal block-linear*"
+  if command -v compute-sanitizer > /dev/null; then
+    timeout 150 compute-sanitizer --tool memcheck "$tests" \
+      "attention: causal block-linear kernels on small odd shapes" > "$V/memcheck.txt" 2>&1
+    echo "memcheck causal: $(grep 'ERROR SUMMARY' "$V/memcheck.txt" | tail -1)"
+    grep -m5 -A8 "Invalid\|out of bounds" "$V/memcheck.txt" | head -40
+  fi
+fi
+
+step bench
+prev=""
+if [ -f .gpu_stage/bin/mhla_prev.gz ]; then
+  gunzip -c .gpu_stage/bin/mhla_prev.gz > /tmp/mhla_prev && chmod +x /tmp/mhla_prev && prev=/tmp/mhla_prev
+fi
+for round in 1 2; do
+  [ -n "$prev" ] && bench_lm "$V" "prev$round" "$prev" linear mhla
+  MHLA_CAUSAL_STATES=fp32 bench_lm "$V" "fp32_$round" "$bin" linear mhla
+  bench_lm "$V" "bf16_$round" "$bin" linear mhla
+done
+if [ "${SKIP_PEER:-0}" != 1 ]; then
+  source scripts/gpu_fla_env.sh
+  OUT=$V timeout 240 python3 scripts/fla_linear_peer.py 2>&1 | grep '^{' | tee "$V/peers_lm.jsonl"
+fi
+
+if [ "${SKIP_NCU:-0}" != 1 ] && command -v ncu > /dev/null; then
+  step ncu
+  for shape in 16,8,2048,128 4,8,8192,128; do
+    kernel_times "$V" "$bin" "ncu_${shape//,/_}_" $shape 12 mhla
+  done
+fi
+step done
