@@ -3,9 +3,11 @@
 // is rounded once more, so its bound is the bf16 step):
 // the state-mix kernel against a float64 matrix product (dense, strictly lower and strictly upper
 // weights; block counts that fill no, one and several 16-block groups; cuBLAS past 128 blocks),
-// and the pair-products kernel against a float64 contraction, over row counts that pad (3), fill
-// whole 4 x 4 tiles with several column groups (16), use every thread with one group (64), and
-// an element count that ends inside an item (D = 32: 1,056 floats per state).
+// and the pair-products kernel (tensor cores on bf16 high and low parts) against a float64
+// contraction at fp32 accuracy (1e-4: a product of bf16-rounded inputs alone would miss it by an
+// order of magnitude), over row counts that pad to 16 (3, 40), fill one 16 x 16 tile (16), give
+// every warp two tiles (64), and element counts that end inside an item (D = 32: 1,056 per
+// state).
 #include "catch_compat.h"
 #include "test_helpers.h"
 
@@ -52,6 +54,16 @@ TEST_CASE("attention: block state mix against float64", "[attention][gpu]") {
       }
     }
   }
+  // fp32 states mixed into bf16 (the causal binding's prefixes): the fp32 sums rounded once.
+  {
+    auto states = torch::randn({3, 32, 4160}, cuda);
+    auto weights = torch::rand({32, 32}, cuda).tril(-1);
+    auto got = mix_block_states(weights, states, MixPattern::lower, torch::kBFloat16);
+    auto expected = torch::matmul(weights.to(torch::kFloat64), states.to(torch::kFloat64));
+    CHECK(got.scalar_type() == torch::kBFloat16);
+    CHECK(test::relative_error(got.to(torch::kFloat64), expected) < 4e-3);
+    CHECK(test::relative_error(got.to(torch::kFloat64), expected) > 1e-4);  // it was rounded
+  }
   // A transposed (non-contiguous) weight view is read as the matrix it shows.
   auto states = torch::randn({4, 16, 4160}, cuda);
   auto weights = torch::rand({16, 16}, cuda);
@@ -79,7 +91,7 @@ TEST_CASE("attention: block pair products (mixing gradient) against float64", "[
   };
   for (const auto storage : {torch::kFloat32, torch::kBFloat16}) {
     for (const Case& c : {Case{3, 5, 3, 1056}, Case{7, 16, 16, 4160}, Case{2, 64, 64, 1056},
-                          Case{5, 33, 16, 16512}, Case{1, 1, 1, 4}}) {
+                          Case{5, 33, 16, 16512}, Case{1, 1, 1, 4}, Case{3, 48, 40, 1056}}) {
       INFO("BH=" << c.batch_heads << " blocks=" << c.blocks << " rows=" << c.rows
                  << " E=" << c.elements << " storage=" << storage);
       auto x = torch::randn({c.batch_heads, c.blocks, c.elements}, cuda).to(storage);

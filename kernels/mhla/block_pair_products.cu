@@ -1,50 +1,64 @@
-// G_ij += sum X_i * Y_j over batch*head and state elements (see block_pair_products.h).
+// G_ij += sum X_i * Y_j over batch*head and state elements (see block_pair_products.h), on tensor
+// cores: each item's rows go to shared memory as bf16 high and low parts (x = hi + lo, both bf16),
+// and G += Xh Yh^T + Xh Yl^T + Xl Yh^T by mma.sync, which keeps fp32 inputs' products to about
+// 2^-16 relative (the dropped Xl Yl^T term). bf16 inputs are their own high part.
 #include <algorithm>
+#include <type_traits>
 
 #include "common/device_info.h"
 #include "common/packed_access.cuh"
+#include "common/wmma_gemm.cuh"
 #include "mhla/block_pair_products.h"
 #include "mhla/state_storage.cuh"
 
 namespace mhla_kernels {
 namespace {
 
+using wmma_tiles::TileAccumulator;
+
 constexpr int kThreads = 256;
-constexpr int kColumns = 128;      // state elements per item
-constexpr int kLd = kColumns + 1;  // shared rows: conflict-free column reads
+constexpr int kWarps = kThreads / 32;
+constexpr int kColumns = 128;      // state elements per item: the product depth of one item
+constexpr int kLd = kColumns + 8;  // bf16 rows: 16-byte aligned, ldmatrix without bank conflicts
 constexpr int kMaxRows = 64;
-constexpr int kReduceFloats = kThreads * 16;  // every thread's 4 x 4 tile
+constexpr int kQuads = kColumns / 4;  // groups of four elements per row of an item
 
 __host__ __device__ constexpr int padded_rows(int rows) {
-  return (rows + 3) / 4 * 4;
+  return (rows + 15) / 16 * 16;
 }
 
+// Four bf16 tiles [padded][kLd] (Xh, Xl, Yh, Yl); the final reduction reuses them as fp32 [64][64].
 size_t shared_bytes(int rows) {
-  const size_t tiles = 2 * static_cast<size_t>(padded_rows(rows)) * kLd;
-  return std::max<size_t>(tiles, kReduceFloats) * sizeof(float);
+  const size_t tiles = 4 * static_cast<size_t>(padded_rows(rows)) * kLd * 2;
+  return std::max<size_t>(tiles, kMaxRows * kMaxRows * sizeof(float));
 }
 
 template <typename S>
 __global__ void __launch_bounds__(kThreads) pair_products_kernel(BlockPairProducts p) {
-  extern __shared__ __align__(16) float smem[];
-  const int padded = padded_rows(p.rows), side = padded / 4, tiles = side * side;
-  const int groups = kThreads / tiles;  // column groups: threads that split an item's columns
-  float* xs = smem;                     // [padded][kLd]
-  float* ys = smem + padded * kLd;
-  const int t = threadIdx.x, tile = t % tiles, group = t / tiles;
-  const int ti = tile / side, tj = tile % side;
-  const bool computes = group < groups;
-  float acc[4][4] = {};
+  constexpr bool kSplit = std::is_same_v<S, float>;  // bf16 inputs have no low part
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int padded = padded_rows(p.rows), side = padded / 16, units = side * side;
+  __nv_bfloat16* tiles = reinterpret_cast<__nv_bfloat16*>(smem);
+  __nv_bfloat16* xh = tiles;
+  __nv_bfloat16* xl = xh + padded * kLd;
+  __nv_bfloat16* yh = xl + padded * kLd;
+  __nv_bfloat16* yl = yh + padded * kLd;
+  const int t = threadIdx.x, warp = t / 32;
+  // This warp's 16 x 16 tiles of G: units warp, warp + kWarps, ... (at most two at 64 rows).
+  constexpr int kUnits = (kMaxRows / 16) * (kMaxRows / 16) / kWarps;
+  TileAccumulator acc[kUnits];
+#pragma unroll
+  for (int u = 0; u < kUnits; ++u) acc[u].zero();
   const int64_t columns = (p.elements + kColumns - 1) / kColumns;
   const int64_t items = static_cast<int64_t>(p.batch_heads) * columns;
-  constexpr int kQuads = kColumns / 4;  // float4 groups per row of an item
+  const int count = padded * kQuads;  // groups of four per set and item
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
     const int64_t bh = item / columns, e0 = (item % columns) * kColumns;
     const size_t base = static_cast<size_t>(bh) * p.blocks * p.elements;
-    __syncthreads();  // the previous item's reads are done
-    // Up to 64 x 128 elements per set: every load of the item is issued before the first store.
+    __syncthreads();  // the previous item's products are done with the tiles
+    // Every load of the item is issued before the first store (rows past p.rows and elements
+    // past the end are zero).
     constexpr int kBatch = 8;
-    const int count = padded * kQuads;  // groups of four elements per set
     for (int first = t; first < 2 * count; first += kBatch * kThreads) {
       float v[kBatch][4];
 #pragma unroll
@@ -64,43 +78,45 @@ __global__ void __launch_bounds__(kThreads) pair_products_kernel(BlockPairProduc
         const int idx = first + u * kThreads;
         if (idx >= 2 * count) break;
         const int which = idx >= count, local = idx - which * count;
-        float* dst = (which ? ys : xs) + (local / kQuads) * kLd + (local % kQuads) * 4;
-        dst[0] = v[u][0], dst[1] = v[u][1], dst[2] = v[u][2], dst[3] = v[u][3];
+        const int at = (local / kQuads) * kLd + (local % kQuads) * 4;
+        float hi[4], lo[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          hi[i] = __bfloat162float(__float2bfloat16_rn(v[u][i]));
+          lo[i] = v[u][i] - hi[i];
+        }
+        store_pack<__nv_bfloat16, 4>((which ? yh : xh) + at, hi);
+        if constexpr (kSplit) store_pack<__nv_bfloat16, 4>((which ? yl : xl) + at, lo);
       }
     }
     __syncthreads();
-    if (computes) {
-      for (int c = group; c < kColumns; c += groups) {
-        float a[4], b[4];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          a[u] = xs[(4 * ti + u) * kLd + c];
-          b[u] = ys[(4 * tj + u) * kLd + c];
-        }
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-#pragma unroll
-          for (int w = 0; w < 4; ++w) acc[u][w] += a[u] * b[w];
+    for (int u = 0; u < kUnits; ++u) {
+      const int unit = warp + u * kWarps;
+      if (unit >= units) break;
+      const int fm = unit / side, fn = unit % side;
+      wmma_tiles::mma_tile<__nv_bfloat16, false, true>(acc[u], xh, kLd, yh, kLd, fm, fn, kColumns);
+      if constexpr (kSplit) {
+        wmma_tiles::mma_tile<__nv_bfloat16, false, true>(acc[u], xh, kLd, yl, kLd, fm, fn,
+                                                         kColumns);
+        wmma_tiles::mma_tile<__nv_bfloat16, false, true>(acc[u], xl, kLd, yh, kLd, fm, fn,
+                                                         kColumns);
       }
     }
   }
-  // The column groups' tiles summed through shared memory, then one atomic add per entry of G.
+  // Each tile of G has one owner warp: through shared memory, then one atomic add per entry.
   __syncthreads();
-  float* partial = smem;  // [group][tile][16]
-  if (computes) {
+  float* g = reinterpret_cast<float*>(smem);  // [padded][padded]
 #pragma unroll
-    for (int u = 0; u < 4; ++u)
-#pragma unroll
-      for (int w = 0; w < 4; ++w) partial[(group * tiles + tile) * 16 + u * 4 + w] = acc[u][w];
+  for (int u = 0; u < kUnits; ++u) {
+    const int unit = warp + u * kWarps;
+    if (unit >= units) break;
+    acc[u].store(g + (unit / side) * 16 * padded + (unit % side) * 16, padded);
   }
   __syncthreads();
-  for (int entry = t; entry < tiles * 16; entry += kThreads) {
-    const int owner = entry / 16, k = entry % 16;
-    const int i = 4 * (owner / side) + k / 4, j = 4 * (owner % side) + k % 4;
-    if (i >= p.rows || j >= p.rows) continue;
-    float sum = 0.f;
-    for (int g = 0; g < groups; ++g) sum += partial[(g * tiles + owner) * 16 + k];
-    atomicAdd(p.grad + i * p.rows + j, sum);
+  for (int entry = t; entry < padded * padded; entry += kThreads) {
+    const int i = entry / padded, j = entry % padded;
+    if (i < p.rows && j < p.rows) atomicAdd(p.grad + i * p.rows + j, g[entry]);
   }
 }
 

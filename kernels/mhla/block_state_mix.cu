@@ -18,9 +18,8 @@ __host__ __device__ constexpr int padded(int blocks) {
 
 // Each thread owns four consecutive elements of every state (one 16-byte fp32 or 8-byte bf16
 // word).
-template <typename S>
+template <typename In, typename Out>
 __global__ void __launch_bounds__(kThreads) state_mix_kernel(BlockStateMix p) {
-  using Quad = Pack<S, 4>;
   extern __shared__ float ws[];  // [padded][padded], zero outside the matrix
   const int np = padded(p.blocks);
   for (int e = threadIdx.x; e < np * np; e += kThreads) {
@@ -32,8 +31,8 @@ __global__ void __launch_bounds__(kThreads) state_mix_kernel(BlockStateMix p) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (c >= quads) return;
   const size_t base = static_cast<size_t>(blockIdx.y) * p.blocks * quads + c;
-  const Quad* in = static_cast<const Quad*>(p.in) + base;
-  Quad* out = static_cast<Quad*>(p.out) + base;
+  const Pack<In, 4>* in = static_cast<const Pack<In, 4>*>(p.in) + base;
+  Pack<Out, 4>* out = static_cast<Pack<Out, 4>*>(p.out) + base;
   for (int i0 = 0; i0 < p.blocks; i0 += kGroup) {
     float4 acc[kGroup];
 #pragma unroll
@@ -45,8 +44,8 @@ __global__ void __launch_bounds__(kThreads) state_mix_kernel(BlockStateMix p) {
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
         if (j0 + u < j_end) {
-          load_pack<S, 4>(reinterpret_cast<const S*>(in + static_cast<size_t>(j0 + u) * quads),
-                          x[u]);
+          load_pack<In, 4>(reinterpret_cast<const In*>(in + static_cast<size_t>(j0 + u) * quads),
+                           x[u]);
         } else {
           x[u][0] = x[u][1] = x[u][2] = x[u][3] = 0.f;
         }
@@ -67,7 +66,7 @@ __global__ void __launch_bounds__(kThreads) state_mix_kernel(BlockStateMix p) {
     for (int r = 0; r < kGroup; ++r) {
       if (i0 + r < p.blocks) {
         const float v[4] = {acc[r].x, acc[r].y, acc[r].z, acc[r].w};
-        store_pack<S, 4>(reinterpret_cast<S*>(out + static_cast<size_t>(i0 + r) * quads), v);
+        store_pack<Out, 4>(reinterpret_cast<Out*>(out + static_cast<size_t>(i0 + r) * quads), v);
       }
     }
   }
@@ -80,19 +79,22 @@ cudaError_t block_state_mix(const BlockStateMix& p, cudaStream_t stream) {
       p.batch_heads > 65535 || p.blocks < 1 || p.blocks > kMaxMixBlocks || p.elements <= 0 ||
       p.elements % 4 != 0)
     return cudaErrorInvalidValue;
-  return with_state_type(p.type, [&](auto tag) {
-    using S = decltype(tag);
-    const size_t bytes = static_cast<size_t>(padded(p.blocks)) * padded(p.blocks) * sizeof(float);
-    if (bytes > 48 * 1024) {
-      const cudaError_t err =
-          cudaFuncSetAttribute(state_mix_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(bytes));
-      if (err != cudaSuccess) return err;
-    }
-    const int64_t quads = p.elements / 4;
-    const dim3 grid(static_cast<unsigned>((quads + kThreads - 1) / kThreads), p.batch_heads);
-    state_mix_kernel<S><<<grid, kThreads, bytes, stream>>>(p);
-    return cudaGetLastError();
+  return with_state_type(p.in_type, [&](auto in_tag) {
+    return with_state_type(p.out_type, [&](auto out_tag) {
+      using In = decltype(in_tag);
+      using Out = decltype(out_tag);
+      const size_t bytes = static_cast<size_t>(padded(p.blocks)) * padded(p.blocks) * sizeof(float);
+      if (bytes > 48 * 1024) {
+        const cudaError_t err = cudaFuncSetAttribute(state_mix_kernel<In, Out>,
+                                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                     static_cast<int>(bytes));
+        if (err != cudaSuccess) return err;
+      }
+      const int64_t quads = p.elements / 4;
+      const dim3 grid(static_cast<unsigned>((quads + kThreads - 1) / kThreads), p.batch_heads);
+      state_mix_kernel<In, Out><<<grid, kThreads, bytes, stream>>>(p);
+      return cudaGetLastError();
+    });
   });
 }
 

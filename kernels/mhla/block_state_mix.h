@@ -23,7 +23,7 @@ enum class MixPattern {
 };
 
 struct BlockStateMix {
-  StateType type = StateType::f32;  // of `in` and `out`
+  StateType in_type = StateType::f32, out_type = StateType::f32;
   const void* in = nullptr;         // [batch_heads, blocks, elements]
   const float* weights = nullptr;   // [blocks, blocks] row-major, on the device
   void* out = nullptr;              // [batch_heads, blocks, elements], not aliasing `in`

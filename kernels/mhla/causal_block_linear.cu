@@ -129,7 +129,7 @@ __host__ __device__ constexpr size_t states_smem() {
   return 2 * align128(kC * L::lde * sizeof(typename Mma<T>::elem)) + kStagingBytes;
 }
 
-// S_j = phi(K_j)^T [V_j, 1] for one block.
+// S_j = phi(K_j)^T [V_j, 1] for one block, stored as S (the summed sets' type).
 template <typename T, int D, typename S>
 __global__ void __launch_bounds__(kCausalThreads) states_kernel(CausalBlockLinearForward p) {
   using L = Layout<T, D, kCausalThreads>;
@@ -157,12 +157,12 @@ __global__ void __launch_bounds__(kCausalThreads) states_kernel(CausalBlockLinea
 }
 
 // P_i = sum_{d=1}^{min(i, W)} w(i, i-d) S_{i-d} + [i >= M] tail * R, R = sum_{j <= i-M} S_j, for
-// one 4-byte word of state elements per thread (N = kSweepLanes<S>). The last W states sit in a
-// per-thread shared-memory ring (slot j % W), R in registers: each state is read once and each
-// prefix written once.
-template <typename S>
+// one 4-byte word of input elements per thread (N = kSweepLanes<S>; the prefix is stored as P).
+// The last W states sit in a per-thread shared-memory ring (slot j % W), R in registers: each
+// state is read once and each prefix written once.
+template <typename S, typename P>
 __global__ void __launch_bounds__(kSweepThreads)
-    prefix_kernel(const S* states, S* prefix, CausalWeights mix, int blocks, int state) {
+    prefix_kernel(const S* states, P* prefix, CausalWeights mix, int blocks, int state) {
   constexpr int N = kSweepLanes<S>;
   extern __shared__ __align__(128) float shared[];
   const int W = mix.window(), M = W + 1, t = threadIdx.x;
@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(kSweepThreads)
       for (int n = 0; n < N; ++n) p[n] += w[-d] * ring[(slot * N + n) * kSweepThreads + t];
       slot = slot == 0 ? W - 1 : slot - 1;
     }
-    store_pack<S, N>(prefix + base + static_cast<size_t>(i) * state, p);
+    store_pack<P, N>(prefix + base + static_cast<size_t>(i) * state, p);
 #pragma unroll
     for (int n = 0; n < N; ++n) {
       if (W == 0) {
@@ -210,9 +210,9 @@ __global__ void __launch_bounds__(kSweepThreads)
 // The same sweep with the window W a compile-time constant (the common matrix sizes): the last W
 // states and the sliding row's weights sit in registers instead of a shared-memory ring, whose
 // two shared-memory reads per product were the generic sweep's cost.
-template <int W, typename S>
+template <int W, typename S, typename P>
 __global__ void __launch_bounds__(kSweepThreads)
-    prefix_window_kernel(const S* states, S* prefix, CausalWeights mix, int blocks, int state) {
+    prefix_window_kernel(const S* states, P* prefix, CausalWeights mix, int blocks, int state) {
   constexpr int M = W + 1, N = kSweepLanes<S>;
   __shared__ float ms[M * M];
   for (int i = threadIdx.x; i < M * M; i += kSweepThreads) ms[i] = mix.m[i];
@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(kSweepThreads)
         }
       }
     }
-    store_pack<S, N>(prefix + base + static_cast<size_t>(i) * state, p);
+    store_pack<P, N>(prefix + base + static_cast<size_t>(i) * state, p);
 #pragma unroll
     for (int n = 0; n < N; ++n) {
       if (i >= W) r[n] += history[W - 1][n];  // S_{i-W} leaves the window
@@ -304,7 +304,7 @@ __device__ void denominators(const float* scores, const typename Mma<T>::elem* q
   }
 }
 
-template <typename T, int D, typename S>
+template <typename T, int D, typename P>
 __global__ void __launch_bounds__(kCausalThreads) output_kernel(CausalBlockLinearForward p) {
   using L = Layout<T, D, kCausalThreads>;
   using E = typename Mma<T>::elem;
@@ -330,7 +330,7 @@ __global__ void __launch_bounds__(kCausalThreads) output_kernel(CausalBlockLinea
   k_rows.load(p.k, w.b, w.h, w.begin, w.valid, kC);
   v_rows.load(p.v, w.b, w.h, w.begin, w.valid, kC);
   load_state<T, D, kCausalThreads>(
-      static_cast<const S*>(p.prefix) + state_offset(w, blocks, L::state), prefix, z);
+      static_cast<const P*>(p.prefix) + state_offset(w, blocks, L::state), prefix, z);
   q_rows.store_features(w.valid, kC, qf, nullptr);
   k_rows.store_features(w.valid, kC, kf, nullptr);
   v_rows.store_plain(kC, vt);
@@ -373,7 +373,7 @@ __host__ __device__ constexpr size_t query_backward_smem() {
 
 // For one block i: dq; dP_i = phi(Q)^T [dO / den, dden]; the intra-block parts of d(phi(k)) and
 // dv, written into grad_k and grad_v for the key pass to complete; and dm_ii.
-template <typename T, int D, typename S>
+template <typename T, int D, typename S, typename P>
 __global__ void __launch_bounds__(kCausalThreads)
     query_backward_kernel(CausalBlockLinearBackward p) {
   using L = Layout<T, D, kCausalThreads>;
@@ -408,7 +408,7 @@ __global__ void __launch_bounds__(kCausalThreads)
     q_rows.load(p.q, w.b, w.h, w.begin, w.valid, kC);
     k_rows.load(p.k, w.b, w.h, w.begin, w.valid, kC);
     v_rows.load(p.v, w.b, w.h, w.begin, w.valid, kC);
-    load_state<T, D, kCausalThreads>(static_cast<const S*>(p.prefix) + offset, prefix, z);
+    load_state<T, D, kCausalThreads>(static_cast<const P*>(p.prefix) + offset, prefix, z);
     q_rows.store_features(w.valid, kC, qf, inv_rms);
     k_rows.store_features(w.valid, kC, kf, nullptr);
     v_rows.store_plain(kC, vt);
@@ -524,15 +524,16 @@ __global__ void __launch_bounds__(kCausalThreads)
   }
 }
 
-// dS_j = sum_{i > j} w(i, j) dP_i, one 4-byte word of state elements per thread (N =
-// kSweepLanes<S>), for (batch*head, column) items walked by persistent CTAs; and, past the trained
-// length (blocks > M), the gradient of the sliding row m_{M-1,:} by window offset in a per-thread
-// shared-memory column, added to grad_mixing once per CTA. The rows inside the trained length are
-// the caller's (a GEMM over the states: dm_ij += sum <dP_i, S_j> for j < i < M). Loads of the
-// next block are issued before the current one is used: the sweeps are latency-bound otherwise.
-template <typename S>
+// dS_j = sum_{i > j} w(i, j) dP_i, one 4-byte word of input elements per thread (N =
+// kSweepLanes<S>; S and dP stored as S, dS as G), for (batch*head, column) items walked by
+// persistent CTAs; and, past the trained length (blocks > M), the gradient of the sliding row
+// m_{M-1,:} by window offset in a per-thread shared-memory column, added to grad_mixing once per
+// CTA. The rows inside the trained length are the caller's (a GEMM over the states: dm_ij += sum
+// <dP_i, S_j> for j < i < M). Loads of the next block are issued before the current one is used:
+// the sweeps are latency-bound otherwise.
+template <typename S, typename G>
 __global__ void __launch_bounds__(kSweepThreads)
-    prefix_backward_kernel(const S* states, const S* grad_prefix, S* grad_states,
+    prefix_backward_kernel(const S* states, const S* grad_prefix, G* grad_states,
                            float* grad_mixing, CausalWeights mix, int batch_heads, int blocks,
                            int state) {
   constexpr int N = kSweepLanes<S>;
@@ -615,7 +616,7 @@ __global__ void __launch_bounds__(kSweepThreads)
         for (int n = 0; n < N; ++n) g[n] += w * ring_at(slot, n);
         slot = slot == W - 1 ? 0 : slot + 1;
       }
-      if (live) store_pack<S, N>(grad_states + base + static_cast<size_t>(j) * state, g);
+      if (live) store_pack<G, N>(grad_states + base + static_cast<size_t>(j) * state, g);
 #pragma unroll
       for (int n = 0; n < N; ++n) {
         if (W == 0) {
@@ -640,9 +641,9 @@ __global__ void __launch_bounds__(kSweepThreads)
 // prefix_backward_kernel with the window W a compile-time constant (see prefix_window_kernel):
 // the window of states or prefix gradients, the sliding row's weights and its gradient sums all
 // in registers.
-template <int W, typename S>
+template <int W, typename S, typename G>
 __global__ void __launch_bounds__(kSweepThreads)
-    prefix_window_backward_kernel(const S* states, const S* grad_prefix, S* grad_states,
+    prefix_window_backward_kernel(const S* states, const S* grad_prefix, G* grad_states,
                                   float* grad_mixing, CausalWeights mix, int batch_heads,
                                   int blocks, int state) {
   constexpr int M = W + 1, N = kSweepLanes<S>;
@@ -723,7 +724,7 @@ __global__ void __launch_bounds__(kSweepThreads)
           }
         }
       }
-      if (live) store_pack<S, N>(grad_states + base + static_cast<size_t>(j) * state, g);
+      if (live) store_pack<G, N>(grad_states + base + static_cast<size_t>(j) * state, g);
 #pragma unroll
       for (int n = 0; n < N; ++n) {
         u[n] += history[W - 1][n];  // dP_{j+W} leaves the window (zero when past the end)
@@ -753,7 +754,7 @@ __host__ __device__ constexpr size_t key_backward_smem() {
 
 // dk and dv of one block: V dS_j^T + dz_j and phi(K) dS_j, plus the intra-block parts the query
 // pass left in grad_k (before the feature backward) and grad_v.
-template <typename T, int D, typename S>
+template <typename T, int D, typename G>
 __global__ void __launch_bounds__(kCausalThreads) key_backward_kernel(CausalBlockLinearBackward p) {
   using L = Layout<T, D, kCausalThreads>;
   using E = typename Mma<T>::elem;
@@ -775,7 +776,7 @@ __global__ void __launch_bounds__(kCausalThreads) key_backward_kernel(CausalBloc
     k_rows.load(p.k, w.b, w.h, w.begin, w.valid, kC);
     v_rows.load(p.v, w.b, w.h, w.begin, w.valid, kC);
     load_state<T, D, kCausalThreads>(
-        static_cast<const S*>(p.grad_states) + state_offset(w, blocks, L::state), ds, dz);
+        static_cast<const G*>(p.grad_states) + state_offset(w, blocks, L::state), ds, dz);
     k_rows.store_features(w.valid, kC, kf, inv_rms);
     v_rows.store_plain(kC, vt);
   }
@@ -829,15 +830,16 @@ int sweep_packs(int state) {
   return state / kSweepLanes<S>;
 }
 
-// The prefix sweeps with a compile-time window, for the windows they are built for.
+// The prefix sweeps with a compile-time window, for the windows they are built for. S: the
+// summed sets' element type (S_j, dP_i), P: the tiled sets' (P_i, dS_j).
 template <int W>
 struct PrefixWindowForward {
-  template <typename S>
+  template <typename S, typename P>
   static cudaError_t run(const CausalBlockLinearForward& a, cudaStream_t stream, int state) {
     const auto& s = a.shape;
     const dim3 grid((sweep_packs<S>(state) + kSweepThreads - 1) / kSweepThreads, s.batch * s.heads);
-    prefix_window_kernel<W, S><<<grid, kSweepThreads, 0, stream>>>(
-        static_cast<const S*>(a.states), static_cast<S*>(a.prefix),
+    prefix_window_kernel<W, S, P><<<grid, kSweepThreads, 0, stream>>>(
+        static_cast<const S*>(a.states), static_cast<P*>(a.prefix),
         CausalWeights{a.mixing, s.mixing_blocks}, blocks_of(s.tokens), state);
     return cudaGetLastError();
   }
@@ -845,7 +847,7 @@ struct PrefixWindowForward {
 
 template <int W>
 struct PrefixWindowBackward {
-  template <typename S>
+  template <typename S, typename P>
   static cudaError_t run(const CausalBlockLinearBackward& a, cudaStream_t stream, int state) {
     const auto& s = a.shape;
     const int items =
@@ -853,14 +855,14 @@ struct PrefixWindowBackward {
     // As many persistent CTAs as fit at once (each adds its sliding-row sums once at the end).
     int per_sm = 0;
     if (cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &per_sm, prefix_window_backward_kernel<W, S>, kSweepThreads, 0);
+            &per_sm, prefix_window_backward_kernel<W, S, P>, kSweepThreads, 0);
         err != cudaSuccess) {
       return err;
     }
     const int ctas = std::min(items, std::max(per_sm, 1) * multiprocessors());
-    prefix_window_backward_kernel<W, S><<<ctas, kSweepThreads, 0, stream>>>(
+    prefix_window_backward_kernel<W, S, P><<<ctas, kSweepThreads, 0, stream>>>(
         static_cast<const S*>(a.states), static_cast<const S*>(a.grad_prefix),
-        static_cast<S*>(a.grad_states), a.grad_mixing, CausalWeights{a.mixing, s.mixing_blocks},
+        static_cast<P*>(a.grad_states), a.grad_mixing, CausalWeights{a.mixing, s.mixing_blocks},
         s.batch * s.heads, blocks_of(s.tokens), state);
     return cudaGetLastError();
   }
@@ -868,31 +870,31 @@ struct PrefixWindowBackward {
 
 // Runs Pass<W> and returns true when the window has a compile-time kernel; false otherwise
 // (linear attention's running sum and other windows take the generic shared-memory sweep).
-template <template <int> class Pass, typename S, typename Args>
+template <template <int> class Pass, typename S, typename P, typename Args>
 bool prefix_by_window(int window, const Args& a, cudaStream_t stream, cudaError_t* err) {
   const int state = a.shape.head_dim * a.shape.head_dim + a.shape.head_dim;
   switch (window) {
     case 2:
-      *err = Pass<2>::template run<S>(a, stream, state);
+      *err = Pass<2>::template run<S, P>(a, stream, state);
       return true;
     case 3:
-      *err = Pass<3>::template run<S>(a, stream, state);
+      *err = Pass<3>::template run<S, P>(a, stream, state);
       return true;
     case 7:
-      *err = Pass<7>::template run<S>(a, stream, state);
+      *err = Pass<7>::template run<S, P>(a, stream, state);
       return true;
     case 15:
-      *err = Pass<15>::template run<S>(a, stream, state);
+      *err = Pass<15>::template run<S, P>(a, stream, state);
       return true;
     case 31:
-      *err = Pass<31>::template run<S>(a, stream, state);
+      *err = Pass<31>::template run<S, P>(a, stream, state);
       return true;
     default:
       return false;
   }
 }
 
-template <typename T, int D, typename S>
+template <typename T, int D, typename S, typename P>
 cudaError_t forward_for(const CausalBlockLinearForward& a, cudaStream_t stream) {
   const auto& s = a.shape;
   const int blocks = blocks_of(s.tokens), state = Layout<T, D, kCausalThreads>::state;
@@ -904,8 +906,8 @@ cudaError_t forward_for(const CausalBlockLinearForward& a, cudaStream_t stream) 
     states_kernel<T, D, S><<<grid, kCausalThreads, bytes, stream>>>(a);
   }
   if ((a.passes & kCausalPrefixPass) &&
-      prefix_by_window<PrefixWindowForward, S>(window_of(a.mixing, s.mixing_blocks), a, stream,
-                                               &err)) {
+      prefix_by_window<PrefixWindowForward, S, P>(window_of(a.mixing, s.mixing_blocks), a, stream,
+                                                  &err)) {
     if (err != cudaSuccess) return err;
   } else if (a.passes & kCausalPrefixPass) {
     const int window = window_of(a.mixing, s.mixing_blocks);
@@ -913,22 +915,22 @@ cudaError_t forward_for(const CausalBlockLinearForward& a, cudaStream_t stream) 
         (static_cast<size_t>(window + 1) * (window + 1) +
          static_cast<size_t>(window > 0 ? window : 1) * kSweepLanes<S> * kSweepThreads) *
         4;
-    if ((err = allow_smem(prefix_kernel<S>, bytes)) != cudaSuccess) return err;
+    if ((err = allow_smem(prefix_kernel<S, P>, bytes)) != cudaSuccess) return err;
     const dim3 sweep_grid((sweep_packs<S>(state) + kSweepThreads - 1) / kSweepThreads,
                           s.batch * s.heads);
-    prefix_kernel<S><<<sweep_grid, kSweepThreads, bytes, stream>>>(
-        static_cast<const S*>(a.states), static_cast<S*>(a.prefix),
+    prefix_kernel<S, P><<<sweep_grid, kSweepThreads, bytes, stream>>>(
+        static_cast<const S*>(a.states), static_cast<P*>(a.prefix),
         CausalWeights{a.mixing, s.mixing_blocks}, blocks, state);
   }
   if (a.passes & kCausalOutputPass) {
     constexpr size_t bytes = output_smem<T, D>();
-    if ((err = allow_smem(output_kernel<T, D, S>, bytes)) != cudaSuccess) return err;
-    output_kernel<T, D, S><<<grid, kCausalThreads, bytes, stream>>>(a);
+    if ((err = allow_smem(output_kernel<T, D, P>, bytes)) != cudaSuccess) return err;
+    output_kernel<T, D, P><<<grid, kCausalThreads, bytes, stream>>>(a);
   }
   return cudaGetLastError();
 }
 
-template <typename T, int D, typename S>
+template <typename T, int D, typename S, typename P>
 cudaError_t backward_for(const CausalBlockLinearBackward& a, cudaStream_t stream) {
   const auto& s = a.shape;
   const int blocks = blocks_of(s.tokens), state = Layout<T, D, kCausalThreads>::state;
@@ -940,11 +942,11 @@ cudaError_t backward_for(const CausalBlockLinearBackward& a, cudaStream_t stream
         (err = cudaMemsetAsync(a.grad_mixing, 0, sizeof(float) * m * m, stream)) != cudaSuccess)
       return err;
     constexpr size_t bytes = query_backward_smem<T, D>();
-    if ((err = allow_smem(query_backward_kernel<T, D, S>, bytes)) != cudaSuccess) return err;
-    query_backward_kernel<T, D, S><<<grid, kCausalThreads, bytes, stream>>>(a);
+    if ((err = allow_smem(query_backward_kernel<T, D, S, P>, bytes)) != cudaSuccess) return err;
+    query_backward_kernel<T, D, S, P><<<grid, kCausalThreads, bytes, stream>>>(a);
   }
   if ((a.passes & kCausalPrefixPass) &&
-      prefix_by_window<PrefixWindowBackward, S>(window_of(a.mixing, m), a, stream, &err)) {
+      prefix_by_window<PrefixWindowBackward, S, P>(window_of(a.mixing, m), a, stream, &err)) {
     if (err != cudaSuccess) return err;
   } else if (a.passes & kCausalPrefixPass) {
     const int window = window_of(a.mixing, m), mm = window + 1;
@@ -953,48 +955,53 @@ cudaError_t backward_for(const CausalBlockLinearBackward& a, cudaStream_t stream
          static_cast<size_t>(window > 0 ? window : 1) * kSweepLanes<S> * kSweepThreads +
          static_cast<size_t>(mm) * kSweepThreads + mm) *
         4;
-    if ((err = allow_smem(prefix_backward_kernel<S>, bytes)) != cudaSuccess) return err;
+    if ((err = allow_smem(prefix_backward_kernel<S, P>, bytes)) != cudaSuccess) return err;
     // As many resident CTAs as shared memory allows: each thread's sweep waits on its loads.
     const int per_sm =
         static_cast<int>(std::max<size_t>(1, std::min<size_t>(8, kMaxSharedBytes / bytes)));
     const int items =
         s.batch * s.heads * ((sweep_packs<S>(state) + kSweepThreads - 1) / kSweepThreads);
     const int ctas = std::min(items, per_sm * multiprocessors());
-    prefix_backward_kernel<S><<<ctas, kSweepThreads, bytes, stream>>>(
+    prefix_backward_kernel<S, P><<<ctas, kSweepThreads, bytes, stream>>>(
         static_cast<const S*>(a.states), static_cast<const S*>(a.grad_prefix),
-        static_cast<S*>(a.grad_states), a.grad_mixing, CausalWeights{a.mixing, m},
+        static_cast<P*>(a.grad_states), a.grad_mixing, CausalWeights{a.mixing, m},
         s.batch * s.heads, blocks, state);
   }
   if (a.passes & kCausalKeyPass) {
     constexpr size_t bytes = key_backward_smem<T, D>();
-    if ((err = allow_smem(key_backward_kernel<T, D, S>, bytes)) != cudaSuccess) return err;
-    key_backward_kernel<T, D, S><<<grid, kCausalThreads, bytes, stream>>>(a);
+    if ((err = allow_smem(key_backward_kernel<T, D, P>, bytes)) != cudaSuccess) return err;
+    key_backward_kernel<T, D, P><<<grid, kCausalThreads, bytes, stream>>>(a);
   }
   return cudaGetLastError();
 }
 
-// fp32 inputs keep fp32 states (their tiles are fp32 too); 16-bit inputs take either storage.
+// The storage pairs the kernels are built for: (summed, tiled) = (fp32, fp32) for every input
+// type, (fp32, bf16) for 16-bit inputs.
 template <typename T, typename Args, typename Run>
-cudaError_t by_state_type(const Args& a, Run&& run) {
+cudaError_t by_state_types(const Args& a, Run&& run) {
+  if (a.summed_sets != StateType::f32) return cudaErrorInvalidValue;
+  if (a.tiled_sets == StateType::f32) return run(float{}, float{});
   if constexpr (std::is_same_v<T, float>) {
-    return a.state_type == StateType::f32 ? run(float{}) : cudaErrorInvalidValue;
+    return cudaErrorInvalidValue;
   } else {
-    return with_state_type(a.state_type, run);
+    return run(float{}, __nv_bfloat16{});
   }
 }
 
 template <typename T, int D>
 struct ForwardPass {
   static cudaError_t run(const CausalBlockLinearForward& a, cudaStream_t stream) {
-    return by_state_type<T>(a,
-                            [&](auto tag) { return forward_for<T, D, decltype(tag)>(a, stream); });
+    return by_state_types<T>(a, [&](auto summed, auto tiled) {
+      return forward_for<T, D, decltype(summed), decltype(tiled)>(a, stream);
+    });
   }
 };
 template <typename T, int D>
 struct BackwardPass {
   static cudaError_t run(const CausalBlockLinearBackward& a, cudaStream_t stream) {
-    return by_state_type<T>(a,
-                            [&](auto tag) { return backward_for<T, D, decltype(tag)>(a, stream); });
+    return by_state_types<T>(a, [&](auto summed, auto tiled) {
+      return backward_for<T, D, decltype(summed), decltype(tiled)>(a, stream);
+    });
   }
 };
 

@@ -43,9 +43,11 @@ struct CausalBlockLinearShape {
 };
 
 // Blocks of one sequence, ceil(T / 64). A set of states (S and z of every batch, head and block)
-// is B * H * blocks * (D * D + D) elements, laid out [B * H, blocks, D * D + D], stored as
-// `state_type` says (fp32 inputs: fp32 only). The four sets (S, P and their gradients) are the
-// passes' largest traffic at D = 128, so 16-bit inputs store them in bf16.
+// is B * H * blocks * (D * D + D) elements, laid out [B * H, blocks, D * D + D]. The four sets are
+// the passes' largest traffic at D = 128. S_j and dP_i feed fp32 sums (the prefix mixing and the
+// mixing gradient) and stay fp32 (`summed_sets`); P_i and dS_j are only loaded as tensor-core
+// tiles, which rounds them to 16 bits anyway, so 16-bit inputs may store them in bf16
+// (`tiled_sets`; fp32 inputs: fp32).
 int causal_blocks(int tokens);
 
 // Whether the kernels take the shape and dtype (the binding runs the reference otherwise).
@@ -63,9 +65,10 @@ struct CausalBlockLinearForward {
   TokenTensor q, k, v;
   const float* mixing = nullptr;  // [M, M] fp32 lower triangular, or nullptr (linear attention)
   void* out = nullptr;            // [B, T, H, D] contiguous
-  StateType state_type = StateType::f32;
-  void* states = nullptr;  // a set of states: S_j, kept for the backward pass
-  void* prefix = nullptr;  // a set of states: P_i, kept for the backward pass
+  StateType summed_sets = StateType::f32;  // S (fp32 only)
+  StateType tiled_sets = StateType::f32;   // P
+  void* states = nullptr;                  // a set of states: S_j, kept for the backward pass
+  void* prefix = nullptr;                  // a set of states: P_i, kept for the backward pass
 };
 
 struct CausalBlockLinearBackward {
@@ -74,8 +77,9 @@ struct CausalBlockLinearBackward {
   DType dtype = DType::bf16;
   TokenTensor q, k, v, out, grad_out;
   const float* mixing = nullptr;
-  StateType state_type = StateType::f32;  // of every set below
-  const void* states = nullptr;           // from the forward pass
+  StateType summed_sets = StateType::f32;  // S and dP (fp32 only)
+  StateType tiled_sets = StateType::f32;   // P and dS
+  const void* states = nullptr;            // from the forward pass
   const void* prefix = nullptr;
   void* grad_q = nullptr;  // [B, T, H, D] contiguous each
   void* grad_k = nullptr;
@@ -86,7 +90,7 @@ struct CausalBlockLinearBackward {
 };
 
 // cudaSuccess or the first launch error; cudaErrorInvalidValue for a shape the kernels do not take
-// (or bf16 states with fp32 inputs).
+// (or storage the kernels are not built for).
 cudaError_t causal_block_linear_forward(const CausalBlockLinearForward& args, cudaStream_t stream);
 cudaError_t causal_block_linear_backward(const CausalBlockLinearBackward& args,
                                          cudaStream_t stream);

@@ -12,8 +12,8 @@
 namespace mhla {
 namespace {
 
-bool storable(const torch::Tensor& t) {
-  return t.scalar_type() == torch::kFloat32 || t.scalar_type() == torch::kBFloat16;
+bool storable(torch::ScalarType type) {
+  return type == torch::kFloat32 || type == torch::kBFloat16;
 }
 
 mhla_kernels::StateType state_type_of(const torch::Tensor& t) {
@@ -24,29 +24,33 @@ mhla_kernels::StateType state_type_of(const torch::Tensor& t) {
 }  // namespace
 
 torch::Tensor mix_block_states(const torch::Tensor& weights, const torch::Tensor& states,
-                               mhla_kernels::MixPattern pattern) {
+                               mhla_kernels::MixPattern pattern,
+                               std::optional<torch::ScalarType> out_dtype) {
+  const auto out_type = out_dtype.value_or(states.scalar_type());
   const int64_t blocks = states.size(1);
   if (states.dim() != 3 || weights.dim() != 2 || weights.size(0) != blocks ||
-      weights.size(1) != blocks || !storable(states) || weights.scalar_type() != torch::kFloat32 ||
-      !states.is_cuda() || weights.device() != states.device()) {
+      weights.size(1) != blocks || !storable(states.scalar_type()) || !storable(out_type) ||
+      weights.scalar_type() != torch::kFloat32 || !states.is_cuda() ||
+      weights.device() != states.device()) {
     fail(
-        "block state mix: states must be fp32 or bf16 [BH, blocks, E] on a GPU and weights fp32 "
-        "[blocks, blocks] on the same device; got {} {} and {} {}",
+        "block state mix: states must be fp32 or bf16 [BH, blocks, E] on a GPU, weights fp32 "
+        "[blocks, blocks] on the same device and the output fp32 or bf16; got {} {}, {} {} and {}",
         c10::toString(states.scalar_type()), c10::str(states.sizes()),
-        c10::toString(weights.scalar_type()), c10::str(weights.sizes()));
+        c10::toString(weights.scalar_type()), c10::str(weights.sizes()), c10::toString(out_type));
   }
   if (blocks > mhla_kernels::kMaxMixBlocks || states.size(2) % 4 != 0) {
     // Summed in fp32 whatever the storage (under autocast bmm would run in bf16).
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     return torch::bmm(weights.unsqueeze(0).expand({states.size(0), blocks, blocks}),
                       states.to(torch::kFloat32))
-        .to(states.scalar_type());
+        .to(out_type);
   }
   auto in = states.contiguous();
   auto w = weights.contiguous();
-  auto out = torch::empty_like(in);
+  auto out = torch::empty(in.sizes(), in.options().dtype(out_type));
   mhla_kernels::BlockStateMix a;
-  a.type = state_type_of(in);
+  a.in_type = state_type_of(in);
+  a.out_type = state_type_of(out);
   a.in = in.data_ptr();
   a.weights = w.data_ptr<float>();
   a.out = out.data_ptr();
@@ -62,7 +66,7 @@ torch::Tensor mix_block_states(const torch::Tensor& weights, const torch::Tensor
 }
 
 torch::Tensor block_pair_products(const torch::Tensor& x, const torch::Tensor& y, int64_t rows) {
-  if (x.dim() != 3 || !x.sizes().equals(y.sizes()) || !storable(x) ||
+  if (x.dim() != 3 || !x.sizes().equals(y.sizes()) || !storable(x.scalar_type()) ||
       y.scalar_type() != x.scalar_type() || !x.is_contiguous() || !y.is_contiguous() ||
       !x.is_cuda() || x.device() != y.device()) {
     fail(

@@ -5,6 +5,8 @@
 // the pair-products kernel (kernels/mhla/block_pair_products). States are fp32 or bf16 (the causal
 // kernels' storage for 16-bit inputs); the sums are fp32 either way.
 #ifdef MHLA_WITH_CUDA_KERNELS
+#include <optional>
+
 #include <torch/torch.h>
 
 #include "mhla/block_state_mix.h"
@@ -12,10 +14,12 @@
 namespace mhla {
 
 // [BH, nb, E] fp32 or bf16 states mixed by [nb, nb] fp32 weights (the same for every batch*head):
-// out[b, i] = sum_j weights[i, j] * states[b, j], in the states' dtype. `pattern` promises zeros on
+// out[b, i] = sum_j weights[i, j] * states[b, j], summed in fp32 and stored as `out_dtype` (fp32 or
+// bf16; undefined: the states' dtype). `pattern` promises zeros on
 // and above (lower) or on and below (upper) the diagonal, which the kernel then skips.
 torch::Tensor mix_block_states(const torch::Tensor& weights, const torch::Tensor& states,
-                               mhla_kernels::MixPattern pattern = mhla_kernels::MixPattern::dense);
+                               mhla_kernels::MixPattern pattern = mhla_kernels::MixPattern::dense,
+                               std::optional<torch::ScalarType> out_dtype = std::nullopt);
 
 // G [rows, rows] fp32, G_ij = sum over the first dimension and the elements of x[:, i] * y[:, j],
 // for x, y [BH, nb, E] contiguous on one GPU, both fp32 or both bf16 (rows <= min(nb, 64), E a
