@@ -1,7 +1,9 @@
 // G_ij += sum X_i * Y_j over batch*head and state elements (see block_pair_products.h), on tensor
-// cores: each item's rows go to shared memory as bf16 high and low parts (x = hi + lo, both bf16),
-// and G += Xh Yh^T + Xh Yl^T + Xl Yh^T by mma.sync, which keeps fp32 inputs' products to about
-// 2^-16 relative (the dropped Xl Yl^T term). bf16 inputs are their own high part.
+// cores: each item's rows go to shared memory as three bf16 parts (x = x0 + x1 + x2, each the
+// bf16 rounding of what the parts before it leave: 24 significant bits, an fp32 value), and G
+// sums the six products X_a Y_b^T with a + b <= 2 by mma.sync in fp32. The dropped ones are below
+// 2^-26 of each term: about fp32's own rounding. (With two parts, 2^-17 per term, the mixing
+// gradient lost accuracy where its terms cancel.) bf16 inputs are their own first part.
 #include <algorithm>
 #include <type_traits>
 
@@ -27,22 +29,23 @@ __host__ __device__ constexpr int padded_rows(int rows) {
   return (rows + 15) / 16 * 16;
 }
 
-// Four bf16 tiles [padded][kLd] (Xh, Xl, Yh, Yl); the final reduction reuses them as fp32 [64][64].
+constexpr int kParts = 3;
+
+// 2 x kParts bf16 tiles [padded][kLd] (the parts of X, then of Y); the final reduction reuses them
+// as fp32 [padded][padded].
 size_t shared_bytes(int rows) {
-  const size_t tiles = 4 * static_cast<size_t>(padded_rows(rows)) * kLd * 2;
+  const size_t tiles = 2 * kParts * static_cast<size_t>(padded_rows(rows)) * kLd * 2;
   return std::max<size_t>(tiles, kMaxRows * kMaxRows * sizeof(float));
 }
 
 template <typename S>
 __global__ void __launch_bounds__(kThreads) pair_products_kernel(BlockPairProducts p) {
-  constexpr bool kSplit = std::is_same_v<S, float>;  // bf16 inputs have no low part
+  // bf16 inputs are exact in one part.
+  constexpr int kUsed = std::is_same_v<S, float> ? kParts : 1;
   extern __shared__ __align__(16) unsigned char smem[];
   const int padded = padded_rows(p.rows), side = padded / 16, units = side * side;
   __nv_bfloat16* tiles = reinterpret_cast<__nv_bfloat16*>(smem);
-  __nv_bfloat16* xh = tiles;
-  __nv_bfloat16* xl = xh + padded * kLd;
-  __nv_bfloat16* yh = xl + padded * kLd;
-  __nv_bfloat16* yl = yh + padded * kLd;
+  auto part = [&](int which, int a) { return tiles + (which * kParts + a) * padded * kLd; };
   const int t = threadIdx.x, warp = t / 32;
   // This warp's 16 x 16 tiles of G: units warp, warp + kWarps, ... (at most two at 64 rows).
   constexpr int kUnits = (kMaxRows / 16) * (kMaxRows / 16) / kWarps;
@@ -79,14 +82,16 @@ __global__ void __launch_bounds__(kThreads) pair_products_kernel(BlockPairProduc
         if (idx >= 2 * count) break;
         const int which = idx >= count, local = idx - which * count;
         const int at = (local / kQuads) * kLd + (local % kQuads) * 4;
-        float hi[4], lo[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          hi[i] = __bfloat162float(__float2bfloat16_rn(v[u][i]));
-          lo[i] = v[u][i] - hi[i];
+        for (int a = 0; a < kUsed; ++a) {
+          float rounded[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            rounded[i] = __bfloat162float(__float2bfloat16_rn(v[u][i]));
+            v[u][i] -= rounded[i];  // exact in fp32: what the next part carries
+          }
+          store_pack<__nv_bfloat16, 4>(part(which, a) + at, rounded);
         }
-        store_pack<__nv_bfloat16, 4>((which ? yh : xh) + at, hi);
-        if constexpr (kSplit) store_pack<__nv_bfloat16, 4>((which ? yl : xl) + at, lo);
       }
     }
     __syncthreads();
@@ -95,12 +100,13 @@ __global__ void __launch_bounds__(kThreads) pair_products_kernel(BlockPairProduc
       const int unit = warp + u * kWarps;
       if (unit >= units) break;
       const int fm = unit / side, fn = unit % side;
-      wmma_tiles::mma_tile<__nv_bfloat16, false, true>(acc[u], xh, kLd, yh, kLd, fm, fn, kColumns);
-      if constexpr (kSplit) {
-        wmma_tiles::mma_tile<__nv_bfloat16, false, true>(acc[u], xh, kLd, yl, kLd, fm, fn,
-                                                         kColumns);
-        wmma_tiles::mma_tile<__nv_bfloat16, false, true>(acc[u], xl, kLd, yh, kLd, fm, fn,
-                                                         kColumns);
+#pragma unroll
+      for (int a = 0; a < kUsed; ++a) {
+#pragma unroll
+        for (int b = 0; a + b < kUsed; ++b) {
+          wmma_tiles::mma_tile<__nv_bfloat16, false, true>(acc[u], part(0, a), kLd, part(1, b), kLd,
+                                                           fm, fn, kColumns);
+        }
       }
     }
   }

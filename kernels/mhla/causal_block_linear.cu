@@ -33,9 +33,6 @@ constexpr size_t kMaxSharedBytes = 227 * 1024;  // tokens per block (== kTile: o
 constexpr int kLdScore = kC + 8;   // fp32 64 x 64 tiles (8-bank row stride: see gated_delta Ld)
 constexpr int kLdScoreE = kC + 8;  // 64 x 64 tiles of tensor-core elements
 static_assert(kC == kTile, "one shared-memory tile per causal block");
-// Per-warp 16 x 16 fp32 tiles through which write_state converts accumulators to bf16 states.
-constexpr size_t kStagingBytes = kCausalWarps * 256 * sizeof(float);
-static_assert(kStagingBytes <= kC * kLdScore * sizeof(float), "the query pass stages in g");
 
 // The CTA-wide tensor-core product of kernels/common/wmma_gemm.cuh with this file's warps.
 template <typename T, bool TransA, bool TransB>
@@ -126,7 +123,7 @@ struct SharedCursor {
 template <typename T, int D>
 __host__ __device__ constexpr size_t states_smem() {
   using L = Layout<T, D, kCausalThreads>;
-  return 2 * align128(kC * L::lde * sizeof(typename Mma<T>::elem)) + kStagingBytes;
+  return 2 * align128(kC * L::lde * sizeof(typename Mma<T>::elem));
 }
 
 // S_j = phi(K_j)^T [V_j, 1] for one block, stored as S (the summed sets' type).
@@ -138,7 +135,6 @@ __global__ void __launch_bounds__(kCausalThreads) states_kernel(CausalBlockLinea
   SharedCursor cursor{smem};
   E* kf = cursor.take<E>(kC * L::lde);
   E* vt = cursor.take<E>(kC * L::lde);
-  float* staging = cursor.take<float>(kStagingBytes / 4);
   const BlockWork w = block_work(p.shape);
   load_features<T, D, kCausalThreads>(p.k, w.b, w.h, w.begin, w.valid, kC, kf, nullptr);
   load_plain<T, D, kCausalThreads>(p.v, w.b, w.h, w.begin, w.valid, kC, vt);
@@ -148,7 +144,7 @@ __global__ void __launch_bounds__(kCausalThreads) states_kernel(CausalBlockLinea
   for (int u = 0; u < L::frags_per_warp; ++u) wmma::fill_fragment(acc[u], 0.f);
   accumulate_at_b<T, D, kCausalThreads>(acc, kf, vt, kC);
   S* state = static_cast<S*>(p.states) + state_offset(w, blocks_of(p.shape.tokens), L::state);
-  write_state<T, D, kCausalThreads>(acc, state, /*atomic=*/false, staging);
+  write_state<T, D, kCausalThreads>(acc, state, /*atomic=*/false, nullptr);
   if (threadIdx.x < D) {
     float z = 0.f;
     for (int r = 0; r < w.valid; ++r) z += to_float(kf[r * L::lde + threadIdx.x]);
@@ -479,9 +475,8 @@ __global__ void __launch_bounds__(kCausalThreads)
 #pragma unroll
     for (int u = 0; u < L::frags_per_warp; ++u) wmma::fill_fragment(acc[u], 0.f);
     accumulate_at_b<T, D, kCausalThreads>(acc, qf, dnum, kC);
-    // g is free by now (g_masked holds what the products still need): the bf16 staging tiles.
     S* grad_prefix = static_cast<S*>(p.grad_prefix) + offset;
-    write_state<T, D, kCausalThreads>(acc, grad_prefix, /*atomic=*/false, g);
+    write_state<T, D, kCausalThreads>(acc, grad_prefix, /*atomic=*/false, nullptr);
     if (threadIdx.x < D) {
       float dz = 0.f;
       for (int r = 0; r < w.valid; ++r) dz += to_float(qf[r * L::lde + threadIdx.x]) * dden[r];
@@ -975,11 +970,10 @@ cudaError_t backward_for(const CausalBlockLinearBackward& a, cudaStream_t stream
   return cudaGetLastError();
 }
 
-// The storage pairs the kernels are built for: (summed, tiled) = (fp32, fp32) for every input
-// type, (fp32, bf16) for 16-bit inputs.
+// The storage the kernels are built for: summed sets fp32; tiled sets fp32 for every input type,
+// bf16 for 16-bit inputs.
 template <typename T, typename Args, typename Run>
 cudaError_t by_state_types(const Args& a, Run&& run) {
-  if (a.summed_sets != StateType::f32) return cudaErrorInvalidValue;
   if (a.tiled_sets == StateType::f32) return run(float{}, float{});
   if constexpr (std::is_same_v<T, float>) {
     return cudaErrorInvalidValue;

@@ -45,9 +45,9 @@ struct CausalBlockLinearShape {
 // Blocks of one sequence, ceil(T / 64). A set of states (S and z of every batch, head and block)
 // is B * H * blocks * (D * D + D) elements, laid out [B * H, blocks, D * D + D]. The four sets are
 // the passes' largest traffic at D = 128. S_j and dP_i feed fp32 sums (the prefix mixing and the
-// mixing gradient) and stay fp32 (`summed_sets`); P_i and dS_j are only loaded as tensor-core
-// tiles, which rounds them to 16 bits anyway, so 16-bit inputs may store them in bf16
-// (`tiled_sets`; fp32 inputs: fp32).
+// mixing gradient) and are fp32; P_i and dS_j are only loaded as tensor-core
+// tiles, which rounds their matrix parts to 16 bits anyway, so 16-bit inputs may store them in
+// bf16 (`tiled_sets`; fp32 inputs: fp32).
 int causal_blocks(int tokens);
 
 // Whether the kernels take the shape and dtype (the binding runs the reference otherwise).
@@ -65,10 +65,9 @@ struct CausalBlockLinearForward {
   TokenTensor q, k, v;
   const float* mixing = nullptr;  // [M, M] fp32 lower triangular, or nullptr (linear attention)
   void* out = nullptr;            // [B, T, H, D] contiguous
-  StateType summed_sets = StateType::f32;  // S (fp32 only)
-  StateType tiled_sets = StateType::f32;   // P
-  void* states = nullptr;                  // a set of states: S_j, kept for the backward pass
-  void* prefix = nullptr;                  // a set of states: P_i, kept for the backward pass
+  StateType tiled_sets = StateType::f32;  // of P
+  float* states = nullptr;                // a set of states: S_j, kept for the backward pass
+  void* prefix = nullptr;                 // a set of states: P_i, kept for the backward pass
 };
 
 struct CausalBlockLinearBackward {
@@ -77,15 +76,14 @@ struct CausalBlockLinearBackward {
   DType dtype = DType::bf16;
   TokenTensor q, k, v, out, grad_out;
   const float* mixing = nullptr;
-  StateType summed_sets = StateType::f32;  // S and dP (fp32 only)
-  StateType tiled_sets = StateType::f32;   // P and dS
-  const void* states = nullptr;            // from the forward pass
+  StateType tiled_sets = StateType::f32;  // of P and dS
+  const float* states = nullptr;          // from the forward pass
   const void* prefix = nullptr;
   void* grad_q = nullptr;  // [B, T, H, D] contiguous each
   void* grad_k = nullptr;
   void* grad_v = nullptr;
   float* grad_mixing = nullptr;  // [M, M] fp32, overwritten (summed over batch and heads)
-  void* grad_prefix = nullptr;   // a set of states (workspace)
+  float* grad_prefix = nullptr;  // a set of states (workspace)
   void* grad_states = nullptr;   // a set of states (workspace)
 };
 

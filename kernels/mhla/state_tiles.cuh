@@ -3,7 +3,6 @@
 // block-linear-attention kernels: A^T B accumulated into a state, tile x state products, and a
 // state's trip between global memory (fp32) and shared memory (the tensor-core element type).
 #include <cstdint>
-#include <type_traits>
 
 #include "common/packed_access.cuh"
 #include "mhla/tiles.cuh"
@@ -64,12 +63,10 @@ __device__ __forceinline__ void multiply_tile(const typename Mma<T>::elem* a,
   }
 }
 
-// Writes the D x D accumulators to a state in global memory: stored when one CTA owns it,
-// added atomically (through a per-warp staging tile) when several chunks share it. A bf16 state
-// (S = __nv_bfloat16, stored only) also goes through the staging tile: each lane converts and
-// stores 8 elements as one 16-byte word.
-template <typename T, int D, int Threads = kThreads, typename S = float>
-__device__ void write_state(FragC<T> (&acc)[Layout<T, D, Threads>::frags_per_warp], S* state,
+// Writes the D x D accumulators to an fp32 state in global memory: stored when one CTA owns it,
+// added atomically (through a per-warp staging tile) when several chunks share it.
+template <typename T, int D, int Threads = kThreads>
+__device__ void write_state(FragC<T> (&acc)[Layout<T, D, Threads>::frags_per_warp], float* state,
                             bool atomic, float* staging) {
   using L = Layout<T, D, Threads>;
   constexpr int kWarps = Threads / 32;
@@ -80,17 +77,8 @@ __device__ void write_state(FragC<T> (&acc)[Layout<T, D, Threads>::frags_per_war
     const int f = warp + u * kWarps;
     if (f >= L::frags) continue;
     const int fm = f / (D / 16), fn = f % (D / 16);
-    S* dst = state + fm * 16 * D + fn * 16;
-    if constexpr (!std::is_same_v<S, float>) {
-      wmma::store_matrix_sync(tile, acc[u], 16, wmma::mem_row_major);
-      __syncwarp();
-      const int r = lane / 2, c = (lane % 2) * 8;
-      float x[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) x[i] = tile[r * 16 + c + i];
-      store_pack<S, 8>(dst + r * D + c, x);
-      __syncwarp();
-    } else if (!atomic) {
+    float* dst = state + fm * 16 * D + fn * 16;
+    if (!atomic) {
       wmma::store_matrix_sync(dst, acc[u], D, wmma::mem_row_major);
     } else {
       wmma::store_matrix_sync(tile, acc[u], 16, wmma::mem_row_major);
