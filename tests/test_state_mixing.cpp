@@ -1,13 +1,10 @@
-// The GPU helpers that mix block states for the MHLA bindings (src/attention/state_mixing), with
-// fp32 and bf16 storage (bf16: the expected values from the same rounded inputs; the mix's output
-// is rounded once more, so its bound is the bf16 step):
+// The GPU helpers that mix fp32 block states for the MHLA bindings (src/attention/state_mixing):
 // the state-mix kernel against a float64 matrix product (dense, strictly lower and strictly upper
 // weights; block counts that fill no, one and several 16-block groups; cuBLAS past 128 blocks),
-// and the pair-products kernel (tensor cores on bf16 high and low parts) against a float64
-// contraction at fp32 accuracy (1e-4: a product of bf16-rounded inputs alone would miss it by an
-// order of magnitude), over row counts that pad to 16 (3, 40), fill one 16 x 16 tile (16), give
-// every warp two tiles (64), and element counts that end inside an item (D = 32: 1,056 per
-// state).
+// and the pair-products kernel (tensor cores on bf16 high and low parts of the fp32 inputs)
+// against a float64 contraction at 1e-4 (one bf16 part alone misses it by an order of magnitude),
+// over row counts that pad to 16 (3, 40), fill one 16 x 16 tile (16), give every warp two tiles
+// (64), and element counts that end inside an item (D = 32: 1,056 floats per state).
 #include "catch_compat.h"
 #include "test_helpers.h"
 
@@ -30,39 +27,25 @@ TEST_CASE("attention: block state mix against float64", "[attention][gpu]") {
   struct Case {
     int64_t batch_heads, blocks, elements;
   };
-  for (const auto storage : {torch::kFloat32, torch::kBFloat16}) {
-    const double bound = storage == torch::kFloat32 ? 1e-5 : 4e-3;
-    for (const Case& c :
-         {Case{3, 1, 1056}, Case{2, 3, 4160}, Case{5, 16, 4160}, Case{2, 33, 1056},
-          Case{1, 64, 16512}, Case{2, 70, 1056}, Case{1, 128, 1056}, Case{1, 130, 1056}}) {
-      for (const MixPattern pattern : {MixPattern::dense, MixPattern::lower, MixPattern::upper}) {
-        INFO("BH=" << c.batch_heads << " blocks=" << c.blocks << " E=" << c.elements
-                   << " pattern=" << static_cast<int>(pattern) << " storage=" << storage);
-        auto states = torch::randn({c.batch_heads, c.blocks, c.elements}, cuda).to(storage);
-        auto weights = torch::rand({c.blocks, c.blocks}, cuda);
-        if (pattern == MixPattern::lower) weights = weights.tril(-1);
-        if (pattern == MixPattern::upper) weights = weights.triu(1);
-        auto got = mix_block_states(weights, states, pattern);
-        auto expected = torch::matmul(weights.to(torch::kFloat64), states.to(torch::kFloat64));
-        REQUIRE(got.sizes() == expected.sizes());
-        CHECK(got.scalar_type() == storage);
-        if (c.blocks == 1 && pattern != MixPattern::dense) {
-          CHECK(got.abs().max().item<double>() == 0.0);  // the only weight is on the diagonal
-        } else {
-          CHECK(test::relative_error(got.to(torch::kFloat64), expected) < bound);
-        }
+  for (const Case& c :
+       {Case{3, 1, 1056}, Case{2, 3, 4160}, Case{5, 16, 4160}, Case{2, 33, 1056},
+        Case{1, 64, 16512}, Case{2, 70, 1056}, Case{1, 128, 1056}, Case{1, 130, 1056}}) {
+    for (const MixPattern pattern : {MixPattern::dense, MixPattern::lower, MixPattern::upper}) {
+      INFO("BH=" << c.batch_heads << " blocks=" << c.blocks << " E=" << c.elements
+                 << " pattern=" << static_cast<int>(pattern));
+      auto states = torch::randn({c.batch_heads, c.blocks, c.elements}, cuda);
+      auto weights = torch::rand({c.blocks, c.blocks}, cuda);
+      if (pattern == MixPattern::lower) weights = weights.tril(-1);
+      if (pattern == MixPattern::upper) weights = weights.triu(1);
+      auto got = mix_block_states(weights, states, pattern);
+      auto expected = torch::matmul(weights.to(torch::kFloat64), states.to(torch::kFloat64));
+      REQUIRE(got.sizes() == expected.sizes());
+      if (c.blocks == 1 && pattern != MixPattern::dense) {
+        CHECK(got.abs().max().item<double>() == 0.0);  // the only weight is on the diagonal
+      } else {
+        CHECK(test::relative_error(got, expected) < 1e-5);
       }
     }
-  }
-  // fp32 states mixed into bf16 (the causal binding's prefixes): the fp32 sums rounded once.
-  {
-    auto states = torch::randn({3, 32, 4160}, cuda);
-    auto weights = torch::rand({32, 32}, cuda).tril(-1);
-    auto got = mix_block_states(weights, states, MixPattern::lower, torch::kBFloat16);
-    auto expected = torch::matmul(weights.to(torch::kFloat64), states.to(torch::kFloat64));
-    CHECK(got.scalar_type() == torch::kBFloat16);
-    CHECK(test::relative_error(got.to(torch::kFloat64), expected) < 4e-3);
-    CHECK(test::relative_error(got.to(torch::kFloat64), expected) > 1e-4);  // it was rounded
   }
   // A transposed (non-contiguous) weight view is read as the matrix it shows.
   auto states = torch::randn({4, 16, 4160}, cuda);
@@ -70,9 +53,7 @@ TEST_CASE("attention: block state mix against float64", "[attention][gpu]") {
   auto expected = torch::matmul(weights.t().to(torch::kFloat64), states.to(torch::kFloat64));
   CHECK(test::relative_error(mix_block_states(weights.t(), states), expected) < 1e-5);
   CHECK(test::contains(test::error_of([&] { mix_block_states(weights.narrow(0, 0, 8), states); }),
-                       "block state mix: states must be fp32 or bf16 [BH, blocks, E]"));
-  CHECK(test::contains(test::error_of([&] { mix_block_states(weights, states.to(torch::kHalf)); }),
-                       "block state mix: states must be fp32 or bf16"));
+                       "block state mix: states must be fp32 [BH, blocks, E]"));
 #else
   WARN("built without the CUDA kernels: skipped");
 #endif
@@ -89,27 +70,23 @@ TEST_CASE("attention: block pair products (mixing gradient) against float64", "[
   struct Case {
     int64_t batch_heads, blocks, rows, elements;
   };
-  for (const auto storage : {torch::kFloat32, torch::kBFloat16}) {
-    for (const Case& c : {Case{3, 5, 3, 1056}, Case{7, 16, 16, 4160}, Case{2, 64, 64, 1056},
-                          Case{5, 33, 16, 16512}, Case{1, 1, 1, 4}, Case{3, 48, 40, 1056}}) {
-      INFO("BH=" << c.batch_heads << " blocks=" << c.blocks << " rows=" << c.rows
-                 << " E=" << c.elements << " storage=" << storage);
-      auto x = torch::randn({c.batch_heads, c.blocks, c.elements}, cuda).to(storage);
-      auto y = torch::randn({c.batch_heads, c.blocks, c.elements}, cuda).to(storage);
-      auto got = block_pair_products(x, y, c.rows);
-      auto xd = x.narrow(1, 0, c.rows).to(torch::kFloat64);
-      auto yd = y.narrow(1, 0, c.rows).to(torch::kFloat64);
-      auto expected = torch::einsum("bie,bje->ij", {xd, yd});
-      REQUIRE(got.sizes() == expected.sizes());
-      CHECK(got.scalar_type() == torch::kFloat32);
-      CHECK(test::relative_error(got, expected) < 1e-4);
-    }
+  for (const Case& c : {Case{3, 5, 3, 1056}, Case{7, 16, 16, 4160}, Case{2, 64, 64, 1056},
+                        Case{5, 33, 16, 16512}, Case{1, 1, 1, 4}, Case{3, 48, 40, 1056}}) {
+    INFO("BH=" << c.batch_heads << " blocks=" << c.blocks << " rows=" << c.rows
+               << " E=" << c.elements);
+    auto x = torch::randn({c.batch_heads, c.blocks, c.elements}, cuda);
+    auto y = torch::randn({c.batch_heads, c.blocks, c.elements}, cuda);
+    auto got = block_pair_products(x, y, c.rows);
+    auto xd = x.narrow(1, 0, c.rows).to(torch::kFloat64);
+    auto yd = y.narrow(1, 0, c.rows).to(torch::kFloat64);
+    auto expected = torch::einsum("bie,bje->ij", {xd, yd});
+    REQUIRE(got.sizes() == expected.sizes());
+    CHECK(test::relative_error(got, expected) < 1e-4);
   }
   // Bad input is refused by name, not read out of bounds.
   auto x = torch::randn({2, 4, 8}, cuda);
   CHECK(test::contains(test::error_of([&] { block_pair_products(x, x.to(torch::kFloat64), 2); }),
-                       "block pair products: x and y must be contiguous [BH, blocks, E] on "
-                       "one GPU, both fp32 or both bf16"));
+                       "block pair products: x and y must be contiguous fp32"));
   CHECK(test::contains(test::error_of([&] { block_pair_products(x, x, 5); }),
                        "block pair products: CUDA error"));
 #else

@@ -1,17 +1,14 @@
 // G_ij += sum X_i * Y_j over batch*head and state elements (see block_pair_products.h), on tensor
-// cores: each item's rows go to shared memory as three bf16 parts (x = x0 + x1 + x2, each the
-// bf16 rounding of what the parts before it leave: 24 significant bits, an fp32 value), and G
-// sums the six products X_a Y_b^T with a + b <= 2 by mma.sync in fp32. The dropped ones are below
-// 2^-26 of each term: about fp32's own rounding. (With two parts, 2^-17 per term, the mixing
-// gradient lost accuracy where its terms cancel.) bf16 inputs are their own first part.
+// cores: each item's rows go to shared memory as two bf16 parts (x = hi + lo, lo the bf16 rounding
+// of x - hi), and G += Xh Yh^T + Xh Yl^T + Xl Yh^T by mma.sync with fp32 accumulation: about 2^-17
+// relative per term (the dropped Xl Yl^T and lo's own rounding). The SIMT kernel this replaces
+// was bound by its shared-memory reads (one per two FMAs).
 #include <algorithm>
-#include <type_traits>
 
 #include "common/device_info.h"
 #include "common/packed_access.cuh"
 #include "common/wmma_gemm.cuh"
 #include "mhla/block_pair_products.h"
-#include "mhla/state_storage.cuh"
 
 namespace mhla_kernels {
 namespace {
@@ -29,7 +26,7 @@ __host__ __device__ constexpr int padded_rows(int rows) {
   return (rows + 15) / 16 * 16;
 }
 
-constexpr int kParts = 3;
+constexpr int kParts = 2;  // hi, lo
 
 // 2 x kParts bf16 tiles [padded][kLd] (the parts of X, then of Y); the final reduction reuses them
 // as fp32 [padded][padded].
@@ -38,10 +35,7 @@ size_t shared_bytes(int rows) {
   return std::max<size_t>(tiles, kMaxRows * kMaxRows * sizeof(float));
 }
 
-template <typename S>
 __global__ void __launch_bounds__(kThreads) pair_products_kernel(BlockPairProducts p) {
-  // bf16 inputs are exact in one part.
-  constexpr int kUsed = std::is_same_v<S, float> ? kParts : 1;
   extern __shared__ __align__(16) unsigned char smem[];
   const int padded = padded_rows(p.rows), side = padded / 16, units = side * side;
   __nv_bfloat16* tiles = reinterpret_cast<__nv_bfloat16*>(smem);
@@ -71,9 +65,9 @@ __global__ void __launch_bounds__(kThreads) pair_products_kernel(BlockPairProduc
         const int r = local / kQuads, e = static_cast<int>(e0) + (local % kQuads) * 4;
         v[u][0] = v[u][1] = v[u][2] = v[u][3] = 0.f;
         if (idx < 2 * count && r < p.rows && e < p.elements) {
-          const S* src = static_cast<const S*>(which ? p.y : p.x) + base +
-                         static_cast<size_t>(r) * p.elements + e;
-          load_pack<S, 4>(src, v[u]);
+          const float* src = (which ? p.y : p.x) + base + static_cast<size_t>(r) * p.elements + e;
+          const float4 x = __ldg(reinterpret_cast<const float4*>(src));
+          v[u][0] = x.x, v[u][1] = x.y, v[u][2] = x.z, v[u][3] = x.w;
         }
       }
 #pragma unroll
@@ -83,7 +77,7 @@ __global__ void __launch_bounds__(kThreads) pair_products_kernel(BlockPairProduc
         const int which = idx >= count, local = idx - which * count;
         const int at = (local / kQuads) * kLd + (local % kQuads) * 4;
 #pragma unroll
-        for (int a = 0; a < kUsed; ++a) {
+        for (int a = 0; a < kParts; ++a) {
           float rounded[4];
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
@@ -101,9 +95,9 @@ __global__ void __launch_bounds__(kThreads) pair_products_kernel(BlockPairProduc
       if (unit >= units) break;
       const int fm = unit / side, fn = unit % side;
 #pragma unroll
-      for (int a = 0; a < kUsed; ++a) {
+      for (int a = 0; a < kParts; ++a) {
 #pragma unroll
-        for (int b = 0; a + b < kUsed; ++b) {
+        for (int b = 0; a + b < kParts; ++b) {
           wmma_tiles::mma_tile<__nv_bfloat16, false, true>(acc[u], part(0, a), kLd, part(1, b), kLd,
                                                            fm, fn, kColumns);
         }
@@ -132,24 +126,19 @@ cudaError_t block_pair_products(const BlockPairProducts& p, cudaStream_t stream)
   if (p.x == nullptr || p.y == nullptr || p.grad == nullptr || p.batch_heads <= 0 || p.rows < 1 ||
       p.rows > kMaxRows || p.rows > p.blocks || p.elements <= 0 || p.elements % 4 != 0)
     return cudaErrorInvalidValue;
-  return with_state_type(p.type, [&](auto tag) {
-    using S = decltype(tag);
-    const size_t bytes = shared_bytes(p.rows);
-    if (bytes > 48 * 1024) {
-      const cudaError_t err =
-          cudaFuncSetAttribute(pair_products_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(bytes));
-      if (err != cudaSuccess) return err;
-    }
-    const int64_t items =
-        static_cast<int64_t>(p.batch_heads) * ((p.elements + kColumns - 1) / kColumns);
-    // Several CTAs per SM so that one's loads overlap another's products.
-    const int per_sm = std::max<int>(1, std::min<int>(8, static_cast<int>((200 * 1024) / bytes)));
-    const int ctas =
-        static_cast<int>(std::min<int64_t>(items, int64_t{per_sm} * multiprocessors()));
-    pair_products_kernel<S><<<ctas, kThreads, bytes, stream>>>(p);
-    return cudaGetLastError();
-  });
+  const size_t bytes = shared_bytes(p.rows);
+  if (bytes > 48 * 1024) {
+    const cudaError_t err = cudaFuncSetAttribute(
+        pair_products_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+    if (err != cudaSuccess) return err;
+  }
+  const int64_t items =
+      static_cast<int64_t>(p.batch_heads) * ((p.elements + kColumns - 1) / kColumns);
+  // Several CTAs per SM so that one's loads overlap another's products.
+  const int per_sm = std::max<int>(1, std::min<int>(8, static_cast<int>((200 * 1024) / bytes)));
+  const int ctas = static_cast<int>(std::min<int64_t>(items, int64_t{per_sm} * multiprocessors()));
+  pair_products_kernel<<<ctas, kThreads, bytes, stream>>>(p);
+  return cudaGetLastError();
 }
 
 }  // namespace mhla_kernels

@@ -1,6 +1,6 @@
 #pragma once
-// Mixing block states (fp32 or bf16, summed in fp32) by a small matrix: out[b, i] = sum_j w_ij
-// in[b, j] for every batch*head b and block i < blocks, each state a row of `elements`, laid out
+// Mixing fp32 block states by a small matrix: out[b, i] = sum_j w_ij in[b, j] for every
+// batch*head b and block i < blocks, each state a row of `elements` floats, laid out
 // [batch*head, blocks, elements]. MHLA's S'_i = sum_j m_ij S_j (bidirectional), its causal prefix
 // P_i = sum_{j<i} w_ij S_j, and their transposes in the backward pass.
 //
@@ -12,8 +12,6 @@
 
 #include <cuda_runtime.h>
 
-#include "mhla/state_type.h"
-
 namespace mhla_kernels {
 
 enum class MixPattern {
@@ -23,10 +21,9 @@ enum class MixPattern {
 };
 
 struct BlockStateMix {
-  StateType in_type = StateType::f32, out_type = StateType::f32;
-  const void* in = nullptr;         // [batch_heads, blocks, elements]
+  const float* in = nullptr;        // [batch_heads, blocks, elements]
   const float* weights = nullptr;   // [blocks, blocks] row-major, on the device
-  void* out = nullptr;              // [batch_heads, blocks, elements], not aliasing `in`
+  float* out = nullptr;             // [batch_heads, blocks, elements], not aliasing `in`
   int batch_heads = 0, blocks = 0;  // blocks <= kMaxMixBlocks
   int64_t elements = 0;             // a multiple of 4; rows 16-byte aligned
   MixPattern pattern = MixPattern::dense;

@@ -6,7 +6,6 @@
 #include "common/device_info.h"
 #include "common/packed_access.cuh"
 #include "mhla/causal_block_linear.h"
-#include "mhla/state_storage.cuh"
 #include "mhla/state_tiles.cuh"
 #include "mhla/tiles.cuh"
 
@@ -126,8 +125,8 @@ __host__ __device__ constexpr size_t states_smem() {
   return 2 * align128(kC * L::lde * sizeof(typename Mma<T>::elem));
 }
 
-// S_j = phi(K_j)^T [V_j, 1] for one block, stored as S (the summed sets' type).
-template <typename T, int D, typename S>
+// S_j = phi(K_j)^T [V_j, 1] for one block.
+template <typename T, int D>
 __global__ void __launch_bounds__(kCausalThreads) states_kernel(CausalBlockLinearForward p) {
   using L = Layout<T, D, kCausalThreads>;
   using E = typename Mma<T>::elem;
@@ -143,134 +142,105 @@ __global__ void __launch_bounds__(kCausalThreads) states_kernel(CausalBlockLinea
 #pragma unroll
   for (int u = 0; u < L::frags_per_warp; ++u) wmma::fill_fragment(acc[u], 0.f);
   accumulate_at_b<T, D, kCausalThreads>(acc, kf, vt, kC);
-  S* state = static_cast<S*>(p.states) + state_offset(w, blocks_of(p.shape.tokens), L::state);
+  float* state = p.states + state_offset(w, blocks_of(p.shape.tokens), L::state);
   write_state<T, D, kCausalThreads>(acc, state, /*atomic=*/false, nullptr);
   if (threadIdx.x < D) {
     float z = 0.f;
     for (int r = 0; r < w.valid; ++r) z += to_float(kf[r * L::lde + threadIdx.x]);
-    state[D * D + threadIdx.x] = from_float<S>(z);
+    state[D * D + threadIdx.x] = z;
   }
 }
 
 // P_i = sum_{d=1}^{min(i, W)} w(i, i-d) S_{i-d} + [i >= M] tail * R, R = sum_{j <= i-M} S_j, for
-// one 4-byte word of input elements per thread (N = kSweepLanes<S>; the prefix is stored as P).
-// The last W states sit in a per-thread shared-memory ring (slot j % W), R in registers: each
-// state is read once and each prefix written once.
-template <typename S, typename P>
+// one state element per thread. The last W states sit in a per-thread shared-memory ring (slot
+// j % W), R in a register: each state is read once and each prefix written once.
 __global__ void __launch_bounds__(kSweepThreads)
-    prefix_kernel(const S* states, P* prefix, CausalWeights mix, int blocks, int state) {
-  constexpr int N = kSweepLanes<S>;
+    prefix_kernel(const float* states, float* prefix, CausalWeights mix, int blocks, int state) {
   extern __shared__ __align__(128) float shared[];
   const int W = mix.window(), M = W + 1, t = threadIdx.x;
   float* ms = shared;            // [M][M]
-  float* ring = shared + M * M;  // [W][N][kSweepThreads]
+  float* ring = shared + M * M;  // [W][kSweepThreads]
   stage_mixing(mix, ms);
   __syncthreads();
-  const int e = (blockIdx.x * kSweepThreads + t) * N;
+  const int e = blockIdx.x * kSweepThreads + t;
   if (e >= state) return;  // the ring is per thread: no barrier below
   const RowWeights weights{ms, M};
   const size_t base = static_cast<size_t>(blockIdx.y) * blocks * state + e;
   const float tail = mix.tail();
-  float r[N] = {}, s[N];
-  load_pack<S, N>(states + base, s);
+  float r = 0.f, s = states[base];
   for (int i = 0; i < blocks; ++i) {
     // The next state is loaded before this one is used (the sweep is latency-bound otherwise).
-    float s_next[N] = {};
-    if (i + 1 < blocks) load_pack<S, N>(states + base + static_cast<size_t>(i + 1) * state, s_next);
-    float p[N];
-#pragma unroll
-    for (int n = 0; n < N; ++n) p[n] = i >= M ? tail * r[n] : 0.f;
+    const float s_next = i + 1 < blocks ? states[base + static_cast<size_t>(i + 1) * state] : 0.f;
+    float p = i >= M ? tail * r : 0.f;
     const int reach = min(i, W);
     const float* w = weights.row(i);
     int slot = reach > 0 ? (i - 1) % W : 0;
     for (int d = 1; d <= reach; ++d) {
-#pragma unroll
-      for (int n = 0; n < N; ++n) p[n] += w[-d] * ring[(slot * N + n) * kSweepThreads + t];
+      p += w[-d] * ring[slot * kSweepThreads + t];
       slot = slot == 0 ? W - 1 : slot - 1;
     }
-    store_pack<P, N>(prefix + base + static_cast<size_t>(i) * state, p);
-#pragma unroll
-    for (int n = 0; n < N; ++n) {
-      if (W == 0) {
-        r[n] += s[n];
-      } else {
-        const int at = ((i % W) * N + n) * kSweepThreads + t;
-        if (i >= W) r[n] += ring[at];  // S_{i-W} leaves the window
-        ring[at] = s[n];
-      }
-      s[n] = s_next[n];
+    prefix[base + static_cast<size_t>(i) * state] = p;
+    if (W == 0) {
+      r += s;
+    } else {
+      const int at = (i % W) * kSweepThreads + t;
+      if (i >= W) r += ring[at];  // S_{i-W} leaves the window
+      ring[at] = s;
     }
+    s = s_next;
   }
 }
 
 // The same sweep with the window W a compile-time constant (the common matrix sizes): the last W
 // states and the sliding row's weights sit in registers instead of a shared-memory ring, whose
 // two shared-memory reads per product were the generic sweep's cost.
-template <int W, typename S, typename P>
+template <int W>
 __global__ void __launch_bounds__(kSweepThreads)
-    prefix_window_kernel(const S* states, P* prefix, CausalWeights mix, int blocks, int state) {
-  constexpr int M = W + 1, N = kSweepLanes<S>;
+    prefix_window_kernel(const float* states, float* prefix, CausalWeights mix, int blocks,
+                         int state) {
+  constexpr int M = W + 1;
   __shared__ float ms[M * M];
   for (int i = threadIdx.x; i < M * M; i += kSweepThreads) ms[i] = mix.m[i];
   __syncthreads();
-  const int e = (blockIdx.x * kSweepThreads + threadIdx.x) * N;
+  const int e = blockIdx.x * kSweepThreads + threadIdx.x;
   if (e >= state) return;
   float c[W + 1];  // c[d] = w(i, i - d) of the sliding rows i >= M
 #pragma unroll
   for (int d = 1; d <= W; ++d) c[d] = ms[(M - 1) * M + M - 1 - d];
   const float tail = ms[(M - 1) * M];
   const size_t base = static_cast<size_t>(blockIdx.y) * blocks * state + e;
-  float history[W][N];  // history[d - 1] = S_{i-d}
+  float history[W];  // history[d - 1] = S_{i-d}
 #pragma unroll
-  for (int d = 0; d < W; ++d) {
-#pragma unroll
-    for (int n = 0; n < N; ++n) history[d][n] = 0.f;
-  }
-  auto load = [&](int i, float(&x)[N]) {
-#pragma unroll
-    for (int n = 0; n < N; ++n) x[n] = 0.f;
-    if (i < blocks) load_pack<S, N>(states + base + static_cast<size_t>(i) * state, x);
+  for (int d = 0; d < W; ++d) history[d] = 0.f;
+  auto load = [&](int i) {
+    return i < blocks ? states[base + static_cast<size_t>(i) * state] : 0.f;
   };
-  float ahead[kSweepAhead][N];  // S_i, ..., S_{i + kSweepAhead - 1}
+  float ahead[kSweepAhead];  // S_i, ..., S_{i + kSweepAhead - 1}
 #pragma unroll
-  for (int a = 0; a < kSweepAhead; ++a) load(a, ahead[a]);
-  float r[N] = {};
+  for (int a = 0; a < kSweepAhead; ++a) ahead[a] = load(a);
+  float r = 0.f;
   for (int i = 0; i < blocks; ++i) {
-    float s[N];
+    const float s = ahead[0];
 #pragma unroll
-    for (int n = 0; n < N; ++n) s[n] = ahead[0][n];
-#pragma unroll
-    for (int a = 0; a + 1 < kSweepAhead; ++a) {
-#pragma unroll
-      for (int n = 0; n < N; ++n) ahead[a][n] = ahead[a + 1][n];
-    }
-    load(i + kSweepAhead, ahead[kSweepAhead - 1]);
-    float p[N] = {};
+    for (int a = 0; a + 1 < kSweepAhead; ++a) ahead[a] = ahead[a + 1];
+    ahead[kSweepAhead - 1] = load(i + kSweepAhead);
+    float p = 0.f;
     if (i >= M) {
+      p = tail * r;
 #pragma unroll
-      for (int n = 0; n < N; ++n) {
-        p[n] = tail * r[n];
-#pragma unroll
-        for (int d = 1; d <= W; ++d) p[n] += c[d] * history[d - 1][n];
-      }
+      for (int d = 1; d <= W; ++d) p += c[d] * history[d - 1];
     } else {
       const float* row = ms + i * M + i;  // row[-d] = m_{i, i-d}
 #pragma unroll
       for (int d = 1; d <= W; ++d) {
-        if (d <= i) {
-#pragma unroll
-          for (int n = 0; n < N; ++n) p[n] += row[-d] * history[d - 1][n];
-        }
+        if (d <= i) p += row[-d] * history[d - 1];
       }
     }
-    store_pack<P, N>(prefix + base + static_cast<size_t>(i) * state, p);
+    prefix[base + static_cast<size_t>(i) * state] = p;
+    if (i >= W) r += history[W - 1];  // S_{i-W} leaves the window
 #pragma unroll
-    for (int n = 0; n < N; ++n) {
-      if (i >= W) r[n] += history[W - 1][n];  // S_{i-W} leaves the window
-#pragma unroll
-      for (int d = W - 1; d > 0; --d) history[d][n] = history[d - 1][n];
-      history[0][n] = s[n];
-    }
+    for (int d = W - 1; d > 0; --d) history[d] = history[d - 1];
+    history[0] = s;
   }
 }
 
@@ -300,7 +270,7 @@ __device__ void denominators(const float* scores, const typename Mma<T>::elem* q
   }
 }
 
-template <typename T, int D, typename P>
+template <typename T, int D>
 __global__ void __launch_bounds__(kCausalThreads) output_kernel(CausalBlockLinearForward p) {
   using L = Layout<T, D, kCausalThreads>;
   using E = typename Mma<T>::elem;
@@ -325,8 +295,7 @@ __global__ void __launch_bounds__(kCausalThreads) output_kernel(CausalBlockLinea
   q_rows.load(p.q, w.b, w.h, w.begin, w.valid, kC);
   k_rows.load(p.k, w.b, w.h, w.begin, w.valid, kC);
   v_rows.load(p.v, w.b, w.h, w.begin, w.valid, kC);
-  load_state<T, D, kCausalThreads>(
-      static_cast<const P*>(p.prefix) + state_offset(w, blocks, L::state), prefix, z);
+  load_state<T, D, kCausalThreads>(p.prefix + state_offset(w, blocks, L::state), prefix, z);
   q_rows.store_features(w.valid, kC, qf, nullptr);
   k_rows.store_features(w.valid, kC, kf, nullptr);
   v_rows.store_plain(kC, vt);
@@ -369,7 +338,7 @@ __host__ __device__ constexpr size_t query_backward_smem() {
 
 // For one block i: dq; dP_i = phi(Q)^T [dO / den, dden]; the intra-block parts of d(phi(k)) and
 // dv, written into grad_k and grad_v for the key pass to complete; and dm_ii.
-template <typename T, int D, typename S, typename P>
+template <typename T, int D>
 __global__ void __launch_bounds__(kCausalThreads)
     query_backward_kernel(CausalBlockLinearBackward p) {
   using L = Layout<T, D, kCausalThreads>;
@@ -404,7 +373,7 @@ __global__ void __launch_bounds__(kCausalThreads)
     q_rows.load(p.q, w.b, w.h, w.begin, w.valid, kC);
     k_rows.load(p.k, w.b, w.h, w.begin, w.valid, kC);
     v_rows.load(p.v, w.b, w.h, w.begin, w.valid, kC);
-    load_state<T, D, kCausalThreads>(static_cast<const P*>(p.prefix) + offset, prefix, z);
+    load_state<T, D, kCausalThreads>(p.prefix + offset, prefix, z);
     q_rows.store_features(w.valid, kC, qf, inv_rms);
     k_rows.store_features(w.valid, kC, kf, nullptr);
     v_rows.store_plain(kC, vt);
@@ -475,12 +444,11 @@ __global__ void __launch_bounds__(kCausalThreads)
 #pragma unroll
     for (int u = 0; u < L::frags_per_warp; ++u) wmma::fill_fragment(acc[u], 0.f);
     accumulate_at_b<T, D, kCausalThreads>(acc, qf, dnum, kC);
-    S* grad_prefix = static_cast<S*>(p.grad_prefix) + offset;
-    write_state<T, D, kCausalThreads>(acc, grad_prefix, /*atomic=*/false, nullptr);
+    write_state<T, D, kCausalThreads>(acc, p.grad_prefix + offset, /*atomic=*/false, nullptr);
     if (threadIdx.x < D) {
       float dz = 0.f;
       for (int r = 0; r < w.valid; ++r) dz += to_float(qf[r * L::lde + threadIdx.x]) * dden[r];
-      grad_prefix[D * D + threadIdx.x] = from_float<S>(dz);
+      p.grad_prefix[offset + D * D + threadIdx.x] = dz;
     }
   }
   __syncthreads();
@@ -519,25 +487,22 @@ __global__ void __launch_bounds__(kCausalThreads)
   }
 }
 
-// dS_j = sum_{i > j} w(i, j) dP_i, one 4-byte word of input elements per thread (N =
-// kSweepLanes<S>; S and dP stored as S, dS as G), for (batch*head, column) items walked by
-// persistent CTAs; and, past the trained length (blocks > M), the gradient of the sliding row
-// m_{M-1,:} by window offset in a per-thread shared-memory column, added to grad_mixing once per
-// CTA. The rows inside the trained length are the caller's (a GEMM over the states: dm_ij += sum
-// <dP_i, S_j> for j < i < M). Loads of the next block are issued before the current one is used:
-// the sweeps are latency-bound otherwise.
-template <typename S, typename G>
+// dS_j = sum_{i > j} w(i, j) dP_i, one state element per thread, for (batch*head, column) items
+// walked by persistent CTAs; and, past the trained length (blocks > M), the gradient of the
+// sliding row m_{M-1,:} by window offset in a per-thread shared-memory column, added to
+// grad_mixing once per CTA. The rows inside the trained length are the caller's (a GEMM over the
+// states: dm_ij += sum <dP_i, S_j> for j < i < M). Loads of the next block are issued before the
+// current one is used: the sweeps are latency-bound otherwise.
 __global__ void __launch_bounds__(kSweepThreads)
-    prefix_backward_kernel(const S* states, const S* grad_prefix, G* grad_states,
+    prefix_backward_kernel(const float* states, const float* grad_prefix, float* grad_states,
                            float* grad_mixing, CausalWeights mix, int batch_heads, int blocks,
                            int state) {
-  constexpr int N = kSweepLanes<S>;
   extern __shared__ __align__(128) float shared[];
   const int W = mix.window(), M = W + 1, t = threadIdx.x, lane = t % 32;
-  float* ms = shared;                                     // [M][M]: the mixing matrix
-  float* ring = ms + M * M;                               // [max(W, 1)][N][kSweepThreads]
-  float* sliding = ring + max(W, 1) * N * kSweepThreads;  // [M][kSweepThreads]
-  float* dm_row = sliding + M * kSweepThreads;            // [M]: this CTA's sum for row M - 1
+  float* ms = shared;                                 // [M][M]: the mixing matrix
+  float* ring = ms + M * M;                           // [max(W, 1)][kSweepThreads]
+  float* sliding = ring + max(W, 1) * kSweepThreads;  // [M][kSweepThreads]
+  float* dm_row = sliding + M * kSweepThreads;        // [M]: this CTA's sum for row M - 1
   stage_mixing(mix, ms);
   const RowWeights weights{ms, M};
   const bool slides = mix.m != nullptr && blocks > M;
@@ -545,83 +510,57 @@ __global__ void __launch_bounds__(kSweepThreads)
   for (int k = 0; k < M; ++k) sliding[k * kSweepThreads + t] = 0.f;
   __syncthreads();
   const float tail = mix.tail();
-  const int columns = (state / N + kSweepThreads - 1) / kSweepThreads;
-  auto ring_at = [&](int slot, int n) -> float& {
-    return ring[(slot * N + n) * kSweepThreads + t];
-  };
+  const int columns = (state + kSweepThreads - 1) / kSweepThreads;
   for (int item = blockIdx.x; item < batch_heads * columns; item += gridDim.x) {
-    const int e = ((item % columns) * kSweepThreads + t) * N;
+    const int e = (item % columns) * kSweepThreads + t;
     const bool live = e < state;
     const size_t base = static_cast<size_t>(item / columns) * blocks * state + (live ? e : 0);
-    auto load = [&](const S* p, int i, float(&x)[N]) {
-#pragma unroll
-      for (int n = 0; n < N; ++n) x[n] = 0.f;
-      if (live && i >= 0 && i < blocks)
-        load_pack<S, N>(p + base + static_cast<size_t>(i) * state, x);
+    auto load = [&](const float* p, int i) {
+      return live && i >= 0 && i < blocks ? p[base + static_cast<size_t>(i) * state] : 0.f;
     };
     if (slides) {  // dm of the sliding rows: the forward sweep again, dP_i in place of the output.
-      float r[N] = {}, x[N], s[N];
-      load(grad_prefix, 0, x);
-      load(states, 0, s);
+      float r = 0.f, x = load(grad_prefix, 0), s = load(states, 0);
       for (int i = 0; i < blocks; ++i) {
-        float x_next[N], s_next[N];
-        load(grad_prefix, i + 1, x_next);
-        load(states, i + 1, s_next);
+        const float x_next = load(grad_prefix, i + 1), s_next = load(states, i + 1);
         if (i >= M) {
           int slot = W > 0 ? (i - 1) % W : 0;
           for (int d = 1; d <= W; ++d) {
-            float sum = 0.f;
-#pragma unroll
-            for (int n = 0; n < N; ++n) sum += x[n] * ring_at(slot, n);
-            sliding[(M - 1 - d) * kSweepThreads + t] += sum;
+            sliding[(M - 1 - d) * kSweepThreads + t] += x * ring[slot * kSweepThreads + t];
             slot = slot == 0 ? W - 1 : slot - 1;
           }
-          float sum = 0.f;
-#pragma unroll
-          for (int n = 0; n < N; ++n) sum += x[n] * r[n];
-          sliding[t] += sum;
+          sliding[t] += x * r;
         }
-#pragma unroll
-        for (int n = 0; n < N; ++n) {
-          if (W == 0) {
-            r[n] += s[n];
-          } else {
-            if (i >= W) r[n] += ring_at(i % W, n);
-            ring_at(i % W, n) = s[n];
-          }
-          x[n] = x_next[n], s[n] = s_next[n];
+        if (W == 0) {
+          r += s;
+        } else {
+          const int at = (i % W) * kSweepThreads + t;
+          if (i >= W) r += ring[at];
+          ring[at] = s;
         }
+        x = x_next, s = s_next;
       }
     }
     // dS_j = sum_{d=1}^{W} w(j+d, j) dP_{j+d} + tail * U, U = sum_{i >= j+M} dP_i: a reverse sweep
     // with the next W prefix gradients in the ring.
-    float u[N] = {}, x[N];
-    load(grad_prefix, blocks - 1, x);
+    float u = 0.f, x = load(grad_prefix, blocks - 1);
     for (int j = blocks - 1; j >= 0; --j) {
-      float x_next[N];
-      load(grad_prefix, j - 1, x_next);
+      const float x_next = load(grad_prefix, j - 1);
       const int reach = min(blocks - 1 - j, W);
-      float g[N];
-#pragma unroll
-      for (int n = 0; n < N; ++n) g[n] = tail * u[n];
+      float g = tail * u;
       int slot = reach > 0 ? (j + 1) % W : 0;
       for (int d = 1; d <= reach; ++d) {
-        const float w = weights.row(j + d)[-d];
-#pragma unroll
-        for (int n = 0; n < N; ++n) g[n] += w * ring_at(slot, n);
+        g += weights.row(j + d)[-d] * ring[slot * kSweepThreads + t];
         slot = slot == W - 1 ? 0 : slot + 1;
       }
-      if (live) store_pack<G, N>(grad_states + base + static_cast<size_t>(j) * state, g);
-#pragma unroll
-      for (int n = 0; n < N; ++n) {
-        if (W == 0) {
-          u[n] += x[n];
-        } else {
-          if (j + W <= blocks - 1) u[n] += ring_at(j % W, n);  // dP_{j+W} leaves the window
-          ring_at(j % W, n) = x[n];
-        }
-        x[n] = x_next[n];
+      if (live) grad_states[base + static_cast<size_t>(j) * state] = g;
+      if (W == 0) {
+        u += x;
+      } else {
+        const int at = (j % W) * kSweepThreads + t;
+        if (j + W <= blocks - 1) u += ring[at];  // dP_{j+W} leaves the window
+        ring[at] = x;
       }
+      x = x_next;
     }
   }
   if (!slides) return;
@@ -636,12 +575,12 @@ __global__ void __launch_bounds__(kSweepThreads)
 // prefix_backward_kernel with the window W a compile-time constant (see prefix_window_kernel):
 // the window of states or prefix gradients, the sliding row's weights and its gradient sums all
 // in registers.
-template <int W, typename S, typename G>
+template <int W>
 __global__ void __launch_bounds__(kSweepThreads)
-    prefix_window_backward_kernel(const S* states, const S* grad_prefix, G* grad_states,
+    prefix_window_backward_kernel(const float* states, const float* grad_prefix, float* grad_states,
                                   float* grad_mixing, CausalWeights mix, int batch_heads,
                                   int blocks, int state) {
-  constexpr int M = W + 1, N = kSweepLanes<S>;
+  constexpr int M = W + 1;
   __shared__ float ms[M * M];
   __shared__ float dm_row[M];
   const int t = threadIdx.x, lane = t % 32;
@@ -656,77 +595,56 @@ __global__ void __launch_bounds__(kSweepThreads)
   float sliding[M];  // this thread's share of dm_{M-1, k}
 #pragma unroll
   for (int k = 0; k < M; ++k) sliding[k] = 0.f;
-  const int columns = (state / N + kSweepThreads - 1) / kSweepThreads;
+  const int columns = (state + kSweepThreads - 1) / kSweepThreads;
   for (int item = blockIdx.x; item < batch_heads * columns; item += gridDim.x) {
-    const int e = ((item % columns) * kSweepThreads + t) * N;
+    const int e = (item % columns) * kSweepThreads + t;
     const bool live = e < state;
     const size_t base = static_cast<size_t>(item / columns) * blocks * state + (live ? e : 0);
-    auto load = [&](const S* p, int i, float(&x)[N]) {
-#pragma unroll
-      for (int n = 0; n < N; ++n) x[n] = 0.f;
-      if (live && i >= 0 && i < blocks)
-        load_pack<S, N>(p + base + static_cast<size_t>(i) * state, x);
+    auto load = [&](const float* p, int i) {
+      return live && i >= 0 && i < blocks ? p[base + static_cast<size_t>(i) * state] : 0.f;
     };
     // dS_j = sum_{d=1}^{W} w(j+d, j) dP_{j+d} + tail * U, U = sum_{i >= j+M} dP_i; history[d - 1]
     // holds dP_{j+d} (zero past the last block). The same walk collects dm of the sliding rows
     // (i >= M): dm_{M-1, M-1-d} += dP_{j+d} . S_j, and the tail's sum_i dP_i . R_i =
     // sum_j S_j . U_j, so dP and S are each read once (a separate forward walk for dm read dP
     // twice).
-    float history[W][N];
+    float history[W];
 #pragma unroll
-    for (int d = 0; d < W; ++d) {
-#pragma unroll
-      for (int n = 0; n < N; ++n) history[d][n] = 0.f;
-    }
-    float u[N] = {};
-    float x_ahead[kSweepAhead][N], s_ahead[kSweepAhead][N];  // dP_j, S_j, ..., j - kSweepAhead + 1
+    for (int d = 0; d < W; ++d) history[d] = 0.f;
+    float u = 0.f;
+    float x_ahead[kSweepAhead], s_ahead[kSweepAhead];  // dP_j, S_j, ..., j - kSweepAhead + 1
 #pragma unroll
     for (int a = 0; a < kSweepAhead; ++a) {
-      load(grad_prefix, blocks - 1 - a, x_ahead[a]);
-      load(states, slides ? blocks - 1 - a : -1, s_ahead[a]);
+      x_ahead[a] = load(grad_prefix, blocks - 1 - a);
+      s_ahead[a] = slides ? load(states, blocks - 1 - a) : 0.f;
     }
     for (int j = blocks - 1; j >= 0; --j) {
-      float x[N], s[N];
-#pragma unroll
-      for (int n = 0; n < N; ++n) x[n] = x_ahead[0][n], s[n] = s_ahead[0][n];
+      const float x = x_ahead[0], s = s_ahead[0];
 #pragma unroll
       for (int a = 0; a + 1 < kSweepAhead; ++a) {
-#pragma unroll
-        for (int n = 0; n < N; ++n) {
-          x_ahead[a][n] = x_ahead[a + 1][n];
-          s_ahead[a][n] = s_ahead[a + 1][n];
-        }
+        x_ahead[a] = x_ahead[a + 1];
+        s_ahead[a] = s_ahead[a + 1];
       }
-      load(grad_prefix, j - kSweepAhead, x_ahead[kSweepAhead - 1]);
-      load(states, slides ? j - kSweepAhead : -1, s_ahead[kSweepAhead - 1]);
-      float g[N];
-#pragma unroll
-      for (int n = 0; n < N; ++n) g[n] = tail * u[n];
+      x_ahead[kSweepAhead - 1] = load(grad_prefix, j - kSweepAhead);
+      s_ahead[kSweepAhead - 1] = slides ? load(states, j - kSweepAhead) : 0.f;
+      float g = tail * u;
 #pragma unroll
       for (int d = 1; d <= W; ++d) {
         const float w = j + d >= M ? c[d] : ms[(j + d) * M + j];
-#pragma unroll
-        for (int n = 0; n < N; ++n) g[n] += w * history[d - 1][n];
+        g += w * history[d - 1];
       }
       if (slides) {
-#pragma unroll
-        for (int n = 0; n < N; ++n) sliding[0] += s[n] * u[n];
+        sliding[0] += s * u;
 #pragma unroll
         for (int d = 1; d <= W; ++d) {
-          if (j + d >= M) {
-#pragma unroll
-            for (int n = 0; n < N; ++n) sliding[M - 1 - d] += s[n] * history[d - 1][n];
-          }
+          if (j + d >= M) sliding[M - 1 - d] += s * history[d - 1];
         }
       }
-      if (live) store_pack<G, N>(grad_states + base + static_cast<size_t>(j) * state, g);
+      if (live) grad_states[base + static_cast<size_t>(j) * state] = g;
+      u += history[W - 1];  // dP_{j+W} leaves the window (zero when past the end)
 #pragma unroll
-      for (int n = 0; n < N; ++n) {
-        u[n] += history[W - 1][n];  // dP_{j+W} leaves the window (zero when past the end)
-#pragma unroll
-        for (int d = W - 1; d > 0; --d) history[d][n] = history[d - 1][n];
-        history[0][n] = x[n];
-      }
+      for (int d = W - 1; d > 0; --d) history[d] = history[d - 1];
+      history[0] = x;
     }
   }
   if (!slides) return;
@@ -749,7 +667,7 @@ __host__ __device__ constexpr size_t key_backward_smem() {
 
 // dk and dv of one block: V dS_j^T + dz_j and phi(K) dS_j, plus the intra-block parts the query
 // pass left in grad_k (before the feature backward) and grad_v.
-template <typename T, int D, typename G>
+template <typename T, int D>
 __global__ void __launch_bounds__(kCausalThreads) key_backward_kernel(CausalBlockLinearBackward p) {
   using L = Layout<T, D, kCausalThreads>;
   using E = typename Mma<T>::elem;
@@ -770,8 +688,7 @@ __global__ void __launch_bounds__(kCausalThreads) key_backward_kernel(CausalBloc
     TileRows<T, D, kCausalThreads> v_rows;
     k_rows.load(p.k, w.b, w.h, w.begin, w.valid, kC);
     v_rows.load(p.v, w.b, w.h, w.begin, w.valid, kC);
-    load_state<T, D, kCausalThreads>(
-        static_cast<const G*>(p.grad_states) + state_offset(w, blocks, L::state), ds, dz);
+    load_state<T, D, kCausalThreads>(p.grad_states + state_offset(w, blocks, L::state), ds, dz);
     k_rows.store_features(w.valid, kC, kf, inv_rms);
     v_rows.store_plain(kC, vt);
   }
@@ -815,81 +732,69 @@ __global__ void __launch_bounds__(kCausalThreads) key_backward_kernel(CausalBloc
 // ---------------------------------------------------------------------------------------------
 // Launchers
 
-int window_of(const void* mixing, int mixing_blocks) {
+int window_of(const float* mixing, int mixing_blocks) {
   return mixing == nullptr ? 0 : mixing_blocks - 1;
 }
 
-// Packs of kSweepLanes<S> elements in a state: the sweeps' threads per (batch, head).
-template <typename S>
-int sweep_packs(int state) {
-  return state / kSweepLanes<S>;
-}
-
-// The prefix sweeps with a compile-time window, for the windows they are built for. S: the
-// summed sets' element type (S_j, dP_i), P: the tiled sets' (P_i, dS_j).
+// The prefix sweeps with a compile-time window, for the windows they are built for.
 template <int W>
 struct PrefixWindowForward {
-  template <typename S, typename P>
   static cudaError_t run(const CausalBlockLinearForward& a, cudaStream_t stream, int state) {
     const auto& s = a.shape;
-    const dim3 grid((sweep_packs<S>(state) + kSweepThreads - 1) / kSweepThreads, s.batch * s.heads);
-    prefix_window_kernel<W, S, P><<<grid, kSweepThreads, 0, stream>>>(
-        static_cast<const S*>(a.states), static_cast<P*>(a.prefix),
-        CausalWeights{a.mixing, s.mixing_blocks}, blocks_of(s.tokens), state);
+    prefix_window_kernel<W><<<dim3((state + kSweepThreads - 1) / kSweepThreads, s.batch * s.heads),
+                              kSweepThreads, 0, stream>>>(
+        a.states, a.prefix, CausalWeights{a.mixing, s.mixing_blocks}, blocks_of(s.tokens), state);
     return cudaGetLastError();
   }
 };
 
 template <int W>
 struct PrefixWindowBackward {
-  template <typename S, typename P>
   static cudaError_t run(const CausalBlockLinearBackward& a, cudaStream_t stream, int state) {
     const auto& s = a.shape;
-    const int items =
-        s.batch * s.heads * ((sweep_packs<S>(state) + kSweepThreads - 1) / kSweepThreads);
+    const int items = s.batch * s.heads * ((state + kSweepThreads - 1) / kSweepThreads);
     // As many persistent CTAs as fit at once (each adds its sliding-row sums once at the end).
     int per_sm = 0;
     if (cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &per_sm, prefix_window_backward_kernel<W, S, P>, kSweepThreads, 0);
+            &per_sm, prefix_window_backward_kernel<W>, kSweepThreads, 0);
         err != cudaSuccess) {
       return err;
     }
     const int ctas = std::min(items, std::max(per_sm, 1) * multiprocessors());
-    prefix_window_backward_kernel<W, S, P><<<ctas, kSweepThreads, 0, stream>>>(
-        static_cast<const S*>(a.states), static_cast<const S*>(a.grad_prefix),
-        static_cast<P*>(a.grad_states), a.grad_mixing, CausalWeights{a.mixing, s.mixing_blocks},
-        s.batch * s.heads, blocks_of(s.tokens), state);
+    prefix_window_backward_kernel<W><<<ctas, kSweepThreads, 0, stream>>>(
+        a.states, a.grad_prefix, a.grad_states, a.grad_mixing,
+        CausalWeights{a.mixing, s.mixing_blocks}, s.batch * s.heads, blocks_of(s.tokens), state);
     return cudaGetLastError();
   }
 };
 
 // Runs Pass<W> and returns true when the window has a compile-time kernel; false otherwise
 // (linear attention's running sum and other windows take the generic shared-memory sweep).
-template <template <int> class Pass, typename S, typename P, typename Args>
+template <template <int> class Pass, typename Args>
 bool prefix_by_window(int window, const Args& a, cudaStream_t stream, cudaError_t* err) {
   const int state = a.shape.head_dim * a.shape.head_dim + a.shape.head_dim;
   switch (window) {
     case 2:
-      *err = Pass<2>::template run<S, P>(a, stream, state);
+      *err = Pass<2>::run(a, stream, state);
       return true;
     case 3:
-      *err = Pass<3>::template run<S, P>(a, stream, state);
+      *err = Pass<3>::run(a, stream, state);
       return true;
     case 7:
-      *err = Pass<7>::template run<S, P>(a, stream, state);
+      *err = Pass<7>::run(a, stream, state);
       return true;
     case 15:
-      *err = Pass<15>::template run<S, P>(a, stream, state);
+      *err = Pass<15>::run(a, stream, state);
       return true;
     case 31:
-      *err = Pass<31>::template run<S, P>(a, stream, state);
+      *err = Pass<31>::run(a, stream, state);
       return true;
     default:
       return false;
   }
 }
 
-template <typename T, int D, typename S, typename P>
+template <typename T, int D>
 cudaError_t forward_for(const CausalBlockLinearForward& a, cudaStream_t stream) {
   const auto& s = a.shape;
   const int blocks = blocks_of(s.tokens), state = Layout<T, D, kCausalThreads>::state;
@@ -897,35 +802,32 @@ cudaError_t forward_for(const CausalBlockLinearForward& a, cudaStream_t stream) 
   cudaError_t err = cudaSuccess;
   if (a.passes & kCausalStatesPass) {
     constexpr size_t bytes = states_smem<T, D>();
-    if ((err = allow_smem(states_kernel<T, D, S>, bytes)) != cudaSuccess) return err;
-    states_kernel<T, D, S><<<grid, kCausalThreads, bytes, stream>>>(a);
+    if ((err = allow_smem(states_kernel<T, D>, bytes)) != cudaSuccess) return err;
+    states_kernel<T, D><<<grid, kCausalThreads, bytes, stream>>>(a);
   }
   if ((a.passes & kCausalPrefixPass) &&
-      prefix_by_window<PrefixWindowForward, S, P>(window_of(a.mixing, s.mixing_blocks), a, stream,
-                                                  &err)) {
+      prefix_by_window<PrefixWindowForward>(window_of(a.mixing, s.mixing_blocks), a, stream,
+                                            &err)) {
     if (err != cudaSuccess) return err;
   } else if (a.passes & kCausalPrefixPass) {
     const int window = window_of(a.mixing, s.mixing_blocks);
-    const size_t bytes =
-        (static_cast<size_t>(window + 1) * (window + 1) +
-         static_cast<size_t>(window > 0 ? window : 1) * kSweepLanes<S> * kSweepThreads) *
-        4;
-    if ((err = allow_smem(prefix_kernel<S, P>, bytes)) != cudaSuccess) return err;
-    const dim3 sweep_grid((sweep_packs<S>(state) + kSweepThreads - 1) / kSweepThreads,
-                          s.batch * s.heads);
-    prefix_kernel<S, P><<<sweep_grid, kSweepThreads, bytes, stream>>>(
-        static_cast<const S*>(a.states), static_cast<P*>(a.prefix),
-        CausalWeights{a.mixing, s.mixing_blocks}, blocks, state);
+    const size_t bytes = (static_cast<size_t>(window + 1) * (window + 1) +
+                          (window > 0 ? window : 1) * kSweepThreads) *
+                         4;
+    if ((err = allow_smem(prefix_kernel, bytes)) != cudaSuccess) return err;
+    prefix_kernel<<<dim3((state + kSweepThreads - 1) / kSweepThreads, s.batch * s.heads),
+                    kSweepThreads, bytes, stream>>>(
+        a.states, a.prefix, CausalWeights{a.mixing, s.mixing_blocks}, blocks, state);
   }
   if (a.passes & kCausalOutputPass) {
     constexpr size_t bytes = output_smem<T, D>();
-    if ((err = allow_smem(output_kernel<T, D, P>, bytes)) != cudaSuccess) return err;
-    output_kernel<T, D, P><<<grid, kCausalThreads, bytes, stream>>>(a);
+    if ((err = allow_smem(output_kernel<T, D>, bytes)) != cudaSuccess) return err;
+    output_kernel<T, D><<<grid, kCausalThreads, bytes, stream>>>(a);
   }
   return cudaGetLastError();
 }
 
-template <typename T, int D, typename S, typename P>
+template <typename T, int D>
 cudaError_t backward_for(const CausalBlockLinearBackward& a, cudaStream_t stream) {
   const auto& s = a.shape;
   const int blocks = blocks_of(s.tokens), state = Layout<T, D, kCausalThreads>::state;
@@ -937,65 +839,45 @@ cudaError_t backward_for(const CausalBlockLinearBackward& a, cudaStream_t stream
         (err = cudaMemsetAsync(a.grad_mixing, 0, sizeof(float) * m * m, stream)) != cudaSuccess)
       return err;
     constexpr size_t bytes = query_backward_smem<T, D>();
-    if ((err = allow_smem(query_backward_kernel<T, D, S, P>, bytes)) != cudaSuccess) return err;
-    query_backward_kernel<T, D, S, P><<<grid, kCausalThreads, bytes, stream>>>(a);
+    if ((err = allow_smem(query_backward_kernel<T, D>, bytes)) != cudaSuccess) return err;
+    query_backward_kernel<T, D><<<grid, kCausalThreads, bytes, stream>>>(a);
   }
   if ((a.passes & kCausalPrefixPass) &&
-      prefix_by_window<PrefixWindowBackward, S, P>(window_of(a.mixing, m), a, stream, &err)) {
+      prefix_by_window<PrefixWindowBackward>(window_of(a.mixing, m), a, stream, &err)) {
     if (err != cudaSuccess) return err;
   } else if (a.passes & kCausalPrefixPass) {
     const int window = window_of(a.mixing, m), mm = window + 1;
-    const size_t bytes =
-        (static_cast<size_t>(mm) * mm +
-         static_cast<size_t>(window > 0 ? window : 1) * kSweepLanes<S> * kSweepThreads +
-         static_cast<size_t>(mm) * kSweepThreads + mm) *
-        4;
-    if ((err = allow_smem(prefix_backward_kernel<S, P>, bytes)) != cudaSuccess) return err;
+    const size_t bytes = (static_cast<size_t>(mm) * mm + (window > 0 ? window : 1) * kSweepThreads +
+                          static_cast<size_t>(mm) * kSweepThreads + mm) *
+                         4;
+    if ((err = allow_smem(prefix_backward_kernel, bytes)) != cudaSuccess) return err;
     // As many resident CTAs as shared memory allows: each thread's sweep waits on its loads.
     const int per_sm =
         static_cast<int>(std::max<size_t>(1, std::min<size_t>(8, kMaxSharedBytes / bytes)));
-    const int items =
-        s.batch * s.heads * ((sweep_packs<S>(state) + kSweepThreads - 1) / kSweepThreads);
+    const int items = s.batch * s.heads * ((state + kSweepThreads - 1) / kSweepThreads);
     const int ctas = std::min(items, per_sm * multiprocessors());
-    prefix_backward_kernel<S, P><<<ctas, kSweepThreads, bytes, stream>>>(
-        static_cast<const S*>(a.states), static_cast<const S*>(a.grad_prefix),
-        static_cast<P*>(a.grad_states), a.grad_mixing, CausalWeights{a.mixing, m},
+    prefix_backward_kernel<<<ctas, kSweepThreads, bytes, stream>>>(
+        a.states, a.grad_prefix, a.grad_states, a.grad_mixing, CausalWeights{a.mixing, m},
         s.batch * s.heads, blocks, state);
   }
   if (a.passes & kCausalKeyPass) {
     constexpr size_t bytes = key_backward_smem<T, D>();
-    if ((err = allow_smem(key_backward_kernel<T, D, P>, bytes)) != cudaSuccess) return err;
-    key_backward_kernel<T, D, P><<<grid, kCausalThreads, bytes, stream>>>(a);
+    if ((err = allow_smem(key_backward_kernel<T, D>, bytes)) != cudaSuccess) return err;
+    key_backward_kernel<T, D><<<grid, kCausalThreads, bytes, stream>>>(a);
   }
   return cudaGetLastError();
 }
 
-// The storage the kernels are built for: summed sets fp32; tiled sets fp32 for every input type,
-// bf16 for 16-bit inputs.
-template <typename T, typename Args, typename Run>
-cudaError_t by_state_types(const Args& a, Run&& run) {
-  if (a.tiled_sets == StateType::f32) return run(float{}, float{});
-  if constexpr (std::is_same_v<T, float>) {
-    return cudaErrorInvalidValue;
-  } else {
-    return run(float{}, __nv_bfloat16{});
-  }
-}
-
 template <typename T, int D>
 struct ForwardPass {
-  static cudaError_t run(const CausalBlockLinearForward& a, cudaStream_t stream) {
-    return by_state_types<T>(a, [&](auto summed, auto tiled) {
-      return forward_for<T, D, decltype(summed), decltype(tiled)>(a, stream);
-    });
+  static cudaError_t run(const CausalBlockLinearForward& a, cudaStream_t s) {
+    return forward_for<T, D>(a, s);
   }
 };
 template <typename T, int D>
 struct BackwardPass {
-  static cudaError_t run(const CausalBlockLinearBackward& a, cudaStream_t stream) {
-    return by_state_types<T>(a, [&](auto summed, auto tiled) {
-      return backward_for<T, D, decltype(summed), decltype(tiled)>(a, stream);
-    });
+  static cudaError_t run(const CausalBlockLinearBackward& a, cudaStream_t s) {
+    return backward_for<T, D>(a, s);
   }
 };
 

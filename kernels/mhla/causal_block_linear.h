@@ -2,8 +2,8 @@
 // Causal block linear attention on the GPU (language models): causal linear attention and causal
 // MHLA, chunkwise with 64-token blocks, forward and backward.
 //
-//   phi(x) = relu(x / rms(x)) + 1e-6, S_j = sum_{t in block j} phi(k_t) [v_t, 1]^T   (summed in
-//   fp32) P_i    = sum_{j < i} w_ij S_j                       (whole earlier blocks: the prefix)
+//   phi(x) = relu(x / rms(x)) + 1e-6, S_j = sum_{t in block j} phi(k_t) [v_t, 1]^T   (fp32)
+//   P_i    = sum_{j < i} w_ij S_j                       (whole earlier blocks: the prefix)
 //   n_t    = phi(q_t) P_i + w_ii sum_{s <= t, s in block i} (phi(q_t) . phi(k_s)) [v_s, 1]
 //   o_t    = n_t[:D] / (n_t[D] + 1e-6)                  for t in block i
 //
@@ -31,7 +31,6 @@
 #include <cuda_runtime.h>
 
 #include "mhla/block_linear_attention.h"
-#include "mhla/state_type.h"
 
 namespace mhla_kernels {
 
@@ -43,11 +42,7 @@ struct CausalBlockLinearShape {
 };
 
 // Blocks of one sequence, ceil(T / 64). A set of states (S and z of every batch, head and block)
-// is B * H * blocks * (D * D + D) elements, laid out [B * H, blocks, D * D + D]. The four sets are
-// the passes' largest traffic at D = 128. S_j and dP_i feed fp32 sums (the prefix mixing and the
-// mixing gradient) and are fp32; P_i and dS_j are only loaded as tensor-core
-// tiles, which rounds their matrix parts to 16 bits anyway, so 16-bit inputs may store them in
-// bf16 (`tiled_sets`; fp32 inputs: fp32).
+// is B * H * blocks * (D * D + D) floats, laid out [B * H, blocks, D * D + D].
 int causal_blocks(int tokens);
 
 // Whether the kernels take the shape and dtype (the binding runs the reference otherwise).
@@ -65,9 +60,8 @@ struct CausalBlockLinearForward {
   TokenTensor q, k, v;
   const float* mixing = nullptr;  // [M, M] fp32 lower triangular, or nullptr (linear attention)
   void* out = nullptr;            // [B, T, H, D] contiguous
-  StateType tiled_sets = StateType::f32;  // of P
-  float* states = nullptr;                // a set of states: S_j, kept for the backward pass
-  void* prefix = nullptr;                 // a set of states: P_i, kept for the backward pass
+  float* states = nullptr;        // a set of states: S_j, kept for the backward pass
+  float* prefix = nullptr;        // a set of states: P_i, kept for the backward pass
 };
 
 struct CausalBlockLinearBackward {
@@ -76,19 +70,17 @@ struct CausalBlockLinearBackward {
   DType dtype = DType::bf16;
   TokenTensor q, k, v, out, grad_out;
   const float* mixing = nullptr;
-  StateType tiled_sets = StateType::f32;  // of P and dS
-  const float* states = nullptr;          // from the forward pass
-  const void* prefix = nullptr;
+  const float* states = nullptr;  // from the forward pass
+  const float* prefix = nullptr;
   void* grad_q = nullptr;  // [B, T, H, D] contiguous each
   void* grad_k = nullptr;
   void* grad_v = nullptr;
   float* grad_mixing = nullptr;  // [M, M] fp32, overwritten (summed over batch and heads)
   float* grad_prefix = nullptr;  // a set of states (workspace)
-  void* grad_states = nullptr;   // a set of states (workspace)
+  float* grad_states = nullptr;  // a set of states (workspace)
 };
 
-// cudaSuccess or the first launch error; cudaErrorInvalidValue for a shape the kernels do not take
-// (or storage the kernels are not built for).
+// cudaSuccess or the first launch error; cudaErrorInvalidValue for a shape the kernels do not take.
 cudaError_t causal_block_linear_forward(const CausalBlockLinearForward& args, cudaStream_t stream);
 cudaError_t causal_block_linear_backward(const CausalBlockLinearBackward& args,
                                          cudaStream_t stream);

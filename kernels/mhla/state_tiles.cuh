@@ -63,7 +63,7 @@ __device__ __forceinline__ void multiply_tile(const typename Mma<T>::elem* a,
   }
 }
 
-// Writes the D x D accumulators to an fp32 state in global memory: stored when one CTA owns it,
+// Writes the D x D accumulators to a state in global memory: stored when one CTA owns it,
 // added atomically (through a per-warp staging tile) when several chunks share it.
 template <typename T, int D, int Threads = kThreads>
 __device__ void write_state(FragC<T> (&acc)[Layout<T, D, Threads>::frags_per_warp], float* state,
@@ -93,24 +93,23 @@ __device__ void write_state(FragC<T> (&acc)[Layout<T, D, Threads>::frags_per_war
 // Every block pass starts here, so the loads are 16 bytes wide and issued in batches before any
 // store: the scalar load-convert-store loop this replaces waited one global-memory latency per
 // element group (~20 us per CTA at D = 128, most of the causal output pass). A state starts at a
-// multiple of D * (D + 1) elements (S: float or bf16), 16-byte aligned when its buffer is.
-template <typename T, int D, int Threads = kThreads, typename S = float>
-__device__ void load_state(const S* state, typename Mma<T>::elem* s, float* z) {
+// multiple of D * (D + 1) floats, 16-byte aligned when its buffer is.
+template <typename T, int D, int Threads = kThreads>
+__device__ void load_state(const float* state, typename Mma<T>::elem* s, float* z) {
   using L = Layout<T, D, Threads>;
   constexpr int kThreads = Threads;
   using E = typename Mma<T>::elem;
-  constexpr int kVec = 16 / static_cast<int>(sizeof(S));   // elements per 16-byte load
-  constexpr int kPerRow = D / kVec, kCount = D * kPerRow;  // 16-byte groups of S
+  constexpr int kPerRow = D / 4, kCount = D * kPerRow;  // float4 groups of S
   constexpr int kPerThread = kCount / kThreads > 0 ? kCount / kThreads : 1;
   constexpr int kBatch = kPerThread < 16 ? kPerThread : 16;
   if (reinterpret_cast<uintptr_t>(state) % 16 != 0) {  // not from a whole-state buffer
     for (int e = threadIdx.x; e < D * D; e += kThreads) {
-      s[(e / D) * L::lde + e % D] = from_float<E>(to_float(state[e]));
+      s[(e / D) * L::lde + e % D] = from_float<E>(state[e]);
     }
   } else {
-    const uint4* src = reinterpret_cast<const uint4*>(state);
+    const float4* src = reinterpret_cast<const float4*>(state);
     for (int first = threadIdx.x; first < kCount; first += kBatch * kThreads) {
-      uint4 x[kBatch];
+      float4 x[kBatch];
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
         const int e = first + u * kThreads;
@@ -120,14 +119,13 @@ __device__ void load_state(const S* state, typename Mma<T>::elem* s, float* z) {
       for (int u = 0; u < kBatch; ++u) {
         const int e = first + u * kThreads;
         if (e < kCount) {
-          float v[kVec];
-          load_pack<S, kVec>(reinterpret_cast<const S*>(&x[u]), v);
-          store_pack<E, kVec>(s + (e / kPerRow) * L::lde + (e % kPerRow) * kVec, v);
+          const float v[4] = {x[u].x, x[u].y, x[u].z, x[u].w};
+          store_pack<E, 4>(s + (e / kPerRow) * L::lde + (e % kPerRow) * 4, v);
         }
       }
     }
   }
-  for (int e = threadIdx.x; e < D; e += kThreads) z[e] = to_float(state[D * D + e]);
+  for (int e = threadIdx.x; e < D; e += kThreads) z[e] = state[D * D + e];
 }
 
 }  // namespace tiles

@@ -46,25 +46,6 @@ bool mix_by_gemm(int64_t blocks, int64_t trained_blocks) {
   return choice < 0 ? blocks <= std::max(trained_blocks, kGemmMixBlocks) : choice == 1;
 }
 
-// How the sets of block states that are only loaded as tensor-core tiles (the prefixes P_i and
-// the state gradients dS_j; each set larger than q, k and v together at D = 128) are stored. fp32
-// by default. MHLA_CAUSAL_STATES=bf16 stores them in bf16 for 16-bit inputs: their matrix parts
-// are rounded to 16 bits in the tiles anyway, but their normalizer parts (z, dz) are not, and on
-// the H200 it made causal MHLA 3 % and linear attention 5 % faster while the op harness's mixing
-// gradient at B = 2, T = 100, M = 4 missed its 2e-2 bound (experiments/attention_lm.md, session
-// 17). S_j and dP_i feed fp32 sums (the mixing and its gradient) and stay fp32 either way.
-torch::ScalarType tiled_dtype(torch::ScalarType input) {
-  static const bool bf16 = [] {
-    const char* value = std::getenv("MHLA_CAUSAL_STATES");
-    return value != nullptr && std::strcmp(value, "bf16") == 0;
-  }();
-  return input != torch::kFloat32 && bf16 ? torch::kBFloat16 : torch::kFloat32;
-}
-
-kernels::StateType kernel_state_type(torch::ScalarType type) {
-  return type == torch::kFloat32 ? kernels::StateType::f32 : kernels::StateType::bf16;
-}
-
 // The strictly lower weights w_ij (j < i) of `blocks` blocks: the learned matrix's corner inside
 // the trained length, the policy's expansion past it.
 torch::Tensor strict_weights(const torch::Tensor& mixing, int64_t blocks) {
@@ -72,10 +53,10 @@ torch::Tensor strict_weights(const torch::Tensor& mixing, int64_t blocks) {
   return causal_mixing_matrix(mixing, blocks).tril(-1);
 }
 
-// Saves q, k, v, the output, the mixing matrix (empty: linear attention), the fp32 block states
-// and the prefixes (tiled_dtype). The prefix mixing and its backward are GEMMs here or the kernels'
-// sweeps (mix_by_gemm; linear attention always sweeps: a running sum). The mixing gradient of the
-// rows inside the trained length is a GEMM here in both cases (see the kernel header); past it the
+// Saves q, k, v, the output, the mixing matrix (empty: linear attention) and the fp32 block
+// states and prefixes. The prefix mixing and its backward are GEMMs here or the kernels' sweeps
+// (mix_by_gemm; linear attention always sweeps: a running sum). The mixing gradient of the rows
+// inside the trained length is a GEMM here in both cases (see the kernel header); past it the
 // sweep adds the sliding row's, or the GEMM path maps the expanded matrix's gradient back through
 // causal_mixing_matrix.
 class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLinearFunction> {
@@ -92,7 +73,6 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     const int64_t batch_heads = q.size(0) * q.size(2), d = q.size(3);
     auto states =
         torch::empty({batch_heads, blocks, d * d + d}, q.options().dtype(torch::kFloat32));
-    const auto tiled = tiled_dtype(dtype);
     auto out = torch::empty(q.sizes(), v.options().memory_format(torch::MemoryFormat::Contiguous));
     kernels::CausalBlockLinearForward a;
     a.shape = shape;
@@ -100,7 +80,6 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     a.q = view_of(q), a.k = view_of(k), a.v = view_of(v);
     a.mixing = mixes ? mixing.data_ptr<float>() : nullptr;
     a.out = out.data_ptr();
-    a.tiled_sets = kernel_state_type(tiled);
     a.states = states.data_ptr<float>();
     const c10::cuda::CUDAGuard on_device(q.device());
     auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
@@ -108,15 +87,15 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     check_launch(kernels::causal_block_linear_forward(a, stream), "causal block linear states");
     torch::Tensor prefix;
     if (mixes && mix_by_gemm(blocks, mixing.size(0))) {
-      prefix = mix_block_states(strict_weights(mixing, blocks), states, kernels::MixPattern::lower,
-                                tiled);
+      prefix = mix_block_states(strict_weights(mixing, blocks), states,
+                                kernels::MixPattern::lower);
     } else {
-      prefix = torch::empty(states.sizes(), states.options().dtype(tiled));
-      a.prefix = prefix.data_ptr();
+      prefix = torch::empty_like(states);
+      a.prefix = prefix.data_ptr<float>();
       a.passes = kernels::kCausalPrefixPass;
       check_launch(kernels::causal_block_linear_forward(a, stream), "causal block linear prefix");
     }
-    a.prefix = prefix.data_ptr();
+    a.prefix = prefix.data_ptr<float>();
     a.passes = kernels::kCausalOutputPass;
     check_launch(kernels::causal_block_linear_forward(a, stream), "causal block linear output");
     ctx->save_for_backward({q, k, v, out, mixing, states, prefix});
@@ -135,7 +114,7 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     auto contiguous = v.options().memory_format(torch::MemoryFormat::Contiguous);
     auto dq = torch::empty(q.sizes(), contiguous), dk = torch::empty(q.sizes(), contiguous);
     auto dv = torch::empty(q.sizes(), contiguous);
-    auto grad_prefix = torch::empty_like(states);  // fp32, as S
+    auto grad_prefix = torch::empty_like(states);
     torch::Tensor dmixing;
     kernels::CausalBlockLinearBackward a;
     a.shape = causal_shape_of(q, mixing);
@@ -147,9 +126,8 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
       a.mixing = mixing.data_ptr<float>();
       a.grad_mixing = dmixing.data_ptr<float>();
     }
-    a.tiled_sets = kernel_state_type(prefix.scalar_type());
     a.states = states.data_ptr<float>();
-    a.prefix = prefix.data_ptr();
+    a.prefix = prefix.data_ptr<float>();
     a.grad_q = dq.data_ptr(), a.grad_k = dk.data_ptr(), a.grad_v = dv.data_ptr();
     a.grad_prefix = grad_prefix.data_ptr<float>();
     const c10::cuda::CUDAGuard on_device(q.device());
@@ -162,15 +140,15 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     if (by_gemm) {
       // dS_j = sum_i w_ij dP_i.
       grad_states = mix_block_states(strict_weights(mixing, blocks).t(), grad_prefix,
-                                     kernels::MixPattern::upper, prefix.scalar_type());
+                                     kernels::MixPattern::upper);
     } else {
-      grad_states = torch::empty_like(prefix);
-      a.grad_states = grad_states.data_ptr();
+      grad_states = torch::empty_like(states);
+      a.grad_states = grad_states.data_ptr<float>();
       a.passes = kernels::kCausalPrefixPass;
       check_launch(kernels::causal_block_linear_backward(a, stream),
                    "causal block linear prefix backward");
     }
-    a.grad_states = grad_states.data_ptr();
+    a.grad_states = grad_states.data_ptr<float>();
     a.passes = kernels::kCausalKeyPass;
     check_launch(kernels::causal_block_linear_backward(a, stream), "causal block linear key pass");
     if (mixes) {

@@ -10,50 +10,32 @@
 #include "mhla/block_pair_products.h"
 
 namespace mhla {
-namespace {
-
-bool storable(torch::ScalarType type) {
-  return type == torch::kFloat32 || type == torch::kBFloat16;
-}
-
-mhla_kernels::StateType state_type_of(const torch::Tensor& t) {
-  return t.scalar_type() == torch::kFloat32 ? mhla_kernels::StateType::f32
-                                            : mhla_kernels::StateType::bf16;
-}
-
-}  // namespace
 
 torch::Tensor mix_block_states(const torch::Tensor& weights, const torch::Tensor& states,
-                               mhla_kernels::MixPattern pattern,
-                               std::optional<torch::ScalarType> out_dtype) {
-  const auto out_type = out_dtype.value_or(states.scalar_type());
+                               mhla_kernels::MixPattern pattern) {
   const int64_t blocks = states.size(1);
   if (states.dim() != 3 || weights.dim() != 2 || weights.size(0) != blocks ||
-      weights.size(1) != blocks || !storable(states.scalar_type()) || !storable(out_type) ||
+      weights.size(1) != blocks || states.scalar_type() != torch::kFloat32 ||
       weights.scalar_type() != torch::kFloat32 || !states.is_cuda() ||
       weights.device() != states.device()) {
     fail(
-        "block state mix: states must be fp32 or bf16 [BH, blocks, E] on a GPU, weights fp32 "
-        "[blocks, blocks] on the same device and the output fp32 or bf16; got {} {}, {} {} and {}",
+        "block state mix: states must be fp32 [BH, blocks, E] on a GPU and weights fp32 "
+        "[blocks, blocks] on the same device; got {} {} and {} {}",
         c10::toString(states.scalar_type()), c10::str(states.sizes()),
-        c10::toString(weights.scalar_type()), c10::str(weights.sizes()), c10::toString(out_type));
+        c10::toString(weights.scalar_type()), c10::str(weights.sizes()));
   }
   if (blocks > mhla_kernels::kMaxMixBlocks || states.size(2) % 4 != 0) {
-    // Summed in fp32 whatever the storage (under autocast bmm would run in bf16).
+    // fp32 in, fp32 out: under autocast bmm would run in bf16.
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-    return torch::bmm(weights.unsqueeze(0).expand({states.size(0), blocks, blocks}),
-                      states.to(torch::kFloat32))
-        .to(out_type);
+    return torch::bmm(weights.unsqueeze(0).expand({states.size(0), blocks, blocks}), states);
   }
   auto in = states.contiguous();
   auto w = weights.contiguous();
-  auto out = torch::empty(in.sizes(), in.options().dtype(out_type));
+  auto out = torch::empty_like(in);
   mhla_kernels::BlockStateMix a;
-  a.in_type = state_type_of(in);
-  a.out_type = state_type_of(out);
-  a.in = in.data_ptr();
+  a.in = in.data_ptr<float>();
   a.weights = w.data_ptr<float>();
-  a.out = out.data_ptr();
+  a.out = out.data_ptr<float>();
   a.batch_heads = static_cast<int>(in.size(0));
   a.blocks = static_cast<int>(blocks);
   a.elements = in.size(2);
@@ -66,21 +48,19 @@ torch::Tensor mix_block_states(const torch::Tensor& weights, const torch::Tensor
 }
 
 torch::Tensor block_pair_products(const torch::Tensor& x, const torch::Tensor& y, int64_t rows) {
-  if (x.dim() != 3 || !x.sizes().equals(y.sizes()) || !storable(x.scalar_type()) ||
-      y.scalar_type() != x.scalar_type() || !x.is_contiguous() || !y.is_contiguous() ||
+  if (x.dim() != 3 || !x.sizes().equals(y.sizes()) || x.scalar_type() != torch::kFloat32 ||
+      y.scalar_type() != torch::kFloat32 || !x.is_contiguous() || !y.is_contiguous() ||
       !x.is_cuda() || x.device() != y.device()) {
     fail(
-        "block pair products: x and y must be contiguous [BH, blocks, E] on one GPU, both fp32 or "
-        "both bf16; got {} "
+        "block pair products: x and y must be contiguous fp32 [BH, blocks, E] on one GPU; got {} "
         "{} and {} {}",
         c10::toString(x.scalar_type()), c10::str(x.sizes()), c10::toString(y.scalar_type()),
         c10::str(y.sizes()));
   }
-  auto grad = torch::zeros({rows, rows}, x.options().dtype(torch::kFloat32));
+  auto grad = torch::zeros({rows, rows}, x.options());
   mhla_kernels::BlockPairProducts a;
-  a.type = state_type_of(x);
-  a.x = x.data_ptr();
-  a.y = y.data_ptr();
+  a.x = x.data_ptr<float>();
+  a.y = y.data_ptr<float>();
   a.batch_heads = static_cast<int>(x.size(0));
   a.blocks = static_cast<int>(x.size(1));
   a.rows = static_cast<int>(rows);

@@ -1,29 +1,24 @@
 #pragma once
-// Mixing block states on the GPU, shared by the bidirectional and causal MHLA bindings (builds
+// Mixing fp32 block states on the GPU, shared by the bidirectional and causal MHLA bindings (builds
 // with the CUDA kernels only): the mix itself by the state-mix kernel (kernels/mhla/
 // block_state_mix; a batched cuBLAS GEMM past its 128 blocks), and the mixing matrix's gradient by
-// the pair-products kernel (kernels/mhla/block_pair_products). States are fp32 or bf16 (the causal
-// kernels' storage for 16-bit inputs); the sums are fp32 either way.
+// the pair-products kernel (kernels/mhla/block_pair_products). The states stay fp32 whatever the
+// step's precision.
 #ifdef MHLA_WITH_CUDA_KERNELS
-#include <optional>
-
 #include <torch/torch.h>
 
 #include "mhla/block_state_mix.h"
 
 namespace mhla {
 
-// [BH, nb, E] fp32 or bf16 states mixed by [nb, nb] fp32 weights (the same for every batch*head):
-// out[b, i] = sum_j weights[i, j] * states[b, j], summed in fp32 and stored as `out_dtype` (fp32 or
-// bf16; undefined: the states' dtype). `pattern` promises zeros on
-// and above (lower) or on and below (upper) the diagonal, which the kernel then skips.
+// [BH, nb, E] fp32 states mixed by [nb, nb] fp32 weights (the same for every batch*head):
+// out[b, i] = sum_j weights[i, j] * states[b, j]. `pattern` promises zeros on and above (lower)
+// or on and below (upper) the diagonal, which the kernel then skips.
 torch::Tensor mix_block_states(const torch::Tensor& weights, const torch::Tensor& states,
-                               mhla_kernels::MixPattern pattern = mhla_kernels::MixPattern::dense,
-                               std::optional<torch::ScalarType> out_dtype = std::nullopt);
+                               mhla_kernels::MixPattern pattern = mhla_kernels::MixPattern::dense);
 
 // G [rows, rows] fp32, G_ij = sum over the first dimension and the elements of x[:, i] * y[:, j],
-// for x, y [BH, nb, E] contiguous on one GPU, both fp32 or both bf16 (rows <= min(nb, 64), E a
-// multiple of 4).
+// for x, y [BH, nb, E] fp32 contiguous on one GPU (rows <= min(nb, 64), E a multiple of 4).
 torch::Tensor block_pair_products(const torch::Tensor& x, const torch::Tensor& y, int64_t rows);
 
 }  // namespace mhla

@@ -1,23 +1,20 @@
 #!/usr/bin/env bash
-# One device call for the causal kernels' state storage (fp32 by default; bf16 tiled sets, P and
-# dS, with MHLA_CAUSAL_STATES=bf16; see src/attention/causal_block_linear_cuda.cpp) and the
-# state-mixing kernels both MHLA bindings share:
-#   1. the causal, state-mixing, bidirectional-family and op-harness [gpu] tests with the default
-#      storage, the causal tests and the op harness with MHLA_CAUSAL_STATES=bf16; memcheck of the
+# One device call for a change to the state-mixing kernels both MHLA bindings share (the pair
+# products of the mixing gradient, kernels/mhla/block_pair_products.cu), against the previous
+# binary:
+#   1. the causal, state-mixing, bidirectional-family and op-harness [gpu] tests; memcheck of the
 #      small-shape causal test and of the state-mixing tests;
-#   2. forward+backward of causal linear attention and MHLA at the LM shapes, two rounds of: the
-#      previous binary (.gpu_stage/bin/mhla_prev.gz, when carried), this one by default, this one
-#      with bf16 tiled sets; the bidirectional vision shapes (MHLA, linear) for the previous
-#      binary and this one; fla's chunk_linear_attn in the same call unless SKIP_PEER=1;
-#   3. Nsight Compute durations per kernel of one forward+backward at T = 2,048: MHLA and linear,
-#      this binary and the previous one; MHLA at N = 1,024 (bidirectional);
-#   4. with DIT_PROBES=1, 60-step DiT-S/2 probes (configs/dit_s2_fmnist.yaml) of gated DeltaNet
-#      and softmax (carry data/fashion-mnist).
+#   2. forward+backward of causal linear attention and MHLA at the LM shapes and of bidirectional
+#      MHLA and linear attention at the vision shapes, two rounds of the previous binary
+#      (.gpu_stage/bin/mhla_prev.gz, when carried) and this one; fla's chunk_linear_attn in the
+#      same call unless SKIP_PEER=1;
+#   3. Nsight Compute durations per kernel of one forward+backward: causal MHLA and linear at
+#      T = 2,048 and bidirectional MHLA at N = 1,024, both binaries.
 # Run from the repository root after `source scripts/gpu_env.sh` (binaries from
 # `scripts/stage_gpu.sh --binaries`; carry .gpu_stage, and .whl for fla). SKIP_TESTS=1 and
-# SKIP_NCU=1 shorten a repeat call. Results in $OUT/states.tgz.
+# SKIP_NCU=1 shorten a repeat call. Results in $OUT/mixing.tgz.
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; V=$OUT/states; mkdir -p "$V"
+OUT=${OUT:-/tmp/out}; V=$OUT/mixing; mkdir -p "$V"
 bin=${MHLA_BIN:-build-gpu/mhla}
 tests=${MHLA_TESTS_BIN:-build-gpu/tests/mhla_tests}
 source scripts/gpu_delta_checks.sh
@@ -32,7 +29,6 @@ fi
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   step tests
   run_gpu_tests "$V" tests_default.txt 240 "$tests" "$filter"
-  MHLA_CAUSAL_STATES=bf16 run_gpu_tests "$V" tests_bf16.txt 200 "$tests" "*causal block-linear*,$harness"
   if command -v compute-sanitizer > /dev/null; then
     timeout 150 compute-sanitizer --tool memcheck "$tests" \
       "attention: causal block-linear kernels on small odd shapes" > "$V/memcheck.txt" 2>&1
@@ -46,8 +42,7 @@ fi
 step bench
 for round in 1 2; do
   [ -n "$prev" ] && bench_lm "$V" "prev$round" "$prev" linear mhla
-  bench_lm "$V" "default$round" "$bin" linear mhla
-  MHLA_CAUSAL_STATES=bf16 bench_lm "$V" "bf16_$round" "$bin" linear mhla
+  bench_lm "$V" "new$round" "$bin" linear mhla
 done
 vision=(--shape 256,6,256,64 --shape 64,6,1024,64 --shape 16,6,4096,64 --shape 4,6,16384,64)
 for round in 1 2; do
@@ -70,19 +65,15 @@ if [ "${SKIP_NCU:-0}" != 1 ] && command -v ncu > /dev/null; then
   step ncu
   kernel_times "$V" "$bin" "ncu_2048_" 16,8,2048,128 10 mhla linear
   [ -n "$prev" ] && kernel_times "$V" "$prev" "ncu_prev_2048_" 16,8,2048,128 10 mhla linear
-  timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum --csv "$bin" bench \
-    attention --op mhla --backend cuda --shape 64,6,1024,64 --blocks 16 --warmup 0 --iters 1 \
-    > "$V/ncu_vision_1024_mhla.csv" 2> /dev/null
-  python3 scripts/ncu_kernel_sums.py "$V/ncu_vision_1024_mhla.csv" 10
-fi
-
-if [ "${DIT_PROBES:-0}" = 1 ]; then
-  step dit_probes
-  for type in gated_deltanet softmax; do
-    OUT="$V" MHLA_BIN="$bin" STEPS=60 timeout 150 scripts/gpu_throughput_probe.sh \
-      "dit_$type configs/dit_s2_fmnist.yaml --set attention.type=$type" | tee -a "$V/dit_probes.jsonl"
+  for label in new prev; do
+    b=$bin; [ $label = prev ] && b=$prev; [ -z "$b" ] && continue
+    timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum --csv "$b" bench \
+      attention --op mhla --backend cuda --shape 64,6,1024,64 --blocks 16 --warmup 0 --iters 1 \
+      > "$V/ncu_vision_1024_mhla_$label.csv" 2> /dev/null
+    python3 scripts/ncu_kernel_sums.py "$V/ncu_vision_1024_mhla_$label.csv" 10
   done
 fi
+
 step done
 gzip -f "$V"/*.csv 2> /dev/null
-tar czf "$OUT/states.tgz" -C "$OUT" states && rm -rf "$V"
+tar czf "$OUT/mixing.tgz" -C "$OUT" mixing && rm -rf "$V"
