@@ -378,6 +378,13 @@ TEST_CASE(
       {"KDA: decay near the sub-chunk bound", 2, 300, 2, 128, 6.0, true, torch::kBFloat16, true},
       {"KDA: fewer tokens than a chunk", 3, 17, 2, 64, 1.0, true, torch::kBFloat16, true},
       {"KDA: fp16, D = 64, many chunks", 1, 1000, 2, 64, 0.5, false, torch::kFloat16, true},
+      // More chunks than the GPU has SMs: the persistent chunk-gradient CTAs take several each
+      // (every case above has fewer chunks than SMs); and DiT-S/2's shape (batch 256, 6 heads,
+      // 256 tokens, D = 64), where gated DeltaNet training diverged in session 17.
+      {"several chunks per CTA, D = 128", 48, 256, 4, 128, 1.0, true, torch::kBFloat16},
+      {"several chunks per CTA, D = 64", 48, 256, 4, 64, 1.0, true, torch::kBFloat16},
+      {"DiT-S/2 shape", 256, 256, 6, 64, 1.0, false, torch::kBFloat16},
+      {"KDA: DiT-S/2 shape", 256, 256, 6, 64, 1.0, false, torch::kBFloat16, true},
   };
   for (const auto& c : cases) {
     INFO(c.what << " (B=" << c.b << " T=" << c.t << " H=" << c.h << " D=" << c.d << ")");

@@ -36,6 +36,7 @@
 // current chunk's products. A pass that runs beside a pipelined walk (a chunk range) takes one
 // chunk per CTA instead, leaving the walk its SMs.
 #include <algorithm>
+#include <cstdlib>
 
 #include "common/device_info.h"
 #include "common/tensor_copy.cuh"
@@ -241,10 +242,14 @@ struct Chunk {
   // The warp's first row in its group's 64 x N results.
   __device__ static int strip() { return 16 * ((threadIdx.x / 32) % 4); }
   __device__ bool valid() const { return item < items; }
-  __device__ void advance() {
+  // The next item: its position too, which the stores of dq, dk, dv, dbeta and dg address (until
+  // session 17 `at` stayed on the first item, so a CTA's later chunks overwrote its first one's
+  // gradients and theirs were never written).
+  __device__ void advance(const GatedDeltaArgs& p) {
     item += gridDim.x;
     parity ^= 1;
     ++count;
+    at = position(p, item, range);
   }
   __device__ T* out_rows(void* base, const GatedDeltaArgs& p) const {
     return static_cast<T*>(base) + at.token(0, D, p.heads, p.tokens);
@@ -343,7 +348,7 @@ __device__ void value_gradient_half(const Chunk<T, D>& c, const GatedDeltaArgs& 
 template <typename T, int D>
 __device__ void scores_and_wy_group(Chunk<T, D>& c, const GatedDeltaArgs& p,
                                     const GradsMaps& maps) {
-  for (; c.valid(); c.advance()) {
+  for (; c.valid(); c.advance(p)) {
     c.begin();
     c.row_factors(p);
     const float* g = c.g();
@@ -454,7 +459,7 @@ __device__ void scores_and_wy_group(Chunk<T, D>& c, const GatedDeltaArgs& p,
 // Group 1: dq = exp(G) . dO' S^T + M K; then dbeta and dG per row.
 template <typename T, int D>
 __device__ void query_group(Chunk<T, D>& c, const GatedDeltaArgs& p, const GradsMaps& maps) {
-  for (; c.valid(); c.advance()) {
+  for (; c.valid(); c.advance(p)) {
     c.begin();
     float acc[D / 2], lo = 0.f, hi = 0.f;
     wg::fence();
@@ -495,7 +500,7 @@ __device__ void query_group(Chunk<T, D>& c, const GatedDeltaArgs& p, const Grads
 // registers from the first phase to the store.
 template <typename T, int D>
 __device__ void key_group(Chunk<T, D>& c, const GatedDeltaArgs& p, const GradsMaps& maps) {
-  for (; c.valid(); c.advance()) {
+  for (; c.valid(); c.advance(p)) {
     c.begin();
     float acc[D / 2], lo = 0.f, hi = 0.f;
     wg::fence();
@@ -547,7 +552,7 @@ __device__ void key_group(Chunk<T, D>& c, const GatedDeltaArgs& p, const GradsMa
 // Group 3: dW = -du S^T and sum(S_i . dS_{i+1}); then the second half of dX_V.
 template <typename T, int D>
 __device__ void state_group(Chunk<T, D>& c, const GatedDeltaArgs& p, const GradsMaps& maps) {
-  for (; c.valid(); c.advance()) {
+  for (; c.valid(); c.advance(p)) {
     c.begin();
     {
       float acc[D / 2];
@@ -632,7 +637,10 @@ struct ChunkGrads {
     const dim3 one_each = chunk_grid(a);
     const int items = static_cast<int>(one_each.x * one_each.y);
     // Persistent over the whole sequence; one chunk per CTA beside a pipelined walk.
-    const bool whole = a.chunk_begin == 0 && a.chunk_end == 0;
+    // MHLA_DELTA_GRADS_PERSISTENT=0 takes one chunk per CTA everywhere (the A/B of the two).
+    const char* persistent = std::getenv("MHLA_DELTA_GRADS_PERSISTENT");
+    const bool whole = a.chunk_begin == 0 && a.chunk_end == 0 &&
+                       !(persistent != nullptr && persistent[0] == '0');
     const int grid = whole ? std::min(items, multiprocessors()) : items;
     const auto kernel = chunk_grads_kernel<T, D>;
     if (err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
