@@ -86,7 +86,9 @@ TEST_CASE("model: DeiT and GPT with each GPU attention backend match the referen
     return;
   }
   for (const char* model_name : {"deit", "gpt"}) {
-    for (const char* attention : {"linear", "mhla"}) {
+    // Gated DeltaNet and KDA: the cuda backend also takes the layer's short-conv and gated-norm
+    // kernels (bidirectional DeiT reads the sequence both ways), the reference backend neither.
+    for (const char* attention : {"linear", "mhla", "gated_deltanet", "kda"}) {
       for (const auto& [backend, op] : attention_registry().get(attention).backends) {
         const bool causal = std::string(model_name) == "gpt";
         if (backend == "reference" || (causal && attention_registry().get(attention).bidirectional_only.count(backend))) continue;

@@ -56,6 +56,8 @@ class AttentionLayerImpl : public torch::nn::Module, public ProjectedModule {
   virtual OpArgs op_args() const;
   // x [B, N, dim] -> q, k, v, each [B, N, H, D] (views of one projection).
   std::array<torch::Tensor, 3> project_qkv(const torch::Tensor& x, int64_t first_position = 0);
+  // x [B, N, dim] -> the joint projection [B, N, 3 dim] (q, k, v parts, no rotary).
+  torch::Tensor project_joint_qkv(const torch::Tensor& x) { return qkv_->forward(x); }
   // The op's one-token step (the type's decode function), for step() implementations.
   torch::Tensor decode_op(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                           DecodeState& state) const;

@@ -5,7 +5,9 @@
 #include "attention/gated_delta.h"
 #include "attention/gated_delta_fused.h"
 #include "attention/gated_delta_decode.h"
+#include "attention/gated_rms_norm.h"
 #include "attention/registrations.h"
+#include "attention/short_conv.h"
 
 namespace mhla {
 
@@ -32,15 +34,9 @@ GatedDeltaLayerImpl::GatedDeltaLayerImpl(const AttentionSpec& spec, const Attent
   out_norm_weight_ = register_parameter("out_norm_weight", torch::ones({head_dim}));
 }
 
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, OpArgs> GatedDeltaLayerImpl::prepare(
-    const torch::Tensor& x, const torch::Tensor& conv_out) {
+OpArgs GatedDeltaLayerImpl::decay_args(const torch::Tensor& x) {
   const auto b = x.size(0), n = x.size(1);
-  const int64_t dim = spec().dim, heads = spec().heads, head_dim = dim / heads;
-  auto parts = torch::silu(conv_out).split(dim, -1);
-  auto l2 = torch::nn::functional::NormalizeFuncOptions().dim(-1).eps(1e-6);
-  auto q = torch::nn::functional::normalize(parts[0].reshape({b, n, heads, head_dim}), l2);
-  auto k = torch::nn::functional::normalize(parts[1].reshape({b, n, heads, head_dim}), l2);
-  auto v = parts[2].reshape({b, n, heads, head_dim});
+  const int64_t heads = spec().heads, head_dim = spec().dim / heads;
   OpArgs args;
   args.causal = true;
   args.beta = torch::sigmoid(beta_proj_->forward(x).to(torch::kFloat32));  // [B, N, H]
@@ -52,37 +48,27 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, OpArgs> GatedDeltaLayerI
   } else {
     args.gate = -rate * torch::softplus(decay_in);  // [B, N, H]
   }
-  return {q, k, v, args};
+  return args;
 }
 
-torch::Tensor GatedDeltaLayerImpl::gated_output(const torch::Tensor& x, const torch::Tensor& out) {
-  const auto b = x.size(0), n = x.size(1);
-  const int64_t dim = spec().dim, heads = spec().heads, head_dim = dim / heads;
-  auto normed = at::rms_norm(out, {head_dim}, out_norm_weight_, 1e-6);
-  auto gate = torch::silu(out_gate_proj_->forward(x)).view({b, n, heads, head_dim});
-  return (normed * gate).reshape({b, n, dim});
-}
-
-std::pair<torch::Tensor, torch::Tensor> GatedDeltaLayerImpl::causal_core(const torch::Tensor& x) {
-  const auto b = x.size(0), n = x.size(1);
-  const int64_t dim = spec().dim;
-  auto [q0, k0, v0] = project_qkv(x);
-  // Short causal conv over time on q, k, v together (depthwise: no channel mixing).
-  auto qkv =
-      torch::cat({q0.reshape({b, n, dim}), k0.reshape({b, n, dim}), v0.reshape({b, n, dim})}, -1);
-  auto conv_in = torch::constant_pad_nd(qkv.transpose(1, 2), {kConvWidth - 1, 0}, 0.0);
-  auto [q, k, v, args] = prepare(x, conv_->forward(conv_in).transpose(1, 2));
-  auto out = backend_for(x.device())(q, k, v, args);
-  return {gated_output(x, out), v.reshape({b, n, dim})};
+std::pair<torch::Tensor, torch::Tensor> GatedDeltaLayerImpl::direction(
+    const torch::Tensor& joint, const OpArgs& args, const torch::Tensor& out_gate, bool reversed) {
+  // The reference backend keeps the whole layer in ATen ops (the GPU tests' oracle).
+  const bool reference = spec().config.backend == "reference";
+  auto [q, k, v] = reference ? short_conv_qkv_reference(joint, conv_->weight, spec().heads, reversed)
+                             : short_conv_qkv(joint, conv_->weight, spec().heads, reversed);
+  auto out = backend_for(joint.device())(q, k, v, args);
+  if (reversed) out = out.flip({1});
+  auto gated = reference ? gated_rms_norm_reference(out, out_gate, out_norm_weight_, 1e-6)
+                         : gated_rms_norm(out, out_gate, out_norm_weight_, 1e-6);
+  return {gated, v};
 }
 
 torch::Tensor GatedDeltaLayerImpl::step(const torch::Tensor& x, DecodeState& state) {
   if (!spec().causal) fail("gated DeltaNet: decoding needs a causal layer");
   const auto b = x.size(0);
   const int64_t dim = spec().dim, heads = spec().heads, head_dim = dim / heads;
-  auto [q0, k0, v0] = project_qkv(x);
-  auto row =
-      torch::cat({q0.reshape({b, 1, dim}), k0.reshape({b, 1, dim}), v0.reshape({b, 1, dim})}, -1);
+  auto row = project_joint_qkv(x);  // [B, 1, 3 dim]
   if (state.tensors.empty()) {
     state.tensors = {
         torch::zeros({b, kConvWidth - 1, 3 * dim}, row.options()),
@@ -94,21 +80,31 @@ torch::Tensor GatedDeltaLayerImpl::step(const torch::Tensor& x, DecodeState& sta
   // The depthwise conv at the newest position: sum over the window of weight[c, 0, j] x[j, c].
   auto conv_out = (window * conv_->weight.squeeze(1).t().unsqueeze(0)).sum(1, /*keepdim=*/true);
   state.tensors[0] = window.narrow(1, 1, kConvWidth - 1);
-  auto [q, k, v, args] = prepare(x, conv_out);
+  auto [q, k, v] = activate_conv_qkv(conv_out, heads);
+  auto args = decay_args(x);
   auto o = delta_rule_decode(state.tensors[1], q.squeeze(1), k.squeeze(1), v.squeeze(1),
                              args.beta.squeeze(1), args.gate.squeeze(1),
                              1.0 / std::sqrt(static_cast<double>(head_dim)));
   ++state.position;
-  return finish(x, gated_output(x, o.unsqueeze(1)), v.reshape({b, 1, dim}));
+  auto out_gate = out_gate_proj_->forward(x).view({b, 1, heads, head_dim});
+  auto gated = gated_rms_norm(o.unsqueeze(1), out_gate, out_norm_weight_, 1e-6);
+  return finish(x, gated.reshape({b, 1, dim}), v.reshape({b, 1, dim}));
 }
 
 torch::Tensor GatedDeltaLayerImpl::forward(const torch::Tensor& x) {
-  auto [out, v] = causal_core(x);
+  const auto b = x.size(0), n = x.size(1);
+  const int64_t dim = spec().dim, heads = spec().heads;
+  auto joint = project_joint_qkv(x);  // [B, N, 3 dim]: q, k, v parts
+  auto args = decay_args(x);
+  auto out_gate = out_gate_proj_->forward(x).view({b, n, heads, dim / heads});
+  auto [out, v] = direction(joint, args, out_gate, /*reversed=*/false);
   if (!spec().causal) {
-    auto reversed = causal_core(x.flip({1}));
-    out = out + reversed.first.flip({1});
+    OpArgs back = args;  // the decays of the reversed sequence
+    back.beta = args.beta.flip({1});
+    back.gate = args.gate.flip({1});
+    out = out + direction(joint, back, out_gate, /*reversed=*/true).first;
   }
-  return finish(x, out, v);
+  return finish(x, out.reshape({b, n, dim}), v.reshape({b, n, dim}));
 }
 
 namespace {

@@ -4,7 +4,8 @@
 // g = -exp(A_log) * softplus(W_a x + dt_bias), one per head (gated DeltaNet) or per key dimension
 // (KDA); the delta-rule op; an output RMSNorm times a swish gate; the output projection.
 // Bidirectional models (DeiT, DiT) run the causal layer core forward and over the reversed
-// sequence and sum the two (each direction keeps its own causal conv).
+// sequence and sum the two. The directions share every weight (the conv too, run over time
+// backwards for the reversed scan), so the projections are computed once.
 #include "attention/attention_layer.h"
 
 namespace mhla {
@@ -19,13 +20,14 @@ class GatedDeltaLayerImpl : public AttentionLayerImpl {
   torch::Tensor step(const torch::Tensor& x, DecodeState& state) override;
 
  private:
-  // One causal pass: x [B, N, dim] -> (gated, normalized attention output [B, N, dim], v).
-  std::pair<torch::Tensor, torch::Tensor> causal_core(const torch::Tensor& x);
-  // From the conv output [B, N, 3 dim]: q, k (L2-normalized), v as [B, N, H, D], and the op args.
-  std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, OpArgs> prepare(
-      const torch::Tensor& x, const torch::Tensor& conv_out);
-  // Output RMSNorm x swish gate: [B, N, H, D] -> [B, N, dim].
-  torch::Tensor gated_output(const torch::Tensor& x, const torch::Tensor& out);
+  // beta = sigmoid(W_b x) and the log decay g, both fp32 [B, N, H] ([B, N, H, D] for KDA's g).
+  OpArgs decay_args(const torch::Tensor& x);
+  // The delta-rule op of one direction on the conv output of the joint projection (reversed:
+  // read back to front), normalized and gated by out_gate; [B, N, H, D] in the input's order,
+  // and that direction's v.
+  std::pair<torch::Tensor, torch::Tensor> direction(const torch::Tensor& joint,
+                                                    const OpArgs& args,
+                                                    const torch::Tensor& out_gate, bool reversed);
 
   bool per_key_gate_;
   torch::nn::Conv1d conv_{nullptr};
