@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 #include "common/packed_access.cuh"
@@ -14,6 +15,10 @@ constexpr int kWarps = 4;             // per CTA, all on one (part, head) column
 constexpr int kRun = 64;              // tokens per warp item: the backward recomputes W - 1 more
 constexpr int kBackwardMaxCtas = 128;  // per column: the dw partials of the workspace
 constexpr int kMaxHeadDim = 128;
+// G: tokens whose loads are issued together (4 by default; MHLA_SHORT_CONV_GROUP=1 or 2 for A/B
+// runs). A warp's steps are serial, so one load at a time leaves it waiting on memory latency;
+// more in flight costs registers (the unrolled steps).
+constexpr int kDefaultGroup = 4;
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + __expf(-x)); }
 
@@ -51,7 +56,7 @@ __device__ __forceinline__ int source_token(const ShortConvArgs& a, int t) {
 
 // grid (runs / kWarps, 3 H): one warp per run of kRun tokens of one sequence and column; lane l
 // holds channels [l E, l E + E) and the last W - 1 input rows in registers.
-template <typename T, int E>
+template <typename T, int E, int G>
 __global__ void __launch_bounds__(kWarps * 32) forward_kernel(ShortConvArgs a) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const Column c(a);
@@ -77,30 +82,45 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(ShortConvArgs a) {
         for (int e = 0; e < E; ++e) window[i][e] = 0.f;
       }
     }
-    for (int t = t0; t < t1; ++t) {
-      float now[E], s[E];
-      load_pack<T, E>(xs + source_token(a, t) * c.row, now);
-      float squares = 0.f;
+    for (int g0 = t0; g0 < t1; g0 += G) {
+      float group[G][E];
 #pragma unroll
-      for (int e = 0; e < E; ++e) {
-        float p = w[e][W - 1] * now[e];
+      for (int g = 0; g < G; ++g) {
+        if (g0 + g < t1) {
+          load_pack<T, E>(xs + source_token(a, g0 + g) * c.row, group[g]);
+        } else {
 #pragma unroll
-        for (int i = 0; i < W - 1; ++i) p += w[e][i] * window[i][e];
-        s[e] = p * sigmoid(p);
-        squares += s[e] * s[e];
+          for (int e = 0; e < E; ++e) group[g][e] = 0.f;
+        }
       }
-      if (normalize) {
-        const float inverse = 1.f / fmaxf(sqrtf(warp_sum(squares)), a.eps);
 #pragma unroll
-        for (int e = 0; e < E; ++e) s[e] *= inverse;
-      }
-      store_pack<T, E>(
-          out + ((static_cast<int64_t>(b) * T_ + t) * a.heads + c.head) * D + lane * E, s);
+      for (int g = 0; g < G; ++g) {
+        const int t = g0 + g;
+        if (t >= t1) break;  // uniform over the warp
+        const float(&now)[E] = group[g];
+        float s[E];
+        float squares = 0.f;
 #pragma unroll
-      for (int e = 0; e < E; ++e) {
+        for (int e = 0; e < E; ++e) {
+          float p = w[e][W - 1] * now[e];
 #pragma unroll
-        for (int i = 0; i < W - 2; ++i) window[i][e] = window[i + 1][e];
-        window[W - 2][e] = now[e];
+          for (int i = 0; i < W - 1; ++i) p += w[e][i] * window[i][e];
+          s[e] = p * sigmoid(p);
+          squares += s[e] * s[e];
+        }
+        if (normalize) {
+          const float inverse = 1.f / fmaxf(sqrtf(warp_sum(squares)), a.eps);
+#pragma unroll
+          for (int e = 0; e < E; ++e) s[e] *= inverse;
+        }
+        store_pack<T, E>(
+            out + ((static_cast<int64_t>(b) * T_ + t) * a.heads + c.head) * D + lane * E, s);
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+#pragma unroll
+          for (int i = 0; i < W - 2; ++i) window[i][e] = window[i + 1][e];
+          window[W - 2][e] = now[e];
+        }
       }
     }
   }
@@ -110,7 +130,7 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(ShortConvArgs a) {
 // recomputes p over its tokens and the W - 1 after it (their dp reach its last dx rows), keeps the
 // last W - 1 inputs and dp in registers, and writes dx[t - W + 1] once dp[t] is known. dw
 // accumulates in registers over a warp's runs, then per CTA into the workspace.
-template <typename T, int E>
+template <typename T, int E, int G>
 __global__ void __launch_bounds__(kWarps * 32) backward_kernel(ShortConvArgs a) {
   __shared__ float partial[kWarps][kMaxHeadDim * W];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -142,72 +162,91 @@ __global__ void __launch_bounds__(kWarps * 32) backward_kernel(ShortConvArgs a) 
 #pragma unroll
       for (int e = 0; e < E; ++e) dp_window[i][e] = 0.f;
     }
-    for (int t = t0; t < t1 + W - 1; ++t) {
-      float now[E] = {}, dp[E] = {};
-      if (t < T_) {  // uniform over the warp
-        float p[E], sig[E], s[E], dy[E];
-        load_pack<T, E>(xs + source_token(a, t) * c.row, now);
-        load_pack<T, E>(
-            d_out + ((static_cast<int64_t>(b) * T_ + t) * a.heads + c.head) * D + lane * E, dy);
-        float squares = 0.f;
+    const int end = t1 + W - 1, last = min(end, T_);  // dp is zero from T on
+    for (int g0 = t0; g0 < end; g0 += G) {
+      float x_group[G][E], dy_group[G][E];
 #pragma unroll
-        for (int e = 0; e < E; ++e) {
-          p[e] = w[e][W - 1] * now[e];
-#pragma unroll
-          for (int i = 0; i < W - 1; ++i) p[e] += w[e][i] * window[i][e];
-          sig[e] = sigmoid(p[e]);
-          s[e] = p[e] * sig[e];
-          squares += s[e] * s[e];
-        }
-        float ds[E];
-        if (normalize) {
-          const float norm = sqrtf(warp_sum(squares));
-          if (norm > a.eps) {
-            const float inverse = 1.f / norm;
-            float dot = 0.f;
-#pragma unroll
-            for (int e = 0; e < E; ++e) dot += s[e] * dy[e];
-            const float projection = warp_sum(dot) * inverse * inverse;  // y . dy / n
-#pragma unroll
-            for (int e = 0; e < E; ++e) ds[e] = (dy[e] - s[e] * projection) * inverse;
-          } else {  // the norm was clamped to eps: y = s / eps
-#pragma unroll
-            for (int e = 0; e < E; ++e) ds[e] = dy[e] / a.eps;
-          }
+      for (int g = 0; g < G; ++g) {
+        const int t = g0 + g;
+        if (t < last) {
+          load_pack<T, E>(xs + source_token(a, t) * c.row, x_group[g]);
+          load_pack<T, E>(
+              d_out + ((static_cast<int64_t>(b) * T_ + t) * a.heads + c.head) * D + lane * E,
+              dy_group[g]);
         } else {
 #pragma unroll
-          for (int e = 0; e < E; ++e) ds[e] = dy[e];
+          for (int e = 0; e < E; ++e) x_group[g][e] = dy_group[g][e] = 0.f;
         }
+      }
 #pragma unroll
-        for (int e = 0; e < E; ++e) {
-          dp[e] = ds[e] * sig[e] * (1.f + p[e] * (1.f - sig[e]));
-          if (t < t1) {  // each token's dp counts in dw once, in the run that owns it
+      for (int g = 0; g < G; ++g) {
+        const int t = g0 + g;
+        if (t >= end) break;  // uniform over the warp
+        const float(&now)[E] = x_group[g];
+        const float(&dy)[E] = dy_group[g];
+        float dp[E] = {};
+        if (t < last) {  // uniform over the warp
+          float p[E], sig[E], s[E];
+          float squares = 0.f;
 #pragma unroll
-            for (int j = 0; j < W - 1; ++j) dw[e][j] += dp[e] * window[j][e];
-            dw[e][W - 1] += dp[e] * now[e];
+          for (int e = 0; e < E; ++e) {
+            p[e] = w[e][W - 1] * now[e];
+#pragma unroll
+            for (int i = 0; i < W - 1; ++i) p[e] += w[e][i] * window[i][e];
+            sig[e] = sigmoid(p[e]);
+            s[e] = p[e] * sig[e];
+            squares += s[e] * s[e];
+          }
+          float ds[E];
+          if (normalize) {
+            const float norm = sqrtf(warp_sum(squares));
+            if (norm > a.eps) {
+              const float inverse = 1.f / norm;
+              float dot = 0.f;
+#pragma unroll
+              for (int e = 0; e < E; ++e) dot += s[e] * dy[e];
+              const float projection = warp_sum(dot) * inverse * inverse;  // y . dy / n
+#pragma unroll
+              for (int e = 0; e < E; ++e) ds[e] = (dy[e] - s[e] * projection) * inverse;
+            } else {  // the norm was clamped to eps: y = s / eps
+#pragma unroll
+              for (int e = 0; e < E; ++e) ds[e] = dy[e] / a.eps;
+            }
+          } else {
+#pragma unroll
+            for (int e = 0; e < E; ++e) ds[e] = dy[e];
+          }
+#pragma unroll
+          for (int e = 0; e < E; ++e) {
+            dp[e] = ds[e] * sig[e] * (1.f + p[e] * (1.f - sig[e]));
+            if (t < t1) {  // each token's dp counts in dw once, in the run that owns it
+#pragma unroll
+              for (int j = 0; j < W - 1; ++j) dw[e][j] += dp[e] * window[j][e];
+              dw[e][W - 1] += dp[e] * now[e];
+            }
           }
         }
-      }
-      const int u = t - (W - 1);  // dx[u] = sum_j w[j] dp[u + W - 1 - j] = sum_j w[j] dp[t - j]
-      if (u >= t0) {
-        float dx[E];
+        const int u = t - (W - 1);  // dx[u] = sum_j w[j] dp[u + W - 1 - j] = sum_j w[j] dp[t - j]
+        if (u >= t0) {
+          float dx[E];
+#pragma unroll
+          for (int e = 0; e < E; ++e) {
+            dx[e] = w[e][0] * dp[e];
+#pragma unroll
+            for (int j = 1; j < W; ++j) dx[e] += w[e][j] * dp_window[W - 1 - j][e];
+          }
+          store_pack<T, E>(dxs + source_token(a, u) * c.row, dx);
+        }
 #pragma unroll
         for (int e = 0; e < E; ++e) {
-          dx[e] = w[e][0] * dp[e];
 #pragma unroll
-          for (int j = 1; j < W; ++j) dx[e] += w[e][j] * dp_window[W - 1 - j][e];
+          for (int i = 0; i < W - 2; ++i) {
+            window[i][e] = window[i + 1][e];
+            dp_window[i][e] = dp_window[i + 1][e];
+          }
+          window[W - 2][e] = now[e];
+          dp_window[W - 2][e] = dp[e];
         }
-        store_pack<T, E>(dxs + source_token(a, u) * c.row, dx);
-      }
-#pragma unroll
-      for (int e = 0; e < E; ++e) {
-#pragma unroll
-        for (int i = 0; i < W - 2; ++i) {
-          window[i][e] = window[i + 1][e];
-          dp_window[i][e] = dp_window[i + 1][e];
-        }
-        window[W - 2][e] = now[e];
-        dp_window[W - 2][e] = dp[e];
       }
     }
   }
@@ -257,6 +296,27 @@ cudaError_t with_lane_width(int head_dim, F&& f) {
   return cudaErrorInvalidValue;
 }
 
+int load_group() {
+  static const int group = [] {
+    const char* forced = std::getenv("MHLA_SHORT_CONV_GROUP");
+    const int g = forced ? std::atoi(forced) : kDefaultGroup;
+    return g == 1 || g == 2 || g == 4 ? g : kDefaultGroup;
+  }();
+  return group;
+}
+
+template <typename F>
+cudaError_t with_load_group(F&& f) {
+  switch (load_group()) {
+    case 1:
+      return f(std::integral_constant<int, 1>{});
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    default:
+      return f(std::integral_constant<int, 4>{});
+  }
+}
+
 bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 bool valid_shape(const ShortConvArgs& a) {
@@ -290,8 +350,10 @@ cudaError_t short_conv_forward(const ShortConvArgs& a, cudaStream_t stream) {
       }
       const dim3 grid(static_cast<unsigned>((runs + kWarps - 1) / kWarps),
                       static_cast<unsigned>(3 * a.heads));
-      forward_kernel<T, E><<<grid, kWarps * 32, 0, stream>>>(a);
-      return cudaGetLastError();
+      return with_load_group([&](auto g) {
+        forward_kernel<T, E, decltype(g)::value><<<grid, kWarps * 32, 0, stream>>>(a);
+        return cudaGetLastError();
+      });
     });
   });
 }
@@ -313,8 +375,10 @@ cudaError_t short_conv_backward(const ShortConvArgs& a, cudaStream_t stream) {
         return cudaErrorMisalignedAddress;
       }
       const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(3 * a.heads));
-      backward_kernel<T, E><<<grid, kWarps * 32, 0, stream>>>(a);
-      return cudaGetLastError();
+      return with_load_group([&](auto g) {
+        backward_kernel<T, E, decltype(g)::value><<<grid, kWarps * 32, 0, stream>>>(a);
+        return cudaGetLastError();
+      });
     });
   });
   if (err != cudaSuccess) return err;
