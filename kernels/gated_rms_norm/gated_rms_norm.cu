@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "common/packed_access.cuh"
+#include "common/row_kernels.cuh"
 
 namespace mhla_kernels {
 namespace {
@@ -83,35 +84,10 @@ __global__ void __launch_bounds__(kBackwardWarps * 32) backward_kernel(GatedRmsN
   }
 }
 
-__global__ void reduce_kernel(const float* workspace, int ctas, int dim, float* dweight) {
-  const int d = blockIdx.x * blockDim.x + threadIdx.x;
-  if (d >= dim) return;
-  float total = 0.f;
-  for (int c = 0; c < ctas; ++c) total += workspace[static_cast<int64_t>(c) * dim + d];
-  dweight[d] = total;
-}
-
 int backward_ctas(int64_t vectors) {
   return static_cast<int>(
       std::min<int64_t>((vectors + kBackwardWarps - 1) / kBackwardWarps, kBackwardMaxCtas));
 }
-
-template <typename F>
-cudaError_t with_lane_width(int dim, F&& f) {
-  switch (dim) {
-    case 32:
-      return f(std::integral_constant<int, 1>{});
-    case 64:
-      return f(std::integral_constant<int, 2>{});
-    case 128:
-      return f(std::integral_constant<int, 4>{});
-    case 256:
-      return f(std::integral_constant<int, 8>{});
-  }
-  return cudaErrorInvalidValue;
-}
-
-bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 }  // namespace
 
@@ -131,10 +107,10 @@ cudaError_t gated_rms_norm_forward(const GatedRmsNormArgs& a, cudaStream_t strea
   if (a.vectors == 0) return cudaSuccess;
   return with_element_type(a.dtype, [&](auto tag) {
     using T = decltype(tag);
-    return with_lane_width(a.dim, [&](auto e) {
+    return with_lanes_per_warp<256>(a.dim, [&](auto e) {
       constexpr int E = decltype(e)::value;
       const int bytes = static_cast<int>(sizeof(T)) * E;
-      if (!aligned(a.x, bytes) || !aligned(a.gate, bytes) || !aligned(a.y, bytes)) {
+      if (!is_aligned(a.x, bytes) || !is_aligned(a.gate, bytes) || !is_aligned(a.y, bytes)) {
         return cudaErrorMisalignedAddress;
       }
       const dim3 grid(static_cast<unsigned>((a.vectors + kForwardWarps - 1) / kForwardWarps));
@@ -153,11 +129,11 @@ cudaError_t gated_rms_norm_backward(const GatedRmsNormArgs& a, cudaStream_t stre
   const int ctas = backward_ctas(a.vectors);
   const cudaError_t err = with_element_type(a.dtype, [&](auto tag) {
     using T = decltype(tag);
-    return with_lane_width(a.dim, [&](auto e) {
+    return with_lanes_per_warp<256>(a.dim, [&](auto e) {
       constexpr int E = decltype(e)::value;
       const int bytes = static_cast<int>(sizeof(T)) * E;
-      if (!aligned(a.x, bytes) || !aligned(a.gate, bytes) || !aligned(a.dy, bytes) ||
-          !aligned(a.dx, bytes) || !aligned(a.dgate, bytes)) {
+      if (!is_aligned(a.x, bytes) || !is_aligned(a.gate, bytes) || !is_aligned(a.dy, bytes) ||
+          !is_aligned(a.dx, bytes) || !is_aligned(a.dgate, bytes)) {
         return cudaErrorMisalignedAddress;
       }
       backward_kernel<T, E><<<ctas, kBackwardWarps * 32, 0, stream>>>(a);
@@ -165,8 +141,7 @@ cudaError_t gated_rms_norm_backward(const GatedRmsNormArgs& a, cudaStream_t stre
     });
   });
   if (err != cudaSuccess) return err;
-  reduce_kernel<<<(a.dim + 255) / 256, 256, 0, stream>>>(a.workspace, ctas, a.dim, a.dweight);
-  return cudaGetLastError();
+  return sum_cta_partials(a.workspace, ctas, a.dim, a.dweight, stream);
 }
 
 }  // namespace mhla_kernels

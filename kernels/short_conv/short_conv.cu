@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "common/packed_access.cuh"
+#include "common/row_kernels.cuh"
 
 namespace mhla_kernels {
 namespace {
@@ -54,6 +55,22 @@ __device__ __forceinline__ int source_token(const ShortConvArgs& a, int t) {
   return a.reversed ? a.tokens - 1 - t : t;
 }
 
+// The W - 1 inputs before token t0 (zeros before the sequence starts): a run's first window.
+template <typename T, int E>
+__device__ __forceinline__ void load_window(const ShortConvArgs& a, const T* xs, int64_t row,
+                                            int t0, float (&window)[W - 1][E]) {
+#pragma unroll
+  for (int i = 0; i < W - 1; ++i) {
+    const int t = t0 - (W - 1) + i;
+    if (t >= 0) {
+      load_pack<T, E>(xs + source_token(a, t) * row, window[i]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < E; ++e) window[i][e] = 0.f;
+    }
+  }
+}
+
 // grid (runs / kWarps, 3 H): one warp per run of kRun tokens of one sequence and column; lane l
 // holds channels [l E, l E + E) and the last W - 1 input rows in registers.
 template <typename T, int E, int G>
@@ -72,16 +89,7 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(ShortConvArgs a) {
     const T* xs = static_cast<const T*>(a.x) + static_cast<int64_t>(b) * T_ * c.row +
                   static_cast<int64_t>(c.column) * D + lane * E;
     float window[W - 1][E];  // inputs t - W + 1 .. t - 1
-#pragma unroll
-    for (int i = 0; i < W - 1; ++i) {
-      const int t = t0 - (W - 1) + i;
-      if (t >= 0) {
-        load_pack<T, E>(xs + source_token(a, t) * c.row, window[i]);
-      } else {
-#pragma unroll
-        for (int e = 0; e < E; ++e) window[i][e] = 0.f;
-      }
-    }
+    load_window<T, E>(a, xs, c.row, t0, window);
     for (int g0 = t0; g0 < t1; g0 += G) {
       float group[G][E];
 #pragma unroll
@@ -149,19 +157,8 @@ __global__ void __launch_bounds__(kWarps * 32) backward_kernel(ShortConvArgs a) 
                              static_cast<int64_t>(c.column) * D + lane * E;
     const T* xs = static_cast<const T*>(a.x) + x_offset;
     T* dxs = static_cast<T*>(a.dx) + x_offset;
-    float window[W - 1][E], dp_window[W - 1][E];  // inputs and dp at t - W + 1 .. t - 1
-#pragma unroll
-    for (int i = 0; i < W - 1; ++i) {
-      const int t = t0 - (W - 1) + i;
-      if (t >= 0) {
-        load_pack<T, E>(xs + source_token(a, t) * c.row, window[i]);
-      } else {
-#pragma unroll
-        for (int e = 0; e < E; ++e) window[i][e] = 0.f;
-      }
-#pragma unroll
-      for (int e = 0; e < E; ++e) dp_window[i][e] = 0.f;
-    }
+    float window[W - 1][E], dp_window[W - 1][E] = {};  // inputs and dp at t - W + 1 .. t - 1
+    load_window<T, E>(a, xs, c.row, t0, window);
     const int end = t1 + W - 1, last = min(end, T_);  // dp is zero from T on
     for (int g0 = t0; g0 < end; g0 += G) {
       float x_group[G][E], dy_group[G][E];
@@ -265,15 +262,6 @@ __global__ void __launch_bounds__(kWarps * 32) backward_kernel(ShortConvArgs a) 
   }
 }
 
-// dweight[i] = sum over the backward's CTAs of their partials (fixed order: deterministic).
-__global__ void reduce_kernel(const float* workspace, int ctas, int64_t size, float* dweight) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= size) return;
-  float total = 0.f;
-  for (int c = 0; c < ctas; ++c) total += workspace[c * size + i];
-  dweight[i] = total;
-}
-
 int64_t runs_of(const ShortConvArgs& a) {
   return static_cast<int64_t>(a.batch) * ((a.tokens + kRun - 1) / kRun);
 }
@@ -281,19 +269,6 @@ int64_t runs_of(const ShortConvArgs& a) {
 int backward_ctas(const ShortConvArgs& a) {
   return static_cast<int>(std::clamp<int64_t>((runs_of(a) + kWarps - 1) / kWarps, 1,
                                               kBackwardMaxCtas));
-}
-
-template <typename F>
-cudaError_t with_lane_width(int head_dim, F&& f) {
-  switch (head_dim) {
-    case 32:
-      return f(std::integral_constant<int, 1>{});
-    case 64:
-      return f(std::integral_constant<int, 2>{});
-    case 128:
-      return f(std::integral_constant<int, 4>{});
-  }
-  return cudaErrorInvalidValue;
 }
 
 int load_group() {
@@ -317,8 +292,6 @@ cudaError_t with_load_group(F&& f) {
   }
 }
 
-bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
 bool valid_shape(const ShortConvArgs& a) {
   return short_conv_supports(a.head_dim, W) && a.batch >= 0 && a.tokens >= 0 && a.heads > 0 &&
          3 * a.heads <= 65535 && a.x && a.weight;
@@ -341,11 +314,11 @@ cudaError_t short_conv_forward(const ShortConvArgs& a, cudaStream_t stream) {
   if ((runs + kWarps - 1) / kWarps > 0x7fffffff) return cudaErrorInvalidValue;
   return with_element_type(a.dtype, [&](auto tag) {
     using T = decltype(tag);
-    return with_lane_width(a.head_dim, [&](auto e) {
+    return with_lanes_per_warp<kMaxHeadDim>(a.head_dim, [&](auto e) {
       constexpr int E = decltype(e)::value;
       const int bytes = static_cast<int>(sizeof(T)) * E;
-      if (!aligned(a.x, bytes) || !aligned(a.q, bytes) || !aligned(a.k, bytes) ||
-          !aligned(a.v, bytes)) {
+      if (!is_aligned(a.x, bytes) || !is_aligned(a.q, bytes) || !is_aligned(a.k, bytes) ||
+          !is_aligned(a.v, bytes)) {
         return cudaErrorMisalignedAddress;
       }
       const dim3 grid(static_cast<unsigned>((runs + kWarps - 1) / kWarps),
@@ -367,11 +340,11 @@ cudaError_t short_conv_backward(const ShortConvArgs& a, cudaStream_t stream) {
   const int ctas = backward_ctas(a);
   const cudaError_t err = with_element_type(a.dtype, [&](auto tag) {
     using T = decltype(tag);
-    return with_lane_width(a.head_dim, [&](auto e) {
+    return with_lanes_per_warp<kMaxHeadDim>(a.head_dim, [&](auto e) {
       constexpr int E = decltype(e)::value;
       const int bytes = static_cast<int>(sizeof(T)) * E;
-      if (!aligned(a.x, bytes) || !aligned(a.dq, bytes) || !aligned(a.dk, bytes) ||
-          !aligned(a.dv, bytes) || !aligned(a.dx, bytes)) {
+      if (!is_aligned(a.x, bytes) || !is_aligned(a.dq, bytes) || !is_aligned(a.dk, bytes) ||
+          !is_aligned(a.dv, bytes) || !is_aligned(a.dx, bytes)) {
         return cudaErrorMisalignedAddress;
       }
       const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(3 * a.heads));
@@ -382,9 +355,7 @@ cudaError_t short_conv_backward(const ShortConvArgs& a, cudaStream_t stream) {
     });
   });
   if (err != cudaSuccess) return err;
-  reduce_kernel<<<static_cast<unsigned>((size + 255) / 256), 256, 0, stream>>>(a.workspace, ctas,
-                                                                              size, a.dweight);
-  return cudaGetLastError();
+  return sum_cta_partials(a.workspace, ctas, size, a.dweight, stream);
 }
 
 }  // namespace mhla_kernels
