@@ -59,9 +59,14 @@ std::pair<torch::Tensor, torch::Tensor> GatedDeltaLayerImpl::direction(
                              : short_conv_qkv(joint, conv_->weight, spec().heads, reversed);
   auto out = backend_for(joint.device())(q, k, v, args);
   if (reversed) out = out.flip({1});
-  auto gated = reference ? gated_rms_norm_reference(out, out_gate, out_norm_weight_, 1e-6)
-                         : gated_rms_norm(out, out_gate, out_norm_weight_, 1e-6);
-  return {gated, v};
+  return {gated_output(out, out_gate), v};
+}
+
+torch::Tensor GatedDeltaLayerImpl::gated_output(const torch::Tensor& out,
+                                                const torch::Tensor& out_gate) {
+  return spec().config.backend == "reference"
+             ? gated_rms_norm_reference(out, out_gate, out_norm_weight_, 1e-6)
+             : gated_rms_norm(out, out_gate, out_norm_weight_, 1e-6);
 }
 
 torch::Tensor GatedDeltaLayerImpl::step(const torch::Tensor& x, DecodeState& state) {
@@ -87,8 +92,8 @@ torch::Tensor GatedDeltaLayerImpl::step(const torch::Tensor& x, DecodeState& sta
                              1.0 / std::sqrt(static_cast<double>(head_dim)));
   ++state.position;
   auto out_gate = out_gate_proj_->forward(x).view({b, 1, heads, head_dim});
-  auto gated = gated_rms_norm(o.unsqueeze(1), out_gate, out_norm_weight_, 1e-6);
-  return finish(x, gated.reshape({b, 1, dim}), v.reshape({b, 1, dim}));
+  return finish(x, gated_output(o.unsqueeze(1), out_gate).reshape({b, 1, dim}),
+                v.reshape({b, 1, dim}));
 }
 
 torch::Tensor GatedDeltaLayerImpl::forward(const torch::Tensor& x) {

@@ -28,6 +28,9 @@ class GatedDeltaLayerImpl : public AttentionLayerImpl {
   std::pair<torch::Tensor, torch::Tensor> direction(const torch::Tensor& joint,
                                                     const OpArgs& args,
                                                     const torch::Tensor& out_gate, bool reversed);
+  // Output RMSNorm times swish(out_gate), both [B, N, H, D] (ATen ops with the reference
+  // backend, else the fused kernel where it runs).
+  torch::Tensor gated_output(const torch::Tensor& out, const torch::Tensor& out_gate);
 
   bool per_key_gate_;
   torch::nn::Conv1d conv_{nullptr};
