@@ -373,6 +373,8 @@ TEST_CASE("cli: a tiny DiT trains, and sample writes PNGs and a grid", "[cli]") 
   auto sample = test::run_mhla("sample runs/d --n 5 --steps 4 --cfg 2 --out samples --seed 7", dir.str());
   INFO(sample.output);
   REQUIRE(sample.exit_code == 0);
+  CHECK(contains(sample.output, "sampled 5/5 | "));  // progress with the rate and the time left
+  CHECK(contains(sample.output, " img/s, ETA 0s"));
   const auto grid = dir.path() / "samples" / "grid.png";
   REQUIRE(std::filesystem::exists(grid));
   int pngs = 0;

@@ -5,6 +5,7 @@
 
 #include "catch_compat.h"
 #include "core/config.h"
+#include "core/progress.h"
 #include "test_helpers.h"
 #include "train/checkpoint.h"
 #include "train/ema.h"
@@ -315,4 +316,17 @@ TEST_CASE("train: CUDA-graph steps train the same weights as eager steps", "[tra
     WARN(variant.name << ": CUDA graph vs eager after 24 steps: largest relative loss difference "
                       << worst_loss << ", largest weight difference " << worst_weight);
   }
+}
+
+TEST_CASE("train: progress lines give durations, the rate and the time left", "[train]") {
+  CHECK(format_duration(0) == "0s");
+  CHECK(format_duration(44.6) == "45s");
+  CHECK(format_duration(187) == "3m07s");
+  CHECK(format_duration(7500) == "2h05m");
+  CHECK(format_duration(-1) == "?");
+  CHECK(format_duration(std::nan("")) == "?");
+  // 2,000 of 10,000 images in 16 s: 125 img/s, 8,000 left take 64 s.
+  CHECK(rate_and_eta(2000, 10000, 16.0, "img") == "125 img/s, ETA 1m04s");
+  CHECK(rate_and_eta(10000, 10000, 80.0, "img") == "125 img/s, ETA 0s");
+  CHECK(rate_and_eta(0, 10000, 0.0, "img") == "? img/s, ETA ?");
 }

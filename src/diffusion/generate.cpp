@@ -1,9 +1,12 @@
 #include "diffusion/generate.h"
 
+#include <chrono>
+
 #include "core/device.h"
 #include "core/error.h"
 #include "train/checkpoint.h"
 #include "core/logging.h"
+#include "core/progress.h"
 #include "diffusion/samplers.h"
 #include "models/dit.h"
 
@@ -41,6 +44,7 @@ Generated generate_images(Dit& dit, const Config& config, const torch::Device& d
   torch::Generator generator = at::detail::createCPUGenerator(options.seed);
   const bool bf16 = uses_bf16_autocast(config, device);
   std::vector<torch::Tensor> images, labels;
+  const auto start = std::chrono::steady_clock::now();
   for (int64_t begin = 0; begin < options.count; begin += options.batch) {
     const int64_t b = std::min(options.batch, options.count - begin);
     auto y = options.label >= 0 ? torch::full({b}, options.label, torch::kLong)
@@ -71,7 +75,12 @@ Generated generate_images(Dit& dit, const Config& config, const torch::Device& d
                                        : ddim_sample(schedule, eps, noise, sampler, generator);
     images.push_back(x.cpu());
     labels.push_back(y);
-    if (options.log_progress) logger().info("sampled {}/{}", begin + b, options.count);
+    if (options.log_progress) {
+      const double elapsed =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      logger().info("sampled {}/{} | {}", begin + b, options.count,
+                    rate_and_eta(begin + b, options.count, elapsed, "img"));
+    }
   }
   return {torch::cat(images), torch::cat(labels)};
 }

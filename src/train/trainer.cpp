@@ -8,24 +8,13 @@
 #include "core/environment.h"
 #include "core/error.h"
 #include "core/logging.h"
+#include "core/progress.h"
 #include "train/schedule.h"
 #include "train/stop_signal.h"
 
 namespace mhla {
 
 namespace fs = std::filesystem;
-
-namespace {
-
-std::string format_duration(double seconds) {
-  if (!std::isfinite(seconds) || seconds < 0) return "?";
-  const auto s = static_cast<int64_t>(seconds + 0.5);
-  if (s >= 3600) return fmt::format("{}h{:02d}m", s / 3600, (s % 3600) / 60);
-  if (s >= 60) return fmt::format("{}m{:02d}s", s / 60, s % 60);
-  return fmt::format("{}s", s);
-}
-
-}  // namespace
 
 Trainer::Trainer(const Config& config, const std::string& run_dir, bool resume)
     : config_(config),
