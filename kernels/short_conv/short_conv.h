@@ -7,7 +7,7 @@
 // x is the projection [B, T, 3, H, D] (rows of 3 H D: the q, k and v parts); q, k, v come out as
 // three contiguous [B, T, H, D] tensors, ready for the delta-rule kernels. ATen runs this as a
 // transpose and pad, a depthwise conv, a transpose back, SiLU and two strided normalizations,
-// each with its own backward, about 15 passes over strided memory.
+// each with its own backward, most of them over strided memory.
 //
 // reversed: the sequence is read back to front (output token t from input token T - 1 - t), so a
 // bidirectional layer's backward scan needs no flipped copy of its input; outputs are in the
