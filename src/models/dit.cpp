@@ -12,11 +12,6 @@ namespace {
 
 constexpr int64_t kFrequencyDim = 256;
 
-// x * (1 + scale) + shift, with per-sample [B, dim] scale and shift.
-torch::Tensor modulate(const torch::Tensor& x, const torch::Tensor& shift, const torch::Tensor& scale) {
-  return x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1);
-}
-
 LayerNorm plain_norm(int64_t dim) {
   return LayerNorm(dim, /*affine=*/false, /*eps=*/1e-6);
 }
@@ -52,10 +47,18 @@ DitBlockImpl::DitBlockImpl(std::shared_ptr<AttentionLayerImpl> attention, int64_
   modulation_ = register_module("modulation", Linear(dim, 6 * dim));
 }
 
-torch::Tensor DitBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& condition) {
-  auto m = modulation_->forward(torch::silu(condition)).chunk(6, 1);
-  auto y = x + m[2].unsqueeze(1) * attention_->forward(modulate(norm1_->forward(x), m[0], m[1]));
-  return y + m[5].unsqueeze(1) * mlp_->forward(modulate(norm2_->forward(y), m[3], m[4]));
+std::vector<torch::Tensor> DitBlockImpl::modulation(const torch::Tensor& silu_condition) {
+  return adaln_modulation(modulation_->forward(silu_condition)).chunk(6, 1);
+}
+
+AdaLnHinge DitBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& normed,
+                                 const std::vector<torch::Tensor>& m,
+                                 const torch::Tensor& next_shift, const torch::Tensor& next_scale,
+                                 LayerNormImpl& next_norm) {
+  // y = x + gate1 * attn(...); the MLP input is norm2(y) modulated by shift2 and scale2.
+  auto middle = adaln_hinge(x, attention_->forward(normed), m[2], m[3], m[4], *norm2_);
+  return adaln_hinge(middle.sum, mlp_->forward(middle.normed), m[5], next_shift, next_scale,
+                     next_norm);
 }
 
 Dit::Dit(const Config& config) : config_(config), layout_(image_token_layout(config)) {
@@ -136,10 +139,22 @@ torch::Tensor Dit::denoise(const torch::Tensor& x, const torch::Tensor& t, const
   }
   auto tokens = layout_.to_tokens(patch_embed_->forward(input)) + pos_embed_;
   auto time = time_fc2_->forward(torch::silu(time_fc1_->forward(timestep_embedding(t, kFrequencyDim))));
-  auto condition = time + class_embedding_->forward(y);
-  for (auto& block : blocks_) tokens = block->forward(tokens, condition);
-  auto fm = final_modulation_->forward(torch::silu(condition)).chunk(2, 1);
-  auto out = final_linear_->forward(modulate(final_norm_->forward(tokens), fm[0], fm[1]));
+  auto condition = torch::silu(time + class_embedding_->forward(y));
+  // Every modulation depends on the condition alone, so all are computed first: each hinge
+  // between two branches then needs the next block's shift and scale.
+  std::vector<std::vector<torch::Tensor>> modulations;
+  for (auto& block : blocks_) modulations.push_back(block->modulation(condition));
+  auto fm = adaln_modulation(final_modulation_->forward(condition)).chunk(2, 1);
+  auto stream =
+      adaln_hinge(tokens, {}, {}, modulations[0][0], modulations[0][1], blocks_[0]->norm1());
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    const bool last = i + 1 == blocks_.size();
+    stream = blocks_[i]->forward(stream.sum, stream.normed, modulations[i],
+                                 last ? fm[0] : modulations[i + 1][0],
+                                 last ? fm[1] : modulations[i + 1][1],
+                                 last ? *final_norm_ : blocks_[i + 1]->norm1());
+  }
+  auto out = final_linear_->forward(stream.normed);
   // Unpatchify: [B, N, p*p*C] (block-major) -> [B, C, S', S'], then drop the padding.
   const int64_t p = m.patch_size, c = output_channels(), b = x.size(0);
   auto grid = layout_.to_grid(out);  // [B, p*p*C, gh, gw]

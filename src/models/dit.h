@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "attention/token_layout.h"
+#include "models/adaln.h"
 #include "models/model.h"
 #include "models/transformer_block.h"
 
@@ -16,7 +17,16 @@ class DitBlockImpl : public torch::nn::Module {
  public:
   DitBlockImpl(std::shared_ptr<AttentionLayerImpl> attention, int64_t dim, int64_t mlp_hidden,
                bool bias = true);
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& condition);
+  // The block's six per-sample [B, dim] vectors from SiLU(condition): shift, scale and gate of
+  // the attention branch, then of the MLP branch.
+  std::vector<torch::Tensor> modulation(const torch::Tensor& silu_condition);
+  // The block on the residual stream x, whose attention input `normed` (norm1 of x, modulated)
+  // the previous hinge made. Returns the stream after the MLP branch and the next branch's input:
+  // next_norm of it, modulated by next_shift and next_scale.
+  AdaLnHinge forward(const torch::Tensor& x, const torch::Tensor& normed,
+                     const std::vector<torch::Tensor>& modulation, const torch::Tensor& next_shift,
+                     const torch::Tensor& next_scale, LayerNormImpl& next_norm);
+  LayerNormImpl& norm1() { return *norm1_; }
 
  private:
   LayerNorm norm1_{nullptr}, norm2_{nullptr};
