@@ -6,7 +6,6 @@
 #include <utility>
 
 #include "common/element_type.cuh"
-#include "common/packed_access.cuh"
 #include "common/row_kernels.cuh"
 
 namespace mhla_kernels {
@@ -68,7 +67,6 @@ __global__ void __launch_bounds__(kForwardWarps * 32)
   for (int64_t r = range.begin + warp; r < range.end; r += kForwardWarps) {
     const int64_t offset = (range.first_row + r) * cols;
     float values[kChunks][VEC];
-    float total = 0.f;
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
       const int col = (c * 32 + lane) * VEC;
@@ -81,23 +79,10 @@ __global__ void __launch_bounds__(kForwardWarps * 32)
           for (int i = 0; i < VEC; ++i) values[c][i] += gate[c][i] * branch[i];
           store_pack<float, VEC>(p.sum + offset + col, values[c]);
         }
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) total += values[c][i];
       }
     }
-    const float mean = warp_sum(total) / cols;
-    float squares = 0.f;
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      if ((c * 32 + lane) * VEC < cols) {
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) {
-          const float d = values[c][i] - mean;
-          squares += d * d;
-        }
-      }
-    }
-    const float rstd = rsqrtf(warp_sum(squares) / cols + p.eps);
+    float mean, rstd;
+    row_moments(values, lane, cols, p.eps, mean, rstd);
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
       const int col = (c * 32 + lane) * VEC;
@@ -237,28 +222,6 @@ int vector_width(int cols, std::initializer_list<std::pair<const void*, int>> ro
   return 4;
 }
 
-int element_bytes(DType t) {
-  return t == DType::f32 ? 4 : 2;
-}
-
-// f(VEC, CHUNKS) as compile-time constants: the fewest chunks that cover the row (DiT-S's 384
-// columns take 3, DiT-B's 768 take 6).
-template <typename F>
-cudaError_t with_row_shape(int vec, int cols, F&& f) {
-  using std::integral_constant;
-  const int chunks = (cols + 32 * vec - 1) / (32 * vec);
-  if (vec == 4) {
-    if (chunks <= 1) return f(integral_constant<int, 4>{}, integral_constant<int, 1>{});
-    if (chunks <= 2) return f(integral_constant<int, 4>{}, integral_constant<int, 2>{});
-    if (chunks <= 3) return f(integral_constant<int, 4>{}, integral_constant<int, 3>{});
-    if (chunks <= 4) return f(integral_constant<int, 4>{}, integral_constant<int, 4>{});
-    if (chunks <= 6) return f(integral_constant<int, 4>{}, integral_constant<int, 6>{});
-    return f(integral_constant<int, 4>{}, integral_constant<int, 8>{});
-  }
-  if (chunks <= 8) return f(integral_constant<int, 1>{}, integral_constant<int, 8>{});
-  return f(integral_constant<int, 1>{}, integral_constant<int, kAdaLnMaxColumns / 32>{});
-}
-
 int64_t ctas_per_sample(int64_t samples, int64_t rows_per_sample, int warps) {
   const int64_t most = (rows_per_sample + warps - 1) / warps;  // at least a row per warp
   const int64_t wanted = (kTargetCtas + samples - 1) / samples;
@@ -279,7 +242,7 @@ cudaError_t adaln_forward(const AdaLnForwardArgs& a, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   if (a.samples == 0 || a.rows_per_sample == 0) return cudaSuccess;
-  const int bytes = element_bytes(a.dtype);
+  const int bytes = dtype_bytes(a.dtype);
   const int vec = vector_width(a.cols, {{a.x, 4}, {a.sum, 4}, {a.branch, bytes}, {a.normed, bytes}},
                                {a.shift, a.scale, a.gate});
   const int64_t ctas = ctas_per_sample(a.samples, a.rows_per_sample, kForwardWarps);
@@ -287,7 +250,7 @@ cudaError_t adaln_forward(const AdaLnForwardArgs& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(a.samples));
   return with_element_type(a.dtype, [&](auto tag) {
     using T = decltype(tag);
-    return with_row_shape(vec, a.cols, [&](auto v, auto chunks) {
+    return with_row_chunks<kAdaLnMaxColumns>(vec, a.cols, [&](auto v, auto chunks) {
       constexpr int kVec = decltype(v)::value, kChunks = decltype(chunks)::value;
       if (residual) {
         forward_kernel<T, kVec, kChunks, true>
@@ -319,7 +282,7 @@ cudaError_t adaln_backward(const AdaLnBackwardArgs& a, cudaStream_t stream) {
     cudaMemsetAsync(a.dmodulation, 0, sizeof(float) * modulation_floats, stream);
     return cudaGetLastError();
   }
-  const int bytes = element_bytes(a.dtype);
+  const int bytes = dtype_bytes(a.dtype);
   const int vec = vector_width(a.cols,
                                {{a.sum, 4},
                                 {a.dsum, 4},
@@ -334,7 +297,7 @@ cudaError_t adaln_backward(const AdaLnBackwardArgs& a, cudaStream_t stream) {
   const size_t shared = sizeof(float) * (kBackwardWarps * 3 + 2) * a.cols;
   const cudaError_t err = with_element_type(a.dtype, [&](auto tag) {
     using T = decltype(tag);
-    return with_row_shape(vec, a.cols, [&](auto v, auto chunks) {
+    return with_row_chunks<kAdaLnMaxColumns>(vec, a.cols, [&](auto v, auto chunks) {
       constexpr int kVec = decltype(v)::value, kChunks = decltype(chunks)::value;
       auto kernel = residual ? backward_kernel<T, kVec, kChunks, true>
                              : backward_kernel<T, kVec, kChunks, false>;

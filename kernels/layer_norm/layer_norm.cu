@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "common/element_type.cuh"
-#include "common/packed_access.cuh"
+#include "common/row_kernels.cuh"
 
 namespace mhla_kernels {
 namespace {
@@ -27,7 +27,6 @@ __global__ void __launch_bounds__(kForwardWarps * 32) forward_kernel(LayerNormFo
   const int cols = p.cols;
   const TIn* x = static_cast<const TIn*>(p.x) + row * cols;
   float values[kChunks][VEC];
-  float sum = 0.f;
   float scale = 1.f;
   if constexpr (kResidual) {
     if (p.scale) scale = p.scale[row / p.rows_per_sample];
@@ -44,23 +43,10 @@ __global__ void __launch_bounds__(kForwardWarps * 32) forward_kernel(LayerNormFo
         for (int i = 0; i < VEC; ++i) values[c][i] += scale * branch[i];
         store_pack<float, VEC>(p.sum + row * cols + col, values[c]);
       }
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) sum += values[c][i];
     }
   }
-  const float mean = warp_sum(sum) / cols;
-  float squares = 0.f;
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-    if ((c * 32 + lane) * VEC < cols) {
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) {
-        const float d = values[c][i] - mean;
-        squares += d * d;
-      }
-    }
-  }
-  const float rstd = rsqrtf(warp_sum(squares) / cols + p.eps);
+  float mean, rstd;
+  row_moments(values, lane, cols, p.eps, mean, rstd);
   TOut* y = static_cast<TOut*>(p.y) + row * cols;
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
@@ -194,24 +180,6 @@ int vector_width(int cols, std::initializer_list<std::pair<const void*, int>> po
   return 4;
 }
 
-int element_bytes(DType t) {
-  return t == DType::f32 ? 4 : 2;
-}
-
-// f(VEC, CHUNKS) as compile-time constants for a row of `cols`.
-template <typename F>
-cudaError_t with_row_shape(int vec, int cols, F&& f) {
-  using std::integral_constant;
-  if (vec == 4) {
-    const int chunks = (cols + 127) / 128;
-    if (chunks <= 1) return f(integral_constant<int, 4>{}, integral_constant<int, 1>{});
-    if (chunks <= 2) return f(integral_constant<int, 4>{}, integral_constant<int, 2>{});
-    if (chunks <= 4) return f(integral_constant<int, 4>{}, integral_constant<int, 4>{});
-    return f(integral_constant<int, 4>{}, integral_constant<int, 8>{});
-  }
-  return f(integral_constant<int, 1>{}, integral_constant<int, kLayerNormMaxColumns / 32>{});
-}
-
 int backward_ctas(int64_t rows) {
   return static_cast<int>(
       std::min<int64_t>((rows + kBackwardWarps - 1) / kBackwardWarps, kBackwardMaxCtas));
@@ -229,16 +197,16 @@ cudaError_t layer_norm_forward(const LayerNormForwardArgs& a, cudaStream_t strea
   }
   if (a.rows == 0) return cudaSuccess;
   // One width for all: the narrowest that every pointer's alignment allows.
-  const int out_bytes = element_bytes(a.out_dtype);
+  const int out_bytes = dtype_bytes(a.out_dtype);
   const int vec = residual ? vector_width(a.cols, {{a.x, 4}, {a.y, out_bytes}, {a.branch, out_bytes},
                                                    {a.sum, 4}})
-                           : vector_width(a.cols, {{a.x, element_bytes(a.in_dtype)}, {a.y, out_bytes}});
+                           : vector_width(a.cols, {{a.x, dtype_bytes(a.in_dtype)}, {a.y, out_bytes}});
   const dim3 grid(static_cast<unsigned>((a.rows + kForwardWarps - 1) / kForwardWarps));
   return with_element_type(a.in_dtype, [&](auto in_tag) {
     using TIn = decltype(in_tag);
     return with_element_type(a.out_dtype, [&](auto out_tag) {
       using TOut = decltype(out_tag);
-      return with_row_shape(vec, a.cols, [&](auto v, auto chunks) {
+      return with_row_chunks<kLayerNormMaxColumns>(vec, a.cols, [&](auto v, auto chunks) {
         constexpr int kVec = decltype(v)::value, kChunks = decltype(chunks)::value;
         if constexpr (std::is_same_v<TIn, float>) {
           if (residual) {
@@ -271,8 +239,8 @@ cudaError_t layer_norm_backward(const LayerNormBackwardArgs& a, cudaStream_t str
     if (affine && a.dbias) cudaMemsetAsync(a.dbias, 0, sizeof(float) * a.cols, stream);
     return cudaGetLastError();
   }
-  const int in_bytes = element_bytes(a.in_dtype);
-  const int grad_bytes = element_bytes(a.grad_dtype);
+  const int in_bytes = dtype_bytes(a.in_dtype);
+  const int grad_bytes = dtype_bytes(a.grad_dtype);
   int vec = vector_width(a.cols, {{a.x, in_bytes}, {a.dx, in_bytes}, {a.dy, grad_bytes}});
   if (a.dsum) vec = std::min(vec, vector_width(a.cols, {{a.dsum, 4}}));
   if (a.dbranch) vec = std::min(vec, vector_width(a.cols, {{a.dbranch, grad_bytes}}));
@@ -282,7 +250,7 @@ cudaError_t layer_norm_backward(const LayerNormBackwardArgs& a, cudaStream_t str
     using TIn = decltype(in_tag);
     return with_element_type(a.grad_dtype, [&](auto grad_tag) {
       using TGrad = decltype(grad_tag);
-      return with_row_shape(vec, a.cols, [&](auto v, auto chunks) {
+      return with_row_chunks<kLayerNormMaxColumns>(vec, a.cols, [&](auto v, auto chunks) {
         constexpr int kVec = decltype(v)::value, kChunks = decltype(chunks)::value;
         if constexpr (std::is_same_v<TIn, float>) {
           if (residual) {
