@@ -69,12 +69,14 @@ TEST_CASE("layers: the adaLN hinge kernel matches float64 torch, values and grad
   const auto cuda = torch::Device(torch::kCUDA);
   const auto f32 = torch::TensorOptions().device(cuda);
   // DiT-S's width (384) at 256 tokens per sample, a narrow row (64), the widest (1,024), one off
-  // the 4-wide path (130); bf16 under autocast and fp32; the first hinge (no branch), gated and
-  // ungated residual adds; with and without a gradient arriving for the sum.
+  // the 4-wide path (130), DiT-B's width (768, six chunks), a wide 1-wide row (1,022: the most
+  // chunks and more than 48 KB of shared memory); bf16 under autocast and fp32; the first hinge
+  // (no branch), gated and ungated residual adds; with and without a gradient for the sum.
   struct Shape {
     int64_t batch, tokens, width;
   };
-  for (Shape s : {Shape{4, 256, 384}, Shape{3, 37, 64}, Shape{2, 19, 1024}, Shape{5, 33, 130}}) {
+  for (Shape s : {Shape{4, 256, 384}, Shape{3, 37, 64}, Shape{2, 19, 1024}, Shape{5, 33, 130},
+                  Shape{2, 21, 768}, Shape{2, 17, 1022}}) {
     for (bool bf16 : {true, false}) {
       for (int residual : {0, 1, 2}) {  // none, gated, ungated
         for (bool sum_used : {true, false}) {
@@ -141,6 +143,45 @@ TEST_CASE("layers: the adaLN hinge kernel matches float64 torch, values and grad
         }
       }
     }
+  }
+}
+
+TEST_CASE("layers: the adaLN hinge kernel takes unaligned rows; empty batches take the torch ops",
+          "[model][gpu]") {
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device: skipped");
+    return;
+  }
+  const auto f32 = torch::TensorOptions().device(torch::kCUDA);
+  LayerNorm norm(384, false, 1e-6);
+  // Every row and vector one float off its 16-byte alignment: the 1-wide path.
+  auto shifted = [&](std::vector<int64_t> shape) {
+    int64_t n = 1;
+    for (auto d : shape) n *= d;
+    return torch::randn({n + 1}, f32).narrow(0, 1, n).view(shape).requires_grad_(true);
+  };
+  auto x = shifted({3, 40, 384}), branch = shifted({3, 40, 384});
+  auto gate = shifted({3, 384}), shift = shifted({3, 384}), scale = shifted({3, 384});
+  auto out = adaln_hinge(x, branch, gate, shift, scale, *norm);
+  REQUIRE(out.normed.grad_fn() != nullptr);
+  CHECK(out.normed.grad_fn()->name().find("AdaLnFunction") != std::string::npos);
+  auto up = torch::randn({3, 40, 384}, f32);
+  auto params = std::vector<torch::Tensor>{x, branch, gate, shift, scale};
+  auto grads = torch::autograd::grad({(out.normed * up).sum() + out.sum.sum()}, params);
+  auto expected = adaln_hinge_reference(x, branch, gate, shift, scale, *norm);
+  auto expected_grads =
+      torch::autograd::grad({(expected.normed * up).sum() + expected.sum.sum()}, params);
+  CHECK(test::relative_error(out.normed, expected.normed) < 1e-5);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    INFO("gradient " << i);
+    CHECK(test::relative_error(grads[i], expected_grads[i]) < 1e-4);
+  }
+  for (auto shape : {std::vector<int64_t>{0, 40, 384}, std::vector<int64_t>{3, 0, 384}}) {
+    auto empty = torch::zeros(shape, f32);
+    auto vectors = torch::zeros({shape[0], 384}, f32);
+    auto hinge = adaln_hinge(empty, empty, vectors, vectors, vectors, *norm);
+    CHECK(hinge.sum.sizes() == empty.sizes());
+    CHECK(hinge.normed.sizes() == empty.sizes());
   }
 }
 

@@ -224,7 +224,7 @@ int vector_width(int cols, std::initializer_list<std::pair<const void*, int>> ro
 
 int64_t ctas_per_sample(int64_t samples, int64_t rows_per_sample, int warps) {
   const int64_t most = (rows_per_sample + warps - 1) / warps;  // at least a row per warp
-  const int64_t wanted = (kTargetCtas + samples - 1) / samples;
+  const int64_t wanted = samples > 0 ? (kTargetCtas + samples - 1) / samples : 1;
   return std::max<int64_t>(1, std::min(most, wanted));
 }
 

@@ -60,7 +60,8 @@ struct AdaLnBackwardArgs {
   SampleVectors gate;            // null data: 1
   float* dx = nullptr;           // [rows, cols] fp32 (the sum's total gradient)
   void* dbranch = nullptr;       // [rows, cols]; null without branch
-  // [samples, 3, cols] fp32: d shift, d scale, d gate (d gate zero without branch or gate).
+  // [samples, 3, cols] fp32: d shift, d scale, d gate (d gate is the column sum of d sum * branch
+  // even without a gate, and zero without a branch).
   float* dmodulation = nullptr;
   float* workspace = nullptr;  // adaln_backward_workspace_floats(samples, rows_per_sample, cols)
 };

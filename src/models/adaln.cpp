@@ -35,7 +35,8 @@ bool uses_kernel(const torch::Tensor& x, const torch::Tensor& branch, const torc
                  const LayerNormImpl& norm) {
   if (!fused_adaln_enabled() || norm.weight.defined() || norm.bias.defined() ||
       !layer_norm_uses_kernel(x, norm.weight) || x.scalar_type() != torch::kFloat32 ||
-      x.dim() != 3 || x.size(0) > 65535 || x.size(2) > kernels::kAdaLnMaxColumns) {
+      x.dim() != 3 || x.numel() == 0 || x.size(0) > 65535 ||
+      x.size(2) > kernels::kAdaLnMaxColumns) {
     return false;
   }
   if (!is_sample_vector(shift, x) || !is_sample_vector(scale, x)) return false;
@@ -165,7 +166,12 @@ void check_shapes(const torch::Tensor& x, const torch::Tensor& branch, const tor
 
 torch::Tensor adaln_modulation(const torch::Tensor& modulation) {
 #ifdef MHLA_WITH_CUDA_KERNELS
-  if (fused_adaln_enabled() && modulation.is_cuda()) return modulation.to(torch::kFloat32);
+  // Where the norm kernels are off (MHLA_FUSED_NORM=0) the hinge takes the torch ops: keep the
+  // autocast dtype there, as those ops expect.
+  static const bool norm_kernels = environment_switch("MHLA_FUSED_NORM", true);
+  if (fused_adaln_enabled() && norm_kernels && modulation.is_cuda()) {
+    return modulation.to(torch::kFloat32);
+  }
 #endif
   return modulation;
 }

@@ -112,7 +112,9 @@ mhla_kernels::LayerNormBackwardArgs layer_norm_backward_args(const torch::Tensor
 
 bool layer_norm_uses_kernel(const torch::Tensor& x, const torch::Tensor& weight) {
 #ifdef MHLA_WITH_CUDA_KERNELS
-  if (fused_norm_disabled() || !x.is_cuda() || x.dim() == 0 || !kernel_dtype_of(x.scalar_type())) {
+  // Empty inputs take torch's path (the kernels take no null pointers).
+  if (fused_norm_disabled() || !x.is_cuda() || x.dim() == 0 || x.numel() == 0 ||
+      !kernel_dtype_of(x.scalar_type())) {
     return false;
   }
   const int64_t cols = x.size(-1);
