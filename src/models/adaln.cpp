@@ -168,8 +168,7 @@ torch::Tensor adaln_modulation(const torch::Tensor& modulation) {
 #ifdef MHLA_WITH_CUDA_KERNELS
   // Where the norm kernels are off (MHLA_FUSED_NORM=0) the hinge takes the torch ops: keep the
   // autocast dtype there, as those ops expect.
-  static const bool norm_kernels = environment_switch("MHLA_FUSED_NORM", true);
-  if (fused_adaln_enabled() && norm_kernels && modulation.is_cuda()) {
+  if (fused_adaln_enabled() && norm_kernels_enabled() && modulation.is_cuda()) {
     return modulation.to(torch::kFloat32);
   }
 #endif

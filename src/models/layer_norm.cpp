@@ -18,11 +18,6 @@ namespace mhla {
 namespace {
 
 #ifdef MHLA_WITH_CUDA_KERNELS
-bool fused_norm_disabled() {
-  static const bool disabled = !environment_switch("MHLA_FUSED_NORM", true);
-  return disabled;
-}
-
 namespace kernels = mhla_kernels;
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
@@ -61,7 +56,6 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
     const auto& stats = saved[2];
     c10::cuda::CUDAGuard on_device(input.device());
     auto dy = grads[0].contiguous();
-    const int64_t cols = input.size(-1), rows = input.numel() / cols;
     auto dx = torch::empty_like(input);
     LayerNormParamGrads param_grads;
     const auto a = layer_norm_backward_args(input, dy, stats, weight, dx, param_grads);
@@ -110,10 +104,19 @@ mhla_kernels::LayerNormBackwardArgs layer_norm_backward_args(const torch::Tensor
 }
 #endif
 
+bool norm_kernels_enabled() {
+#ifdef MHLA_WITH_CUDA_KERNELS
+  static const bool enabled = environment_switch("MHLA_FUSED_NORM", true);
+  return enabled;
+#else
+  return false;
+#endif
+}
+
 bool layer_norm_uses_kernel(const torch::Tensor& x, const torch::Tensor& weight) {
 #ifdef MHLA_WITH_CUDA_KERNELS
   // Empty inputs take torch's path (the kernels take no null pointers).
-  if (fused_norm_disabled() || !x.is_cuda() || x.dim() == 0 || x.numel() == 0 ||
+  if (!norm_kernels_enabled() || !x.is_cuda() || x.dim() == 0 || x.numel() == 0 ||
       !kernel_dtype_of(x.scalar_type())) {
     return false;
   }

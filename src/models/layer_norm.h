@@ -14,6 +14,10 @@ namespace mhla {
 torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight,
                          const torch::Tensor& bias, double eps);
 
+// Whether the norm and residual kernels are built and not switched off (MHLA_FUSED_NORM=0): the
+// one reading of that switch for every binding that follows it.
+bool norm_kernels_enabled();
+
 // Whether layer_norm(x, weight, ...) takes the CUDA kernels.
 bool layer_norm_uses_kernel(const torch::Tensor& x, const torch::Tensor& weight);
 

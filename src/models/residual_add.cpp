@@ -1,7 +1,7 @@
 #include "models/residual_add.h"
 
-#include "core/environment.h"
 #include "core/error.h"
+#include "models/layer_norm.h"
 
 #ifdef MHLA_WITH_CUDA_KERNELS
 #include <c10/cuda/CUDAGuard.h>
@@ -19,13 +19,8 @@ namespace kernels = mhla_kernels;
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-bool kernel_disabled() {
-  static const bool disabled = !environment_switch("MHLA_FUSED_NORM", true);
-  return disabled;
-}
-
 bool uses_kernel(const torch::Tensor& x, const torch::Tensor& branch) {
-  return !kernel_disabled() && x.is_cuda() && x.scalar_type() == torch::kFloat32 &&
+  return norm_kernels_enabled() && x.is_cuda() && x.scalar_type() == torch::kFloat32 &&
          branch.device() == x.device() && branch.sizes() == x.sizes() && x.dim() >= 1 &&
          kernel_dtype_of(branch.scalar_type()).has_value();
 }
