@@ -4,7 +4,6 @@
 #include <algorithm>
 
 #include "common/device_info.h"
-#include "common/l2_prefetch.cuh"
 #include "common/packed_access.cuh"
 #include "mhla/causal_block_linear.h"
 #include "mhla/state_tiles.cuh"
@@ -86,20 +85,15 @@ struct BlockWork {  // one 64-token block of one (batch, head)
   int bh, b, h, block, begin, valid;
 };
 
-__device__ __forceinline__ BlockWork block_work_at(const CausalBlockLinearShape& s, int bh,
-                                                   int block) {
+__device__ __forceinline__ BlockWork block_work(const CausalBlockLinearShape& s) {
   BlockWork w;
-  w.bh = bh;
+  w.bh = blockIdx.y;
   w.b = w.bh / s.heads;
   w.h = w.bh % s.heads;
-  w.block = block;
+  w.block = blockIdx.x;
   w.begin = w.block * kC;
   w.valid = min(kC, s.tokens - w.begin);
   return w;
-}
-
-__device__ __forceinline__ BlockWork block_work(const CausalBlockLinearShape& s) {
-  return block_work_at(s, blockIdx.y, blockIdx.x);
 }
 
 __device__ __forceinline__ size_t state_offset(const BlockWork& w, int blocks, int state) {
@@ -109,45 +103,6 @@ __device__ __forceinline__ size_t state_offset(const BlockWork& w, int blocks, i
 __device__ __forceinline__ size_t out_row(const CausalBlockLinearShape& s, const BlockWork& w,
                                           int r) {
   return (static_cast<size_t>(w.b) * s.tokens + w.begin + r) * s.heads + w.h;
-}
-
-// A [B, T, H, D] contiguous tensor (the binding's outputs and gradients) as a TokenTensor.
-__device__ __forceinline__ TokenTensor contiguous_tokens(const void* data,
-                                                        const CausalBlockLinearShape& s) {
-  TokenTensor t;
-  t.data = data;
-  t.head_stride = s.head_dim;
-  t.token_stride = static_cast<int64_t>(s.heads) * s.head_dim;
-  t.batch_stride = t.token_stride * s.tokens;
-  return t;
-}
-
-// Asks L2 for the rows of `tensors` and the block state (at `states`, a set of states, or
-// nullptr) that the CTA `ahead` places later loads first (common/l2_prefetch.cuh): one row per
-// thread, the state in pieces over the threads left over.
-template <typename T, int D, typename... Tensors>
-__device__ __forceinline__ void prefetch_block_ahead(const CausalBlockLinearShape& s, int ahead,
-                                                     const float* states, int state_floats,
-                                                     const Tensors&... tensors) {
-  constexpr int kRowThreads = static_cast<int>(sizeof...(Tensors)) * kC;
-  static_assert(kRowThreads < kCausalThreads, "a thread per row, some left for the state");
-  const long long next = cta_ahead(ahead);
-  if (next < 0) return;
-  const BlockWork w = block_work_at(s, static_cast<int>(next / gridDim.x),
-                                    static_cast<int>(next % gridDim.x));
-  const int t = threadIdx.x;
-  if (t < kRowThreads) {
-    const int r = t % kC, which = t / kC;
-    if (r >= w.valid) return;
-    int i = 0;  // a fold, not an array: an indexed array of views would sit in local memory
-    ((which == i++ ? prefetch_l2(token_row<T, D>(tensors, w.b, w.begin + r, w.h), D * sizeof(T))
-                   : void()),
-     ...);
-  } else if (states != nullptr) {
-    const size_t at = (static_cast<size_t>(w.bh) * blocks_of(s.tokens) + w.block) * state_floats;
-    prefetch_l2_range(states + at, sizeof(float) * state_floats, t - kRowThreads,
-                      kCausalThreads - kRowThreads);
-  }
 }
 
 // Bump allocator over dynamic shared memory (128-byte aligned pieces).
@@ -172,7 +127,7 @@ __host__ __device__ constexpr size_t states_smem() {
 
 // S_j = phi(K_j)^T [V_j, 1] for one block.
 template <typename T, int D>
-__global__ void __launch_bounds__(kCausalThreads) states_kernel(CausalBlockLinearForward p, int ahead) {
+__global__ void __launch_bounds__(kCausalThreads) states_kernel(CausalBlockLinearForward p) {
   using L = Layout<T, D, kCausalThreads>;
   using E = typename Mma<T>::elem;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -180,7 +135,6 @@ __global__ void __launch_bounds__(kCausalThreads) states_kernel(CausalBlockLinea
   E* kf = cursor.take<E>(kC * L::lde);
   E* vt = cursor.take<E>(kC * L::lde);
   const BlockWork w = block_work(p.shape);
-  prefetch_block_ahead<T, D>(p.shape, ahead, nullptr, 0, p.k, p.v);
   load_features<T, D, kCausalThreads>(p.k, w.b, w.h, w.begin, w.valid, kC, kf, nullptr);
   load_plain<T, D, kCausalThreads>(p.v, w.b, w.h, w.begin, w.valid, kC, vt);
   __syncthreads();
@@ -317,7 +271,7 @@ __device__ void denominators(const float* scores, const typename Mma<T>::elem* q
 }
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kCausalThreads) output_kernel(CausalBlockLinearForward p, int ahead) {
+__global__ void __launch_bounds__(kCausalThreads) output_kernel(CausalBlockLinearForward p) {
   using L = Layout<T, D, kCausalThreads>;
   using E = typename Mma<T>::elem;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -341,7 +295,6 @@ __global__ void __launch_bounds__(kCausalThreads) output_kernel(CausalBlockLinea
   q_rows.load(p.q, w.b, w.h, w.begin, w.valid, kC);
   k_rows.load(p.k, w.b, w.h, w.begin, w.valid, kC);
   v_rows.load(p.v, w.b, w.h, w.begin, w.valid, kC);
-  prefetch_block_ahead<T, D>(p.shape, ahead, p.prefix, L::state, p.q, p.k, p.v);
   load_state<T, D, kCausalThreads>(p.prefix + state_offset(w, blocks, L::state), prefix, z);
   q_rows.store_features(w.valid, kC, qf, nullptr);
   k_rows.store_features(w.valid, kC, kf, nullptr);
@@ -387,7 +340,7 @@ __host__ __device__ constexpr size_t query_backward_smem() {
 // dv, written into grad_k and grad_v for the key pass to complete; and dm_ii.
 template <typename T, int D>
 __global__ void __launch_bounds__(kCausalThreads)
-    query_backward_kernel(CausalBlockLinearBackward p, int ahead) {
+    query_backward_kernel(CausalBlockLinearBackward p) {
   using L = Layout<T, D, kCausalThreads>;
   using E = typename Mma<T>::elem;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -420,8 +373,6 @@ __global__ void __launch_bounds__(kCausalThreads)
     q_rows.load(p.q, w.b, w.h, w.begin, w.valid, kC);
     k_rows.load(p.k, w.b, w.h, w.begin, w.valid, kC);
     v_rows.load(p.v, w.b, w.h, w.begin, w.valid, kC);
-    prefetch_block_ahead<T, D>(p.shape, ahead, p.prefix, L::state, p.q, p.k, p.v, p.grad_out,
-                               p.out);
     load_state<T, D, kCausalThreads>(p.prefix + offset, prefix, z);
     q_rows.store_features(w.valid, kC, qf, inv_rms);
     k_rows.store_features(w.valid, kC, kf, nullptr);
@@ -717,7 +668,7 @@ __host__ __device__ constexpr size_t key_backward_smem() {
 // dk and dv of one block: V dS_j^T + dz_j and phi(K) dS_j, plus the intra-block parts the query
 // pass left in grad_k (before the feature backward) and grad_v.
 template <typename T, int D>
-__global__ void __launch_bounds__(kCausalThreads) key_backward_kernel(CausalBlockLinearBackward p, int ahead) {
+__global__ void __launch_bounds__(kCausalThreads) key_backward_kernel(CausalBlockLinearBackward p) {
   using L = Layout<T, D, kCausalThreads>;
   using E = typename Mma<T>::elem;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -737,9 +688,6 @@ __global__ void __launch_bounds__(kCausalThreads) key_backward_kernel(CausalBloc
     TileRows<T, D, kCausalThreads> v_rows;
     k_rows.load(p.k, w.b, w.h, w.begin, w.valid, kC);
     v_rows.load(p.v, w.b, w.h, w.begin, w.valid, kC);
-    prefetch_block_ahead<T, D>(p.shape, ahead, p.grad_states, L::state, p.k, p.v,
-                               contiguous_tokens(p.grad_k, p.shape),
-                               contiguous_tokens(p.grad_v, p.shape));
     load_state<T, D, kCausalThreads>(p.grad_states + state_offset(w, blocks, L::state), ds, dz);
     k_rows.store_features(w.valid, kC, kf, inv_rms);
     v_rows.store_plain(kC, vt);
@@ -855,8 +803,7 @@ cudaError_t forward_for(const CausalBlockLinearForward& a, cudaStream_t stream) 
   if (a.passes & kCausalStatesPass) {
     constexpr size_t bytes = states_smem<T, D>();
     if ((err = allow_smem(states_kernel<T, D>, bytes)) != cudaSuccess) return err;
-    states_kernel<T, D><<<grid, kCausalThreads, bytes, stream>>>(
-        a, cached_prefetch_distance<states_kernel<T, D>>(kCausalThreads, bytes));
+    states_kernel<T, D><<<grid, kCausalThreads, bytes, stream>>>(a);
   }
   if ((a.passes & kCausalPrefixPass) &&
       prefix_by_window<PrefixWindowForward>(window_of(a.mixing, s.mixing_blocks), a, stream,
@@ -875,8 +822,7 @@ cudaError_t forward_for(const CausalBlockLinearForward& a, cudaStream_t stream) 
   if (a.passes & kCausalOutputPass) {
     constexpr size_t bytes = output_smem<T, D>();
     if ((err = allow_smem(output_kernel<T, D>, bytes)) != cudaSuccess) return err;
-    output_kernel<T, D><<<grid, kCausalThreads, bytes, stream>>>(
-        a, cached_prefetch_distance<output_kernel<T, D>>(kCausalThreads, bytes));
+    output_kernel<T, D><<<grid, kCausalThreads, bytes, stream>>>(a);
   }
   return cudaGetLastError();
 }
@@ -894,8 +840,7 @@ cudaError_t backward_for(const CausalBlockLinearBackward& a, cudaStream_t stream
       return err;
     constexpr size_t bytes = query_backward_smem<T, D>();
     if ((err = allow_smem(query_backward_kernel<T, D>, bytes)) != cudaSuccess) return err;
-    query_backward_kernel<T, D><<<grid, kCausalThreads, bytes, stream>>>(
-        a, cached_prefetch_distance<query_backward_kernel<T, D>>(kCausalThreads, bytes));
+    query_backward_kernel<T, D><<<grid, kCausalThreads, bytes, stream>>>(a);
   }
   if ((a.passes & kCausalPrefixPass) &&
       prefix_by_window<PrefixWindowBackward>(window_of(a.mixing, m), a, stream, &err)) {
@@ -918,8 +863,7 @@ cudaError_t backward_for(const CausalBlockLinearBackward& a, cudaStream_t stream
   if (a.passes & kCausalKeyPass) {
     constexpr size_t bytes = key_backward_smem<T, D>();
     if ((err = allow_smem(key_backward_kernel<T, D>, bytes)) != cudaSuccess) return err;
-    key_backward_kernel<T, D><<<grid, kCausalThreads, bytes, stream>>>(
-        a, cached_prefetch_distance<key_backward_kernel<T, D>>(kCausalThreads, bytes));
+    key_backward_kernel<T, D><<<grid, kCausalThreads, bytes, stream>>>(a);
   }
   return cudaGetLastError();
 }

@@ -6,7 +6,6 @@
 // shared-memory rows through ldmatrix (transposed where the product needs the other orientation).
 #include <cstdint>
 
-#include "common/l2_prefetch.cuh"
 #include "mhla/resident_block_linear.h"
 #include "mhla/tiles.cuh"
 
@@ -219,24 +218,6 @@ __device__ void copy_rows(const TokenTensor& src, int b, int h, int n, int padde
   }
 }
 
-// Asks L2 for the rows of `tensors` of the sequence the CTA `ahead` places later copies first
-// (common/l2_prefetch.cuh). A fold, not an array: an indexed array of views would sit in local
-// memory.
-template <typename T, int D, typename... Tensors>
-__device__ __forceinline__ void prefetch_sequence_ahead(const BlockLinearShape& s, int ahead,
-                                                        const Tensors&... tensors) {
-  const long long next = cta_ahead(ahead);
-  if (next < 0) return;
-  const int b = static_cast<int>(next / s.heads), h = static_cast<int>(next % s.heads);
-  constexpr int count = static_cast<int>(sizeof...(Tensors));
-  for (int i = threadIdx.x; i < count * s.tokens; i += blockDim.x) {
-    const int which = i / s.tokens, r = i % s.tokens;
-    int k = 0;
-    ((which == k++ ? prefetch_l2(token_row<T, D>(tensors, b, r, h), D * sizeof(T)) : void()),
-     ...);
-  }
-}
-
 // phi(x) = relu(x / rms(x)) + floor of every row of a shared tile, in place (padding rows
 // become zero, not the floor); 1/rms per row into inv_rms when asked.
 template <typename T, int D>
@@ -264,7 +245,7 @@ __device__ void features_in_place(T* tile, int n, int padded, float* inv_rms) {
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kForwardThreads, 2)
-    resident_forward_kernel(ResidentBlockLinearForward p, int ahead) {
+    resident_forward_kernel(ResidentBlockLinearForward p) {
   constexpr int ld = ResidentLayout<D>::ld;
   extern __shared__ __align__(128) unsigned char smem[];
   const auto& s = p.shape;
@@ -281,7 +262,6 @@ __global__ void __launch_bounds__(kForwardThreads, 2)
   copy_rows<T, D>(p.q, b, h, n, padded, qf);
   copy_rows<T, D>(p.k, b, h, n, padded, kf);
   copy_rows<T, D>(p.v, b, h, n, padded, vs);
-  prefetch_sequence_ahead<T, D>(s, ahead, p.q, p.k, p.v);
   if (mixes) {
     for (int e = threadIdx.x; e < s.blocks * s.blocks; e += kForwardThreads) mix[e] = p.mixing[e];
   }
@@ -394,7 +374,7 @@ __device__ void scale_gradient_in_place(const float* den, int n, int padded, T* 
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kBackwardThreads, 1)
-    resident_backward_kernel(ResidentBlockLinearBackward p, int ahead) {
+    resident_backward_kernel(ResidentBlockLinearBackward p) {
   using RL = ResidentLayout<D>;
   constexpr int ld = RL::ld;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -431,7 +411,6 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
   copy_rows<T, D>(p.v, b, h, n, padded, vs);
   copy_rows<T, D>(p.grad_out, b, h, n, padded, gs);
   copy_rows<T, D>(p.out, b, h, n, padded, o_tile);
-  prefetch_sequence_ahead<T, D>(s, ahead, p.q, p.k, p.v, p.grad_out, p.out);
   if (mixes) {
     for (int e = threadIdx.x; e < blocks * blocks; e += blockDim.x) mix[e] = p.mixing[e];
   }
@@ -599,8 +578,7 @@ cudaError_t forward_for(const ResidentBlockLinearForward& a, cudaStream_t stream
       cudaFuncSetAttribute(resident_forward_kernel<T, D>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   if (err != cudaSuccess) return err;
-  resident_forward_kernel<T, D><<<s.batch * s.heads, kForwardThreads, bytes, stream>>>(
-      a, cached_prefetch_distance<resident_forward_kernel<T, D>>(kForwardThreads, bytes));
+  resident_forward_kernel<T, D><<<s.batch * s.heads, kForwardThreads, bytes, stream>>>(a);
   return cudaGetLastError();
 }
 
@@ -616,8 +594,7 @@ cudaError_t backward_for(const ResidentBlockLinearBackward& a, cudaStream_t stre
   err = cudaFuncSetAttribute(resident_backward_kernel<T, D>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   if (err != cudaSuccess) return err;
-  resident_backward_kernel<T, D><<<s.batch * s.heads, kBackwardThreads, bytes, stream>>>(
-      a, cached_prefetch_distance<resident_backward_kernel<T, D>>(kBackwardThreads, bytes));
+  resident_backward_kernel<T, D><<<s.batch * s.heads, kBackwardThreads, bytes, stream>>>(a);
   return cudaGetLastError();
 }
 
