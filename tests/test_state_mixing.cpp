@@ -4,7 +4,9 @@
 // and the pair-products kernel (tensor cores on bf16 high and low parts of the fp32 inputs)
 // against a float64 contraction at 1e-4 (bf16-rounded inputs alone err by about 2^-9 per term),
 // over row counts that pad to 16 (3, 40), fill one 16 x 16 tile (16), give every warp two tiles
-// (64), and element counts that end inside an item (D = 32: 1,056 floats per state).
+// (64), and element counts that end inside an item (D = 32: 1,056 floats per state); and the fused
+// backward of the mix (d states and d mixing in one pass) against float64, with more items than
+// its persistent CTAs.
 #include "catch_compat.h"
 #include "test_helpers.h"
 
@@ -89,6 +91,47 @@ TEST_CASE("attention: block pair products (mixing gradient) against float64", "[
                        "block pair products: x and y must be contiguous fp32"));
   CHECK(test::contains(test::error_of([&] { block_pair_products(x, x, 5); }),
                        "block pair products: CUDA error"));
+#else
+  WARN("built without the CUDA kernels: skipped");
+#endif
+}
+
+TEST_CASE("attention: fused block mix backward against float64", "[attention][gpu]") {
+#ifdef MHLA_WITH_CUDA_KERNELS
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device: skipped");
+    return;
+  }
+  torch::manual_seed(33);
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
+  struct Case {
+    int64_t batch_heads, blocks, elements;
+  };
+  // 16 blocks at D = 64 (4,160 floats: the last 256-element item is partial); 400 batch*heads give
+  // 6,800 items, more than the resident CTAs, so each CTA walks several with both stages; 9, 4 and
+  // 1 blocks leave padding rows; D = 32 and D = 128 state sizes; a state shorter than one item.
+  for (const Case& c : {Case{3, 16, 4160}, Case{400, 16, 4160}, Case{5, 9, 1056},
+                        Case{7, 4, 16512}, Case{2, 1, 20}, Case{33, 16, 1056}}) {
+    INFO("BH=" << c.batch_heads << " blocks=" << c.blocks << " E=" << c.elements);
+    auto grad_mixed = torch::randn({c.batch_heads, c.blocks, c.elements}, cuda);
+    auto states = torch::randn({c.batch_heads, c.blocks, c.elements}, cuda);
+    auto mixing = torch::rand({c.blocks, c.blocks}, cuda);
+    auto [grad_states, grad_mixing] = mix_block_states_backward(mixing, grad_mixed, states);
+    auto xd = grad_mixed.to(torch::kFloat64), yd = states.to(torch::kFloat64);
+    auto expected_states = torch::einsum("ij,bie->bje", {mixing.to(torch::kFloat64), xd});
+    auto expected_mixing = torch::einsum("bie,bje->ij", {xd, yd});
+    REQUIRE(grad_states.sizes() == expected_states.sizes());
+    REQUIRE(grad_mixing.sizes() == expected_mixing.sizes());
+    CHECK(test::relative_error(grad_states, expected_states) < 1e-5);
+    CHECK(test::relative_error(grad_mixing, expected_mixing) < 1e-5);
+  }
+  auto x = torch::randn({2, 4, 8}, cuda);
+  auto m = torch::rand({4, 4}, cuda);
+  CHECK(test::contains(
+      test::error_of([&] { mix_block_states_backward(m, x.to(torch::kFloat64), x); }),
+      "block mix backward: d mixed and states must be contiguous fp32"));
+  CHECK(test::contains(test::error_of([&] { mix_block_states_backward(m.narrow(0, 0, 2), x, x); }),
+                       "block mix backward"));
 #else
   WARN("built without the CUDA kernels: skipped");
 #endif

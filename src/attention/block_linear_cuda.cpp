@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "attention/causal_block_linear_cuda.h"
@@ -136,8 +137,8 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
     auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
     torch::Tensor dmixing;
     if (mixes) {
-      // Query pass (dS'_i), then dS_j = sum_i m_ij dS'_i by the state-mix kernel and
-      // dm_ij = sum <dS'_i, S_j> by the pair-products kernel, then the key pass.
+      // Query pass (dS'_i), then dS_j = sum_i m_ij dS'_i and dm_ij = sum <dS'_i, S_j> (one
+      // fused pass over the states: state_mixing.h), then the key pass.
       kernels::BlockLinearBackward a;
       a.shape = shape;
       a.dtype = kernel_dtype(v.scalar_type());
@@ -151,8 +152,9 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
       a.passes = kernels::kBlockQueryPass;
       check_launch(kernels::block_linear_backward(a, stream), "mhla backward (query pass)");
       const auto grad_mixed_blocks = by_block(grad_mixed, q, blocks);
-      auto grad_states = mix_block_states(mixing.t(), grad_mixed_blocks);
-      dmixing = block_pair_products(grad_mixed_blocks, by_block(states, q, blocks), blocks);
+      torch::Tensor grad_states;
+      std::tie(grad_states, dmixing) =
+          mix_block_states_backward(mixing, grad_mixed_blocks, by_block(states, q, blocks));
       a.grad_states = grad_states.data_ptr<float>();
       a.passes = kernels::kBlockKeyPass;
       check_launch(kernels::block_linear_backward(a, stream), "mhla backward (key pass)");

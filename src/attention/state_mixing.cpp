@@ -6,7 +6,9 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "attention/kernel_views.h"
+#include "core/environment.h"
 #include "core/error.h"
+#include "mhla/block_mix_backward.h"
 #include "mhla/block_pair_products.h"
 
 namespace mhla {
@@ -71,6 +73,47 @@ torch::Tensor block_pair_products(const torch::Tensor& x, const torch::Tensor& y
                    a, c10::cuda::getCurrentCUDAStream(x.device().index()).stream()),
                "block pair products");
   return grad;
+}
+
+std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(const torch::Tensor& mixing,
+                                                                  const torch::Tensor& grad_mixed,
+                                                                  const torch::Tensor& states) {
+  static const bool fused = environment_switch("MHLA_FUSED_MIX_BACKWARD", true);
+  const int64_t blocks = states.size(1);
+  if (!fused || !mhla_kernels::block_mix_backward_supported(static_cast<int>(blocks),
+                                                            states.size(2))) {
+    return {mix_block_states(mixing.t(), grad_mixed), block_pair_products(grad_mixed, states, blocks)};
+  }
+  if (grad_mixed.dim() != 3 || !grad_mixed.sizes().equals(states.sizes()) ||
+      grad_mixed.scalar_type() != torch::kFloat32 || states.scalar_type() != torch::kFloat32 ||
+      !grad_mixed.is_contiguous() || !states.is_contiguous() || !states.is_cuda() ||
+      grad_mixed.device() != states.device() || mixing.dim() != 2 || mixing.size(0) != blocks ||
+      mixing.size(1) != blocks || mixing.scalar_type() != torch::kFloat32 ||
+      mixing.device() != states.device()) {
+    fail(
+        "block mix backward: d mixed and states must be contiguous fp32 [BH, blocks, E] on one GPU "
+        "and the mixing matrix fp32 [blocks, blocks] there; got {} {}, {} {} and {} {}",
+        c10::toString(grad_mixed.scalar_type()), c10::str(grad_mixed.sizes()),
+        c10::toString(states.scalar_type()), c10::str(states.sizes()),
+        c10::toString(mixing.scalar_type()), c10::str(mixing.sizes()));
+  }
+  auto weights = mixing.contiguous();
+  auto grad_states = torch::empty_like(states);
+  auto grad_mixing = torch::zeros({blocks, blocks}, states.options());
+  mhla_kernels::BlockMixBackward a;
+  a.grad_mixed = grad_mixed.data_ptr<float>();
+  a.states = states.data_ptr<float>();
+  a.mixing = weights.data_ptr<float>();
+  a.grad_states = grad_states.data_ptr<float>();
+  a.grad_mixing = grad_mixing.data_ptr<float>();
+  a.batch_heads = static_cast<int>(states.size(0));
+  a.blocks = static_cast<int>(blocks);
+  a.elements = states.size(2);
+  const c10::cuda::CUDAGuard on_device(states.device());
+  check_launch(mhla_kernels::block_mix_backward(
+                   a, c10::cuda::getCurrentCUDAStream(states.device().index()).stream()),
+               "block mix backward");
+  return {grad_states, grad_mixing};
 }
 
 }  // namespace mhla

@@ -7,6 +7,8 @@
 #ifdef MHLA_WITH_CUDA_KERNELS
 #include <torch/torch.h>
 
+#include <utility>
+
 #include "mhla/block_state_mix.h"
 
 namespace mhla {
@@ -20,6 +22,14 @@ torch::Tensor mix_block_states(const torch::Tensor& weights, const torch::Tensor
 // G [rows, rows] fp32, G_ij = sum over the first dimension and the elements of x[:, i] * y[:, j],
 // for x, y [BH, nb, E] fp32 contiguous on one GPU (rows <= min(nb, 64), E a multiple of 4).
 torch::Tensor block_pair_products(const torch::Tensor& x, const torch::Tensor& y, int64_t rows);
+
+// The backward pass of out = mix_block_states(mixing, states) for dense [nb, nb] mixing: returns
+// {d states [BH, nb, E], d mixing [nb, nb]} from d out. One fused kernel for nb <= 16
+// (kernels/mhla/block_mix_backward; MHLA_FUSED_MIX_BACKWARD=0 turns it off), else the mix by the
+// transposed matrix and the pair products.
+std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(const torch::Tensor& mixing,
+                                                                  const torch::Tensor& grad_mixed,
+                                                                  const torch::Tensor& states);
 
 }  // namespace mhla
 #endif

@@ -1,0 +1,34 @@
+#pragma once
+// The backward pass of bidirectional MHLA's state mix S'_i = sum_j m_ij S_j in one pass over the
+// fp32 block states, for up to 16 blocks (MHLA's usual 4 x 4 grid of blocks):
+//   dS_j  = sum_i m_ij dS'_i                       (written)
+//   dm_ij += sum over batch*head and elements of dS'_i * S_j   (added to grad_mixing)
+// Why one pass: as two kernels (block_state_mix with the transposed matrix, then
+// block_pair_products) dS' was read twice, and the pair products ran three bf16 tensor-core
+// products per term to keep fp32 accuracy; here each thread keeps a 4 x 16 corner of dm and the
+// four output rows of its group in registers over one 4-element column of the states, in fp32.
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace mhla_kernels {
+
+constexpr int kMixBackwardMaxBlocks = 16;
+
+struct BlockMixBackward {
+  const float* grad_mixed = nullptr;  // dS' [batch_heads, blocks, elements]
+  const float* states = nullptr;      // S, same layout
+  const float* mixing = nullptr;      // m [blocks, blocks] row-major, on the device
+  float* grad_states = nullptr;       // dS, same layout as the states (written)
+  float* grad_mixing = nullptr;       // [blocks, blocks]: the products are ADDED (zero it first)
+  int batch_heads = 0, blocks = 0;    // 1 <= blocks <= kMixBackwardMaxBlocks
+  int64_t elements = 0;               // per state; a multiple of 4, 16-byte aligned rows
+};
+
+// Whether the fused pass takes these sizes (otherwise: block_state_mix + block_pair_products).
+bool block_mix_backward_supported(int blocks, int64_t elements);
+
+// cudaErrorInvalidValue for sizes out of range.
+cudaError_t block_mix_backward(const BlockMixBackward& args, cudaStream_t stream);
+
+}  // namespace mhla_kernels
