@@ -1,12 +1,13 @@
 // dS_j = sum_i m_ij dS'_i and dm_ij += sum dS'_i * S_j in one pass (see block_mix_backward.h).
 //
-// Persistent CTAs walk items of (batch*head, 256-element column). An item's 16 rows of dS' and of
-// S (32 KB) are copied into shared memory with cp.async while the previous item is computed (two
-// stages). Thread t owns column quad q = t % 64 and row group g = t / 64: it writes dS rows
-// 4g..4g+3 of its quad (16 FMAs per row of dS' read) and adds dS'_{4g..4g+3} * S_j for all 16 j
-// into 64 registers (16 FMAs per row of S read). Rows past `blocks` and elements past the end are
-// zero in shared memory, so they add nothing. At the end each row group's dm corner is summed over
-// its threads (shuffles, then shared memory) and added to grad_mixing once per CTA.
+// Persistent CTAs walk items of (batch*head, column of the states). An item's rows of dS' and of S
+// (padded to Rows = 16 or 32) are copied into shared memory with cp.async while the previous item
+// is computed (two stages). Thread t owns one four-element column quad and one role: a 4 x 16
+// corner of dm (rows 4 * (role / halves), 16 columns from 16 * (role % halves)) kept in 64
+// registers over every item (16 FMAs per row of S read), and Rows / roles rows of dS for its quad
+// (4 FMAs per row of dS' read and row written). Rows past `blocks` and elements past the end are
+// zero in shared memory, so they add nothing. At the end each corner is summed over its threads
+// (shuffles, then shared memory) and added to grad_mixing once per CTA.
 #include <algorithm>
 
 #include "common/device_info.h"
@@ -16,12 +17,18 @@ namespace mhla_kernels {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kRows = kMixBackwardMaxBlocks;  // rows per item, zero-padded past `blocks`
-constexpr int kGroups = kRows / 4;            // row groups of four
-constexpr int kQuads = kThreads / kGroups;    // four-element columns per item
-constexpr int kColumns = 4 * kQuads;          // 256 elements per item
-constexpr int kStageFloats = 2 * kRows * kColumns;  // dS' rows, then S rows
-constexpr size_t kSharedBytes = 2 * kStageFloats * sizeof(float);  // two stages: 64 KB
+
+template <int Rows>
+struct MixShape {
+  static constexpr int halves = Rows / 16;                 // 16-column halves of a dm row
+  static constexpr int roles = (Rows / 4) * halves;        // dm corners: 4 (16) or 16 (32)
+  static constexpr int quads = kThreads / roles;           // columns of four per item: 64 or 16
+  static constexpr int columns = 4 * quads;                // elements per item: 256 or 64
+  static constexpr int out_rows = Rows / roles;            // dS rows per thread: 4 or 2
+  static constexpr int stage_quads = 2 * Rows * quads;     // dS' rows, then S rows
+  static constexpr size_t shared_bytes = 2 * stage_quads * 16;  // two stages: 64 or 32 KB
+  static_assert(kThreads % roles == 0 && (quads % 32 == 0 || quads == 16), "whole warps per role");
+};
 
 __device__ __forceinline__ void copy_16(float4* dst, const float* src, bool in) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
@@ -41,38 +48,41 @@ __device__ __forceinline__ float dot4(const float4& a, const float4& b, float ac
   return fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, fmaf(a.x, b.x, acc))));
 }
 
+template <int Rows>
 __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackward p) {
-  extern __shared__ __align__(16) float4 stages[];  // [2][2][kRows][kQuads]
-  __shared__ float4 weights[kRows][kGroups];        // weights[i][g] = m_{i, 4g..4g+3}
-  __shared__ float corner[kThreads / 32][4][kRows];  // per-warp sums of the dm corners
-  const int t = threadIdx.x, q = t % kQuads, g = t / kQuads;
-  for (int e = t; e < kRows * kRows; e += kThreads) {
-    const int i = e / kRows, j = e % kRows;
-    reinterpret_cast<float*>(weights)[e] =
-        i < p.blocks && j < p.blocks ? p.mixing[i * p.blocks + j] : 0.f;
+  using S = MixShape<Rows>;
+  extern __shared__ __align__(16) float4 stages[];  // [2][2][Rows][quads]
+  __shared__ float weights[Rows][Rows];             // zero outside the matrix
+  __shared__ float corner[kThreads / 32][4][16];     // per-warp sums of the dm corners
+  const int t = threadIdx.x, q = t % S::quads, role = t / S::quads;
+  const int row0 = 4 * (role / S::halves), col0 = 16 * (role % S::halves);
+  const int out0 = role * S::out_rows;  // first dS row of this thread
+  for (int e = t; e < Rows * Rows; e += kThreads) {
+    const int i = e / Rows, j = e % Rows;
+    weights[i][j] = i < p.blocks && j < p.blocks ? p.mixing[i * p.blocks + j] : 0.f;
   }
-  const int64_t columns = (p.elements + kColumns - 1) / kColumns;
+  const int64_t columns = (p.elements + S::columns - 1) / S::columns;
   const int64_t items = static_cast<int64_t>(p.batch_heads) * columns;
-  // Thread t copies rows g, g + 4, g + 8, g + 12 of its quad, of dS' and of S.
+  // Thread t copies rows role, role + roles, ... of its quad, of dS' and of S.
   auto issue = [&](int64_t item, int stage) {
-    const int64_t bh = item / columns, e = (item % columns) * kColumns + 4 * q;
+    const int64_t bh = item / columns, e = (item % columns) * S::columns + 4 * q;
     const size_t base = static_cast<size_t>(bh) * p.blocks * p.elements;
-    float4* dst = stages + stage * (kStageFloats / 4) + q;
+    float4* dst = stages + stage * S::stage_quads + q;
 #pragma unroll
-    for (int u = 0; u < kRows / kGroups; ++u) {
-      const int r = g + kGroups * u;
+    for (int u = 0; u < Rows / S::roles; ++u) {
+      const int r = role + S::roles * u;
       const bool in = r < p.blocks && e < p.elements;
       const size_t at = base + (in ? static_cast<size_t>(r) * p.elements + e : 0);
-      copy_16(dst + r * kQuads, p.grad_mixed + at, in);
-      copy_16(dst + (kRows + r) * kQuads, p.states + at, in);
+      copy_16(dst + r * S::quads, p.grad_mixed + at, in);
+      copy_16(dst + (Rows + r) * S::quads, p.states + at, in);
     }
     asm volatile("cp.async.commit_group;\n" ::);
   };
-  float dm[4][kRows];
+  float dm[4][16];
 #pragma unroll
   for (int a = 0; a < 4; ++a) {
 #pragma unroll
-    for (int j = 0; j < kRows; ++j) dm[a][j] = 0.f;
+    for (int j = 0; j < 16; ++j) dm[a][j] = 0.f;
   }
   int stage = 0;
   if (blockIdx.x < items) issue(blockIdx.x, 0);
@@ -85,62 +95,106 @@ __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackw
       asm volatile("cp.async.wait_group 0;\n" ::);
     }
     __syncthreads();  // this item's copies (every thread's) and the weights are in
-    const float4* x = stages + stage * (kStageFloats / 4);  // dS' rows
-    const float4* y = x + kRows * kQuads;                    // S rows
-    const int64_t bh = item / columns, e = (item % columns) * kColumns + 4 * q;
-    // dS_j for j = 4g..4g+3: sum over i of m_ij dS'_i.
-    float4 out[4] = {};
+    const float4* x = stages + stage * S::stage_quads;  // dS' rows
+    const float4* y = x + Rows * S::quads;               // S rows
+    const int64_t bh = item / columns, e = (item % columns) * S::columns + 4 * q;
+    // dS_j for this thread's rows j: sum over i of m_ij dS'_i.
+    float4 out[S::out_rows] = {};
 #pragma unroll 4
-    for (int i = 0; i < kRows; ++i) {
-      const float4 xi = x[i * kQuads + q];
-      const float4 w = weights[i][g];
-      fma4(out[0], w.x, xi);
-      fma4(out[1], w.y, xi);
-      fma4(out[2], w.z, xi);
-      fma4(out[3], w.w, xi);
+    for (int i = 0; i < Rows; ++i) {
+      const float4 xi = x[i * S::quads + q];
+#pragma unroll
+      for (int a = 0; a < S::out_rows; ++a) fma4(out[a], weights[i][out0 + a], xi);
     }
     if (e < p.elements) {
       float* dst = p.grad_states + static_cast<size_t>(bh) * p.blocks * p.elements + e;
 #pragma unroll
-      for (int a = 0; a < 4; ++a) {
-        const int j = 4 * g + a;
-        if (j < p.blocks) *reinterpret_cast<float4*>(dst + static_cast<size_t>(j) * p.elements) = out[a];
+      for (int a = 0; a < S::out_rows; ++a) {
+        const int j = out0 + a;
+        if (j < p.blocks)
+          *reinterpret_cast<float4*>(dst + static_cast<size_t>(j) * p.elements) = out[a];
       }
     }
-    // dm_ij += dS'_i . S_j for i = 4g..4g+3 and every j.
+    // dm_ij += dS'_i . S_j over this thread's corner.
     float4 own[4];
 #pragma unroll
-    for (int a = 0; a < 4; ++a) own[a] = x[(4 * g + a) * kQuads + q];
+    for (int a = 0; a < 4; ++a) own[a] = x[(row0 + a) * S::quads + q];
 #pragma unroll
-    for (int j = 0; j < kRows; ++j) {
-      const float4 yj = y[j * kQuads + q];
+    for (int j = 0; j < 16; ++j) {
+      const float4 yj = y[(col0 + j) * S::quads + q];
 #pragma unroll
       for (int a = 0; a < 4; ++a) dm[a][j] = dot4(own[a], yj, dm[a][j]);
     }
     __syncthreads();  // done with this stage before the next iteration refills it
   }
-  // Sum the corners: over the warp's lanes, then over the warps of a row group.
+  // Sum the corners over the warp's lanes (every lane of a warp has the same role when quads is a
+  // multiple of 32; with 16 quads a warp holds two roles, summed over their own 16 lanes), then
+  // over the warps of a role.
+  constexpr int kLanesPerRole = S::quads < 32 ? S::quads : 32;
   const int warp = t / 32, lane = t % 32;
 #pragma unroll
   for (int a = 0; a < 4; ++a) {
 #pragma unroll
-    for (int j = 0; j < kRows; ++j) {
+    for (int j = 0; j < 16; ++j) {
       float v = dm[a][j];
 #pragma unroll
-      for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-      if (lane == 0) corner[warp][a][j] = v;
+      for (int offset = kLanesPerRole / 2; offset > 0; offset /= 2)
+        v += __shfl_xor_sync(0xffffffffu, v, offset);
+      dm[a][j] = v;
+    }
+  }
+  __syncthreads();  // the stages are free: per-role sums go there when a warp holds two roles
+  float* role_sums = reinterpret_cast<float*>(stages);  // [roles][4][16]
+  if constexpr (S::quads >= 32) {
+    if (lane == 0) {
+#pragma unroll
+      for (int a = 0; a < 4; ++a) {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) corner[warp][a][j] = dm[a][j];
+      }
+    }
+    __syncthreads();
+    constexpr int kWarpsPerRole = S::quads / 32;
+    for (int e = t; e < S::roles * 64; e += kThreads) {
+      const int r = e / 64, a = (e / 16) % 4, j = e % 16;
+      float sum = 0.f;
+      for (int w = 0; w < kWarpsPerRole; ++w) sum += corner[r * kWarpsPerRole + w][a][j];
+      role_sums[e] = sum;
+    }
+  } else {
+    if (q == 0) {  // the first lane of each role
+#pragma unroll
+      for (int a = 0; a < 4; ++a) {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) role_sums[(role * 4 + a) * 16 + j] = dm[a][j];
+      }
     }
   }
   __syncthreads();
-  constexpr int kWarpsPerGroup = kQuads / 32;
-  for (int e = t; e < kRows * kRows; e += kThreads) {
-    const int i = e / kRows, j = e % kRows;
-    if (i >= p.blocks || j >= p.blocks) continue;
-    const int group = i / 4, a = i % 4;
-    float sum = 0.f;
-    for (int w = 0; w < kWarpsPerGroup; ++w) sum += corner[group * kWarpsPerGroup + w][a][j];
-    atomicAdd(p.grad_mixing + i * p.blocks + j, sum);
+  for (int e = t; e < S::roles * 64; e += kThreads) {
+    const int r = e / 64, a = (e / 16) % 4, jj = e % 16;
+    const int i = 4 * (r / S::halves) + a, j = 16 * (r % S::halves) + jj;
+    if (i < p.blocks && j < p.blocks) atomicAdd(p.grad_mixing + i * p.blocks + j, role_sums[e]);
   }
+}
+
+template <int Rows>
+cudaError_t launch(const BlockMixBackward& p, cudaStream_t stream) {
+  using S = MixShape<Rows>;
+  cudaError_t err = cudaFuncSetAttribute(
+      mix_backward_kernel<Rows>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::shared_bytes);
+  if (err != cudaSuccess) return err;
+  int per_sm = 0;
+  if ((err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mix_backward_kernel<Rows>,
+                                                           kThreads, S::shared_bytes)) !=
+      cudaSuccess)
+    return err;
+  const int64_t items =
+      static_cast<int64_t>(p.batch_heads) * ((p.elements + S::columns - 1) / S::columns);
+  const int ctas = static_cast<int>(
+      std::min<int64_t>(items, static_cast<int64_t>(std::max(per_sm, 1)) * multiprocessors()));
+  mix_backward_kernel<Rows><<<ctas, kThreads, S::shared_bytes, stream>>>(p);
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -154,19 +208,7 @@ cudaError_t block_mix_backward(const BlockMixBackward& p, cudaStream_t stream) {
       p.grad_states == nullptr || p.grad_mixing == nullptr || p.batch_heads <= 0 ||
       !block_mix_backward_supported(p.blocks, p.elements))
     return cudaErrorInvalidValue;
-  cudaError_t err = cudaFuncSetAttribute(
-      mix_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes);
-  if (err != cudaSuccess) return err;
-  int per_sm = 0;
-  if ((err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mix_backward_kernel, kThreads,
-                                                           kSharedBytes)) != cudaSuccess)
-    return err;
-  const int64_t items =
-      static_cast<int64_t>(p.batch_heads) * ((p.elements + kColumns - 1) / kColumns);
-  const int ctas = static_cast<int>(
-      std::min<int64_t>(items, static_cast<int64_t>(std::max(per_sm, 1)) * multiprocessors()));
-  mix_backward_kernel<<<ctas, kThreads, kSharedBytes, stream>>>(p);
-  return cudaGetLastError();
+  return p.blocks <= 16 ? launch<16>(p, stream) : launch<32>(p, stream);
 }
 
 }  // namespace mhla_kernels

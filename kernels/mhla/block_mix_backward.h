@@ -1,6 +1,7 @@
 #pragma once
 // The backward pass of bidirectional MHLA's state mix S'_i = sum_j m_ij S_j in one pass over the
-// fp32 block states, for up to 16 blocks (MHLA's usual 4 x 4 grid of blocks):
+// fp32 block states, for up to 32 blocks (bidirectional MHLA's usual 4 x 4 grid of blocks; the
+// causal prefix P_i = sum_{j<i} w_ij S_j up to 2,048 tokens, with w strictly lower):
 //   dS_j  = sum_i m_ij dS'_i                       (written)
 //   dm_ij += sum over batch*head and elements of dS'_i * S_j   (added to grad_mixing)
 // Why one pass: as two kernels (block_state_mix with the transposed matrix, then
@@ -13,7 +14,7 @@
 
 namespace mhla_kernels {
 
-constexpr int kMixBackwardMaxBlocks = 16;
+constexpr int kMixBackwardMaxBlocks = 32;
 
 struct BlockMixBackward {
   const float* grad_mixed = nullptr;  // dS' [batch_heads, blocks, elements]

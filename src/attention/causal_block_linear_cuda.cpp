@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <tuple>
 
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -13,6 +14,7 @@
 #include "attention/state_mixing.h"
 #include "core/error.h"
 #include "core/kernel_dtype.h"
+#include "mhla/block_mix_backward.h"
 #include "mhla/causal_block_linear.h"
 
 namespace mhla {
@@ -135,10 +137,13 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     a.passes = kernels::kCausalQueryPass;
     check_launch(kernels::causal_block_linear_backward(a, stream),
                  "causal block linear query pass");
-    torch::Tensor grad_states;
+    torch::Tensor grad_states, pairs;  // pairs: sum <dP_i, S_j> for every i, j < blocks
     const bool by_gemm = mixes && mix_by_gemm(blocks, mixing.size(0));
-    if (by_gemm) {
-      // dS_j = sum_i w_ij dP_i.
+    if (by_gemm && blocks <= kernels::kMixBackwardMaxBlocks) {
+      // dS_j = sum_i w_ij dP_i and the pair products in one pass over the states.
+      std::tie(grad_states, pairs) =
+          mix_block_states_backward(strict_weights(mixing, blocks), grad_prefix, states);
+    } else if (by_gemm) {
       grad_states = mix_block_states(strict_weights(mixing, blocks).t(), grad_prefix,
                                      kernels::MixPattern::upper);
     } else {
@@ -157,8 +162,9 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
       if (by_gemm && blocks > trained) {
         // dw_ij = sum <dP_i, S_j> for every j < i, mapped back to the learned matrix through the
         // policy's expansion (its autograd graph, rebuilt on a detached copy).
-        auto dw = (blocks <= 64 ? block_pair_products(grad_prefix, states, blocks)
-                                : torch::bmm(grad_prefix, states.transpose(1, 2)).sum(0))
+        auto dw = (pairs.defined()  ? pairs
+                   : blocks <= 64     ? block_pair_products(grad_prefix, states, blocks)
+                                      : torch::bmm(grad_prefix, states.transpose(1, 2)).sum(0))
                       .tril(-1);
         torch::AutoGradMode grad_on(true);
         auto leaf = mixing.detach().requires_grad_(true);
@@ -166,7 +172,7 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
         dmixing.add_(torch::autograd::grad({expanded}, {leaf}, {dw})[0]);
       } else {  // dm_ij += sum <dP_i, S_j> for j < i inside the trained length
         const int64_t dense = std::min<int64_t>(blocks, trained);
-        auto pairs = block_pair_products(grad_prefix, states, dense);
+        if (!pairs.defined()) pairs = block_pair_products(grad_prefix, states, dense);
         dmixing.narrow(0, 0, dense).narrow(1, 0, dense).add_(pairs.tril(-1));
       }
     }
