@@ -7,7 +7,8 @@
 #   2. forward+backward of causal linear attention and MHLA at the LM shapes and of bidirectional
 #      MHLA at the vision shapes, fused off and on, two rounds; fla's chunk_linear_attn in the
 #      same call;
-#   3. Nsight Compute durations per kernel of causal MHLA at T = 2,048, off and on.
+#   3. Nsight Compute durations per kernel of causal MHLA at T = 2,048 and bidirectional MHLA at
+#      N = 1,024, off and on; racecheck of the fused kernel's shared-memory ring (both row counts).
 # Run from the repository root after `source scripts/gpu_env.sh` (carry .gpu_stage and .whl).
 # Results in $OUT/mix_causal.tgz.
 set -uo pipefail
@@ -27,6 +28,13 @@ echo "memcheck fused: $(grep 'ERROR SUMMARY' "$V/memcheck.txt" | tail -1)"
 timeout 150 compute-sanitizer --tool memcheck "$tests" \
   "attention: causal block-linear kernels on small odd shapes" > "$V/memcheck_causal.txt" 2>&1
 echo "memcheck causal: $(grep 'ERROR SUMMARY' "$V/memcheck_causal.txt" | tail -1)"
+# racecheck of the shared-memory ring: the 32-row kernel (causal, 32 blocks) and the 16-row one.
+timeout 150 compute-sanitizer --tool racecheck "$bin" bench attention --op mhla --causal \
+  --backend cuda --shape 2,8,2048,128 --blocks 16 --warmup 0 --iters 1 > "$V/racecheck_32.txt" 2>&1
+echo "racecheck 32 rows: $(grep 'RACECHECK SUMMARY' "$V/racecheck_32.txt" | tail -1)"
+timeout 150 compute-sanitizer --tool racecheck "$bin" bench attention --op mhla --backend cuda \
+  --shape 8,6,1024,64 --blocks 16 --warmup 0 --iters 1 > "$V/racecheck_16.txt" 2>&1
+echo "racecheck 16 rows: $(grep 'RACECHECK SUMMARY' "$V/racecheck_16.txt" | tail -1)"
 
 step bench
 vision=(--shape 256,6,256,64 --shape 64,6,1024,64 --shape 16,6,4096,64 --shape 4,6,16384,64)
@@ -47,6 +55,10 @@ if command -v ncu > /dev/null; then
   step ncu
   for fused in 0 1; do
     MHLA_FUSED_MIX_BACKWARD=$fused kernel_times "$V" "$bin" "ncu_2048_f${fused}_" 16,8,2048,128 10 mhla
+    MHLA_FUSED_MIX_BACKWARD=$fused timeout 120 ncu --clock-control none --metrics \
+      gpu__time_duration.sum --csv "$bin" bench attention --op mhla --backend cuda \
+      --shape 64,6,1024,64 --blocks 16 --warmup 0 --iters 1 > "$V/ncu_vision_1024_f$fused.csv" 2> /dev/null
+    python3 scripts/ncu_kernel_sums.py "$V/ncu_vision_1024_f$fused.csv" 10
   done
 fi
 

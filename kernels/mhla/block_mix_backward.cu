@@ -1,8 +1,8 @@
 // dS_j = sum_i m_ij dS'_i and dm_ij += sum dS'_i * S_j in one pass (see block_mix_backward.h).
 //
 // Persistent CTAs walk items of (batch*head, column of the states). An item's rows of dS' and of S
-// (padded to Rows = 16 or 32) are copied into shared memory with cp.async while the previous item
-// is computed (two stages). Thread t owns one four-element column quad and one role: a 4 x 16
+// (padded to Rows = 16 or 32) are copied into shared memory with cp.async while the items before
+// it are computed (a ring of three or four stages). Thread t owns one four-element column quad and one role: a 4 x 16
 // corner of dm (rows 4 * (role / halves), 16 columns from 16 * (role % halves)) kept in 64
 // registers over every item (16 FMAs per row of S read), and Rows / roles rows of dS for its quad
 // (4 FMAs per row of dS' read and row written). Rows past `blocks` and elements past the end are
@@ -25,8 +25,11 @@ struct MixShape {
   static constexpr int quads = kThreads / roles;           // columns of four per item: 64 or 16
   static constexpr int columns = 4 * quads;                // elements per item: 256 or 64
   static constexpr int out_rows = Rows / roles;            // dS rows per thread: 4 or 2
-  static constexpr int stage_quads = 2 * Rows * quads;     // dS' rows, then S rows
-  static constexpr size_t shared_bytes = 2 * stage_quads * 16;  // two stages: 64 or 32 KB
+  static constexpr int stage_quads = 2 * Rows * quads;     // dS' rows, then S rows: 32 or 16 KB
+  // Stages in the ring: the pass is bound by the bytes in flight (two CTAs per SM), so the
+  // smaller 32-row items keep more of them (96 or 64 KB a CTA).
+  static constexpr int stages = Rows == 16 ? 3 : 4;
+  static constexpr size_t shared_bytes = static_cast<size_t>(stages) * stage_quads * 16;
   static_assert(kThreads % roles == 0 && (quads % 32 == 0 || quads == 16), "whole warps per role");
 };
 
@@ -51,7 +54,7 @@ __device__ __forceinline__ float dot4(const float4& a, const float4& b, float ac
 template <int Rows>
 __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackward p) {
   using S = MixShape<Rows>;
-  extern __shared__ __align__(16) float4 stages[];  // [2][2][Rows][quads]
+  extern __shared__ __align__(16) float4 stages[];  // [S::stages][2][Rows][quads]
   __shared__ float weights[Rows][Rows];             // zero outside the matrix
   __shared__ float corner[kThreads / 32][4][16];     // per-warp sums of the dm corners
   const int t = threadIdx.x, q = t % S::quads, role = t / S::quads;
@@ -84,16 +87,21 @@ __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackw
 #pragma unroll
     for (int j = 0; j < 16; ++j) dm[a][j] = 0.f;
   }
+  // A ring of stages: item n of this CTA lives in stage n % stages. Every iteration commits one
+  // group (empty past the end), so "all but the newest stages - 1 groups" is always item n's.
+  auto issue_or_empty = [&](int64_t item, int stage) {
+    if (item < items)
+      issue(item, stage);
+    else
+      asm volatile("cp.async.commit_group;\n" ::);
+  };
+  for (int s = 0; s + 1 < S::stages; ++s) issue_or_empty(blockIdx.x + int64_t{s} * gridDim.x, s);
   int stage = 0;
-  if (blockIdx.x < items) issue(blockIdx.x, 0);
-  for (int64_t item = blockIdx.x; item < items; item += gridDim.x, stage ^= 1) {
-    const int64_t next = item + gridDim.x;
-    if (next < items) {
-      issue(next, stage ^ 1);  // that stage was last read before the previous trailing barrier
-      asm volatile("cp.async.wait_group 1;\n" ::);
-    } else {
-      asm volatile("cp.async.wait_group 0;\n" ::);
-    }
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    // The stage before this one was last read before the previous trailing barrier.
+    const int refill = stage == 0 ? S::stages - 1 : stage - 1;
+    issue_or_empty(item + int64_t{S::stages - 1} * gridDim.x, refill);
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(S::stages - 1));
     __syncthreads();  // this item's copies (every thread's) and the weights are in
     const float4* x = stages + stage * S::stage_quads;  // dS' rows
     const float4* y = x + Rows * S::quads;               // S rows
@@ -126,7 +134,9 @@ __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackw
       for (int a = 0; a < 4; ++a) dm[a][j] = dot4(own[a], yj, dm[a][j]);
     }
     __syncthreads();  // done with this stage before the next iteration refills it
+    stage = stage + 1 == S::stages ? 0 : stage + 1;
   }
+  asm volatile("cp.async.wait_group 0;\n" ::);  // no copy may land after the stages are reused
   // Sum the corners over the warp's lanes (every lane of a warp has the same role when quads is a
   // multiple of 32; with 16 quads a warp holds two roles, summed over their own 16 lanes), then
   // over the warps of a role.
