@@ -112,10 +112,9 @@ TEST_CASE("attention: fused block mix backward against float64", "[attention][gp
   // 1 blocks leave padding rows; D = 32 and D = 128 state sizes; a state shorter than one item.
   // 17 to 32 blocks take the 32-row kernel (64-element items: 128 x 258 items at the causal
   // T = 2,048 shape), with strictly lower weights as the causal prefix has.
-  for (const Case& c : {Case{3, 16, 4160}, Case{400, 16, 4160}, Case{5, 9, 1056},
-                        Case{7, 4, 16512}, Case{2, 1, 20}, Case{33, 16, 1056},
-                        Case{128, 32, 16512}, Case{3, 17, 4160}, Case{9, 24, 1056},
-                        Case{2, 32, 20}}) {
+  for (const Case& c : {Case{3, 16, 4160}, Case{400, 16, 4160}, Case{5, 9, 1056}, Case{7, 4, 16512},
+                        Case{2, 1, 20}, Case{33, 16, 1056}, Case{128, 32, 16512}, Case{3, 17, 4160},
+                        Case{9, 24, 1056}, Case{2, 32, 20}}) {
     INFO("BH=" << c.batch_heads << " blocks=" << c.blocks << " E=" << c.elements);
     auto grad_mixed = torch::randn({c.batch_heads, c.blocks, c.elements}, cuda);
     auto states = torch::randn({c.batch_heads, c.blocks, c.elements}, cuda);

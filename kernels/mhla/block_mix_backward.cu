@@ -2,8 +2,8 @@
 //
 // Persistent CTAs walk items of (batch*head, column of the states). An item's rows of dS' and of S
 // (padded to Rows = 16 or 32) are copied into shared memory with cp.async while the items before
-// it are computed (a ring of three or four stages). Thread t owns one four-element column quad and one role: a 4 x 16
-// corner of dm (rows 4 * (role / halves), 16 columns from 16 * (role % halves)) kept in 64
+// it are computed (a ring of stages). Thread t owns one four-element column quad and one role: a 4
+// x 16 corner of dm (rows 4 * (role / halves), 16 columns from 16 * (role % halves)) kept in 64
 // registers over every item (16 FMAs per row of S read), and Rows / roles rows of dS for its quad
 // (4 FMAs per row of dS' read and row written). Rows past `blocks` and elements past the end are
 // zero in shared memory, so they add nothing. At the end each corner is summed over its threads
@@ -20,15 +20,15 @@ constexpr int kThreads = 256;
 
 template <int Rows>
 struct MixShape {
-  static constexpr int halves = Rows / 16;                 // 16-column halves of a dm row
-  static constexpr int roles = (Rows / 4) * halves;        // dm corners: 4 (16) or 16 (32)
-  static constexpr int quads = kThreads / roles;           // columns of four per item: 64 or 16
-  static constexpr int columns = 4 * quads;                // elements per item: 256 or 64
-  static constexpr int out_rows = Rows / roles;            // dS rows per thread: 4 or 2
-  static constexpr int stage_quads = 2 * Rows * quads;     // dS' rows, then S rows: 32 or 16 KB
-  // Stages in the ring: the pass is bound by the bytes in flight (two CTAs per SM), so the
-  // smaller 32-row items keep more of them (96 or 64 KB a CTA).
-  static constexpr int stages = Rows == 16 ? 3 : 4;
+  static constexpr int halves = Rows / 16;              // 16-column halves of a dm row
+  static constexpr int roles = (Rows / 4) * halves;     // dm corners: 4 (16) or 16 (32)
+  static constexpr int quads = kThreads / roles;        // columns of four per item: 64 or 16
+  static constexpr int columns = 4 * quads;             // elements per item: 256 or 64
+  static constexpr int out_rows = Rows / roles;         // dS rows per thread: 4 or 2
+  static constexpr int stage_quads = 2 * Rows * quads;  // dS' rows, then S rows: 32 or 16 KB
+  // Stages in the ring: two (one item copying while one is computed). Three stages for 16 rows
+  // and four for 32 were no faster (session 20, call 4: 95 against 87 us, 372 against 366 us).
+  static constexpr int stages = 2;
   static constexpr size_t shared_bytes = static_cast<size_t>(stages) * stage_quads * 16;
   static_assert(kThreads % roles == 0 && (quads % 32 == 0 || quads == 16), "whole warps per role");
 };
@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackw
   using S = MixShape<Rows>;
   extern __shared__ __align__(16) float4 stages[];  // [S::stages][2][Rows][quads]
   __shared__ float weights[Rows][Rows];             // zero outside the matrix
-  __shared__ float corner[kThreads / 32][4][16];     // per-warp sums of the dm corners
+  __shared__ float corner[kThreads / 32][4][16];    // per-warp sums of the dm corners
   const int t = threadIdx.x, q = t % S::quads, role = t / S::quads;
   const int row0 = 4 * (role / S::halves), col0 = 16 * (role % S::halves);
   const int out0 = role * S::out_rows;  // first dS row of this thread
@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackw
     asm volatile("cp.async.wait_group %0;\n" ::"n"(S::stages - 1));
     __syncthreads();  // this item's copies (every thread's) and the weights are in
     const float4* x = stages + stage * S::stage_quads;  // dS' rows
-    const float4* y = x + Rows * S::quads;               // S rows
+    const float4* y = x + Rows * S::quads;              // S rows
     const int64_t bh = item / columns, e = (item % columns) * S::columns + 4 * q;
     // dS_j for this thread's rows j: sum over i of m_ij dS'_i.
     float4 out[S::out_rows] = {};
@@ -195,9 +195,8 @@ cudaError_t launch(const BlockMixBackward& p, cudaStream_t stream) {
       mix_backward_kernel<Rows>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::shared_bytes);
   if (err != cudaSuccess) return err;
   int per_sm = 0;
-  if ((err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mix_backward_kernel<Rows>,
-                                                           kThreads, S::shared_bytes)) !=
-      cudaSuccess)
+  if ((err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+           &per_sm, mix_backward_kernel<Rows>, kThreads, S::shared_bytes)) != cudaSuccess)
     return err;
   const int64_t items =
       static_cast<int64_t>(p.batch_heads) * ((p.elements + S::columns - 1) / S::columns);

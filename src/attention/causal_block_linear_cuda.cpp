@@ -162,9 +162,9 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
       if (by_gemm && blocks > trained) {
         // dw_ij = sum <dP_i, S_j> for every j < i, mapped back to the learned matrix through the
         // policy's expansion (its autograd graph, rebuilt on a detached copy).
-        auto dw = (pairs.defined()  ? pairs
-                   : blocks <= 64     ? block_pair_products(grad_prefix, states, blocks)
-                                      : torch::bmm(grad_prefix, states.transpose(1, 2)).sum(0))
+        auto dw = (pairs.defined() ? pairs
+                   : blocks <= 64  ? block_pair_products(grad_prefix, states, blocks)
+                                   : torch::bmm(grad_prefix, states.transpose(1, 2)).sum(0))
                       .tril(-1);
         torch::AutoGradMode grad_on(true);
         auto leaf = mixing.detach().requires_grad_(true);

@@ -80,9 +80,10 @@ std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(const torch::T
                                                                   const torch::Tensor& states) {
   static const bool fused = environment_switch("MHLA_FUSED_MIX_BACKWARD", true);
   const int64_t blocks = states.size(1);
-  if (!fused || !mhla_kernels::block_mix_backward_supported(static_cast<int>(blocks),
-                                                            states.size(2))) {
-    return {mix_block_states(mixing.t(), grad_mixed), block_pair_products(grad_mixed, states, blocks)};
+  if (!fused ||
+      !mhla_kernels::block_mix_backward_supported(static_cast<int>(blocks), states.size(2))) {
+    return {mix_block_states(mixing.t(), grad_mixed),
+            block_pair_products(grad_mixed, states, blocks)};
   }
   if (grad_mixed.dim() != 3 || !grad_mixed.sizes().equals(states.sizes()) ||
       grad_mixed.scalar_type() != torch::kFloat32 || states.scalar_type() != torch::kFloat32 ||
