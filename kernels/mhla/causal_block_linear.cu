@@ -2,6 +2,8 @@
 // One CTA per (batch*head, 64-token block) for the token passes; the prefix passes sweep the
 // blocks of one sequence per state element. See causal_block_linear.h for the math.
 #include <algorithm>
+#include <cstdlib>
+#include <type_traits>
 
 #include "common/device_info.h"
 #include "common/packed_access.cuh"
@@ -322,6 +324,182 @@ __global__ void __launch_bounds__(kCausalThreads) output_kernel(CausalBlockLinea
     store_vector<T, D>(out + out_row(p.shape, w, r) * D + lane * L::vec, x);
   }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Lean token passes (16-bit types): 256 threads and under half an SM's shared memory, so two
+// CTAs share an SM and one's loads overlap the other's products. The passes above hold one
+// 64-token block per SM with their phases in series (loads, products, stores), which left DRAM
+// idle for half of each block's time (session 17: ~9 us per block for the output pass against
+// ~4 us for its bytes). Products accumulate in registers (wmma_tiles::TileAccumulator), so the
+// fp32 score and numerator tiles no longer take shared memory.
+constexpr int kLeanThreads = 256;
+constexpr int kLeanWarps = kLeanThreads / 32;
+
+// The warp's block of 16 x 16 tiles of a 64 x D product with one block per warp: 2 x 2 tiles at
+// D = 128, 1 x 2 at 64, 1 x 1 at 32.
+template <int D>
+struct LeanTokenTiles {
+  static constexpr int cols = D >= 64 ? 2 : 1;
+  static constexpr int rows = D / 32 / cols;
+  static constexpr int blocks_n = (D / 16) / cols;
+  static_assert((kC / 16 / rows) * blocks_n == kLeanWarps, "one tile block per warp");
+  __device__ static int first_row_tile() { return (threadIdx.x / 32) / blocks_n * rows; }
+  __device__ static int first_col_tile() { return (threadIdx.x / 32) % blocks_n * cols; }
+};
+
+// Two fp32 values to two adjacent 16-bit elements.
+template <typename E>
+__device__ __forceinline__ void store_pair(E* p, float a, float b) {
+  const float v[2] = {a, b};
+  store_pack<E, 2>(p, v);
+}
+
+template <typename T, int D>
+__host__ __device__ constexpr size_t lean_output_smem() {
+  using L = Layout<T, D, kLeanThreads>;
+  using E = typename Mma<T>::elem;
+  constexpr int key_ld = L::lde > kLdScoreE ? L::lde : kLdScoreE;  // kf, then the masked scores
+  return align128(D * L::lde * sizeof(E)) + 2 * align128(kC * L::lde * sizeof(E)) +
+         align128(kC * key_ld * sizeof(E)) + align128(D * 4) + 3 * align128(kC * 4);
+}
+
+// The output pass of output_kernel for 16-bit T. Warp w takes the score tiles (w / 2, 2 (w % 2))
+// and (w / 2, 2 (w % 2) + 1) and one LeanTokenTiles block of the numerator.
+template <typename T, int D>
+__global__ void __launch_bounds__(kLeanThreads, 2) lean_output_kernel(CausalBlockLinearForward p) {
+  using L = Layout<T, D, kLeanThreads>;
+  using E = typename Mma<T>::elem;
+  using Tiles = LeanTokenTiles<D>;
+  using wmma_tiles::TileAccumulator;
+  extern __shared__ __align__(128) unsigned char smem[];
+  SharedCursor cursor{smem};
+  constexpr int key_ld = L::lde > kLdScoreE ? L::lde : kLdScoreE;
+  E* prefix = cursor.take<E>(D * L::lde);
+  E* qf = cursor.take<E>(kC * L::lde);  // phi(Q), then the output rows
+  E* vt = cursor.take<E>(kC * L::lde);
+  E* kf = cursor.take<E>(kC * key_ld);  // phi(K), then the masked scores
+  E* masked = kf;
+  float* z = cursor.take<float>(D);
+  float* row_part = cursor.take<float>(2 * kC);  // score row sums of the two column halves
+  float* den = cursor.take<float>(kC);
+  const BlockWork w = block_work(p.shape);
+  const int blocks = blocks_of(p.shape.tokens);
+  const CausalWeights mix{p.mixing, p.shape.mixing_blocks};
+  const float diagonal_weight = mix.at(w.block, w.block);
+  {
+    TileRows<T, D, kLeanThreads> q_rows, k_rows, v_rows;
+    q_rows.load(p.q, w.b, w.h, w.begin, w.valid, kC);
+    k_rows.load(p.k, w.b, w.h, w.begin, w.valid, kC);
+    v_rows.load(p.v, w.b, w.h, w.begin, w.valid, kC);
+    load_state<T, D, kLeanThreads, 8>(p.prefix + state_offset(w, blocks, L::state), prefix, z);
+    q_rows.store_features(w.valid, kC, qf, nullptr);
+    k_rows.store_features(w.valid, kC, kf, nullptr);
+    v_rows.store_plain(kC, vt);
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // Scores phi(Q) phi(K)^T on the causal mask (tiles above the diagonal are skipped, zero).
+  const int score_row = warp / 2, score_col = (warp % 2) * 2;
+  TileAccumulator scores[1][2];
+  scores[0][0].zero();
+  scores[0][1].zero();
+  if (score_col <= score_row) {
+    wmma_tiles::mma_block<E, false, true, 1, 2>(scores, qf, L::lde, kf, L::lde, score_row,
+                                                score_col, D);
+  }
+  // Numerator, first part: phi(Q) P.
+  const int fm = Tiles::first_row_tile(), fn = Tiles::first_col_tile();
+  TileAccumulator numerator[Tiles::rows][Tiles::cols];
+#pragma unroll
+  for (int i = 0; i < Tiles::rows; ++i) {
+#pragma unroll
+    for (int j = 0; j < Tiles::cols; ++j) numerator[i][j].zero();
+  }
+  wmma_tiles::mma_block<E, false, false, Tiles::rows, Tiles::cols>(numerator, qf, L::lde, prefix,
+                                                                  L::lde, fm, fn, D);
+  // The mask, and the row sums of this warp's two score tiles (lanes 4r..4r+3 share a row).
+  float sums[2] = {0.f, 0.f};
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = score_row * 16 + TileAccumulator::row(i);
+        const int s = (score_col + j) * 16 + TileAccumulator::col(h, i);
+        const float v = s <= r ? scores[0][j].x[h][i] : 0.f;
+        scores[0][j].x[h][i] = v;
+        sums[i / 2] += v;
+      }
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    sums[u] += __shfl_xor_sync(0xffffffffu, sums[u], 1);
+    sums[u] += __shfl_xor_sync(0xffffffffu, sums[u], 2);
+  }
+  if (lane % 4 == 0) {
+    row_part[(warp % 2) * kC + score_row * 16 + lane / 4] = sums[0];
+    row_part[(warp % 2) * kC + score_row * 16 + lane / 4 + 8] = sums[1];
+  }
+  // phi(q) . z per row (one warp per row).
+  for (int r = warp; r < kC; r += kLeanWarps) {
+    float dot = 0.f;
+    for (int d = lane; d < D; d += 32) dot += to_float(qf[r * L::lde + d]) * z[d];
+    dot = warp_sum(dot);
+    if (lane == 0) den[r] = dot;
+  }
+  __syncthreads();  // every warp is done with phi(K), phi(Q) and P
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int i = 0; i < 4; i += 2) {
+        const int r = score_row * 16 + TileAccumulator::row(i);
+        const int s = (score_col + j) * 16 + TileAccumulator::col(h, i);
+        store_pair(masked + r * kLdScoreE + s, diagonal_weight * scores[0][j].x[h][i],
+                   diagonal_weight * scores[0][j].x[h][i + 1]);
+      }
+    }
+  }
+  if (threadIdx.x < kC) {
+    const int r = threadIdx.x;
+    den[r] += diagonal_weight * (row_part[r] + row_part[kC + r]) + kDenominatorEps;
+  }
+  __syncthreads();
+  // Numerator, second part: w_ii tril(phi(Q) phi(K)^T) V; masked columns past the warp's last
+  // row are zero.
+  wmma_tiles::mma_block<E, false, false, Tiles::rows, Tiles::cols>(
+      numerator, masked, kLdScoreE, vt, L::lde, fm, fn, (fm + Tiles::rows) * 16);
+  // Normalized rows into phi(Q)'s tile (free since the barrier), then 16-byte stores.
+  E* stage = qf;
+#pragma unroll
+  for (int i = 0; i < Tiles::rows; ++i) {
+#pragma unroll
+    for (int j = 0; j < Tiles::cols; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int r = (fm + i) * 16 + TileAccumulator::row(e);
+          const int c = (fn + j) * 16 + TileAccumulator::col(h, e);
+          const float inv = 1.f / den[r];
+          store_pair(stage + r * L::lde + c, numerator[i][j].x[h][e] * inv,
+                     numerator[i][j].x[h][e + 1] * inv);
+        }
+      }
+    }
+  }
+  __syncthreads();
+  T* out = static_cast<T*>(p.out);
+  const int row_lane = threadIdx.x % L::lanes;
+  for (int r = threadIdx.x / L::lanes; r < w.valid; r += L::rows_per_pass) {
+    *reinterpret_cast<uint4*>(out + out_row(p.shape, w, r) * D + row_lane * L::vec) =
+        *reinterpret_cast<const uint4*>(stage + r * L::lde + row_lane * L::vec);
+  }
+}
+
 
 // ---------------------------------------------------------------------------------------------
 // Backward
@@ -729,8 +907,399 @@ __global__ void __launch_bounds__(kCausalThreads) key_backward_kernel(CausalBloc
   }
 }
 
+template <typename T, int D>
+__host__ __device__ constexpr size_t lean_query_backward_smem() {
+  using L = Layout<T, D, kLeanThreads>;
+  using E = typename Mma<T>::elem;
+  constexpr size_t tile = kC * L::lde * sizeof(E);
+  constexpr size_t prefix = D * L::lde * sizeof(E), dphi = kC * L::ldf * 4;
+  constexpr size_t masks = 2 * kC * kLdScoreE * sizeof(E);
+  return align128(prefix > dphi ? prefix : dphi) + 3 * align128(tile) +
+         align128(tile > masks ? tile : masks) + align128(D * 4) + 5 * align128(kC * 4) +
+         align128(kLeanWarps * 4);
+}
+
+// query_backward_kernel for 16-bit T at two CTAs per SM. The score and g tiles stay in the
+// registers of the warp that made them (the scores' tile assignment of lean_output_kernel);
+// buffers are reused once their last reader has passed a barrier: V's tile takes the two masked
+// score tiles, P's the fp32 d(phi(q)) and then dv's rows, phi(K)'s dk's rows.
+template <typename T, int D>
+__global__ void __launch_bounds__(kLeanThreads, 2)
+    lean_query_backward_kernel(CausalBlockLinearBackward p) {
+  using L = Layout<T, D, kLeanThreads>;
+  using E = typename Mma<T>::elem;
+  using Rows = TileRows<T, D, kLeanThreads>;
+  using Tiles = LeanTokenTiles<D>;
+  using wmma_tiles::TileAccumulator;
+  extern __shared__ __align__(128) unsigned char smem[];
+  SharedCursor cursor{smem};
+  constexpr size_t prefix_floats = (D * L::lde * sizeof(E) > kC * L::ldf * 4)
+                                       ? (D * L::lde * sizeof(E) + 3) / 4
+                                       : kC * L::ldf;
+  float* prefix_area = cursor.take<float>(prefix_floats);
+  E* prefix = reinterpret_cast<E*>(prefix_area);
+  E* qf = cursor.take<E>(kC * L::lde);
+  E* kf = cursor.take<E>(kC * L::lde);
+  E* dnum = cursor.take<E>(kC * L::lde);
+  constexpr int v_elems = kC * L::lde > 2 * kC * kLdScoreE ? kC * L::lde : 2 * kC * kLdScoreE;
+  E* vt = cursor.take<E>(v_elems);
+  E* g_masked = vt;  // after V's last reader
+  E* scores_masked = vt + kC * kLdScoreE;
+  float* z = cursor.take<float>(D);
+  float* inv_rms = cursor.take<float>(kC);
+  float* qz = cursor.take<float>(kC);
+  float* dden = cursor.take<float>(kC);
+  float* row_part = cursor.take<float>(2 * kC);
+  float* warp_partial = cursor.take<float>(kLeanWarps);
+  const BlockWork w = block_work(p.shape);
+  const int blocks = blocks_of(p.shape.tokens);
+  const CausalWeights mix{p.mixing, p.shape.mixing_blocks};
+  const float diagonal_weight = mix.at(w.block, w.block);
+  const size_t offset = state_offset(w, blocks, L::state);
+  Rows q_rows;  // raw q for the feature backward at the end
+  {
+    Rows k_rows, v_rows;
+    q_rows.load(p.q, w.b, w.h, w.begin, w.valid, kC);
+    k_rows.load(p.k, w.b, w.h, w.begin, w.valid, kC);
+    v_rows.load(p.v, w.b, w.h, w.begin, w.valid, kC);
+    load_state<T, D, kLeanThreads, 8>(p.prefix + offset, prefix, z);
+    q_rows.store_features(w.valid, kC, qf, inv_rms);
+    k_rows.store_features(w.valid, kC, kf, nullptr);
+    v_rows.store_plain(kC, vt);
+  }
+  Rows go_rows, o_rows;  // used after the scores
+  go_rows.load(p.grad_out, w.b, w.h, w.begin, w.valid, kC);
+  o_rows.load(p.out, w.b, w.h, w.begin, w.valid, kC);
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int score_row = warp / 2, score_col = (warp % 2) * 2;
+  const bool live_tiles = score_col <= score_row;
+  TileAccumulator scores[1][2];
+  scores[0][0].zero();
+  scores[0][1].zero();
+  if (live_tiles) {
+    wmma_tiles::mma_block<E, false, true, 1, 2>(scores, qf, L::lde, kf, L::lde, score_row,
+                                                score_col, D);
+  }
+  auto on_mask = [&](int j, int h, int i) {
+    return (score_col + j) * 16 + TileAccumulator::col(h, i) <=
+           score_row * 16 + TileAccumulator::row(i);
+  };
+  {
+    float sums[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float v = on_mask(j, h, i) ? scores[0][j].x[h][i] : 0.f;
+          scores[0][j].x[h][i] = v;
+          sums[i / 2] += v;
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      sums[u] += __shfl_xor_sync(0xffffffffu, sums[u], 1);
+      sums[u] += __shfl_xor_sync(0xffffffffu, sums[u], 2);
+    }
+    if (lane % 4 == 0) {
+      row_part[(warp % 2) * kC + score_row * 16 + lane / 4] = sums[0];
+      row_part[(warp % 2) * kC + score_row * 16 + lane / 4 + 8] = sums[1];
+    }
+  }
+  for (int r = warp; r < kC; r += kLeanWarps) {
+    float dot = 0.f;
+    for (int d = lane; d < D; d += 32) dot += to_float(qf[r * L::lde + d]) * z[d];
+    dot = warp_sum(dot);
+    if (lane == 0) qz[r] = dot;
+  }
+  __syncthreads();
+  // d(numerator) = dO / den; d(den) = -(dO . o) / den.
+  const int row_lane = threadIdx.x % L::lanes;
+#pragma unroll
+  for (int pass = 0; pass < Rows::passes; ++pass) {
+    const int r = Rows::row(pass);
+    if (r >= kC) break;
+    const float den =
+        qz[r] + diagonal_weight * (row_part[r] + row_part[kC + r]) + kDenominatorEps;
+    float go[L::vec], o[L::vec];
+    float dot = 0.f;
+    if (r < w.valid) {
+      go_rows.values(pass, go);
+      o_rows.values(pass, o);
+      const float inv = 1.f / den;
+#pragma unroll
+      for (int i = 0; i < L::vec; ++i) {
+        dot += go[i] * o[i];
+        go[i] *= inv;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < L::vec; ++i) go[i] = 0.f;
+    }
+    dot = row_sum<L::lanes>(dot);
+    store_pack<E, L::vec>(dnum + r * L::lde + row_lane * L::vec, go);
+    if (row_lane == 0) dden[r] = r < w.valid ? -dot / den : 0.f;
+  }
+  __syncthreads();
+  // g' = dnum . v_s + dden_t on the mask; dm_ii = sum g' * (phi(q_t) . phi(k_s)).
+  TileAccumulator g[1][2];
+  g[0][0].zero();
+  g[0][1].zero();
+  if (live_tiles) {
+    wmma_tiles::mma_block<E, false, true, 1, 2>(g, dnum, L::lde, vt, L::lde, score_row,
+                                                score_col, D);
+  }
+  float diagonal_grad = 0.f;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = score_row * 16 + TileAccumulator::row(i);
+        const float gr = on_mask(j, h, i) ? g[0][j].x[h][i] + dden[r] : 0.f;
+        g[0][j].x[h][i] = gr;
+        diagonal_grad += gr * scores[0][j].x[h][i];
+      }
+    }
+  }
+  diagonal_grad = warp_sum(diagonal_grad);
+  if (lane == 0) warp_partial[warp] = diagonal_grad;
+  __syncthreads();  // V's last reader is done: its tile takes the masked tiles
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int i = 0; i < 4; i += 2) {
+        const int at = (score_row * 16 + TileAccumulator::row(i)) * kLdScoreE +
+                       (score_col + j) * 16 + TileAccumulator::col(h, i);
+        store_pair(g_masked + at, diagonal_weight * g[0][j].x[h][i],
+                   diagonal_weight * g[0][j].x[h][i + 1]);
+        store_pair(scores_masked + at, diagonal_weight * scores[0][j].x[h][i],
+                   diagonal_weight * scores[0][j].x[h][i + 1]);
+      }
+    }
+  }
+  if (threadIdx.x == 0 && p.mixing != nullptr) {
+    float sum = 0.f;
+    for (int i = 0; i < kLeanWarps; ++i) sum += warp_partial[i];
+    atomicAdd(p.grad_mixing + mix.diagonal_index(w.block), sum);
+  }
+  __syncthreads();
+  // d(phi(q)) = dnum P^T + g'_masked phi(K) (+ dden z^T in the row loop).
+  const int fm = Tiles::first_row_tile(), fn = Tiles::first_col_tile();
+  TileAccumulator acc[Tiles::rows][Tiles::cols];
+#pragma unroll
+  for (int i = 0; i < Tiles::rows; ++i) {
+#pragma unroll
+    for (int j = 0; j < Tiles::cols; ++j) acc[i][j].zero();
+  }
+  wmma_tiles::mma_block<E, false, true, Tiles::rows, Tiles::cols>(acc, dnum, L::lde, prefix,
+                                                                 L::lde, fm, fn, D);
+  wmma_tiles::mma_block<E, false, false, Tiles::rows, Tiles::cols>(
+      acc, g_masked, kLdScoreE, kf, L::lde, fm, fn, (fm + Tiles::rows) * 16);
+  __syncthreads();  // P's and phi(K)'s last readers are done
+  float* dphi = prefix_area;
+#pragma unroll
+  for (int i = 0; i < Tiles::rows; ++i) {
+#pragma unroll
+    for (int j = 0; j < Tiles::cols; ++j) {
+      acc[i][j].store(dphi + (fm + i) * 16 * L::ldf + (fn + j) * 16, L::ldf);
+    }
+  }
+  // dP_i = phi(Q)^T dnum straight to its state; dz_i = phi(Q)^T dden.
+  wmma_tiles::gemm_blocked<E, kLeanWarps, true, false>(qf, L::lde, dnum, L::lde,
+                                                      p.grad_prefix + offset, D, D, D, kC, false);
+  if (threadIdx.x < D) {
+    float dz = 0.f;
+    for (int r = 0; r < w.valid; ++r) dz += to_float(qf[r * L::lde + threadIdx.x]) * dden[r];
+    p.grad_prefix[offset + D * D + threadIdx.x] = dz;
+  }
+  // The intra-block part of d(phi(k)) = g'_masked^T phi(Q) into phi(K)'s tile (rows s take
+  // queries t >= s only).
+  auto intra_part = [&](const E* a, const E* b, E* stage) {
+#pragma unroll
+    for (int i = 0; i < Tiles::rows; ++i) {
+#pragma unroll
+      for (int j = 0; j < Tiles::cols; ++j) acc[i][j].zero();
+    }
+    const int k0 = fm * 16;
+    wmma_tiles::mma_block<E, true, false, Tiles::rows, Tiles::cols>(
+        acc, a + k0 * kLdScoreE, kLdScoreE, b + k0 * L::lde, L::lde, fm, fn, kC - k0);
+#pragma unroll
+    for (int i = 0; i < Tiles::rows; ++i) {
+#pragma unroll
+      for (int j = 0; j < Tiles::cols; ++j) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+          for (int e = 0; e < 4; e += 2) {
+            const int r = (fm + i) * 16 + TileAccumulator::row(e);
+            const int c = (fn + j) * 16 + TileAccumulator::col(h, e);
+            store_pair(stage + r * L::lde + c, acc[i][j].x[h][e], acc[i][j].x[h][e + 1]);
+          }
+        }
+      }
+    }
+  };
+  intra_part(g_masked, qf, kf);
+  __syncthreads();
+  T* grad_q = static_cast<T*>(p.grad_q);
+  T* grad_k = static_cast<T*>(p.grad_k);
+  T* grad_v = static_cast<T*>(p.grad_v);
+#pragma unroll
+  for (int pass = 0; pass < Rows::passes; ++pass) {  // whole warps (feature_backward shuffles)
+    const int r = Rows::row(pass);
+    if (r >= kC) break;
+    float x[L::vec], gq[L::vec];
+    const bool live = r < w.valid;
+    q_rows.values(pass, x);
+#pragma unroll
+    for (int i = 0; i < L::vec; ++i) {
+      const int d = row_lane * L::vec + i;
+      if (!live) x[i] = 0.f;
+      gq[i] = live ? dphi[r * L::ldf + d] + dden[r] * z[d] : 0.f;
+    }
+    feature_backward<T, D, kLeanThreads>(x, live ? inv_rms[r] : 0.f, gq);
+    if (live) store_vector<T, D>(grad_q + out_row(p.shape, w, r) * D + row_lane * L::vec, gq);
+  }
+  for (int r = threadIdx.x / L::lanes; r < w.valid; r += L::rows_per_pass) {
+    *reinterpret_cast<uint4*>(grad_k + out_row(p.shape, w, r) * D + row_lane * L::vec) =
+        *reinterpret_cast<const uint4*>(kf + r * L::lde + row_lane * L::vec);
+  }
+  __syncthreads();  // d(phi(q))'s rows are read: P's area takes dv's
+  intra_part(scores_masked, dnum, prefix);  // dv = masked^T dnum
+  __syncthreads();
+  for (int r = threadIdx.x / L::lanes; r < w.valid; r += L::rows_per_pass) {
+    *reinterpret_cast<uint4*>(grad_v + out_row(p.shape, w, r) * D + row_lane * L::vec) =
+        *reinterpret_cast<const uint4*>(prefix + r * L::lde + row_lane * L::vec);
+  }
+}
+
+template <typename T, int D>
+__host__ __device__ constexpr size_t lean_key_backward_smem() {
+  using L = Layout<T, D, kLeanThreads>;
+  using E = typename Mma<T>::elem;
+  return align128(D * L::lde * sizeof(E)) + 2 * align128(kC * L::lde * sizeof(E)) +
+         align128(kC * L::ldf * 4) + align128(D * 4) + align128(kC * 4);
+}
+
+// key_backward_kernel for 16-bit T at two CTAs per SM: dv, then d(phi(k)), through one fp32 tile.
+template <typename T, int D>
+__global__ void __launch_bounds__(kLeanThreads, 2)
+    lean_key_backward_kernel(CausalBlockLinearBackward p) {
+  using L = Layout<T, D, kLeanThreads>;
+  using E = typename Mma<T>::elem;
+  using Rows = TileRows<T, D, kLeanThreads>;
+  using Tiles = LeanTokenTiles<D>;
+  using wmma_tiles::TileAccumulator;
+  extern __shared__ __align__(128) unsigned char smem[];
+  SharedCursor cursor{smem};
+  E* ds = cursor.take<E>(D * L::lde);
+  E* kf = cursor.take<E>(kC * L::lde);
+  E* vt = cursor.take<E>(kC * L::lde);
+  float* product = cursor.take<float>(kC * L::ldf);
+  float* dz = cursor.take<float>(D);
+  float* inv_rms = cursor.take<float>(kC);
+  const BlockWork w = block_work(p.shape);
+  const int blocks = blocks_of(p.shape.tokens);
+  Rows k_rows;  // raw k for the feature backward
+  {
+    Rows v_rows;
+    k_rows.load(p.k, w.b, w.h, w.begin, w.valid, kC);
+    v_rows.load(p.v, w.b, w.h, w.begin, w.valid, kC);
+    load_state<T, D, kLeanThreads, 8>(p.grad_states + state_offset(w, blocks, L::state), ds,
+                                      dz);
+    k_rows.store_features(w.valid, kC, kf, inv_rms);
+    v_rows.store_plain(kC, vt);
+  }
+  T* grad_k = static_cast<T*>(p.grad_k);
+  T* grad_v = static_cast<T*>(p.grad_v);
+  // The query pass's intra-block parts: in flight during the products.
+  Rows dk_part, dv_part;
+  dk_part.load_contiguous(grad_k, p.shape.tokens, p.shape.heads, w.b, w.h, w.begin, w.valid);
+  dv_part.load_contiguous(grad_v, p.shape.tokens, p.shape.heads, w.b, w.h, w.begin, w.valid);
+  __syncthreads();
+  const int fm = Tiles::first_row_tile(), fn = Tiles::first_col_tile();
+  // product = A B (B = dS, transposed when Transposed), from this warp's tile block.
+  auto multiply = [&](const E* a, auto transposed) {
+    TileAccumulator acc[Tiles::rows][Tiles::cols];
+#pragma unroll
+    for (int i = 0; i < Tiles::rows; ++i) {
+#pragma unroll
+      for (int j = 0; j < Tiles::cols; ++j) acc[i][j].zero();
+    }
+    wmma_tiles::mma_block<E, false, decltype(transposed)::value, Tiles::rows, Tiles::cols>(
+        acc, a, L::lde, ds, L::lde, fm, fn, D);
+#pragma unroll
+    for (int i = 0; i < Tiles::rows; ++i) {
+#pragma unroll
+      for (int j = 0; j < Tiles::cols; ++j) {
+        acc[i][j].store(product + (fm + i) * 16 * L::ldf + (fn + j) * 16, L::ldf);
+      }
+    }
+  };
+  multiply(kf, std::false_type{});  // dV = phi(K) dS
+  __syncthreads();
+  const int row_lane = threadIdx.x % L::lanes;
+#pragma unroll
+  for (int pass = 0; pass < Rows::passes; ++pass) {
+    const int r = Rows::row(pass);
+    if (r >= w.valid) break;
+    float g[L::vec], part[L::vec];
+    dv_part.values(pass, part);
+#pragma unroll
+    for (int i = 0; i < L::vec; ++i) g[i] = product[r * L::ldf + row_lane * L::vec + i] + part[i];
+    store_vector<T, D>(grad_v + out_row(p.shape, w, r) * D + row_lane * L::vec, g);
+  }
+  __syncthreads();
+  multiply(vt, std::true_type{});  // d(phi(k)) = V dS^T (+ dz below)
+  __syncthreads();
+#pragma unroll
+  for (int pass = 0; pass < Rows::passes; ++pass) {  // whole warps
+    const int r = Rows::row(pass);
+    if (r >= kC) break;
+    float x[L::vec], g[L::vec], part[L::vec];
+    const bool live = r < w.valid;
+    k_rows.values(pass, x);
+    dk_part.values(pass, part);
+#pragma unroll
+    for (int i = 0; i < L::vec; ++i) {
+      const int d = row_lane * L::vec + i;
+      if (!live) x[i] = 0.f;
+      g[i] = live ? product[r * L::ldf + d] + dz[d] + part[i] : 0.f;
+    }
+    feature_backward<T, D, kLeanThreads>(x, live ? inv_rms[r] : 0.f, g);
+    if (live) store_vector<T, D>(grad_k + out_row(p.shape, w, r) * D + row_lane * L::vec, g);
+  }
+}
+
+// Two lean CTAs per SM at the largest head dimension (each CTA also reserves 1 KB).
+static_assert(2 * (lean_output_smem<__nv_bfloat16, 128>() + 1024) <= 228 * 1024);
+static_assert(2 * (lean_query_backward_smem<__nv_bfloat16, 128>() + 1024) <= 228 * 1024);
+static_assert(2 * (lean_key_backward_smem<__nv_bfloat16, 128>() + 1024) <= 228 * 1024);
+
 // ---------------------------------------------------------------------------------------------
 // Launchers
+
+// The lean token passes for 16-bit types (fp32 keeps the WMMA tf32 passes);
+// MHLA_CAUSAL_LEAN_PASSES=0 returns to the one-CTA-per-SM passes for A/B runs.
+template <typename T>
+bool lean_passes() {
+  if constexpr (std::is_same_v<T, float>) {
+    return false;
+  } else {
+    static const bool on = [] {
+      const char* value = std::getenv("MHLA_CAUSAL_LEAN_PASSES");
+      return value == nullptr || value[0] != '0';
+    }();
+    return on;
+  }
+}
 
 int window_of(const float* mixing, int mixing_blocks) {
   return mixing == nullptr ? 0 : mixing_blocks - 1;
@@ -819,7 +1388,16 @@ cudaError_t forward_for(const CausalBlockLinearForward& a, cudaStream_t stream) 
                     kSweepThreads, bytes, stream>>>(
         a.states, a.prefix, CausalWeights{a.mixing, s.mixing_blocks}, blocks, state);
   }
-  if (a.passes & kCausalOutputPass) {
+  bool output_done = false;
+  if constexpr (!std::is_same_v<T, float>) {
+    if ((a.passes & kCausalOutputPass) && lean_passes<T>()) {
+      constexpr size_t bytes = lean_output_smem<T, D>();
+      if ((err = allow_smem(lean_output_kernel<T, D>, bytes)) != cudaSuccess) return err;
+      lean_output_kernel<T, D><<<grid, kLeanThreads, bytes, stream>>>(a);
+      output_done = true;
+    }
+  }
+  if ((a.passes & kCausalOutputPass) && !output_done) {
     constexpr size_t bytes = output_smem<T, D>();
     if ((err = allow_smem(output_kernel<T, D>, bytes)) != cudaSuccess) return err;
     output_kernel<T, D><<<grid, kCausalThreads, bytes, stream>>>(a);
@@ -838,9 +1416,21 @@ cudaError_t backward_for(const CausalBlockLinearBackward& a, cudaStream_t stream
     if (a.mixing != nullptr &&
         (err = cudaMemsetAsync(a.grad_mixing, 0, sizeof(float) * m * m, stream)) != cudaSuccess)
       return err;
-    constexpr size_t bytes = query_backward_smem<T, D>();
-    if ((err = allow_smem(query_backward_kernel<T, D>, bytes)) != cudaSuccess) return err;
-    query_backward_kernel<T, D><<<grid, kCausalThreads, bytes, stream>>>(a);
+    bool done = false;
+    if constexpr (!std::is_same_v<T, float>) {
+      if (lean_passes<T>()) {
+        constexpr size_t bytes = lean_query_backward_smem<T, D>();
+        if ((err = allow_smem(lean_query_backward_kernel<T, D>, bytes)) != cudaSuccess)
+          return err;
+        lean_query_backward_kernel<T, D><<<grid, kLeanThreads, bytes, stream>>>(a);
+        done = true;
+      }
+    }
+    if (!done) {
+      constexpr size_t bytes = query_backward_smem<T, D>();
+      if ((err = allow_smem(query_backward_kernel<T, D>, bytes)) != cudaSuccess) return err;
+      query_backward_kernel<T, D><<<grid, kCausalThreads, bytes, stream>>>(a);
+    }
   }
   if ((a.passes & kCausalPrefixPass) &&
       prefix_by_window<PrefixWindowBackward>(window_of(a.mixing, m), a, stream, &err)) {
@@ -860,7 +1450,16 @@ cudaError_t backward_for(const CausalBlockLinearBackward& a, cudaStream_t stream
         a.states, a.grad_prefix, a.grad_states, a.grad_mixing, CausalWeights{a.mixing, m},
         s.batch * s.heads, blocks, state);
   }
-  if (a.passes & kCausalKeyPass) {
+  bool key_done = false;
+  if constexpr (!std::is_same_v<T, float>) {
+    if ((a.passes & kCausalKeyPass) && lean_passes<T>()) {
+      constexpr size_t bytes = lean_key_backward_smem<T, D>();
+      if ((err = allow_smem(lean_key_backward_kernel<T, D>, bytes)) != cudaSuccess) return err;
+      lean_key_backward_kernel<T, D><<<grid, kLeanThreads, bytes, stream>>>(a);
+      key_done = true;
+    }
+  }
+  if ((a.passes & kCausalKeyPass) && !key_done) {
     constexpr size_t bytes = key_backward_smem<T, D>();
     if ((err = allow_smem(key_backward_kernel<T, D>, bytes)) != cudaSuccess) return err;
     key_backward_kernel<T, D><<<grid, kCausalThreads, bytes, stream>>>(a);

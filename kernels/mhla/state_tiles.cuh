@@ -94,14 +94,16 @@ __device__ void write_state(FragC<T> (&acc)[Layout<T, D, Threads>::frags_per_war
 // store: the scalar load-convert-store loop this replaces waited one global-memory latency per
 // element group (~20 us per CTA at D = 128, most of the causal output pass). A state starts at a
 // multiple of D * (D + 1) floats, 16-byte aligned when its buffer is.
-template <typename T, int D, int Threads = kThreads>
+// MaxBatch bounds the float4 loads in flight per thread (registers: the lean causal passes hold
+// their token rows in flight beside it).
+template <typename T, int D, int Threads = kThreads, int MaxBatch = 16>
 __device__ void load_state(const float* state, typename Mma<T>::elem* s, float* z) {
   using L = Layout<T, D, Threads>;
   constexpr int kThreads = Threads;
   using E = typename Mma<T>::elem;
   constexpr int kPerRow = D / 4, kCount = D * kPerRow;  // float4 groups of S
   constexpr int kPerThread = kCount / kThreads > 0 ? kCount / kThreads : 1;
-  constexpr int kBatch = kPerThread < 16 ? kPerThread : 16;
+  constexpr int kBatch = kPerThread < MaxBatch ? kPerThread : MaxBatch;
   if (reinterpret_cast<uintptr_t>(state) % 16 != 0) {  // not from a whole-state buffer
     for (int e = threadIdx.x; e < D * D; e += kThreads) {
       s[(e / D) * L::lde + e % D] = from_float<E>(state[e]);
