@@ -28,8 +28,9 @@ constexpr int kCausalWarps = kCausalThreads / 32;
 constexpr int kSweepThreads = 256;
 // The register-window sweeps keep this many blocks' loads in flight per thread: with one, the
 // bytes in flight across the GPU were too few to cover the memory latency (the sweeps are
-// bandwidth-bound in principle: each state is read once and each prefix written once).
-constexpr int kSweepAhead = 4;
+// bandwidth-bound in principle: each state is read once and each prefix written once). Four
+// (session 12) left them at ~2.1 TB/s; MHLA_SWEEP_AHEAD=4|8|16 picks another for A/B runs.
+constexpr int kSweepAhead = 8;
 constexpr size_t kMaxSharedBytes = 227 * 1024;  // tokens per block (== kTile: one tile per block)
 constexpr int kLdScore = kC + 8;   // fp32 64 x 64 tiles (8-bank row stride: see gated_delta Ld)
 constexpr int kLdScoreE = kC + 8;  // 64 x 64 tiles of tensor-core elements
@@ -196,7 +197,7 @@ __global__ void __launch_bounds__(kSweepThreads)
 // The same sweep with the window W a compile-time constant (the common matrix sizes): the last W
 // states and the sliding row's weights sit in registers instead of a shared-memory ring, whose
 // two shared-memory reads per product were the generic sweep's cost.
-template <int W>
+template <int W, int Ahead>
 __global__ void __launch_bounds__(kSweepThreads)
     prefix_window_kernel(const float* states, float* prefix, CausalWeights mix, int blocks,
                          int state) {
@@ -217,15 +218,15 @@ __global__ void __launch_bounds__(kSweepThreads)
   auto load = [&](int i) {
     return i < blocks ? states[base + static_cast<size_t>(i) * state] : 0.f;
   };
-  float ahead[kSweepAhead];  // S_i, ..., S_{i + kSweepAhead - 1}
+  float ahead[Ahead];  // S_i, ..., S_{i + Ahead - 1}
 #pragma unroll
-  for (int a = 0; a < kSweepAhead; ++a) ahead[a] = load(a);
+  for (int a = 0; a < Ahead; ++a) ahead[a] = load(a);
   float r = 0.f;
   for (int i = 0; i < blocks; ++i) {
     const float s = ahead[0];
 #pragma unroll
-    for (int a = 0; a + 1 < kSweepAhead; ++a) ahead[a] = ahead[a + 1];
-    ahead[kSweepAhead - 1] = load(i + kSweepAhead);
+    for (int a = 0; a + 1 < Ahead; ++a) ahead[a] = ahead[a + 1];
+    ahead[Ahead - 1] = load(i + Ahead);
     float p = 0.f;
     if (i >= M) {
       p = tail * r;
@@ -501,6 +502,41 @@ __global__ void __launch_bounds__(kLeanThreads, 2) lean_output_kernel(CausalBloc
 }
 
 
+template <typename T, int D>
+__host__ __device__ constexpr size_t lean_states_smem() {
+  using L = Layout<T, D, kLeanThreads>;
+  return 2 * align128(kC * L::lde * sizeof(typename Mma<T>::elem));
+}
+
+// states_kernel for 16-bit T: three CTAs per SM, S_j = phi(K_j)^T V_j written from the warps'
+// accumulators (ldmatrix + mma.sync instead of WMMA's generic fragment loads).
+template <typename T, int D>
+__global__ void __launch_bounds__(kLeanThreads, 3) lean_states_kernel(CausalBlockLinearForward p) {
+  using L = Layout<T, D, kLeanThreads>;
+  using E = typename Mma<T>::elem;
+  extern __shared__ __align__(128) unsigned char smem[];
+  SharedCursor cursor{smem};
+  E* kf = cursor.take<E>(kC * L::lde);
+  E* vt = cursor.take<E>(kC * L::lde);
+  const BlockWork w = block_work(p.shape);
+  {
+    TileRows<T, D, kLeanThreads> k_rows, v_rows;
+    k_rows.load(p.k, w.b, w.h, w.begin, w.valid, kC);
+    v_rows.load(p.v, w.b, w.h, w.begin, w.valid, kC);
+    k_rows.store_features(w.valid, kC, kf, nullptr);
+    v_rows.store_plain(kC, vt);
+  }
+  __syncthreads();
+  float* state = p.states + state_offset(w, blocks_of(p.shape.tokens), L::state);
+  wmma_tiles::gemm_blocked<E, kLeanWarps, true, false>(kf, L::lde, vt, L::lde, state, D, D, D,
+                                                      kC, false);
+  if (threadIdx.x < D) {
+    float z = 0.f;
+    for (int r = 0; r < w.valid; ++r) z += to_float(kf[r * L::lde + threadIdx.x]);
+    state[D * D + threadIdx.x] = z;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Backward
 
@@ -753,7 +789,7 @@ __global__ void __launch_bounds__(kSweepThreads)
 // prefix_backward_kernel with the window W a compile-time constant (see prefix_window_kernel):
 // the window of states or prefix gradients, the sliding row's weights and its gradient sums all
 // in registers.
-template <int W>
+template <int W, int Ahead>
 __global__ void __launch_bounds__(kSweepThreads)
     prefix_window_backward_kernel(const float* states, const float* grad_prefix, float* grad_states,
                                   float* grad_mixing, CausalWeights mix, int batch_heads,
@@ -790,21 +826,21 @@ __global__ void __launch_bounds__(kSweepThreads)
 #pragma unroll
     for (int d = 0; d < W; ++d) history[d] = 0.f;
     float u = 0.f;
-    float x_ahead[kSweepAhead], s_ahead[kSweepAhead];  // dP_j, S_j, ..., j - kSweepAhead + 1
+    float x_ahead[Ahead], s_ahead[Ahead];  // dP_j, S_j, ..., j - Ahead + 1
 #pragma unroll
-    for (int a = 0; a < kSweepAhead; ++a) {
+    for (int a = 0; a < Ahead; ++a) {
       x_ahead[a] = load(grad_prefix, blocks - 1 - a);
       s_ahead[a] = slides ? load(states, blocks - 1 - a) : 0.f;
     }
     for (int j = blocks - 1; j >= 0; --j) {
       const float x = x_ahead[0], s = s_ahead[0];
 #pragma unroll
-      for (int a = 0; a + 1 < kSweepAhead; ++a) {
+      for (int a = 0; a + 1 < Ahead; ++a) {
         x_ahead[a] = x_ahead[a + 1];
         s_ahead[a] = s_ahead[a + 1];
       }
-      x_ahead[kSweepAhead - 1] = load(grad_prefix, j - kSweepAhead);
-      s_ahead[kSweepAhead - 1] = slides ? load(states, j - kSweepAhead) : 0.f;
+      x_ahead[Ahead - 1] = load(grad_prefix, j - Ahead);
+      s_ahead[Ahead - 1] = slides ? load(states, j - Ahead) : 0.f;
       float g = tail * u;
 #pragma unroll
       for (int d = 1; d <= W; ++d) {
@@ -1306,14 +1342,39 @@ int window_of(const float* mixing, int mixing_blocks) {
 }
 
 // The prefix sweeps with a compile-time window, for the windows they are built for.
+int sweep_ahead() {
+  static const int ahead = [] {
+    const char* value = std::getenv("MHLA_SWEEP_AHEAD");
+    const int forced = value != nullptr ? std::atoi(value) : 0;
+    return forced == 4 || forced == 8 || forced == 16 ? forced : kSweepAhead;
+  }();
+  return ahead;
+}
+
+// Calls f(std::integral_constant<int, A>) for the sweep depth A in use.
+template <typename F>
+cudaError_t with_sweep_ahead(F&& f) {
+  switch (sweep_ahead()) {
+    case 4:
+      return f(std::integral_constant<int, 4>{});
+    case 16:
+      return f(std::integral_constant<int, 16>{});
+    default:
+      return f(std::integral_constant<int, 8>{});
+  }
+}
+
 template <int W>
 struct PrefixWindowForward {
   static cudaError_t run(const CausalBlockLinearForward& a, cudaStream_t stream, int state) {
     const auto& s = a.shape;
-    prefix_window_kernel<W><<<dim3((state + kSweepThreads - 1) / kSweepThreads, s.batch * s.heads),
-                              kSweepThreads, 0, stream>>>(
-        a.states, a.prefix, CausalWeights{a.mixing, s.mixing_blocks}, blocks_of(s.tokens), state);
-    return cudaGetLastError();
+    return with_sweep_ahead([&](auto ahead) {
+      prefix_window_kernel<W, decltype(ahead)::value>
+          <<<dim3((state + kSweepThreads - 1) / kSweepThreads, s.batch * s.heads), kSweepThreads,
+             0, stream>>>(a.states, a.prefix, CausalWeights{a.mixing, s.mixing_blocks},
+                          blocks_of(s.tokens), state);
+      return cudaGetLastError();
+    });
   }
 };
 
@@ -1322,18 +1383,21 @@ struct PrefixWindowBackward {
   static cudaError_t run(const CausalBlockLinearBackward& a, cudaStream_t stream, int state) {
     const auto& s = a.shape;
     const int items = s.batch * s.heads * ((state + kSweepThreads - 1) / kSweepThreads);
-    // As many persistent CTAs as fit at once (each adds its sliding-row sums once at the end).
-    int per_sm = 0;
-    if (cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &per_sm, prefix_window_backward_kernel<W>, kSweepThreads, 0);
-        err != cudaSuccess) {
-      return err;
-    }
-    const int ctas = std::min(items, std::max(per_sm, 1) * multiprocessors());
-    prefix_window_backward_kernel<W><<<ctas, kSweepThreads, 0, stream>>>(
-        a.states, a.grad_prefix, a.grad_states, a.grad_mixing,
-        CausalWeights{a.mixing, s.mixing_blocks}, s.batch * s.heads, blocks_of(s.tokens), state);
-    return cudaGetLastError();
+    return with_sweep_ahead([&](auto ahead) {
+      constexpr int A = decltype(ahead)::value;
+      // As many persistent CTAs as fit at once (each adds its sliding-row sums once at the end).
+      int per_sm = 0;
+      if (cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+              &per_sm, prefix_window_backward_kernel<W, A>, kSweepThreads, 0);
+          err != cudaSuccess) {
+        return err;
+      }
+      const int ctas = std::min(items, std::max(per_sm, 1) * multiprocessors());
+      prefix_window_backward_kernel<W, A><<<ctas, kSweepThreads, 0, stream>>>(
+          a.states, a.grad_prefix, a.grad_states, a.grad_mixing,
+          CausalWeights{a.mixing, s.mixing_blocks}, s.batch * s.heads, blocks_of(s.tokens), state);
+      return cudaGetLastError();
+    });
   }
 };
 
@@ -1369,7 +1433,16 @@ cudaError_t forward_for(const CausalBlockLinearForward& a, cudaStream_t stream) 
   const int blocks = blocks_of(s.tokens), state = Layout<T, D, kCausalThreads>::state;
   const dim3 grid(blocks, s.batch * s.heads);
   cudaError_t err = cudaSuccess;
-  if (a.passes & kCausalStatesPass) {
+  bool states_done = false;
+  if constexpr (!std::is_same_v<T, float>) {
+    if ((a.passes & kCausalStatesPass) && lean_passes<T>()) {
+      constexpr size_t bytes = lean_states_smem<T, D>();
+      if ((err = allow_smem(lean_states_kernel<T, D>, bytes)) != cudaSuccess) return err;
+      lean_states_kernel<T, D><<<grid, kLeanThreads, bytes, stream>>>(a);
+      states_done = true;
+    }
+  }
+  if ((a.passes & kCausalStatesPass) && !states_done) {
     constexpr size_t bytes = states_smem<T, D>();
     if ((err = allow_smem(states_kernel<T, D>, bytes)) != cudaSuccess) return err;
     states_kernel<T, D><<<grid, kCausalThreads, bytes, stream>>>(a);
