@@ -28,9 +28,10 @@ constexpr int kCausalWarps = kCausalThreads / 32;
 constexpr int kSweepThreads = 256;
 // The register-window sweeps keep this many blocks' loads in flight per thread: with one, the
 // bytes in flight across the GPU were too few to cover the memory latency (the sweeps are
-// bandwidth-bound in principle: each state is read once and each prefix written once). Four
-// (session 12) left them at ~2.1 TB/s; MHLA_SWEEP_AHEAD=4|8|16 picks another for A/B runs.
-constexpr int kSweepAhead = 8;
+// bandwidth-bound in principle: each state is read once and each prefix written once). Deeper
+// was slower (session 21, MHLA at T = 8,192: backward sweep 422 / 688 us at 4 / 16 blocks, the
+// registers cost residency); MHLA_SWEEP_AHEAD=1|2|4|8 picks another for A/B runs.
+constexpr int kSweepAhead = 4;
 constexpr size_t kMaxSharedBytes = 227 * 1024;  // tokens per block (== kTile: one tile per block)
 constexpr int kLdScore = kC + 8;   // fp32 64 x 64 tiles (8-bank row stride: see gated_delta Ld)
 constexpr int kLdScoreE = kC + 8;  // 64 x 64 tiles of tensor-core elements
@@ -197,50 +198,66 @@ __global__ void __launch_bounds__(kSweepThreads)
 // The same sweep with the window W a compile-time constant (the common matrix sizes): the last W
 // states and the sliding row's weights sit in registers instead of a shared-memory ring, whose
 // two shared-memory reads per product were the generic sweep's cost.
+// Two adjacent state elements per thread (8-byte accesses; every state size D * D + D is even)
+// and the sliding row's weights read from shared memory (one broadcast per product): with one
+// element and the weights in registers the sweep ran five CTAs per SM, so its 65 x B*H CTAs took
+// four waves at B*H = 32 where 33 x B*H CTAs at four per SM take two (session 21).
 template <int W, int Ahead>
-__global__ void __launch_bounds__(kSweepThreads)
+__global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 4 : 2)
     prefix_window_kernel(const float* states, float* prefix, CausalWeights mix, int blocks,
                          int state) {
   constexpr int M = W + 1;
   __shared__ float ms[M * M];
   for (int i = threadIdx.x; i < M * M; i += kSweepThreads) ms[i] = mix.m[i];
   __syncthreads();
-  const int e = blockIdx.x * kSweepThreads + threadIdx.x;
+  const int e = 2 * (blockIdx.x * kSweepThreads + threadIdx.x);
   if (e >= state) return;
-  float c[W + 1];  // c[d] = w(i, i - d) of the sliding rows i >= M
-#pragma unroll
-  for (int d = 1; d <= W; ++d) c[d] = ms[(M - 1) * M + M - 1 - d];
+  const float* c = ms + (M - 1) * M + M - 1;  // c[-d] = w(i, i - d) of the sliding rows i >= M
   const float tail = ms[(M - 1) * M];
   const size_t base = static_cast<size_t>(blockIdx.y) * blocks * state + e;
-  float history[W];  // history[d - 1] = S_{i-d}
+  float2 history[W];  // history[d - 1] = S_{i-d}
 #pragma unroll
-  for (int d = 0; d < W; ++d) history[d] = 0.f;
+  for (int d = 0; d < W; ++d) history[d] = make_float2(0.f, 0.f);
   auto load = [&](int i) {
-    return i < blocks ? states[base + static_cast<size_t>(i) * state] : 0.f;
+    return i < blocks
+               ? *reinterpret_cast<const float2*>(states + base + static_cast<size_t>(i) * state)
+               : make_float2(0.f, 0.f);
   };
-  float ahead[Ahead];  // S_i, ..., S_{i + Ahead - 1}
+  float2 ahead[Ahead];  // S_i, ..., S_{i + Ahead - 1}
 #pragma unroll
   for (int a = 0; a < Ahead; ++a) ahead[a] = load(a);
-  float r = 0.f;
+  float2 r = make_float2(0.f, 0.f);
   for (int i = 0; i < blocks; ++i) {
-    const float s = ahead[0];
+    const float2 s = ahead[0];
 #pragma unroll
     for (int a = 0; a + 1 < Ahead; ++a) ahead[a] = ahead[a + 1];
     ahead[Ahead - 1] = load(i + Ahead);
-    float p = 0.f;
+    float2 p = make_float2(0.f, 0.f);
     if (i >= M) {
-      p = tail * r;
+      p.x = tail * r.x;
+      p.y = tail * r.y;
 #pragma unroll
-      for (int d = 1; d <= W; ++d) p += c[d] * history[d - 1];
+      for (int d = 1; d <= W; ++d) {
+        const float w = c[-d];
+        p.x += w * history[d - 1].x;
+        p.y += w * history[d - 1].y;
+      }
     } else {
       const float* row = ms + i * M + i;  // row[-d] = m_{i, i-d}
 #pragma unroll
       for (int d = 1; d <= W; ++d) {
-        if (d <= i) p += row[-d] * history[d - 1];
+        if (d <= i) {
+          const float w = row[-d];
+          p.x += w * history[d - 1].x;
+          p.y += w * history[d - 1].y;
+        }
       }
     }
-    prefix[base + static_cast<size_t>(i) * state] = p;
-    if (i >= W) r += history[W - 1];  // S_{i-W} leaves the window
+    *reinterpret_cast<float2*>(prefix + base + static_cast<size_t>(i) * state) = p;
+    if (i >= W) {  // S_{i-W} leaves the window
+      r.x += history[W - 1].x;
+      r.y += history[W - 1].y;
+    }
 #pragma unroll
     for (int d = W - 1; d > 0; --d) history[d] = history[d - 1];
     history[0] = s;
@@ -790,7 +807,7 @@ __global__ void __launch_bounds__(kSweepThreads)
 // the window of states or prefix gradients, the sliding row's weights and its gradient sums all
 // in registers.
 template <int W, int Ahead>
-__global__ void __launch_bounds__(kSweepThreads)
+__global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 4 : 2)
     prefix_window_backward_kernel(const float* states, const float* grad_prefix, float* grad_states,
                                   float* grad_mixing, CausalWeights mix, int batch_heads,
                                   int blocks, int state) {
@@ -801,9 +818,7 @@ __global__ void __launch_bounds__(kSweepThreads)
   for (int i = t; i < M * M; i += kSweepThreads) ms[i] = mix.m[i];
   for (int k = t; k < M; k += kSweepThreads) dm_row[k] = 0.f;
   __syncthreads();
-  float c[W + 1];
-#pragma unroll
-  for (int d = 1; d <= W; ++d) c[d] = ms[(M - 1) * M + M - 1 - d];
+  const float* c = ms + (M - 1) * M + M - 1;  // c[-d]: the sliding row (shared-memory broadcasts)
   const float tail = ms[(M - 1) * M];
   const bool slides = blocks > M;
   float sliding[M];  // this thread's share of dm_{M-1, k}
@@ -844,7 +859,7 @@ __global__ void __launch_bounds__(kSweepThreads)
       float g = tail * u;
 #pragma unroll
       for (int d = 1; d <= W; ++d) {
-        const float w = j + d >= M ? c[d] : ms[(j + d) * M + j];
+        const float w = j + d >= M ? c[-d] : ms[(j + d) * M + j];
         g += w * history[d - 1];
       }
       if (slides) {
@@ -1346,7 +1361,7 @@ int sweep_ahead() {
   static const int ahead = [] {
     const char* value = std::getenv("MHLA_SWEEP_AHEAD");
     const int forced = value != nullptr ? std::atoi(value) : 0;
-    return forced == 4 || forced == 8 || forced == 16 ? forced : kSweepAhead;
+    return forced == 1 || forced == 2 || forced == 4 || forced == 8 ? forced : kSweepAhead;
   }();
   return ahead;
 }
@@ -1355,12 +1370,14 @@ int sweep_ahead() {
 template <typename F>
 cudaError_t with_sweep_ahead(F&& f) {
   switch (sweep_ahead()) {
-    case 4:
-      return f(std::integral_constant<int, 4>{});
-    case 16:
-      return f(std::integral_constant<int, 16>{});
-    default:
+    case 1:
+      return f(std::integral_constant<int, 1>{});
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    case 8:
       return f(std::integral_constant<int, 8>{});
+    default:
+      return f(std::integral_constant<int, 4>{});
   }
 }
 
@@ -1368,9 +1385,10 @@ template <int W>
 struct PrefixWindowForward {
   static cudaError_t run(const CausalBlockLinearForward& a, cudaStream_t stream, int state) {
     const auto& s = a.shape;
+    const int pairs = state / 2;  // two elements per thread
     return with_sweep_ahead([&](auto ahead) {
       prefix_window_kernel<W, decltype(ahead)::value>
-          <<<dim3((state + kSweepThreads - 1) / kSweepThreads, s.batch * s.heads), kSweepThreads,
+          <<<dim3((pairs + kSweepThreads - 1) / kSweepThreads, s.batch * s.heads), kSweepThreads,
              0, stream>>>(a.states, a.prefix, CausalWeights{a.mixing, s.mixing_blocks},
                           blocks_of(s.tokens), state);
       return cudaGetLastError();
