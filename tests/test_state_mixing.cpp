@@ -61,6 +61,39 @@ TEST_CASE("attention: block state mix against float64", "[attention][gpu]") {
 #endif
 }
 
+TEST_CASE("attention: block state mix into a packed set of causal prefixes", "[attention][gpu]") {
+#ifdef MHLA_WITH_CUDA_KERNELS
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device: skipped");
+    return;
+  }
+  torch::manual_seed(33);
+  using mhla_kernels::MixPattern;
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
+  // Per row: the D x D matrix part in bf16 (the fp32 mix rounded once), then z in fp32 as is.
+  for (const int64_t d : {32, 64, 128}) {
+    INFO("D=" << d);
+    const int64_t blocks = 20, elements = d * d + d;
+    auto states = torch::randn({3, blocks, elements}, cuda);
+    auto weights = torch::rand({blocks, blocks}, cuda).tril(-1);
+    auto full = mix_block_states(weights, states, MixPattern::lower);
+    auto packed = mix_block_states(weights, states, MixPattern::lower, d * d);
+    REQUIRE(packed.sizes() == torch::IntArrayRef({3, blocks, d * d / 2 + d}));
+    auto matrix = packed.narrow(2, 0, d * d / 2).contiguous().view(torch::kBFloat16);
+    CHECK(torch::equal(matrix, full.narrow(2, 0, d * d).to(torch::kBFloat16)));
+    CHECK(torch::equal(packed.narrow(2, d * d / 2, d), full.narrow(2, d * d, d)));
+  }
+  auto states = torch::randn({1, 4, 1056}, cuda);
+  auto weights = torch::rand({4, 4}, cuda).tril(-1);
+  CHECK(test::contains(
+      test::error_of([&] { mix_block_states(weights, states, MixPattern::lower, 1022); }),
+      "block state mix: a packed output needs a matrix part of 0 to 1056 elements, a multiple of "
+      "4"));
+#else
+  WARN("built without the CUDA kernels: skipped");
+#endif
+}
+
 TEST_CASE("attention: block pair products (mixing gradient) against float64", "[attention][gpu]") {
 #ifdef MHLA_WITH_CUDA_KERNELS
   if (!torch::cuda::is_available()) {

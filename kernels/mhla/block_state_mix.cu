@@ -1,6 +1,8 @@
 // out[b, i] = sum_j w_ij in[b, j] over fp32 block states (see block_state_mix.h).
 #include <algorithm>
 
+#include <cuda_bf16.h>
+
 #include "mhla/block_state_mix.h"
 
 namespace mhla_kernels {
@@ -28,6 +30,23 @@ __global__ void __launch_bounds__(kThreads) state_mix_kernel(BlockStateMix p) {
   const size_t base = static_cast<size_t>(blockIdx.y) * p.blocks * quads + c;
   const float4* in = reinterpret_cast<const float4*>(p.in) + base;
   float4* out = reinterpret_cast<float4*>(p.out) + base;
+  // A packed row: element 4c of the matrix part as four bf16 (8 bytes), of the rest as a float4.
+  const int64_t e = 4 * c, matrix = p.packed_matrix;
+  const int64_t packed_row = matrix / 2 + p.elements - matrix;
+  auto store = [&](int i, float4 v) {
+    if (matrix == 0) {
+      out[static_cast<size_t>(i) * quads] = v;
+      return;
+    }
+    float* row = p.out + (static_cast<size_t>(blockIdx.y) * p.blocks + i) * packed_row;
+    if (e < matrix) {
+      __nv_bfloat162 pair[2] = {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
+      *reinterpret_cast<uint2*>(reinterpret_cast<__nv_bfloat16*>(row) + e) =
+          *reinterpret_cast<const uint2*>(pair);
+    } else {
+      *reinterpret_cast<float4*>(row + matrix / 2 + e - matrix) = v;
+    }
+  };
   for (int i0 = 0; i0 < p.blocks; i0 += kGroup) {
     float4 acc[kGroup];
 #pragma unroll
@@ -55,7 +74,7 @@ __global__ void __launch_bounds__(kThreads) state_mix_kernel(BlockStateMix p) {
     }
 #pragma unroll
     for (int r = 0; r < kGroup; ++r) {
-      if (i0 + r < p.blocks) out[static_cast<size_t>(i0 + r) * quads] = acc[r];
+      if (i0 + r < p.blocks) store(i0 + r, acc[r]);
     }
   }
 }
@@ -65,7 +84,8 @@ __global__ void __launch_bounds__(kThreads) state_mix_kernel(BlockStateMix p) {
 cudaError_t block_state_mix(const BlockStateMix& p, cudaStream_t stream) {
   if (p.in == nullptr || p.weights == nullptr || p.out == nullptr || p.batch_heads <= 0 ||
       p.batch_heads > 65535 || p.blocks < 1 || p.blocks > kMaxMixBlocks || p.elements <= 0 ||
-      p.elements % 4 != 0)
+      p.elements % 4 != 0 || p.packed_matrix < 0 || p.packed_matrix % 4 != 0 ||
+      p.packed_matrix > p.elements)
     return cudaErrorInvalidValue;
   const size_t bytes = static_cast<size_t>(padded(p.blocks)) * padded(p.blocks) * sizeof(float);
   if (bytes > 48 * 1024) {

@@ -29,9 +29,11 @@ constexpr int kSweepThreads = 256;
 // The register-window sweeps keep this many blocks' loads in flight per thread: with one, the
 // bytes in flight across the GPU were too few to cover the memory latency (the sweeps are
 // bandwidth-bound in principle: each state is read once and each prefix written once). Deeper
-// was slower (session 21, MHLA at T = 8,192: backward sweep 422 / 688 us at 4 / 16 blocks, the
-// registers cost residency); MHLA_SWEEP_AHEAD=1|2|4|8 picks another for A/B runs.
-constexpr int kSweepAhead = 4;
+// was slower (session 21, MHLA at T = 8,192: backward sweep 422 / 688 us at 4 / 16 blocks; the
+// two-element forward sweep 170 / 205 us at 1 / 4): each CTA's blocks lie a whole state set
+// apart, so more of them in flight spreads the accesses over more DRAM pages.
+constexpr int kSweepAhead = 1;
+constexpr int kSweepBackwardAhead = 4;
 constexpr size_t kMaxSharedBytes = 227 * 1024;  // tokens per block (== kTile: one tile per block)
 constexpr int kLdScore = kC + 8;   // fp32 64 x 64 tiles (8-bank row stride: see gated_delta Ld)
 constexpr int kLdScoreE = kC + 8;  // 64 x 64 tiles of tensor-core elements
@@ -155,11 +157,50 @@ __global__ void __launch_bounds__(kCausalThreads) states_kernel(CausalBlockLinea
   }
 }
 
+// Where the prefix sweeps write P_i: a fp32 set (D * D + D floats per block) or a packed one
+// (causal_prefix_packed: the matrix in bf16, then z in fp32). Elements are the state's (matrix
+// row-major, then z).
+struct PrefixSink {
+  float* set;
+  int matrix;  // D * D
+  int stride;  // floats per block
+  bool packed;
+  __device__ __forceinline__ float* block(size_t index) const { return set + index * stride; }
+  __device__ __forceinline__ void store(size_t index, int e, float v) const {
+    float* b = block(index);
+    if (!packed) {
+      b[e] = v;
+    } else if (e < matrix) {
+      reinterpret_cast<__nv_bfloat16*>(b)[e] = __float2bfloat16(v);
+    } else {
+      b[matrix / 2 + e - matrix] = v;
+    }
+  }
+  // Elements e and e + 1 (e even: a pair never straddles the matrix's end, D * D being even).
+  __device__ __forceinline__ void store_pair(size_t index, int e, float2 v) const {
+    float* b = block(index);
+    if (!packed) {
+      *reinterpret_cast<float2*>(b + e) = v;
+    } else if (e < matrix) {
+      *reinterpret_cast<__nv_bfloat162*>(reinterpret_cast<__nv_bfloat16*>(b) + e) =
+          __floats2bfloat162_rn(v.x, v.y);
+    } else {
+      *reinterpret_cast<float2*>(b + matrix / 2 + e - matrix) = v;
+    }
+  }
+};
+
+PrefixSink prefix_sink(float* set, int head_dim, bool packed) {
+  return {set, head_dim * head_dim,
+          static_cast<int>(causal_prefix_floats(head_dim, packed)), packed};
+}
+
 // P_i = sum_{d=1}^{min(i, W)} w(i, i-d) S_{i-d} + [i >= M] tail * R, R = sum_{j <= i-M} S_j, for
 // one state element per thread. The last W states sit in a per-thread shared-memory ring (slot
 // j % W), R in a register: each state is read once and each prefix written once.
 __global__ void __launch_bounds__(kSweepThreads)
-    prefix_kernel(const float* states, float* prefix, CausalWeights mix, int blocks, int state) {
+    prefix_kernel(const float* states, PrefixSink prefix, CausalWeights mix, int blocks,
+                  int state) {
   extern __shared__ __align__(128) float shared[];
   const int W = mix.window(), M = W + 1, t = threadIdx.x;
   float* ms = shared;            // [M][M]
@@ -183,7 +224,7 @@ __global__ void __launch_bounds__(kSweepThreads)
       p += w[-d] * ring[slot * kSweepThreads + t];
       slot = slot == 0 ? W - 1 : slot - 1;
     }
-    prefix[base + static_cast<size_t>(i) * state] = p;
+    prefix.store(static_cast<size_t>(blockIdx.y) * blocks + i, e, p);
     if (W == 0) {
       r += s;
     } else {
@@ -204,7 +245,7 @@ __global__ void __launch_bounds__(kSweepThreads)
 // four waves at B*H = 32 where 33 x B*H CTAs at four per SM take two (session 21).
 template <int W, int Ahead>
 __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 4 : 2)
-    prefix_window_kernel(const float* states, float* prefix, CausalWeights mix, int blocks,
+    prefix_window_kernel(const float* states, PrefixSink prefix, CausalWeights mix, int blocks,
                          int state) {
   constexpr int M = W + 1;
   __shared__ float ms[M * M];
@@ -253,7 +294,7 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 4 : 2)
         }
       }
     }
-    *reinterpret_cast<float2*>(prefix + base + static_cast<size_t>(i) * state) = p;
+    prefix.store_pair(static_cast<size_t>(blockIdx.y) * blocks + i, e, p);
     if (i >= W) {  // S_{i-W} leaves the window
       r.x += history[W - 1].x;
       r.y += history[W - 1].y;
@@ -372,6 +413,42 @@ __device__ __forceinline__ void store_pair(E* p, float a, float b) {
   store_pack<E, 2>(p, v);
 }
 
+// P_i of a packed set (causal_prefix_packed) into shared memory by cp.async: the matrix's rows
+// into the tile (row stride L::lde), z into its fp32 array. wait_copies() completes them.
+template <typename T, int D>
+__device__ __forceinline__ void copy_packed_prefix(const float* set, size_t block,
+                                                   typename Mma<T>::elem* s, float* z) {
+  using L = Layout<T, D, kLeanThreads>;
+  const char* src = reinterpret_cast<const char*>(set + block * (D * D / 2 + D));
+  constexpr int kRowCopies = D / 8, kMatrixCopies = D * kRowCopies, kCopies = kMatrixCopies + D / 4;
+  for (int c = threadIdx.x; c < kCopies; c += kLeanThreads) {
+    void* dst = c < kMatrixCopies
+                    ? static_cast<void*>(s + (c / kRowCopies) * L::lde + (c % kRowCopies) * 8)
+                    : static_cast<void*>(z + (c - kMatrixCopies) * 4);
+    const unsigned at = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(at), "l"(src + c * 16));
+  }
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+
+__device__ __forceinline__ void wait_copies() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+// P_i and z_i of the block into shared memory, from a packed set (bf16 only: the host refuses
+// others) or a fp32 one. A packed copy is asynchronous: wait_copies() before the barrier.
+template <typename T, int D>
+__device__ __forceinline__ void start_prefix_load(const float* set, bool packed, size_t block,
+                                                  typename Mma<T>::elem* s, float* z) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if (packed) {
+      copy_packed_prefix<T, D>(set, block, s, z);
+      return;
+    }
+  }
+  load_state<T, D, kLeanThreads, 8>(set + block * (D * D + D), s, z);
+}
+
 template <typename T, int D>
 __host__ __device__ constexpr size_t lean_output_smem() {
   using L = Layout<T, D, kLeanThreads>;
@@ -404,16 +481,19 @@ __global__ void __launch_bounds__(kLeanThreads, 2) lean_output_kernel(CausalBloc
   const int blocks = blocks_of(p.shape.tokens);
   const CausalWeights mix{p.mixing, p.shape.mixing_blocks};
   const float diagonal_weight = mix.at(w.block, w.block);
+  const size_t prefix_block = static_cast<size_t>(w.bh) * blocks + w.block;
+  if (p.packed_prefix) start_prefix_load<T, D>(p.prefix, true, prefix_block, prefix, z);
   {
     TileRows<T, D, kLeanThreads> q_rows, k_rows, v_rows;
     q_rows.load(p.q, w.b, w.h, w.begin, w.valid, kC);
     k_rows.load(p.k, w.b, w.h, w.begin, w.valid, kC);
     v_rows.load(p.v, w.b, w.h, w.begin, w.valid, kC);
-    load_state<T, D, kLeanThreads, 8>(p.prefix + state_offset(w, blocks, L::state), prefix, z);
+    if (!p.packed_prefix) start_prefix_load<T, D>(p.prefix, false, prefix_block, prefix, z);
     q_rows.store_features(w.valid, kC, qf, nullptr);
     k_rows.store_features(w.valid, kC, kf, nullptr);
     v_rows.store_plain(kC, vt);
   }
+  wait_copies();
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // Scores phi(Q) phi(K)^T on the causal mask (tiles above the diagonal are skipped, zero).
@@ -807,7 +887,7 @@ __global__ void __launch_bounds__(kSweepThreads)
 // the window of states or prefix gradients, the sliding row's weights and its gradient sums all
 // in registers.
 template <int W, int Ahead>
-__global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 4 : 2)
+__global__ void __launch_bounds__(kSweepThreads)
     prefix_window_backward_kernel(const float* states, const float* grad_prefix, float* grad_states,
                                   float* grad_mixing, CausalWeights mix, int batch_heads,
                                   int blocks, int state) {
@@ -818,7 +898,11 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 4 : 2)
   for (int i = t; i < M * M; i += kSweepThreads) ms[i] = mix.m[i];
   for (int k = t; k < M; k += kSweepThreads) dm_row[k] = 0.f;
   __syncthreads();
-  const float* c = ms + (M - 1) * M + M - 1;  // c[-d]: the sliding row (shared-memory broadcasts)
+  // The sliding row's weights stay in registers here: read from shared memory at four CTAs per
+  // SM this sweep was slower (MHLA at T = 8,192: 422 -> 489 us, session 21 call 3).
+  float c[W + 1];
+#pragma unroll
+  for (int d = 1; d <= W; ++d) c[d] = ms[(M - 1) * M + M - 1 - d];
   const float tail = ms[(M - 1) * M];
   const bool slides = blocks > M;
   float sliding[M];  // this thread's share of dm_{M-1, k}
@@ -859,7 +943,7 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 4 : 2)
       float g = tail * u;
 #pragma unroll
       for (int d = 1; d <= W; ++d) {
-        const float w = j + d >= M ? c[-d] : ms[(j + d) * M + j];
+        const float w = j + d >= M ? c[d] : ms[(j + d) * M + j];
         g += w * history[d - 1];
       }
       if (slides) {
@@ -1007,13 +1091,15 @@ __global__ void __launch_bounds__(kLeanThreads, 2)
   const CausalWeights mix{p.mixing, p.shape.mixing_blocks};
   const float diagonal_weight = mix.at(w.block, w.block);
   const size_t offset = state_offset(w, blocks, L::state);
+  const size_t prefix_block = static_cast<size_t>(w.bh) * blocks + w.block;
+  if (p.packed_prefix) start_prefix_load<T, D>(p.prefix, true, prefix_block, prefix, z);
   Rows q_rows;  // raw q for the feature backward at the end
   {
     Rows k_rows, v_rows;
     q_rows.load(p.q, w.b, w.h, w.begin, w.valid, kC);
     k_rows.load(p.k, w.b, w.h, w.begin, w.valid, kC);
     v_rows.load(p.v, w.b, w.h, w.begin, w.valid, kC);
-    load_state<T, D, kLeanThreads, 8>(p.prefix + offset, prefix, z);
+    if (!p.packed_prefix) start_prefix_load<T, D>(p.prefix, false, prefix_block, prefix, z);
     q_rows.store_features(w.valid, kC, qf, inv_rms);
     k_rows.store_features(w.valid, kC, kf, nullptr);
     v_rows.store_plain(kC, vt);
@@ -1021,6 +1107,7 @@ __global__ void __launch_bounds__(kLeanThreads, 2)
   Rows go_rows, o_rows;  // used after the scores
   go_rows.load(p.grad_out, w.b, w.h, w.begin, w.valid, kC);
   o_rows.load(p.out, w.b, w.h, w.begin, w.valid, kC);
+  wait_copies();
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int score_row = warp / 2, score_col = (warp % 2) * 2;
@@ -1357,19 +1444,23 @@ int window_of(const float* mixing, int mixing_blocks) {
 }
 
 // The prefix sweeps with a compile-time window, for the windows they are built for.
-int sweep_ahead() {
-  static const int ahead = [] {
-    const char* value = std::getenv("MHLA_SWEEP_AHEAD");
+// The sweeps' load depth: MHLA_SWEEP_AHEAD (forward) or MHLA_SWEEP_BACKWARD_AHEAD, 1, 2, 4 or
+// 8, else the default.
+int sweep_ahead(bool backward) {
+  auto read = [](const char* name, int fallback) {
+    const char* value = std::getenv(name);
     const int forced = value != nullptr ? std::atoi(value) : 0;
-    return forced == 1 || forced == 2 || forced == 4 || forced == 8 ? forced : kSweepAhead;
-  }();
-  return ahead;
+    return forced == 1 || forced == 2 || forced == 4 || forced == 8 ? forced : fallback;
+  };
+  static const int forward_ahead = read("MHLA_SWEEP_AHEAD", kSweepAhead);
+  static const int backward_ahead = read("MHLA_SWEEP_BACKWARD_AHEAD", kSweepBackwardAhead);
+  return backward ? backward_ahead : forward_ahead;
 }
 
 // Calls f(std::integral_constant<int, A>) for the sweep depth A in use.
 template <typename F>
-cudaError_t with_sweep_ahead(F&& f) {
-  switch (sweep_ahead()) {
+cudaError_t with_sweep_ahead(bool backward, F&& f) {
+  switch (sweep_ahead(backward)) {
     case 1:
       return f(std::integral_constant<int, 1>{});
     case 2:
@@ -1386,11 +1477,11 @@ struct PrefixWindowForward {
   static cudaError_t run(const CausalBlockLinearForward& a, cudaStream_t stream, int state) {
     const auto& s = a.shape;
     const int pairs = state / 2;  // two elements per thread
-    return with_sweep_ahead([&](auto ahead) {
+    return with_sweep_ahead(false, [&](auto ahead) {
       prefix_window_kernel<W, decltype(ahead)::value>
           <<<dim3((pairs + kSweepThreads - 1) / kSweepThreads, s.batch * s.heads), kSweepThreads,
-             0, stream>>>(a.states, a.prefix, CausalWeights{a.mixing, s.mixing_blocks},
-                          blocks_of(s.tokens), state);
+             0, stream>>>(a.states, prefix_sink(a.prefix, s.head_dim, a.packed_prefix),
+                          CausalWeights{a.mixing, s.mixing_blocks}, blocks_of(s.tokens), state);
       return cudaGetLastError();
     });
   }
@@ -1401,7 +1492,7 @@ struct PrefixWindowBackward {
   static cudaError_t run(const CausalBlockLinearBackward& a, cudaStream_t stream, int state) {
     const auto& s = a.shape;
     const int items = s.batch * s.heads * ((state + kSweepThreads - 1) / kSweepThreads);
-    return with_sweep_ahead([&](auto ahead) {
+    return with_sweep_ahead(true, [&](auto ahead) {
       constexpr int A = decltype(ahead)::value;
       // As many persistent CTAs as fit at once (each adds its sliding-row sums once at the end).
       int per_sm = 0;
@@ -1477,7 +1568,8 @@ cudaError_t forward_for(const CausalBlockLinearForward& a, cudaStream_t stream) 
     if ((err = allow_smem(prefix_kernel, bytes)) != cudaSuccess) return err;
     prefix_kernel<<<dim3((state + kSweepThreads - 1) / kSweepThreads, s.batch * s.heads),
                     kSweepThreads, bytes, stream>>>(
-        a.states, a.prefix, CausalWeights{a.mixing, s.mixing_blocks}, blocks, state);
+        a.states, prefix_sink(a.prefix, s.head_dim, a.packed_prefix),
+        CausalWeights{a.mixing, s.mixing_blocks}, blocks, state);
   }
   bool output_done = false;
   if constexpr (!std::is_same_v<T, float>) {
@@ -1577,6 +1669,20 @@ int causal_blocks(int tokens) {
   return blocks_of(tokens);
 }
 
+bool causal_prefix_packed(DType dtype) {
+  // MHLA_CAUSAL_PACKED_PREFIX=0 keeps fp32 prefixes on the lean passes (A/B runs).
+  static const bool allowed = [] {
+    const char* value = std::getenv("MHLA_CAUSAL_PACKED_PREFIX");
+    return value == nullptr || value[0] != '0';
+  }();
+  return allowed && dtype == DType::bf16 && lean_passes<__nv_bfloat16>();
+}
+
+int64_t causal_prefix_floats(int head_dim, bool packed) {
+  const int64_t d = head_dim;
+  return packed ? d * d / 2 + d : d * d + d;
+}
+
 bool causal_block_linear_supported(const CausalBlockLinearShape& s, DType dtype) {
   const bool dim_ok = s.head_dim == 32 || s.head_dim == 64 || s.head_dim == 128;
   // fp32 tiles at D = 128 need more shared memory than an SM has (the query pass: ~390 KB).
@@ -1589,6 +1695,7 @@ bool causal_block_linear_supported(const CausalBlockLinearShape& s, DType dtype)
 
 cudaError_t causal_block_linear_forward(const CausalBlockLinearForward& args, cudaStream_t stream) {
   if (!causal_block_linear_supported(args.shape, args.dtype)) return cudaErrorInvalidValue;
+  if (args.packed_prefix && !causal_prefix_packed(args.dtype)) return cudaErrorInvalidValue;
   if (args.mixing == nullptr && args.shape.mixing_blocks != 1) return cudaErrorInvalidValue;
   auto run = launcher_for<CausalBlockLinearForward, ForwardPass>(args.dtype, args.shape.head_dim);
   return run != nullptr ? run(args, stream) : cudaErrorInvalidValue;
@@ -1597,6 +1704,7 @@ cudaError_t causal_block_linear_forward(const CausalBlockLinearForward& args, cu
 cudaError_t causal_block_linear_backward(const CausalBlockLinearBackward& args,
                                          cudaStream_t stream) {
   if (!causal_block_linear_supported(args.shape, args.dtype)) return cudaErrorInvalidValue;
+  if (args.packed_prefix && !causal_prefix_packed(args.dtype)) return cudaErrorInvalidValue;
   if (args.mixing == nullptr && args.shape.mixing_blocks != 1) return cudaErrorInvalidValue;
   auto run = launcher_for<CausalBlockLinearBackward, BackwardPass>(args.dtype, args.shape.head_dim);
   return run != nullptr ? run(args, stream) : cudaErrorInvalidValue;

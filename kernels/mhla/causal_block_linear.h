@@ -48,6 +48,16 @@ int causal_blocks(int tokens);
 // Whether the kernels take the shape and dtype (the binding runs the reference otherwise).
 bool causal_block_linear_supported(const CausalBlockLinearShape& shape, DType dtype);
 
+// A packed set of prefixes: per block the D x D matrix of P_i in bf16, then z_i in fp32, laid out
+// [B * H, blocks, D * D / 2 + D] floats. The output and query passes read P only as bf16
+// tensor-core tiles and fp32 z, so the fp32 matrix's bytes were wasted; z stays fp32 for the
+// mixing gradient's accuracy (session 17: bf16 z missed the op harness's bound). Taken for bf16
+// inputs on the lean token passes (MHLA_CAUSAL_LEAN_PASSES, on by default) unless
+// MHLA_CAUSAL_PACKED_PREFIX=0.
+bool causal_prefix_packed(DType dtype);
+// Floats per block of a set of prefixes, packed or not (D * D + D).
+int64_t causal_prefix_floats(int head_dim, bool packed);
+
 // Pass selection (bitmasks).
 constexpr unsigned kCausalStatesPass = 1, kCausalPrefixPass = 2, kCausalOutputPass = 4;
 constexpr unsigned kCausalQueryPass = 1, kCausalKeyPass = 4;  // backward; prefix as above
@@ -61,7 +71,8 @@ struct CausalBlockLinearForward {
   const float* mixing = nullptr;  // [M, M] fp32 lower triangular, or nullptr (linear attention)
   void* out = nullptr;            // [B, T, H, D] contiguous
   float* states = nullptr;        // a set of states: S_j, kept for the backward pass
-  float* prefix = nullptr;        // a set of states: P_i, kept for the backward pass
+  float* prefix = nullptr;        // a set of prefixes: P_i, kept for the backward pass
+  bool packed_prefix = false;     // prefix packed (causal_prefix_packed; bf16 only)
 };
 
 struct CausalBlockLinearBackward {
@@ -72,6 +83,7 @@ struct CausalBlockLinearBackward {
   const float* mixing = nullptr;
   const float* states = nullptr;  // from the forward pass
   const float* prefix = nullptr;
+  bool packed_prefix = false;  // as in the forward pass
   void* grad_q = nullptr;  // [B, T, H, D] contiguous each
   void* grad_k = nullptr;
   void* grad_v = nullptr;

@@ -87,12 +87,16 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
     a.passes = kernels::kCausalStatesPass;
     check_launch(kernels::causal_block_linear_forward(a, stream), "causal block linear states");
+    // The prefixes are read only as bf16 tiles and fp32 z: packed for bf16 (see the header).
+    a.packed_prefix = kernels::causal_prefix_packed(a.dtype);
     torch::Tensor prefix;
     if (mixes && mix_by_gemm(blocks, mixing.size(0))) {
-      prefix = mix_block_states(strict_weights(mixing, blocks), states,
-                                kernels::MixPattern::lower);
+      prefix = mix_block_states(strict_weights(mixing, blocks), states, kernels::MixPattern::lower,
+                                a.packed_prefix ? d * d : 0);
     } else {
-      prefix = torch::empty_like(states);
+      prefix = torch::empty(
+          {batch_heads, blocks, kernels::causal_prefix_floats(static_cast<int>(d), a.packed_prefix)},
+          states.options());
       a.prefix = prefix.data_ptr<float>();
       a.passes = kernels::kCausalPrefixPass;
       check_launch(kernels::causal_block_linear_forward(a, stream), "causal block linear prefix");
@@ -130,6 +134,7 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     }
     a.states = states.data_ptr<float>();
     a.prefix = prefix.data_ptr<float>();
+    a.packed_prefix = prefix.size(2) != states.size(2);  // as the forward pass stored it
     a.grad_q = dq.data_ptr(), a.grad_k = dk.data_ptr(), a.grad_v = dv.data_ptr();
     a.grad_prefix = grad_prefix.data_ptr<float>();
     const c10::cuda::CUDAGuard on_device(q.device());

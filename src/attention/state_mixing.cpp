@@ -14,7 +14,7 @@
 namespace mhla {
 
 torch::Tensor mix_block_states(const torch::Tensor& weights, const torch::Tensor& states,
-                               mhla_kernels::MixPattern pattern) {
+                               mhla_kernels::MixPattern pattern, int64_t packed_matrix) {
   const int64_t blocks = states.size(1);
   if (states.dim() != 3 || weights.dim() != 2 || weights.size(0) != blocks ||
       weights.size(1) != blocks || states.scalar_type() != torch::kFloat32 ||
@@ -26,14 +26,24 @@ torch::Tensor mix_block_states(const torch::Tensor& weights, const torch::Tensor
         c10::toString(states.scalar_type()), c10::str(states.sizes()),
         c10::toString(weights.scalar_type()), c10::str(weights.sizes()));
   }
-  if (blocks > mhla_kernels::kMaxMixBlocks || states.size(2) % 4 != 0) {
+  const int64_t elements = states.size(2);
+  if (packed_matrix < 0 || packed_matrix % 4 != 0 || packed_matrix > elements ||
+      (packed_matrix > 0 && (blocks > mhla_kernels::kMaxMixBlocks || elements % 4 != 0))) {
+    fail("block state mix: a packed output needs a matrix part of 0 to {} elements, a multiple "
+         "of 4, at most {} blocks and rows of a multiple of 4; got {} of {} at {} blocks",
+         elements, mhla_kernels::kMaxMixBlocks, packed_matrix, elements, blocks);
+  }
+  if (blocks > mhla_kernels::kMaxMixBlocks || elements % 4 != 0) {
     // fp32 in, fp32 out: under autocast bmm would run in bf16.
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     return torch::bmm(weights.unsqueeze(0).expand({states.size(0), blocks, blocks}), states);
   }
   auto in = states.contiguous();
   auto w = weights.contiguous();
-  auto out = torch::empty_like(in);
+  auto out = packed_matrix > 0
+                 ? torch::empty({in.size(0), blocks, packed_matrix / 2 + elements - packed_matrix},
+                                in.options())
+                 : torch::empty_like(in);
   mhla_kernels::BlockStateMix a;
   a.in = in.data_ptr<float>();
   a.weights = w.data_ptr<float>();
@@ -42,6 +52,7 @@ torch::Tensor mix_block_states(const torch::Tensor& weights, const torch::Tensor
   a.blocks = static_cast<int>(blocks);
   a.elements = in.size(2);
   a.pattern = pattern;
+  a.packed_matrix = packed_matrix;
   const c10::cuda::CUDAGuard on_device(in.device());
   check_launch(mhla_kernels::block_state_mix(
                    a, c10::cuda::getCurrentCUDAStream(in.device().index()).stream()),

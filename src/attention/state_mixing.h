@@ -15,9 +15,12 @@ namespace mhla {
 
 // [BH, nb, E] fp32 states mixed by [nb, nb] fp32 weights (the same for every batch*head):
 // out[b, i] = sum_j weights[i, j] * states[b, j]. `pattern` promises zeros on and above (lower)
-// or on and below (upper) the diagonal, which the kernel then skips.
+// or on and below (upper) the diagonal, which the kernel then skips. packed_matrix > 0 returns
+// a packed set of causal prefixes instead (kernels/mhla/causal_block_linear.h): the first
+// packed_matrix elements of each row in bf16, [BH, nb, packed_matrix / 2 + E - packed_matrix].
 torch::Tensor mix_block_states(const torch::Tensor& weights, const torch::Tensor& states,
-                               mhla_kernels::MixPattern pattern = mhla_kernels::MixPattern::dense);
+                               mhla_kernels::MixPattern pattern = mhla_kernels::MixPattern::dense,
+                               int64_t packed_matrix = 0);
 
 // G [rows, rows] fp32, G_ij = sum over the first dimension and the elements of x[:, i] * y[:, j],
 // for x, y [BH, nb, E] fp32 contiguous on one GPU (rows <= min(nb, 64), E a multiple of 4).
