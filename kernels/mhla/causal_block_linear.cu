@@ -805,7 +805,7 @@ __global__ void __launch_bounds__(kCausalThreads)
 // states: dm_ij += sum <dP_i, S_j> for j < i < M). Loads of the next block are issued before the
 // current one is used: the sweeps are latency-bound otherwise.
 __global__ void __launch_bounds__(kSweepThreads)
-    prefix_backward_kernel(const float* states, const float* grad_prefix, float* grad_states,
+    prefix_backward_kernel(const float* states, const float* grad_prefix, PrefixSink grad_states,
                            float* grad_mixing, CausalWeights mix, int batch_heads, int blocks,
                            int state) {
   extern __shared__ __align__(128) float shared[];
@@ -863,7 +863,7 @@ __global__ void __launch_bounds__(kSweepThreads)
         g += weights.row(j + d)[-d] * ring[slot * kSweepThreads + t];
         slot = slot == W - 1 ? 0 : slot + 1;
       }
-      if (live) grad_states[base + static_cast<size_t>(j) * state] = g;
+      if (live) grad_states.store(static_cast<size_t>(item / columns) * blocks + j, e, g);
       if (W == 0) {
         u += x;
       } else {
@@ -888,9 +888,9 @@ __global__ void __launch_bounds__(kSweepThreads)
 // in registers.
 template <int W, int Ahead>
 __global__ void __launch_bounds__(kSweepThreads)
-    prefix_window_backward_kernel(const float* states, const float* grad_prefix, float* grad_states,
-                                  float* grad_mixing, CausalWeights mix, int batch_heads,
-                                  int blocks, int state) {
+    prefix_window_backward_kernel(const float* states, const float* grad_prefix,
+                                  PrefixSink grad_states, float* grad_mixing, CausalWeights mix,
+                                  int batch_heads, int blocks, int state) {
   constexpr int M = W + 1;
   __shared__ float ms[M * M];
   __shared__ float dm_row[M];
@@ -953,7 +953,7 @@ __global__ void __launch_bounds__(kSweepThreads)
           if (j + d >= M) sliding[M - 1 - d] += s * history[d - 1];
         }
       }
-      if (live) grad_states[base + static_cast<size_t>(j) * state] = g;
+      if (live) grad_states.store(static_cast<size_t>(item / columns) * blocks + j, e, g);
       u += history[W - 1];  // dP_{j+W} leaves the window (zero when past the end)
 #pragma unroll
       for (int d = W - 1; d > 0; --d) history[d] = history[d - 1];
@@ -1345,13 +1345,14 @@ __global__ void __launch_bounds__(kLeanThreads, 2)
   float* inv_rms = cursor.take<float>(kC);
   const BlockWork w = block_work(p.shape);
   const int blocks = blocks_of(p.shape.tokens);
+  const size_t ds_block = static_cast<size_t>(w.bh) * blocks + w.block;
+  if (p.packed_grad_states) start_prefix_load<T, D>(p.grad_states, true, ds_block, ds, dz);
   Rows k_rows;  // raw k for the feature backward
   {
     Rows v_rows;
     k_rows.load(p.k, w.b, w.h, w.begin, w.valid, kC);
     v_rows.load(p.v, w.b, w.h, w.begin, w.valid, kC);
-    load_state<T, D, kLeanThreads, 8>(p.grad_states + state_offset(w, blocks, L::state), ds,
-                                      dz);
+    if (!p.packed_grad_states) start_prefix_load<T, D>(p.grad_states, false, ds_block, ds, dz);
     k_rows.store_features(w.valid, kC, kf, inv_rms);
     v_rows.store_plain(kC, vt);
   }
@@ -1361,6 +1362,7 @@ __global__ void __launch_bounds__(kLeanThreads, 2)
   Rows dk_part, dv_part;
   dk_part.load_contiguous(grad_k, p.shape.tokens, p.shape.heads, w.b, w.h, w.begin, w.valid);
   dv_part.load_contiguous(grad_v, p.shape.tokens, p.shape.heads, w.b, w.h, w.begin, w.valid);
+  wait_copies();
   __syncthreads();
   const int fm = Tiles::first_row_tile(), fn = Tiles::first_col_tile();
   // product = A B (B = dS, transposed when Transposed), from this warp's tile block.
@@ -1503,7 +1505,8 @@ struct PrefixWindowBackward {
       }
       const int ctas = std::min(items, std::max(per_sm, 1) * multiprocessors());
       prefix_window_backward_kernel<W, A><<<ctas, kSweepThreads, 0, stream>>>(
-          a.states, a.grad_prefix, a.grad_states, a.grad_mixing,
+          a.states, a.grad_prefix, prefix_sink(a.grad_states, s.head_dim, a.packed_grad_states),
+          a.grad_mixing,
           CausalWeights{a.mixing, s.mixing_blocks}, s.batch * s.heads, blocks_of(s.tokens), state);
       return cudaGetLastError();
     });
@@ -1630,7 +1633,8 @@ cudaError_t backward_for(const CausalBlockLinearBackward& a, cudaStream_t stream
     const int items = s.batch * s.heads * ((state + kSweepThreads - 1) / kSweepThreads);
     const int ctas = std::min(items, per_sm * multiprocessors());
     prefix_backward_kernel<<<ctas, kSweepThreads, bytes, stream>>>(
-        a.states, a.grad_prefix, a.grad_states, a.grad_mixing, CausalWeights{a.mixing, m},
+        a.states, a.grad_prefix, prefix_sink(a.grad_states, s.head_dim, a.packed_grad_states),
+        a.grad_mixing, CausalWeights{a.mixing, m},
         s.batch * s.heads, blocks, state);
   }
   bool key_done = false;
@@ -1704,7 +1708,8 @@ cudaError_t causal_block_linear_forward(const CausalBlockLinearForward& args, cu
 cudaError_t causal_block_linear_backward(const CausalBlockLinearBackward& args,
                                          cudaStream_t stream) {
   if (!causal_block_linear_supported(args.shape, args.dtype)) return cudaErrorInvalidValue;
-  if (args.packed_prefix && !causal_prefix_packed(args.dtype)) return cudaErrorInvalidValue;
+  if ((args.packed_prefix || args.packed_grad_states) && !causal_prefix_packed(args.dtype))
+    return cudaErrorInvalidValue;
   if (args.mixing == nullptr && args.shape.mixing_blocks != 1) return cudaErrorInvalidValue;
   auto run = launcher_for<CausalBlockLinearBackward, BackwardPass>(args.dtype, args.shape.head_dim);
   return run != nullptr ? run(args, stream) : cudaErrorInvalidValue;

@@ -90,6 +90,9 @@ struct CausalBlockLinearBackward {
   float* grad_mixing = nullptr;  // [M, M] fp32, overwritten (summed over batch and heads)
   float* grad_prefix = nullptr;  // a set of states (workspace)
   float* grad_states = nullptr;  // a set of states (workspace)
+  // grad_states as a packed set (the layout of a packed prefix set; causal_prefix_packed): the
+  // key pass reads dS only as bf16 tiles and fp32 dz. Written so by the prefix sweeps.
+  bool packed_grad_states = false;
 };
 
 // cudaSuccess or the first launch error; cudaErrorInvalidValue for a shape the kernels do not take.

@@ -152,7 +152,12 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
       grad_states = mix_block_states(strict_weights(mixing, blocks).t(), grad_prefix,
                                      kernels::MixPattern::upper);
     } else {
-      grad_states = torch::empty_like(states);
+      // The key pass reads dS only as bf16 tiles and fp32 dz: the sweeps write it packed too.
+      a.packed_grad_states = a.packed_prefix;
+      const int head_dim = static_cast<int>(q.size(3));
+      grad_states = torch::empty(
+          {states.size(0), blocks, kernels::causal_prefix_floats(head_dim, a.packed_grad_states)},
+          states.options());
       a.grad_states = grad_states.data_ptr<float>();
       a.passes = kernels::kCausalPrefixPass;
       check_launch(kernels::causal_block_linear_backward(a, stream),
