@@ -191,8 +191,8 @@ struct PrefixSink {
 };
 
 PrefixSink prefix_sink(float* set, int head_dim, bool packed) {
-  return {set, head_dim * head_dim,
-          static_cast<int>(causal_prefix_floats(head_dim, packed)), packed};
+  return {set, head_dim * head_dim, static_cast<int>(causal_prefix_floats(head_dim, packed)),
+          packed};
 }
 
 // P_i = sum_{d=1}^{min(i, W)} w(i, i-d) S_{i-d} + [i >= M] tail * R, R = sum_{j <= i-M} S_j, for
@@ -514,7 +514,7 @@ __global__ void __launch_bounds__(kLeanThreads, 2) lean_output_kernel(CausalBloc
     for (int j = 0; j < Tiles::cols; ++j) numerator[i][j].zero();
   }
   wmma_tiles::mma_block<E, false, false, Tiles::rows, Tiles::cols>(numerator, qf, L::lde, prefix,
-                                                                  L::lde, fm, fn, D);
+                                                                   L::lde, fm, fn, D);
   // The mask, and the row sums of this warp's two score tiles (lanes 4r..4r+3 share a row).
   float sums[2] = {0.f, 0.f};
 #pragma unroll
@@ -598,7 +598,6 @@ __global__ void __launch_bounds__(kLeanThreads, 2) lean_output_kernel(CausalBloc
   }
 }
 
-
 template <typename T, int D>
 __host__ __device__ constexpr size_t lean_states_smem() {
   using L = Layout<T, D, kLeanThreads>;
@@ -625,8 +624,8 @@ __global__ void __launch_bounds__(kLeanThreads, 3) lean_states_kernel(CausalBloc
   }
   __syncthreads();
   float* state = p.states + state_offset(w, blocks_of(p.shape.tokens), L::state);
-  wmma_tiles::gemm_blocked<E, kLeanWarps, true, false>(kf, L::lde, vt, L::lde, state, D, D, D,
-                                                      kC, false);
+  wmma_tiles::gemm_blocked<E, kLeanWarps, true, false>(kf, L::lde, vt, L::lde, state, D, D, D, kC,
+                                                       false);
   if (threadIdx.x < D) {
     float z = 0.f;
     for (int r = 0; r < w.valid; ++r) z += to_float(kf[r * L::lde + threadIdx.x]);
@@ -1068,9 +1067,8 @@ __global__ void __launch_bounds__(kLeanThreads, 2)
   using wmma_tiles::TileAccumulator;
   extern __shared__ __align__(128) unsigned char smem[];
   SharedCursor cursor{smem};
-  constexpr size_t prefix_floats = (D * L::lde * sizeof(E) > kC * L::ldf * 4)
-                                       ? (D * L::lde * sizeof(E) + 3) / 4
-                                       : kC * L::ldf;
+  constexpr size_t prefix_floats =
+      (D * L::lde * sizeof(E) > kC * L::ldf * 4) ? (D * L::lde * sizeof(E) + 3) / 4 : kC * L::ldf;
   float* prefix_area = cursor.take<float>(prefix_floats);
   E* prefix = reinterpret_cast<E*>(prefix_area);
   E* qf = cursor.take<E>(kC * L::lde);
@@ -1160,8 +1158,7 @@ __global__ void __launch_bounds__(kLeanThreads, 2)
   for (int pass = 0; pass < Rows::passes; ++pass) {
     const int r = Rows::row(pass);
     if (r >= kC) break;
-    const float den =
-        qz[r] + diagonal_weight * (row_part[r] + row_part[kC + r]) + kDenominatorEps;
+    const float den = qz[r] + diagonal_weight * (row_part[r] + row_part[kC + r]) + kDenominatorEps;
     float go[L::vec], o[L::vec];
     float dot = 0.f;
     if (r < w.valid) {
@@ -1187,8 +1184,8 @@ __global__ void __launch_bounds__(kLeanThreads, 2)
   g[0][0].zero();
   g[0][1].zero();
   if (live_tiles) {
-    wmma_tiles::mma_block<E, false, true, 1, 2>(g, dnum, L::lde, vt, L::lde, score_row,
-                                                score_col, D);
+    wmma_tiles::mma_block<E, false, true, 1, 2>(g, dnum, L::lde, vt, L::lde, score_row, score_col,
+                                                D);
   }
   float diagonal_grad = 0.f;
 #pragma unroll
@@ -1236,8 +1233,8 @@ __global__ void __launch_bounds__(kLeanThreads, 2)
 #pragma unroll
     for (int j = 0; j < Tiles::cols; ++j) acc[i][j].zero();
   }
-  wmma_tiles::mma_block<E, false, true, Tiles::rows, Tiles::cols>(acc, dnum, L::lde, prefix,
-                                                                 L::lde, fm, fn, D);
+  wmma_tiles::mma_block<E, false, true, Tiles::rows, Tiles::cols>(acc, dnum, L::lde, prefix, L::lde,
+                                                                  fm, fn, D);
   wmma_tiles::mma_block<E, false, false, Tiles::rows, Tiles::cols>(
       acc, g_masked, kLdScoreE, kf, L::lde, fm, fn, (fm + Tiles::rows) * 16);
   __syncthreads();  // P's and phi(K)'s last readers are done
@@ -1251,7 +1248,7 @@ __global__ void __launch_bounds__(kLeanThreads, 2)
   }
   // dP_i = phi(Q)^T dnum straight to its state; dz_i = phi(Q)^T dden.
   wmma_tiles::gemm_blocked<E, kLeanWarps, true, false>(qf, L::lde, dnum, L::lde,
-                                                      p.grad_prefix + offset, D, D, D, kC, false);
+                                                       p.grad_prefix + offset, D, D, D, kC, false);
   if (threadIdx.x < D) {
     float dz = 0.f;
     for (int r = 0; r < w.valid; ++r) dz += to_float(qf[r * L::lde + threadIdx.x]) * dden[r];
@@ -1309,7 +1306,7 @@ __global__ void __launch_bounds__(kLeanThreads, 2)
     *reinterpret_cast<uint4*>(grad_k + out_row(p.shape, w, r) * D + row_lane * L::vec) =
         *reinterpret_cast<const uint4*>(kf + r * L::lde + row_lane * L::vec);
   }
-  __syncthreads();  // d(phi(q))'s rows are read: P's area takes dv's
+  __syncthreads();                          // d(phi(q))'s rows are read: P's area takes dv's
   intra_part(scores_masked, dnum, prefix);  // dv = masked^T dnum
   __syncthreads();
   for (int r = threadIdx.x / L::lanes; r < w.valid; r += L::rows_per_pass) {
@@ -1481,9 +1478,9 @@ struct PrefixWindowForward {
     const int pairs = state / 2;  // two elements per thread
     return with_sweep_ahead(false, [&](auto ahead) {
       prefix_window_kernel<W, decltype(ahead)::value>
-          <<<dim3((pairs + kSweepThreads - 1) / kSweepThreads, s.batch * s.heads), kSweepThreads,
-             0, stream>>>(a.states, prefix_sink(a.prefix, s.head_dim, a.packed_prefix),
-                          CausalWeights{a.mixing, s.mixing_blocks}, blocks_of(s.tokens), state);
+          <<<dim3((pairs + kSweepThreads - 1) / kSweepThreads, s.batch * s.heads), kSweepThreads, 0,
+             stream>>>(a.states, prefix_sink(a.prefix, s.head_dim, a.packed_prefix),
+                       CausalWeights{a.mixing, s.mixing_blocks}, blocks_of(s.tokens), state);
       return cudaGetLastError();
     });
   }
@@ -1506,8 +1503,8 @@ struct PrefixWindowBackward {
       const int ctas = std::min(items, std::max(per_sm, 1) * multiprocessors());
       prefix_window_backward_kernel<W, A><<<ctas, kSweepThreads, 0, stream>>>(
           a.states, a.grad_prefix, prefix_sink(a.grad_states, s.head_dim, a.packed_grad_states),
-          a.grad_mixing,
-          CausalWeights{a.mixing, s.mixing_blocks}, s.batch * s.heads, blocks_of(s.tokens), state);
+          a.grad_mixing, CausalWeights{a.mixing, s.mixing_blocks}, s.batch * s.heads,
+          blocks_of(s.tokens), state);
       return cudaGetLastError();
     });
   }
@@ -1606,8 +1603,7 @@ cudaError_t backward_for(const CausalBlockLinearBackward& a, cudaStream_t stream
     if constexpr (!std::is_same_v<T, float>) {
       if (lean_passes<T>()) {
         constexpr size_t bytes = lean_query_backward_smem<T, D>();
-        if ((err = allow_smem(lean_query_backward_kernel<T, D>, bytes)) != cudaSuccess)
-          return err;
+        if ((err = allow_smem(lean_query_backward_kernel<T, D>, bytes)) != cudaSuccess) return err;
         lean_query_backward_kernel<T, D><<<grid, kLeanThreads, bytes, stream>>>(a);
         done = true;
       }
@@ -1634,8 +1630,7 @@ cudaError_t backward_for(const CausalBlockLinearBackward& a, cudaStream_t stream
     const int ctas = std::min(items, per_sm * multiprocessors());
     prefix_backward_kernel<<<ctas, kSweepThreads, bytes, stream>>>(
         a.states, a.grad_prefix, prefix_sink(a.grad_states, s.head_dim, a.packed_grad_states),
-        a.grad_mixing, CausalWeights{a.mixing, m},
-        s.batch * s.heads, blocks, state);
+        a.grad_mixing, CausalWeights{a.mixing, m}, s.batch * s.heads, blocks, state);
   }
   bool key_done = false;
   if constexpr (!std::is_same_v<T, float>) {

@@ -94,9 +94,9 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
       prefix = mix_block_states(strict_weights(mixing, blocks), states, kernels::MixPattern::lower,
                                 a.packed_prefix ? d * d : 0);
     } else {
-      prefix = torch::empty(
-          {batch_heads, blocks, kernels::causal_prefix_floats(static_cast<int>(d), a.packed_prefix)},
-          states.options());
+      prefix = torch::empty({batch_heads, blocks,
+                             kernels::causal_prefix_floats(static_cast<int>(d), a.packed_prefix)},
+                            states.options());
       a.prefix = prefix.data_ptr<float>();
       a.passes = kernels::kCausalPrefixPass;
       check_launch(kernels::causal_block_linear_forward(a, stream), "causal block linear prefix");
