@@ -1,6 +1,8 @@
 // Causal block linear attention (causal linear attention and causal MHLA), forward and backward.
-// One CTA per (batch*head, 64-token block) for the token passes; the prefix passes sweep the
-// blocks of one sequence per state element. See causal_block_linear.h for the math.
+// One CTA per (batch*head, 64-token block) for the token passes (for 16-bit types the lean ones,
+// two or three CTAs per SM, below the original passes that fp32 keeps); the prefix passes sweep
+// the blocks of one sequence per state element. See causal_block_linear.h for the math and the
+// packed prefix sets.
 #include <algorithm>
 #include <cstdlib>
 #include <type_traits>
