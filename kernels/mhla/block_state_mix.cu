@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(kThreads) state_mix_kernel(BlockStateMix p) {
 cudaError_t block_state_mix(const BlockStateMix& p, cudaStream_t stream) {
   if (p.in == nullptr || p.weights == nullptr || p.out == nullptr || p.batch_heads <= 0 ||
       p.batch_heads > 65535 || p.blocks < 1 || p.blocks > kMaxMixBlocks || p.elements <= 0 ||
-      p.elements % 4 != 0 || p.packed_matrix < 0 || p.packed_matrix % 4 != 0 ||
+      p.elements % 4 != 0 || p.packed_matrix < 0 || p.packed_matrix % 8 != 0 ||
       p.packed_matrix > p.elements)
     return cudaErrorInvalidValue;
   const size_t bytes = static_cast<size_t>(padded(p.blocks)) * padded(p.blocks) * sizeof(float);

@@ -28,7 +28,7 @@ struct BlockStateMix {
   int64_t elements = 0;             // a multiple of 4; rows 16-byte aligned
   MixPattern pattern = MixPattern::dense;
   // > 0: `out` is a packed set of causal prefixes (causal_block_linear.h, causal_prefix_packed):
-  // the first packed_matrix elements of each row (D * D, a multiple of 4) in bf16, the rest fp32,
+  // the first packed_matrix elements of each row (D * D, a multiple of 8) in bf16, the rest fp32,
   // rows of packed_matrix / 2 + elements - packed_matrix floats.
   int64_t packed_matrix = 0;
 };

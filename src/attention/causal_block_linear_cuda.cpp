@@ -91,6 +91,8 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     a.packed_prefix = kernels::causal_prefix_packed(a.dtype);
     torch::Tensor prefix;
     if (mixes && mix_by_gemm(blocks, mixing.size(0))) {
+      // Past the state-mix kernel's blocks (only with MHLA_CAUSAL_MIX_GEMM=1) cuBLAS mixes, in fp32.
+      if (blocks > kernels::kMaxMixBlocks) a.packed_prefix = false;
       prefix = mix_block_states(strict_weights(mixing, blocks), states, kernels::MixPattern::lower,
                                 a.packed_prefix ? d * d : 0);
     } else {

@@ -27,11 +27,12 @@ torch::Tensor mix_block_states(const torch::Tensor& weights, const torch::Tensor
         c10::toString(weights.scalar_type()), c10::str(weights.sizes()));
   }
   const int64_t elements = states.size(2);
-  if (packed_matrix < 0 || packed_matrix % 4 != 0 || packed_matrix > elements ||
+  // A matrix part of a multiple of 8 keeps packed rows and their fp32 part 16-byte aligned.
+  if (packed_matrix < 0 || packed_matrix % 8 != 0 || packed_matrix > elements ||
       (packed_matrix > 0 && (blocks > mhla_kernels::kMaxMixBlocks || elements % 4 != 0))) {
     fail(
         "block state mix: a packed output needs a matrix part of 0 to {} elements, a multiple "
-        "of 4, at most {} blocks and rows of a multiple of 4; got {} of {} at {} blocks",
+        "of 8, at most {} blocks and rows of a multiple of 4; got {} of {} at {} blocks",
         elements, mhla_kernels::kMaxMixBlocks, packed_matrix, elements, blocks);
   }
   if (blocks > mhla_kernels::kMaxMixBlocks || elements % 4 != 0) {
