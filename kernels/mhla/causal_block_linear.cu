@@ -415,6 +415,86 @@ __device__ __forceinline__ void store_pair(E* p, float a, float b) {
   store_pack<E, 2>(p, v);
 }
 
+// A warp's two 16 x 16 tiles of a block's 64 x 64 causal score matrix (and of g, whose mask is
+// the same): row tile w / 2, column tiles 2 (w % 2) and the next, in registers. Tiles wholly
+// above the diagonal are never multiplied and stay zero.
+struct ScoreTiles {
+  using Acc = wmma_tiles::TileAccumulator;
+  Acc t[1][2];
+  int row = static_cast<int>(threadIdx.x / 32) / 2;
+  int col = (static_cast<int>(threadIdx.x / 32) % 2) * 2;
+
+  __device__ ScoreTiles() {
+    t[0][0].zero();
+    t[0][1].zero();
+  }
+  // t = A B^T over depth k for A, B [64][k] 16-bit tiles (row strides lda, ldb).
+  template <typename E>
+  __device__ void multiply(const E* a, int lda, const E* b, int ldb, int k) {
+    if (col <= row) wmma_tiles::mma_block<E, false, true, 1, 2>(t, a, lda, b, ldb, row, col, k);
+  }
+  __device__ int token_row(int i) const { return row * 16 + Acc::row(i); }
+  __device__ int token_col(int j, int h, int i) const { return (col + j) * 16 + Acc::col(h, i); }
+  __device__ bool on_mask(int j, int h, int i) const {
+    return token_col(j, h, i) <= token_row(i);
+  }
+  // Zeroes the entries above the diagonal and writes the row sums of the two tiles to
+  // row_part[(w % 2) * kC + r] (lanes 4r'..4r'+3 share a row).
+  __device__ void mask_and_sum_rows(float* row_part) {
+    float sums[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float v = on_mask(j, h, i) ? t[0][j].x[h][i] : 0.f;
+          t[0][j].x[h][i] = v;
+          sums[i / 2] += v;
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      sums[u] += __shfl_xor_sync(0xffffffffu, sums[u], 1);
+      sums[u] += __shfl_xor_sync(0xffffffffu, sums[u], 2);
+    }
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    if (lane % 4 == 0) {
+      float* part = row_part + (static_cast<int>(threadIdx.x / 32) % 2) * kC + row * 16 + lane / 4;
+      part[0] = sums[0];
+      part[8] = sums[1];
+    }
+  }
+  // scale * t into a 16-bit [64][kLdScoreE] tile.
+  template <typename E>
+  __device__ void store_scaled(E* dst, float scale) const {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int i = 0; i < 4; i += 2) {
+          store_pair(dst + token_row(i) * kLdScoreE + token_col(j, h, i), scale * t[0][j].x[h][i],
+                     scale * t[0][j].x[h][i + 1]);
+        }
+      }
+    }
+  }
+};
+
+// phi(q_r) . z for the block's 64 rows (one warp per row) into out.
+template <typename E, int D, int Ld>
+__device__ void rows_dot_z(const E* qf, const float* z, float* out) {
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  for (int r = warp; r < kC; r += kLeanWarps) {
+    float dot = 0.f;
+    for (int d = lane; d < D; d += 32) dot += to_float(qf[r * Ld + d]) * z[d];
+    dot = warp_sum(dot);
+    if (lane == 0) out[r] = dot;
+  }
+}
+
 // P_i of a packed set (causal_prefix_packed) into shared memory by cp.async: the matrix's rows
 // into the tile (row stride L::lde), z into its fp32 array. wait_copies() completes them.
 template <typename T, int D>
@@ -497,16 +577,9 @@ __global__ void __launch_bounds__(kLeanThreads, 2) lean_output_kernel(CausalBloc
   }
   wait_copies();
   __syncthreads();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  // Scores phi(Q) phi(K)^T on the causal mask (tiles above the diagonal are skipped, zero).
-  const int score_row = warp / 2, score_col = (warp % 2) * 2;
-  TileAccumulator scores[1][2];
-  scores[0][0].zero();
-  scores[0][1].zero();
-  if (score_col <= score_row) {
-    wmma_tiles::mma_block<E, false, true, 1, 2>(scores, qf, L::lde, kf, L::lde, score_row,
-                                                score_col, D);
-  }
+  // Scores phi(Q) phi(K)^T on the causal mask.
+  ScoreTiles scores;
+  scores.multiply(qf, L::lde, kf, L::lde, D);
   // Numerator, first part: phi(Q) P.
   const int fm = Tiles::first_row_tile(), fn = Tiles::first_col_tile();
   TileAccumulator numerator[Tiles::rows][Tiles::cols];
@@ -517,52 +590,10 @@ __global__ void __launch_bounds__(kLeanThreads, 2) lean_output_kernel(CausalBloc
   }
   wmma_tiles::mma_block<E, false, false, Tiles::rows, Tiles::cols>(numerator, qf, L::lde, prefix,
                                                                    L::lde, fm, fn, D);
-  // The mask, and the row sums of this warp's two score tiles (lanes 4r..4r+3 share a row).
-  float sums[2] = {0.f, 0.f};
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int r = score_row * 16 + TileAccumulator::row(i);
-        const int s = (score_col + j) * 16 + TileAccumulator::col(h, i);
-        const float v = s <= r ? scores[0][j].x[h][i] : 0.f;
-        scores[0][j].x[h][i] = v;
-        sums[i / 2] += v;
-      }
-    }
-  }
-#pragma unroll
-  for (int u = 0; u < 2; ++u) {
-    sums[u] += __shfl_xor_sync(0xffffffffu, sums[u], 1);
-    sums[u] += __shfl_xor_sync(0xffffffffu, sums[u], 2);
-  }
-  if (lane % 4 == 0) {
-    row_part[(warp % 2) * kC + score_row * 16 + lane / 4] = sums[0];
-    row_part[(warp % 2) * kC + score_row * 16 + lane / 4 + 8] = sums[1];
-  }
-  // phi(q) . z per row (one warp per row).
-  for (int r = warp; r < kC; r += kLeanWarps) {
-    float dot = 0.f;
-    for (int d = lane; d < D; d += 32) dot += to_float(qf[r * L::lde + d]) * z[d];
-    dot = warp_sum(dot);
-    if (lane == 0) den[r] = dot;
-  }
+  scores.mask_and_sum_rows(row_part);
+  rows_dot_z<E, D, L::lde>(qf, z, den);
   __syncthreads();  // every warp is done with phi(K), phi(Q) and P
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int i = 0; i < 4; i += 2) {
-        const int r = score_row * 16 + TileAccumulator::row(i);
-        const int s = (score_col + j) * 16 + TileAccumulator::col(h, i);
-        store_pair(masked + r * kLdScoreE + s, diagonal_weight * scores[0][j].x[h][i],
-                   diagonal_weight * scores[0][j].x[h][i + 1]);
-      }
-    }
-  }
+  scores.store_scaled(masked, diagonal_weight);
   if (threadIdx.x < kC) {
     const int r = threadIdx.x;
     den[r] += diagonal_weight * (row_part[r] + row_part[kC + r]) + kDenominatorEps;
@@ -1110,49 +1141,10 @@ __global__ void __launch_bounds__(kLeanThreads, 2)
   wait_copies();
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int score_row = warp / 2, score_col = (warp % 2) * 2;
-  const bool live_tiles = score_col <= score_row;
-  TileAccumulator scores[1][2];
-  scores[0][0].zero();
-  scores[0][1].zero();
-  if (live_tiles) {
-    wmma_tiles::mma_block<E, false, true, 1, 2>(scores, qf, L::lde, kf, L::lde, score_row,
-                                                score_col, D);
-  }
-  auto on_mask = [&](int j, int h, int i) {
-    return (score_col + j) * 16 + TileAccumulator::col(h, i) <=
-           score_row * 16 + TileAccumulator::row(i);
-  };
-  {
-    float sums[2] = {0.f, 0.f};
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float v = on_mask(j, h, i) ? scores[0][j].x[h][i] : 0.f;
-          scores[0][j].x[h][i] = v;
-          sums[i / 2] += v;
-        }
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      sums[u] += __shfl_xor_sync(0xffffffffu, sums[u], 1);
-      sums[u] += __shfl_xor_sync(0xffffffffu, sums[u], 2);
-    }
-    if (lane % 4 == 0) {
-      row_part[(warp % 2) * kC + score_row * 16 + lane / 4] = sums[0];
-      row_part[(warp % 2) * kC + score_row * 16 + lane / 4 + 8] = sums[1];
-    }
-  }
-  for (int r = warp; r < kC; r += kLeanWarps) {
-    float dot = 0.f;
-    for (int d = lane; d < D; d += 32) dot += to_float(qf[r * L::lde + d]) * z[d];
-    dot = warp_sum(dot);
-    if (lane == 0) qz[r] = dot;
-  }
+  ScoreTiles scores;
+  scores.multiply(qf, L::lde, kf, L::lde, D);
+  scores.mask_and_sum_rows(row_part);
+  rows_dot_z<E, D, L::lde>(qf, z, qz);
   __syncthreads();
   // d(numerator) = dO / den; d(den) = -(dO . o) / den.
   const int row_lane = threadIdx.x % L::lanes;
@@ -1182,13 +1174,8 @@ __global__ void __launch_bounds__(kLeanThreads, 2)
   }
   __syncthreads();
   // g' = dnum . v_s + dden_t on the mask; dm_ii = sum g' * (phi(q_t) . phi(k_s)).
-  TileAccumulator g[1][2];
-  g[0][0].zero();
-  g[0][1].zero();
-  if (live_tiles) {
-    wmma_tiles::mma_block<E, false, true, 1, 2>(g, dnum, L::lde, vt, L::lde, score_row, score_col,
-                                                D);
-  }
+  ScoreTiles g;
+  g.multiply(dnum, L::lde, vt, L::lde, D);
   float diagonal_grad = 0.f;
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
@@ -1196,31 +1183,17 @@ __global__ void __launch_bounds__(kLeanThreads, 2)
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int r = score_row * 16 + TileAccumulator::row(i);
-        const float gr = on_mask(j, h, i) ? g[0][j].x[h][i] + dden[r] : 0.f;
-        g[0][j].x[h][i] = gr;
-        diagonal_grad += gr * scores[0][j].x[h][i];
+        const float gr = g.on_mask(j, h, i) ? g.t[0][j].x[h][i] + dden[g.token_row(i)] : 0.f;
+        g.t[0][j].x[h][i] = gr;
+        diagonal_grad += gr * scores.t[0][j].x[h][i];
       }
     }
   }
   diagonal_grad = warp_sum(diagonal_grad);
   if (lane == 0) warp_partial[warp] = diagonal_grad;
   __syncthreads();  // V's last reader is done: its tile takes the masked tiles
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int i = 0; i < 4; i += 2) {
-        const int at = (score_row * 16 + TileAccumulator::row(i)) * kLdScoreE +
-                       (score_col + j) * 16 + TileAccumulator::col(h, i);
-        store_pair(g_masked + at, diagonal_weight * g[0][j].x[h][i],
-                   diagonal_weight * g[0][j].x[h][i + 1]);
-        store_pair(scores_masked + at, diagonal_weight * scores[0][j].x[h][i],
-                   diagonal_weight * scores[0][j].x[h][i + 1]);
-      }
-    }
-  }
+  g.store_scaled(g_masked, diagonal_weight);
+  scores.store_scaled(scores_masked, diagonal_weight);
   if (threadIdx.x == 0 && p.mixing != nullptr) {
     float sum = 0.f;
     for (int i = 0; i < kLeanWarps; ++i) sum += warp_partial[i];
