@@ -118,12 +118,36 @@ TEST_CASE("attention: block pair products (mixing gradient) against float64", "[
     REQUIRE(got.sizes() == expected.sizes());
     CHECK(test::relative_error(got, expected) < 1e-4);
   }
+  // Packed sets (the causal sweeps' states and prefix gradients): a bf16 matrix part, then fp32.
+  for (const Case& c : {Case{5, 33, 16, 16512}, Case{3, 20, 20, 1056}, Case{2, 9, 4, 4160}}) {
+    const int64_t matrix = c.elements == 16512 ? 16384 : c.elements == 4160 ? 4096 : 1024;
+    INFO("packed: BH=" << c.batch_heads << " blocks=" << c.blocks << " rows=" << c.rows
+                       << " E=" << c.elements << " matrix=" << matrix);
+    auto x = torch::randn({c.batch_heads, c.blocks, c.elements}, cuda);
+    auto y = torch::randn({c.batch_heads, c.blocks, c.elements}, cuda);
+    auto pack = [&](const torch::Tensor& t) {
+      auto bits = t.narrow(2, 0, matrix).to(torch::kBFloat16).contiguous().view(torch::kFloat32);
+      return torch::cat({bits, t.narrow(2, matrix, c.elements - matrix)}, 2).contiguous();
+    };
+    auto unpacked = [&](const torch::Tensor& t) {  // what the packed set holds, in float64
+      return torch::cat({t.narrow(2, 0, matrix).to(torch::kBFloat16).to(torch::kFloat64),
+                         t.narrow(2, matrix, c.elements - matrix).to(torch::kFloat64)},
+                        2)
+          .narrow(1, 0, c.rows);
+    };
+    auto got = block_pair_products(pack(x), pack(y), c.rows, matrix);
+    auto expected = torch::einsum("bie,bje->ij", {unpacked(x), unpacked(y)});
+    REQUIRE(got.sizes() == expected.sizes());
+    CHECK(test::relative_error(got, expected) < 1e-4);
+  }
   // Bad input is refused by name, not read out of bounds.
   auto x = torch::randn({2, 4, 8}, cuda);
   CHECK(test::contains(test::error_of([&] { block_pair_products(x, x.to(torch::kFloat64), 2); }),
                        "block pair products: x and y must be contiguous fp32"));
   CHECK(test::contains(test::error_of([&] { block_pair_products(x, x, 5); }),
-                       "block pair products: CUDA error"));
+                       "block pair products: 5 rows of [BH, nb, E] = [2, 4, 8]"));
+  CHECK(test::contains(test::error_of([&] { block_pair_products(x, x, 2, 4); }),
+                       "a packed matrix part of 4 elements"));
 #else
   WARN("built without the CUDA kernels: skipped");
 #endif

@@ -140,6 +140,17 @@ struct TileAccumulator {
       }
     }
   }
+  // To a bf16 tile (a packed state set's matrix: the readers only ever take it as bf16 tiles).
+  __device__ void store(__nv_bfloat16* c, int ldc) const {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int i = 0; i < 4; i += 2) {
+        *reinterpret_cast<__nv_bfloat162*>(c + row(i) * ldc + col(h, i)) =
+            __floats2bfloat162_rn(x[h][i], x[h][i + 1]);
+      }
+    }
+  }
 };
 
 // acc[i][j] += A B over depth k for the Rows x Cols block of 16 x 16 output tiles whose first is
@@ -253,8 +264,9 @@ __device__ void gemm(const typename Mma<T>::elem* a, int lda, const typename Mma
 namespace detail {
 
 // The Rows x Cols blocks of output tiles, one per warp at a time (see gemm_blocked).
-template <typename T, int Warps, bool TransA, bool TransB, int Rows, int Cols>
-__device__ __forceinline__ void gemm_blocks(const T* a, int lda, const T* b, int ldb, float* c,
+// Out: float, or __nv_bfloat16 (then accumulate must be false).
+template <typename T, int Warps, bool TransA, bool TransB, int Rows, int Cols, typename Out>
+__device__ __forceinline__ void gemm_blocks(const T* a, int lda, const T* b, int ldb, Out* c,
                                             int ldc, int m, int n, int k, bool accumulate) {
   const int warp = threadIdx.x / 32, blocks_n = n / (16 * Cols);
   const int count = (m / (16 * Rows)) * blocks_n;
@@ -265,8 +277,9 @@ __device__ __forceinline__ void gemm_blocks(const T* a, int lda, const T* b, int
     for (int i = 0; i < Rows; ++i) {
 #pragma unroll
       for (int j = 0; j < Cols; ++j) {
-        if (accumulate) {
-          acc[i][j].load(c + (fm + i) * 16 * ldc + (fn + j) * 16, ldc);
+        if constexpr (std::is_same_v<Out, float>) {
+          if (accumulate) acc[i][j].load(c + (fm + i) * 16 * ldc + (fn + j) * 16, ldc);
+          else acc[i][j].zero();
         } else {
           acc[i][j].zero();
         }
@@ -303,6 +316,21 @@ __device__ void gemm_blocked(const typename Mma<T>::elem* a, int lda,
     } else {
       gemm<T, Warps, TransA, TransB>(a, lda, b, ldb, c, ldc, m, n, k, accumulate);
     }
+  }
+}
+
+// The same product written to a bf16 matrix (16-bit T; m and n multiples of 32 with at least
+// MinBlocks 2 x 2 blocks, or n a multiple of 32; the block sizes every caller has).
+template <typename T, int Warps, bool TransA, bool TransB, int MinBlocks = Warps>
+__device__ void gemm_blocked(const typename Mma<T>::elem* a, int lda,
+                             const typename Mma<T>::elem* b, int ldb, __nv_bfloat16* c, int ldc,
+                             int m, int n, int k) {
+  static_assert(!std::is_same_v<T, float>, "bf16 products of 16-bit inputs only");
+  const int tiles_m = m / 16, tiles_n = n / 16;
+  if (tiles_m % 2 == 0 && tiles_n % 2 == 0 && (tiles_m / 2) * (tiles_n / 2) >= MinBlocks) {
+    detail::gemm_blocks<T, Warps, TransA, TransB, 2, 2>(a, lda, b, ldb, c, ldc, m, n, k, false);
+  } else {
+    detail::gemm_blocks<T, Warps, TransA, TransB, 1, 2>(a, lda, b, ldb, c, ldc, m, n, k, false);
   }
 }
 

@@ -51,7 +51,8 @@ __global__ void __launch_bounds__(kThreads) pair_products_kernel(BlockPairProduc
   const int count = padded * kQuads;  // groups of four per set and item
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
     const int64_t bh = item / columns, e0 = (item % columns) * kColumns;
-    const size_t base = static_cast<size_t>(bh) * p.blocks * p.elements;
+    const int64_t stride = p.elements - p.packed_matrix / 2;  // floats per block
+    const size_t base = static_cast<size_t>(bh) * p.blocks * stride;
     __syncthreads();  // the previous item's products are done with the tiles
     // Every load of the item is issued before the first store (rows past p.rows and elements
     // past the end are zero).
@@ -65,9 +66,18 @@ __global__ void __launch_bounds__(kThreads) pair_products_kernel(BlockPairProduc
         const int r = local / kQuads, e = static_cast<int>(e0) + (local % kQuads) * 4;
         v[u][0] = v[u][1] = v[u][2] = v[u][3] = 0.f;
         if (idx < 2 * count && r < p.rows && e < p.elements) {
-          const float* src = (which ? p.y : p.x) + base + static_cast<size_t>(r) * p.elements + e;
-          const float4 x = __ldg(reinterpret_cast<const float4*>(src));
-          v[u][0] = x.x, v[u][1] = x.y, v[u][2] = x.z, v[u][3] = x.w;
+          const float* row = (which ? p.y : p.x) + base + static_cast<size_t>(r) * stride;
+          if (e < p.packed_matrix) {  // four bf16 (their lo parts are zero)
+            const uint2 x = __ldg(reinterpret_cast<const uint2*>(
+                reinterpret_cast<const __nv_bfloat16*>(row) + e));
+            const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x.x));
+            const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x.y));
+            v[u][0] = a.x, v[u][1] = a.y, v[u][2] = b.x, v[u][3] = b.y;
+          } else {
+            const float4 x = __ldg(reinterpret_cast<const float4*>(row + p.packed_matrix / 2 + e -
+                                                                    p.packed_matrix));
+            v[u][0] = x.x, v[u][1] = x.y, v[u][2] = x.z, v[u][3] = x.w;
+          }
         }
       }
 #pragma unroll
@@ -124,7 +134,8 @@ __global__ void __launch_bounds__(kThreads) pair_products_kernel(BlockPairProduc
 
 cudaError_t block_pair_products(const BlockPairProducts& p, cudaStream_t stream) {
   if (p.x == nullptr || p.y == nullptr || p.grad == nullptr || p.batch_heads <= 0 || p.rows < 1 ||
-      p.rows > kMaxRows || p.rows > p.blocks || p.elements <= 0 || p.elements % 4 != 0)
+      p.rows > kMaxRows || p.rows > p.blocks || p.elements <= 0 || p.elements % 4 != 0 ||
+      p.packed_matrix < 0 || p.packed_matrix % 8 != 0 || p.packed_matrix > p.elements)
     return cudaErrorInvalidValue;
   const size_t bytes = shared_bytes(p.rows);
   if (bytes > 48 * 1024) {

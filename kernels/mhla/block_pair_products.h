@@ -21,6 +21,10 @@ struct BlockPairProducts {
   int batch_heads = 0, blocks = 0;
   int rows = 0;           // G covers blocks i, j < rows (1..64, rows <= blocks)
   int64_t elements = 0;   // per block state; a multiple of 4, 16-byte aligned rows
+  // Packed sets (both x and y; see mhla/causal_block_linear.h): the first packed_matrix elements
+  // of each block are bf16, the rest fp32, a block taking packed_matrix / 2 + (elements -
+  // packed_matrix) floats. 0: plain fp32. A multiple of 8.
+  int64_t packed_matrix = 0;
   float* grad = nullptr;  // [rows, rows] fp32: the products are ADDED (zero it first)
 };
 

@@ -104,6 +104,12 @@ __device__ __forceinline__ BlockWork block_work(const CausalBlockLinearShape& s)
   return w;
 }
 
+// Floats per block of a set of states, prefixes or their gradients: D * D + D, or packed (see
+// causal_prefix_packed) D * D / 2 + D.
+__host__ __device__ constexpr int set_floats(int head_dim, bool packed) {
+  return packed ? head_dim * head_dim / 2 + head_dim : head_dim * head_dim + head_dim;
+}
+
 __device__ __forceinline__ size_t state_offset(const BlockWork& w, int blocks, int state) {
   return (static_cast<size_t>(w.bh) * blocks + w.block) * state;
 }
@@ -193,16 +199,44 @@ struct PrefixSink {
 };
 
 PrefixSink prefix_sink(float* set, int head_dim, bool packed) {
-  return {set, head_dim * head_dim, static_cast<int>(causal_prefix_floats(head_dim, packed)),
-          packed};
+  return {set, head_dim * head_dim, set_floats(head_dim, packed), packed};
+}
+
+// The sweeps' view of a set they read (states S_j or prefix gradients dP_i), packed or not: the
+// layout of PrefixSink, elements widened to fp32.
+struct SetSource {
+  const float* set;
+  int matrix;  // D * D
+  int stride;  // floats per block
+  bool packed;
+  __device__ __forceinline__ const float* block(size_t index) const { return set + index * stride; }
+  __device__ __forceinline__ float load(size_t index, int e) const {
+    const float* b = block(index);
+    if (!packed) return b[e];
+    if (e < matrix) return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(b)[e]);
+    return b[matrix / 2 + e - matrix];
+  }
+  // Elements e and e + 1 (e even).
+  __device__ __forceinline__ float2 load_pair(size_t index, int e) const {
+    const float* b = block(index);
+    if (!packed) return *reinterpret_cast<const float2*>(b + e);
+    if (e < matrix) {
+      return __bfloat1622float2(
+          *reinterpret_cast<const __nv_bfloat162*>(reinterpret_cast<const __nv_bfloat16*>(b) + e));
+    }
+    return *reinterpret_cast<const float2*>(b + matrix / 2 + e - matrix);
+  }
+};
+
+SetSource set_source(const float* set, int head_dim, bool packed) {
+  return {set, head_dim * head_dim, set_floats(head_dim, packed), packed};
 }
 
 // P_i = sum_{d=1}^{min(i, W)} w(i, i-d) S_{i-d} + [i >= M] tail * R, R = sum_{j <= i-M} S_j, for
 // one state element per thread. The last W states sit in a per-thread shared-memory ring (slot
 // j % W), R in a register: each state is read once and each prefix written once.
 __global__ void __launch_bounds__(kSweepThreads)
-    prefix_kernel(const float* states, PrefixSink prefix, CausalWeights mix, int blocks,
-                  int state) {
+    prefix_kernel(SetSource states, PrefixSink prefix, CausalWeights mix, int blocks, int state) {
   extern __shared__ __align__(128) float shared[];
   const int W = mix.window(), M = W + 1, t = threadIdx.x;
   float* ms = shared;            // [M][M]
@@ -212,12 +246,12 @@ __global__ void __launch_bounds__(kSweepThreads)
   const int e = blockIdx.x * kSweepThreads + t;
   if (e >= state) return;  // the ring is per thread: no barrier below
   const RowWeights weights{ms, M};
-  const size_t base = static_cast<size_t>(blockIdx.y) * blocks * state + e;
+  const size_t first = static_cast<size_t>(blockIdx.y) * blocks;
   const float tail = mix.tail();
-  float r = 0.f, s = states[base];
+  float r = 0.f, s = states.load(first, e);
   for (int i = 0; i < blocks; ++i) {
     // The next state is loaded before this one is used (the sweep is latency-bound otherwise).
-    const float s_next = i + 1 < blocks ? states[base + static_cast<size_t>(i + 1) * state] : 0.f;
+    const float s_next = i + 1 < blocks ? states.load(first + i + 1, e) : 0.f;
     float p = i >= M ? tail * r : 0.f;
     const int reach = min(i, W);
     const float* w = weights.row(i);
@@ -226,7 +260,7 @@ __global__ void __launch_bounds__(kSweepThreads)
       p += w[-d] * ring[slot * kSweepThreads + t];
       slot = slot == 0 ? W - 1 : slot - 1;
     }
-    prefix.store(static_cast<size_t>(blockIdx.y) * blocks + i, e, p);
+    prefix.store(first + i, e, p);
     if (W == 0) {
       r += s;
     } else {
@@ -247,7 +281,7 @@ __global__ void __launch_bounds__(kSweepThreads)
 // four waves at B*H = 32 where 33 x B*H CTAs at four per SM take two (session 21).
 template <int W, int Ahead>
 __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 4 : 2)
-    prefix_window_kernel(const float* states, PrefixSink prefix, CausalWeights mix, int blocks,
+    prefix_window_kernel(SetSource states, PrefixSink prefix, CausalWeights mix, int blocks,
                          int state) {
   constexpr int M = W + 1;
   __shared__ float ms[M * M];
@@ -257,14 +291,12 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 4 : 2)
   if (e >= state) return;
   const float* c = ms + (M - 1) * M + M - 1;  // c[-d] = w(i, i - d) of the sliding rows i >= M
   const float tail = ms[(M - 1) * M];
-  const size_t base = static_cast<size_t>(blockIdx.y) * blocks * state + e;
+  const size_t first = static_cast<size_t>(blockIdx.y) * blocks;
   float2 history[W];  // history[d - 1] = S_{i-d}
 #pragma unroll
   for (int d = 0; d < W; ++d) history[d] = make_float2(0.f, 0.f);
   auto load = [&](int i) {
-    return i < blocks
-               ? *reinterpret_cast<const float2*>(states + base + static_cast<size_t>(i) * state)
-               : make_float2(0.f, 0.f);
+    return i < blocks ? states.load_pair(first + i, e) : make_float2(0.f, 0.f);
   };
   float2 ahead[Ahead];  // S_i, ..., S_{i + Ahead - 1}
 #pragma unroll
@@ -296,7 +328,7 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 4 : 2)
         }
       }
     }
-    prefix.store_pair(static_cast<size_t>(blockIdx.y) * blocks + i, e, p);
+    prefix.store_pair(first + i, e, p);
     if (i >= W) {  // S_{i-W} leaves the window
       r.x += history[W - 1].x;
       r.y += history[W - 1].y;
@@ -656,13 +688,21 @@ __global__ void __launch_bounds__(kLeanThreads, 3) lean_states_kernel(CausalBloc
     v_rows.store_plain(kC, vt);
   }
   __syncthreads();
-  float* state = p.states + state_offset(w, blocks_of(p.shape.tokens), L::state);
-  wmma_tiles::gemm_blocked<E, kLeanWarps, true, false>(kf, L::lde, vt, L::lde, state, D, D, D, kC,
-                                                       false);
+  float* state = p.states + state_offset(w, blocks_of(p.shape.tokens),
+                                         set_floats(D, p.packed_states));
+  // Packed: S in bf16, z in fp32 (every reader takes S as bf16 tiles or sums it in fp32).
+  if (p.packed_states) {
+    wmma_tiles::gemm_blocked<E, kLeanWarps, true, false>(
+        kf, L::lde, vt, L::lde, reinterpret_cast<__nv_bfloat16*>(state), D, D, D, kC);
+  } else {
+    wmma_tiles::gemm_blocked<E, kLeanWarps, true, false>(kf, L::lde, vt, L::lde, state, D, D, D,
+                                                         kC, false);
+  }
+  float* z_out = state + (p.packed_states ? D * D / 2 : D * D);
   if (threadIdx.x < D) {
     float z = 0.f;
     for (int r = 0; r < w.valid; ++r) z += to_float(kf[r * L::lde + threadIdx.x]);
-    state[D * D + threadIdx.x] = z;
+    z_out[threadIdx.x] = z;
   }
 }
 
@@ -837,7 +877,7 @@ __global__ void __launch_bounds__(kCausalThreads)
 // states: dm_ij += sum <dP_i, S_j> for j < i < M). Loads of the next block are issued before the
 // current one is used: the sweeps are latency-bound otherwise.
 __global__ void __launch_bounds__(kSweepThreads)
-    prefix_backward_kernel(const float* states, const float* grad_prefix, PrefixSink grad_states,
+    prefix_backward_kernel(SetSource states, SetSource grad_prefix, PrefixSink grad_states,
                            float* grad_mixing, CausalWeights mix, int batch_heads, int blocks,
                            int state) {
   extern __shared__ __align__(128) float shared[];
@@ -857,9 +897,9 @@ __global__ void __launch_bounds__(kSweepThreads)
   for (int item = blockIdx.x; item < batch_heads * columns; item += gridDim.x) {
     const int e = (item % columns) * kSweepThreads + t;
     const bool live = e < state;
-    const size_t base = static_cast<size_t>(item / columns) * blocks * state + (live ? e : 0);
-    auto load = [&](const float* p, int i) {
-      return live && i >= 0 && i < blocks ? p[base + static_cast<size_t>(i) * state] : 0.f;
+    const size_t first = static_cast<size_t>(item / columns) * blocks;
+    auto load = [&](const SetSource& set, int i) {
+      return live && i >= 0 && i < blocks ? set.load(first + i, e) : 0.f;
     };
     if (slides) {  // dm of the sliding rows: the forward sweep again, dP_i in place of the output.
       float r = 0.f, x = load(grad_prefix, 0), s = load(states, 0);
@@ -895,7 +935,7 @@ __global__ void __launch_bounds__(kSweepThreads)
         g += weights.row(j + d)[-d] * ring[slot * kSweepThreads + t];
         slot = slot == W - 1 ? 0 : slot + 1;
       }
-      if (live) grad_states.store(static_cast<size_t>(item / columns) * blocks + j, e, g);
+      if (live) grad_states.store(first + j, e, g);
       if (W == 0) {
         u += x;
       } else {
@@ -920,7 +960,7 @@ __global__ void __launch_bounds__(kSweepThreads)
 // in registers.
 template <int W, int Ahead>
 __global__ void __launch_bounds__(kSweepThreads)
-    prefix_window_backward_kernel(const float* states, const float* grad_prefix,
+    prefix_window_backward_kernel(SetSource states, SetSource grad_prefix,
                                   PrefixSink grad_states, float* grad_mixing, CausalWeights mix,
                                   int batch_heads, int blocks, int state) {
   constexpr int M = W + 1;
@@ -944,9 +984,9 @@ __global__ void __launch_bounds__(kSweepThreads)
   for (int item = blockIdx.x; item < batch_heads * columns; item += gridDim.x) {
     const int e = (item % columns) * kSweepThreads + t;
     const bool live = e < state;
-    const size_t base = static_cast<size_t>(item / columns) * blocks * state + (live ? e : 0);
-    auto load = [&](const float* p, int i) {
-      return live && i >= 0 && i < blocks ? p[base + static_cast<size_t>(i) * state] : 0.f;
+    const size_t first = static_cast<size_t>(item / columns) * blocks;
+    auto load = [&](const SetSource& set, int i) {
+      return live && i >= 0 && i < blocks ? set.load(first + i, e) : 0.f;
     };
     // dS_j = sum_{d=1}^{W} w(j+d, j) dP_{j+d} + tail * U, U = sum_{i >= j+M} dP_i; history[d - 1]
     // holds dP_{j+d} (zero past the last block). The same walk collects dm of the sliding rows
@@ -985,7 +1025,7 @@ __global__ void __launch_bounds__(kSweepThreads)
           if (j + d >= M) sliding[M - 1 - d] += s * history[d - 1];
         }
       }
-      if (live) grad_states.store(static_cast<size_t>(item / columns) * blocks + j, e, g);
+      if (live) grad_states.store(first + j, e, g);
       u += history[W - 1];  // dP_{j+W} leaves the window (zero when past the end)
 #pragma unroll
       for (int d = W - 1; d > 0; --d) history[d] = history[d - 1];
@@ -1121,7 +1161,7 @@ __global__ void __launch_bounds__(kLeanThreads, 2)
   const int blocks = blocks_of(p.shape.tokens);
   const CausalWeights mix{p.mixing, p.shape.mixing_blocks};
   const float diagonal_weight = mix.at(w.block, w.block);
-  const size_t offset = state_offset(w, blocks, L::state);
+  const size_t offset = state_offset(w, blocks, set_floats(D, p.packed_grad_prefix));
   const size_t prefix_block = static_cast<size_t>(w.bh) * blocks + w.block;
   if (p.packed_prefix) start_prefix_load<T, D>(p.prefix, true, prefix_block, prefix, z);
   Rows q_rows;  // raw q for the feature backward at the end
@@ -1221,13 +1261,20 @@ __global__ void __launch_bounds__(kLeanThreads, 2)
       acc[i][j].store(dphi + (fm + i) * 16 * L::ldf + (fn + j) * 16, L::ldf);
     }
   }
-  // dP_i = phi(Q)^T dnum straight to its state; dz_i = phi(Q)^T dden.
-  wmma_tiles::gemm_blocked<E, kLeanWarps, true, false>(qf, L::lde, dnum, L::lde,
-                                                       p.grad_prefix + offset, D, D, D, kC, false);
+  // dP_i = phi(Q)^T dnum straight to its state (packed: the matrix in bf16, as the prefix sweep
+  // and the pair products only sum it in fp32); dz_i = phi(Q)^T dden in fp32.
+  if (p.packed_grad_prefix) {
+    wmma_tiles::gemm_blocked<E, kLeanWarps, true, false>(
+        qf, L::lde, dnum, L::lde, reinterpret_cast<__nv_bfloat16*>(p.grad_prefix + offset), D, D,
+        D, kC);
+  } else {
+    wmma_tiles::gemm_blocked<E, kLeanWarps, true, false>(qf, L::lde, dnum, L::lde,
+                                                         p.grad_prefix + offset, D, D, D, kC, false);
+  }
   if (threadIdx.x < D) {
     float dz = 0.f;
     for (int r = 0; r < w.valid; ++r) dz += to_float(qf[r * L::lde + threadIdx.x]) * dden[r];
-    p.grad_prefix[offset + D * D + threadIdx.x] = dz;
+    p.grad_prefix[offset + (p.packed_grad_prefix ? D * D / 2 : D * D) + threadIdx.x] = dz;
   }
   // The intra-block part of d(phi(k)) = g'_masked^T phi(Q) into phi(K)'s tile (rows s take
   // queries t >= s only).
@@ -1454,7 +1501,8 @@ struct PrefixWindowForward {
     return with_sweep_ahead(false, [&](auto ahead) {
       prefix_window_kernel<W, decltype(ahead)::value>
           <<<dim3((pairs + kSweepThreads - 1) / kSweepThreads, s.batch * s.heads), kSweepThreads, 0,
-             stream>>>(a.states, prefix_sink(a.prefix, s.head_dim, a.packed_prefix),
+             stream>>>(set_source(a.states, s.head_dim, a.packed_states),
+                       prefix_sink(a.prefix, s.head_dim, a.packed_prefix),
                        CausalWeights{a.mixing, s.mixing_blocks}, blocks_of(s.tokens), state);
       return cudaGetLastError();
     });
@@ -1477,8 +1525,10 @@ struct PrefixWindowBackward {
       }
       const int ctas = std::min(items, std::max(per_sm, 1) * multiprocessors());
       prefix_window_backward_kernel<W, A><<<ctas, kSweepThreads, 0, stream>>>(
-          a.states, a.grad_prefix, prefix_sink(a.grad_states, s.head_dim, a.packed_grad_states),
-          a.grad_mixing, CausalWeights{a.mixing, s.mixing_blocks}, s.batch * s.heads,
+          set_source(a.states, s.head_dim, a.packed_states),
+          set_source(a.grad_prefix, s.head_dim, a.packed_grad_prefix),
+          prefix_sink(a.grad_states, s.head_dim, a.packed_grad_states), a.grad_mixing,
+          CausalWeights{a.mixing, s.mixing_blocks}, s.batch * s.heads,
           blocks_of(s.tokens), state);
       return cudaGetLastError();
     });
@@ -1543,8 +1593,9 @@ cudaError_t forward_for(const CausalBlockLinearForward& a, cudaStream_t stream) 
     if ((err = allow_smem(prefix_kernel, bytes)) != cudaSuccess) return err;
     prefix_kernel<<<dim3((state + kSweepThreads - 1) / kSweepThreads, s.batch * s.heads),
                     kSweepThreads, bytes, stream>>>(
-        a.states, prefix_sink(a.prefix, s.head_dim, a.packed_prefix),
-        CausalWeights{a.mixing, s.mixing_blocks}, blocks, state);
+        set_source(a.states, s.head_dim, a.packed_states),
+        prefix_sink(a.prefix, s.head_dim, a.packed_prefix), CausalWeights{a.mixing, s.mixing_blocks},
+        blocks, state);
   }
   bool output_done = false;
   if constexpr (!std::is_same_v<T, float>) {
@@ -1604,8 +1655,10 @@ cudaError_t backward_for(const CausalBlockLinearBackward& a, cudaStream_t stream
     const int items = s.batch * s.heads * ((state + kSweepThreads - 1) / kSweepThreads);
     const int ctas = std::min(items, per_sm * multiprocessors());
     prefix_backward_kernel<<<ctas, kSweepThreads, bytes, stream>>>(
-        a.states, a.grad_prefix, prefix_sink(a.grad_states, s.head_dim, a.packed_grad_states),
-        a.grad_mixing, CausalWeights{a.mixing, m}, s.batch * s.heads, blocks, state);
+        set_source(a.states, s.head_dim, a.packed_states),
+        set_source(a.grad_prefix, s.head_dim, a.packed_grad_prefix),
+        prefix_sink(a.grad_states, s.head_dim, a.packed_grad_states), a.grad_mixing,
+        CausalWeights{a.mixing, m}, s.batch * s.heads, blocks, state);
   }
   bool key_done = false;
   if constexpr (!std::is_same_v<T, float>) {
@@ -1653,8 +1706,7 @@ bool causal_prefix_packed(DType dtype) {
 }
 
 int64_t causal_prefix_floats(int head_dim, bool packed) {
-  const int64_t d = head_dim;
-  return packed ? d * d / 2 + d : d * d + d;
+  return set_floats(head_dim, packed);
 }
 
 bool causal_block_linear_supported(const CausalBlockLinearShape& s, DType dtype) {
@@ -1669,7 +1721,8 @@ bool causal_block_linear_supported(const CausalBlockLinearShape& s, DType dtype)
 
 cudaError_t causal_block_linear_forward(const CausalBlockLinearForward& args, cudaStream_t stream) {
   if (!causal_block_linear_supported(args.shape, args.dtype)) return cudaErrorInvalidValue;
-  if (args.packed_prefix && !causal_prefix_packed(args.dtype)) return cudaErrorInvalidValue;
+  if ((args.packed_prefix || args.packed_states) && !causal_prefix_packed(args.dtype))
+    return cudaErrorInvalidValue;
   if (args.mixing == nullptr && args.shape.mixing_blocks != 1) return cudaErrorInvalidValue;
   auto run = launcher_for<CausalBlockLinearForward, ForwardPass>(args.dtype, args.shape.head_dim);
   return run != nullptr ? run(args, stream) : cudaErrorInvalidValue;
@@ -1678,7 +1731,9 @@ cudaError_t causal_block_linear_forward(const CausalBlockLinearForward& args, cu
 cudaError_t causal_block_linear_backward(const CausalBlockLinearBackward& args,
                                          cudaStream_t stream) {
   if (!causal_block_linear_supported(args.shape, args.dtype)) return cudaErrorInvalidValue;
-  if ((args.packed_prefix || args.packed_grad_states) && !causal_prefix_packed(args.dtype))
+  if ((args.packed_prefix || args.packed_grad_states || args.packed_states ||
+       args.packed_grad_prefix) &&
+      !causal_prefix_packed(args.dtype))
     return cudaErrorInvalidValue;
   if (args.mixing == nullptr && args.shape.mixing_blocks != 1) return cudaErrorInvalidValue;
   auto run = launcher_for<CausalBlockLinearBackward, BackwardPass>(args.dtype, args.shape.head_dim);

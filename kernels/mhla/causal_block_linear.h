@@ -73,6 +73,9 @@ struct CausalBlockLinearForward {
   float* states = nullptr;        // a set of states: S_j, kept for the backward pass
   float* prefix = nullptr;        // a set of prefixes: P_i, kept for the backward pass
   bool packed_prefix = false;     // prefix packed (causal_prefix_packed; bf16 only)
+  // states as a packed set: S_j in bf16 (the sweeps and the pair products sum it in fp32, the
+  // token passes never read it), z_j in fp32. Taken where the prefix is a sweep.
+  bool packed_states = false;
 };
 
 struct CausalBlockLinearBackward {
@@ -84,6 +87,9 @@ struct CausalBlockLinearBackward {
   const float* states = nullptr;  // from the forward pass
   const float* prefix = nullptr;
   bool packed_prefix = false;  // as in the forward pass
+  bool packed_states = false;  // as in the forward pass
+  // grad_prefix (dP_i, written by the query pass) as a packed set, for the sweeps to read.
+  bool packed_grad_prefix = false;
   void* grad_q = nullptr;  // [B, T, H, D] contiguous each
   void* grad_k = nullptr;
   void* grad_v = nullptr;

@@ -12,6 +12,7 @@
 #include "attention/causal_linear.h"
 #include "attention/kernel_views.h"
 #include "attention/state_mixing.h"
+#include "core/environment.h"
 #include "core/error.h"
 #include "core/kernel_dtype.h"
 #include "mhla/block_mix_backward.h"
@@ -73,10 +74,19 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     const auto shape = causal_shape_of(q, mixing);
     const int64_t blocks = kernels::causal_blocks(shape.tokens);
     const int64_t batch_heads = q.size(0) * q.size(2), d = q.size(3);
-    auto states =
-        torch::empty({batch_heads, blocks, d * d + d}, q.options().dtype(torch::kFloat32));
-    auto out = torch::empty(q.sizes(), v.options().memory_format(torch::MemoryFormat::Contiguous));
+    const bool gemm_mix = mixes && mix_by_gemm(blocks, mixing.size(0));
     kernels::CausalBlockLinearForward a;
+    // Where the prefix is a sweep, the states are packed as the prefixes are (the sweeps and the
+    // pair products read them; the GEMM mix and cuBLAS take fp32), and so are their gradients:
+    // half the bytes of the two sets that dominate the sweeps' traffic.
+    // MHLA_CAUSAL_PACKED_STATES=0 keeps both fp32 (A/B runs).
+    static const bool pack_states = environment_switch("MHLA_CAUSAL_PACKED_STATES", true);
+    a.packed_states =
+        pack_states && !gemm_mix && kernels::causal_prefix_packed(kernel_dtype(dtype));
+    auto states = torch::empty(
+        {batch_heads, blocks, kernels::causal_prefix_floats(static_cast<int>(d), a.packed_states)},
+        q.options().dtype(torch::kFloat32));
+    auto out = torch::empty(q.sizes(), v.options().memory_format(torch::MemoryFormat::Contiguous));
     a.shape = shape;
     a.dtype = kernel_dtype(dtype);
     a.q = view_of(q), a.k = view_of(k), a.v = view_of(v);
@@ -90,7 +100,7 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     // The prefixes are read only as bf16 tiles and fp32 z: packed for bf16 (see the header).
     a.packed_prefix = kernels::causal_prefix_packed(a.dtype);
     torch::Tensor prefix;
-    if (mixes && mix_by_gemm(blocks, mixing.size(0))) {
+    if (gemm_mix) {
       // Past the state-mix kernel's blocks (only with MHLA_CAUSAL_MIX_GEMM=1) cuBLAS mixes, in fp32.
       if (blocks > kernels::kMaxMixBlocks) a.packed_prefix = false;
       prefix = mix_block_states(strict_weights(mixing, blocks), states, kernels::MixPattern::lower,
@@ -117,11 +127,15 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     auto q = saved[0], k = saved[1], v = saved[2], out = saved[3], mixing = saved[4];
     auto states = saved[5], prefix = saved[6];
     const bool mixes = mixing.numel() > 0;
-    const int64_t blocks = states.size(1);
+    const int64_t blocks = states.size(1), d = q.size(3);
+    // As the forward pass stored them (packed sets are shorter than D * D + D floats per block).
+    const bool packed_prefix = prefix.size(2) != d * d + d;
+    const bool packed_states = states.size(2) != d * d + d;
     auto grad_out = readable(grads[0], v.scalar_type());
     auto contiguous = v.options().memory_format(torch::MemoryFormat::Contiguous);
     auto dq = torch::empty(q.sizes(), contiguous), dk = torch::empty(q.sizes(), contiguous);
     auto dv = torch::empty(q.sizes(), contiguous);
+    // dP_i is packed where the states are (the sweep path: only sums in fp32 read it).
     auto grad_prefix = torch::empty_like(states);
     torch::Tensor dmixing;
     kernels::CausalBlockLinearBackward a;
@@ -136,7 +150,9 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     }
     a.states = states.data_ptr<float>();
     a.prefix = prefix.data_ptr<float>();
-    a.packed_prefix = prefix.size(2) != states.size(2);  // as the forward pass stored it
+    a.packed_prefix = packed_prefix;
+    a.packed_states = packed_states;
+    a.packed_grad_prefix = packed_states;
     a.grad_q = dq.data_ptr(), a.grad_k = dk.data_ptr(), a.grad_v = dv.data_ptr();
     a.grad_prefix = grad_prefix.data_ptr<float>();
     const c10::cuda::CUDAGuard on_device(q.device());
@@ -156,9 +172,9 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     } else {
       // The key pass reads dS only as bf16 tiles and fp32 dz: the sweeps write it packed too.
       a.packed_grad_states = a.packed_prefix;
-      const int head_dim = static_cast<int>(q.size(3));
       grad_states = torch::empty(
-          {states.size(0), blocks, kernels::causal_prefix_floats(head_dim, a.packed_grad_states)},
+          {states.size(0), blocks,
+           kernels::causal_prefix_floats(static_cast<int>(d), a.packed_grad_states)},
           states.options());
       a.grad_states = grad_states.data_ptr<float>();
       a.passes = kernels::kCausalPrefixPass;
@@ -184,7 +200,9 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
         dmixing.add_(torch::autograd::grad({expanded}, {leaf}, {dw})[0]);
       } else {  // dm_ij += sum <dP_i, S_j> for j < i inside the trained length
         const int64_t dense = std::min<int64_t>(blocks, trained);
-        if (!pairs.defined()) pairs = block_pair_products(grad_prefix, states, dense);
+        if (!pairs.defined()) {
+          pairs = block_pair_products(grad_prefix, states, dense, packed_states ? d * d : 0);
+        }
         dmixing.narrow(0, 0, dense).narrow(1, 0, dense).add_(pairs.tril(-1));
       }
     }

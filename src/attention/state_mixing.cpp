@@ -62,7 +62,8 @@ torch::Tensor mix_block_states(const torch::Tensor& weights, const torch::Tensor
   return out;
 }
 
-torch::Tensor block_pair_products(const torch::Tensor& x, const torch::Tensor& y, int64_t rows) {
+torch::Tensor block_pair_products(const torch::Tensor& x, const torch::Tensor& y, int64_t rows,
+                                  int64_t packed_matrix) {
   if (x.dim() != 3 || !x.sizes().equals(y.sizes()) || x.scalar_type() != torch::kFloat32 ||
       y.scalar_type() != torch::kFloat32 || !x.is_contiguous() || !y.is_contiguous() ||
       !x.is_cuda() || x.device() != y.device()) {
@@ -72,6 +73,15 @@ torch::Tensor block_pair_products(const torch::Tensor& x, const torch::Tensor& y
         c10::toString(x.scalar_type()), c10::str(x.sizes()), c10::toString(y.scalar_type()),
         c10::str(y.sizes()));
   }
+  const int64_t elements = x.size(2) + packed_matrix / 2;  // a packed row's logical elements
+  if (packed_matrix < 0 || packed_matrix % 8 != 0 || packed_matrix > elements ||
+      elements % 4 != 0 || rows < 1 || rows > std::min<int64_t>(x.size(1), 64)) {
+    fail(
+        "block pair products: {} rows of [BH, nb, E] = {} with a packed matrix part of {} "
+        "elements; need 1 <= rows <= min(nb, 64), a part that is a multiple of 8 and at most the "
+        "row's {} elements, and rows of a multiple of 4 elements",
+        rows, c10::str(x.sizes()), packed_matrix, elements);
+  }
   auto grad = torch::zeros({rows, rows}, x.options());
   mhla_kernels::BlockPairProducts a;
   a.x = x.data_ptr<float>();
@@ -79,7 +89,8 @@ torch::Tensor block_pair_products(const torch::Tensor& x, const torch::Tensor& y
   a.batch_heads = static_cast<int>(x.size(0));
   a.blocks = static_cast<int>(x.size(1));
   a.rows = static_cast<int>(rows);
-  a.elements = x.size(2);
+  a.elements = elements;
+  a.packed_matrix = packed_matrix;
   a.grad = grad.data_ptr<float>();
   const c10::cuda::CUDAGuard on_device(x.device());
   check_launch(mhla_kernels::block_pair_products(

@@ -24,7 +24,11 @@ torch::Tensor mix_block_states(const torch::Tensor& weights, const torch::Tensor
 
 // G [rows, rows] fp32, G_ij = sum over the first dimension and the elements of x[:, i] * y[:, j],
 // for x, y [BH, nb, E] fp32 contiguous on one GPU (rows <= min(nb, 64), E a multiple of 4).
-torch::Tensor block_pair_products(const torch::Tensor& x, const torch::Tensor& y, int64_t rows);
+// packed_matrix > 0: x and y are packed sets (as mix_block_states returns them) of
+// packed_matrix bf16 and E - packed_matrix fp32 elements per row, stored in
+// packed_matrix / 2 + E - packed_matrix floats.
+torch::Tensor block_pair_products(const torch::Tensor& x, const torch::Tensor& y, int64_t rows,
+                                  int64_t packed_matrix = 0);
 
 // The backward pass of out = mix_block_states(mixing, states) for dense [nb, nb] mixing: returns
 // {d states [BH, nb, E], d mixing [nb, nb]} from d out. One fused kernel for nb <= 16
