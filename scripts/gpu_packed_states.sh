@@ -4,8 +4,9 @@
 #   1. the causal block-linear tests (packed, and unpacked), the state-mixing tests (the pair
 #      products on packed sets), the op harness; memcheck of the small-shape causal test;
 #      racecheck of causal linear attention and MHLA on shapes that take the sweeps;
-#   2. forward+backward at the LM shapes with the packed states on / off, two rounds, and fla's
-#      chunk_linear_attn in the same call;
+#   2. forward+backward at the LM shapes with the packed states on / off and the sweeps' load
+#      depths (AHEADS, default 8 4 16; the second round at 8 only), and fla's chunk_linear_attn in
+#      the same call;
 #   3. Nsight Compute durations per kernel at T = 8,192 (MHLA, linear).
 # Run from the repository root after `source scripts/gpu_env.sh` (carry .gpu_stage and .whl).
 # Results in $OUT/states.tgz.
@@ -35,9 +36,14 @@ for op in linear mhla; do
 done
 
 step bench
+# Packed states on / off, at the sweeps' load depths 4, 8 (the default) and 16.
 for round in 1 2; do
-  for packed in 0 1; do
-    MHLA_CAUSAL_PACKED_STATES=$packed bench_lm "$V" "lm_s${packed}_r$round" "$bin" linear mhla
+  for packed in 1 0; do
+    for ahead in ${AHEADS:-8 4 16}; do
+      [ $round = 2 ] && [ $ahead != 8 ] && continue
+      MHLA_CAUSAL_PACKED_STATES=$packed MHLA_SWEEP_AHEAD=$ahead MHLA_SWEEP_BACKWARD_AHEAD=$ahead \
+        bench_lm "$V" "lm_s${packed}_a${ahead}_r$round" "$bin" linear mhla
+    done
   done
 done
 ( source scripts/gpu_fla_env.sh
@@ -46,6 +52,7 @@ done
 if command -v ncu > /dev/null; then
   step ncu
   kernel_times "$V" "$bin" "ncu_8192_" 4,8,8192,128 12 mhla linear
+  MHLA_CAUSAL_PACKED_STATES=0 kernel_times "$V" "$bin" "ncu_8192_s0_" 4,8,8192,128 12 mhla
 fi
 
 step done

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <type_traits>
 
+#include "common/async_copy.cuh"
 #include "common/device_info.h"
 #include "common/packed_access.cuh"
 #include "mhla/causal_block_linear.h"
@@ -28,14 +29,13 @@ constexpr int kCausalWarps = kCausalThreads / 32;
 // The prefix sweeps (one state element per thread, a window of states per thread in shared
 // memory or registers) keep 256 threads.
 constexpr int kSweepThreads = 256;
-// The register-window sweeps keep this many blocks' loads in flight per thread: with one, the
-// bytes in flight across the GPU were too few to cover the memory latency (the sweeps are
-// bandwidth-bound in principle: each state is read once and each prefix written once). Deeper
-// was slower (session 21, MHLA at T = 8,192: backward sweep 422 / 688 us at 4 / 16 blocks; the
-// two-element forward sweep 170 / 205 us at 1 / 4): each CTA's blocks lie a whole state set
-// apart, so more of them in flight spreads the accesses over more DRAM pages.
-constexpr int kSweepAhead = 1;
-constexpr int kSweepBackwardAhead = 4;
+// The register-window sweeps keep this many blocks' loads in flight per thread (in shared-memory
+// rings, filled by cp.async): each thread walks its elements through the blocks one after the
+// other, so the sweeps are bound by load latency unless many loads are in flight. Session 21
+// kept them in registers, where more than 1 (forward) or 4 (backward) cost occupancy that the
+// window needs (backward sweep 422 / 688 us at 4 / 16 blocks).
+constexpr int kSweepAhead = 8;
+constexpr int kSweepBackwardAhead = 8;
 constexpr size_t kMaxSharedBytes = 227 * 1024;  // tokens per block (== kTile: one tile per block)
 constexpr int kLdScore = kC + 8;   // fp32 64 x 64 tiles (8-bank row stride: see gated_delta Ld)
 constexpr int kLdScoreE = kC + 8;  // 64 x 64 tiles of tensor-core elements
@@ -226,6 +226,34 @@ struct SetSource {
     }
     return *reinterpret_cast<const float2*>(b + matrix / 2 + e - matrix);
   }
+  // Elements e and e + 1 (e even) copied asynchronously into an 8-byte slot of shared memory:
+  // 8 bytes of fp32 or 4 of bf16 (zeros when !valid); unpack_pair reads them back.
+  __device__ __forceinline__ void copy_pair(float2* slot, size_t index, int e, bool valid) const {
+    const float* b = block(index);
+    if (packed && e < matrix) {
+      async_copy::copy<4>(slot, reinterpret_cast<const __nv_bfloat16*>(b) + e, valid);
+    } else {
+      async_copy::copy<8>(slot, b + (packed ? matrix / 2 + e - matrix : e), valid);
+    }
+  }
+  __device__ __forceinline__ float2 unpack_pair(const float2* slot, int e) const {
+    if (packed && e < matrix) return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(slot));
+    return *slot;
+  }
+  // Element e copied asynchronously into a 4-byte slot: the fp32 element, or the aligned bf16
+  // pair that holds it (zeros when !valid); unpack reads it back.
+  __device__ __forceinline__ void copy_one(float* slot, size_t index, int e, bool valid) const {
+    const float* b = block(index);
+    if (packed && e < matrix) {
+      async_copy::copy<4>(slot, reinterpret_cast<const __nv_bfloat16*>(b) + (e & ~1), valid);
+    } else {
+      async_copy::copy<4>(slot, b + (packed ? matrix / 2 + e - matrix : e), valid);
+    }
+  }
+  __device__ __forceinline__ float unpack(const float* slot, int e) const {
+    if (packed && e < matrix) return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(slot)[e & 1]);
+    return *slot;
+  }
 };
 
 SetSource set_source(const float* set, int head_dim, bool packed) {
@@ -279,34 +307,38 @@ __global__ void __launch_bounds__(kSweepThreads)
 // and the sliding row's weights read from shared memory (one broadcast per product): with one
 // element and the weights in registers the sweep ran five CTAs per SM, so its 65 x B*H CTAs took
 // four waves at B*H = 32 where 33 x B*H CTAs at four per SM take two (session 21).
+// The loads run Ahead blocks ahead through a per-thread ring of Ahead + 1 slots in shared memory
+// (cp.async; each thread reads back only its own copies): in registers, every block in flight
+// cost registers that the window needs, and deeper queues lost occupancy (session 21). The copy
+// of block i + Ahead goes into the slot of block i - 1, whose value the products of step i have
+// consumed before the step's store.
 template <int W, int Ahead>
 __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 4 : 2)
     prefix_window_kernel(SetSource states, PrefixSink prefix, CausalWeights mix, int blocks,
                          int state) {
-  constexpr int M = W + 1;
+  constexpr int M = W + 1, Slots = Ahead + 1;
   __shared__ float ms[M * M];
+  __shared__ float2 ring[Slots][kSweepThreads];
   for (int i = threadIdx.x; i < M * M; i += kSweepThreads) ms[i] = mix.m[i];
   __syncthreads();
-  const int e = 2 * (blockIdx.x * kSweepThreads + threadIdx.x);
-  if (e >= state) return;
+  const int t = threadIdx.x, e = 2 * (blockIdx.x * kSweepThreads + t);
+  if (e >= state) return;  // no barrier below
   const float* c = ms + (M - 1) * M + M - 1;  // c[-d] = w(i, i - d) of the sliding rows i >= M
   const float tail = ms[(M - 1) * M];
   const size_t first = static_cast<size_t>(blockIdx.y) * blocks;
   float2 history[W];  // history[d - 1] = S_{i-d}
 #pragma unroll
   for (int d = 0; d < W; ++d) history[d] = make_float2(0.f, 0.f);
-  auto load = [&](int i) {
-    return i < blocks ? states.load_pair(first + i, e) : make_float2(0.f, 0.f);
+  auto fetch = [&](int i) {  // block i into slot i % Slots, one group per block (empty past the end)
+    if (i < blocks) states.copy_pair(&ring[i % Slots][t], first + i, e, true);
+    async_copy::commit();
   };
-  float2 ahead[Ahead];  // S_i, ..., S_{i + Ahead - 1}
 #pragma unroll
-  for (int a = 0; a < Ahead; ++a) ahead[a] = load(a);
+  for (int a = 0; a < Ahead; ++a) fetch(a);
   float2 r = make_float2(0.f, 0.f);
   for (int i = 0; i < blocks; ++i) {
-    const float2 s = ahead[0];
-#pragma unroll
-    for (int a = 0; a + 1 < Ahead; ++a) ahead[a] = ahead[a + 1];
-    ahead[Ahead - 1] = load(i + Ahead);
+    async_copy::wait<Ahead - 1>();  // block i's group is done
+    const float2 s = states.unpack_pair(&ring[i % Slots][t], e);
     float2 p = make_float2(0.f, 0.f);
     if (i >= M) {
       p.x = tail * r.x;
@@ -329,6 +361,7 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 4 : 2)
       }
     }
     prefix.store_pair(first + i, e, p);
+    fetch(i + Ahead);  // into S_{i-1}'s slot: the products above read history[0] = S_{i-1}
     if (i >= W) {  // S_{i-W} leaves the window
       r.x += history[W - 1].x;
       r.y += history[W - 1].y;
@@ -957,15 +990,18 @@ __global__ void __launch_bounds__(kSweepThreads)
 
 // prefix_backward_kernel with the window W a compile-time constant (see prefix_window_kernel):
 // the window of states or prefix gradients, the sliding row's weights and its gradient sums all
-// in registers.
+// in registers; the loads Ahead blocks ahead through per-thread rings in shared memory, as in
+// prefix_window_kernel (block j - Ahead goes into block j + 1's slot, whose dP the products of
+// step j and whose S those of step j + 1 have consumed).
 template <int W, int Ahead>
-__global__ void __launch_bounds__(kSweepThreads)
+__global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 3 : 1)
     prefix_window_backward_kernel(SetSource states, SetSource grad_prefix,
                                   PrefixSink grad_states, float* grad_mixing, CausalWeights mix,
                                   int batch_heads, int blocks, int state) {
-  constexpr int M = W + 1;
+  constexpr int M = W + 1, Slots = Ahead + 1;
   __shared__ float ms[M * M];
   __shared__ float dm_row[M];
+  __shared__ float x_ring[Slots][kSweepThreads], s_ring[Slots][kSweepThreads];
   const int t = threadIdx.x, lane = t % 32;
   for (int i = t; i < M * M; i += kSweepThreads) ms[i] = mix.m[i];
   for (int k = t; k < M; k += kSweepThreads) dm_row[k] = 0.f;
@@ -985,8 +1021,15 @@ __global__ void __launch_bounds__(kSweepThreads)
     const int e = (item % columns) * kSweepThreads + t;
     const bool live = e < state;
     const size_t first = static_cast<size_t>(item / columns) * blocks;
-    auto load = [&](const SetSource& set, int i) {
-      return live && i >= 0 && i < blocks ? set.load(first + i, e) : 0.f;
+    // Block j (zeros for a lane past the state) into slot j % Slots; one group per block, empty
+    // before the first.
+    auto fetch = [&](int j) {
+      if (j >= 0) {
+        const int slot = j % Slots;
+        grad_prefix.copy_one(&x_ring[slot][t], first + j, live ? e : 0, live);
+        if (slides) states.copy_one(&s_ring[slot][t], first + j, live ? e : 0, live);
+      }
+      async_copy::commit();
     };
     // dS_j = sum_{d=1}^{W} w(j+d, j) dP_{j+d} + tail * U, U = sum_{i >= j+M} dP_i; history[d - 1]
     // holds dP_{j+d} (zero past the last block). The same walk collects dm of the sliding rows
@@ -997,21 +1040,13 @@ __global__ void __launch_bounds__(kSweepThreads)
 #pragma unroll
     for (int d = 0; d < W; ++d) history[d] = 0.f;
     float u = 0.f;
-    float x_ahead[Ahead], s_ahead[Ahead];  // dP_j, S_j, ..., j - Ahead + 1
 #pragma unroll
-    for (int a = 0; a < Ahead; ++a) {
-      x_ahead[a] = load(grad_prefix, blocks - 1 - a);
-      s_ahead[a] = slides ? load(states, blocks - 1 - a) : 0.f;
-    }
+    for (int a = 0; a < Ahead; ++a) fetch(blocks - 1 - a);
     for (int j = blocks - 1; j >= 0; --j) {
-      const float x = x_ahead[0], s = s_ahead[0];
-#pragma unroll
-      for (int a = 0; a + 1 < Ahead; ++a) {
-        x_ahead[a] = x_ahead[a + 1];
-        s_ahead[a] = s_ahead[a + 1];
-      }
-      x_ahead[Ahead - 1] = load(grad_prefix, j - Ahead);
-      s_ahead[Ahead - 1] = slides ? load(states, j - Ahead) : 0.f;
+      async_copy::wait<Ahead - 1>();  // block j's group is done
+      const int slot = j % Slots;
+      const float x = grad_prefix.unpack(&x_ring[slot][t], e);
+      const float s = slides ? states.unpack(&s_ring[slot][t], e) : 0.f;
       float g = tail * u;
 #pragma unroll
       for (int d = 1; d <= W; ++d) {
@@ -1026,6 +1061,7 @@ __global__ void __launch_bounds__(kSweepThreads)
         }
       }
       if (live) grad_states.store(first + j, e, g);
+      fetch(j - Ahead);
       u += history[W - 1];  // dP_{j+W} leaves the window (zero when past the end)
 #pragma unroll
       for (int d = W - 1; d > 0; --d) history[d] = history[d - 1];
@@ -1465,13 +1501,14 @@ int window_of(const float* mixing, int mixing_blocks) {
 }
 
 // The prefix sweeps with a compile-time window, for the windows they are built for.
-// The sweeps' load depth: MHLA_SWEEP_AHEAD (forward) or MHLA_SWEEP_BACKWARD_AHEAD, 1, 2, 4 or
-// 8, else the default.
+// The sweeps' load depth: MHLA_SWEEP_AHEAD (forward) or MHLA_SWEEP_BACKWARD_AHEAD, 1, 2, 4, 8
+// or 16, else the default.
 int sweep_ahead(bool backward) {
   auto read = [](const char* name, int fallback) {
     const char* value = std::getenv(name);
     const int forced = value != nullptr ? std::atoi(value) : 0;
-    return forced == 1 || forced == 2 || forced == 4 || forced == 8 ? forced : fallback;
+    return forced == 1 || forced == 2 || forced == 4 || forced == 8 || forced == 16 ? forced
+                                                                                    : fallback;
   };
   static const int forward_ahead = read("MHLA_SWEEP_AHEAD", kSweepAhead);
   static const int backward_ahead = read("MHLA_SWEEP_BACKWARD_AHEAD", kSweepBackwardAhead);
@@ -1486,10 +1523,12 @@ cudaError_t with_sweep_ahead(bool backward, F&& f) {
       return f(std::integral_constant<int, 1>{});
     case 2:
       return f(std::integral_constant<int, 2>{});
-    case 8:
-      return f(std::integral_constant<int, 8>{});
-    default:
+    case 4:
       return f(std::integral_constant<int, 4>{});
+    case 16:
+      return f(std::integral_constant<int, 16>{});
+    default:
+      return f(std::integral_constant<int, 8>{});
   }
 }
 
