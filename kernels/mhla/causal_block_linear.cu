@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <type_traits>
+#include <utility>
 
 #include "common/async_copy.cuh"
 #include "common/device_info.h"
@@ -52,6 +53,17 @@ __device__ void gemm(const typename Mma<T>::elem* a, int lda, const typename Mma
 
 __host__ __device__ constexpr int blocks_of(int tokens) {
   return (tokens + kC - 1) / kC;
+}
+
+// f(std::integral_constant<int, 0>), ..., f(std::integral_constant<int, N - 1>): loop bodies
+// whose index must be a constant (register arrays indexed by it).
+template <int N, typename F, int... I>
+__device__ __forceinline__ void unrolled_impl(F&& f, std::integer_sequence<int, I...>) {
+  (f(std::integral_constant<int, I>{}), ...);
+}
+template <int N, typename F>
+__device__ __forceinline__ void unrolled(F&& f) {
+  unrolled_impl<N>(f, std::make_integer_sequence<int, N>{});
 }
 
 // The weights w_ij of the header (m == nullptr: linear attention, all ones). The prefix passes
@@ -300,75 +312,92 @@ __global__ void __launch_bounds__(kSweepThreads)
   }
 }
 
-// The same sweep with the window W a compile-time constant (the common matrix sizes): the last W
-// states and the sliding row's weights sit in registers instead of a shared-memory ring, whose
-// two shared-memory reads per product were the generic sweep's cost.
-// Two adjacent state elements per thread (8-byte accesses; every state size D * D + D is even)
-// and the sliding row's weights read from shared memory (one broadcast per product): with one
-// element and the weights in registers the sweep ran five CTAs per SM, so its 65 x B*H CTAs took
-// four waves at B*H = 32 where 33 x B*H CTAs at four per SM take two (session 21).
-// The loads run Ahead blocks ahead through a per-thread ring of Ahead + 1 slots in shared memory
-// (cp.async; each thread reads back only its own copies): in registers, every block in flight
-// cost registers that the window needs, and deeper queues lost occupancy (session 21). The copy
-// of block i + Ahead goes into the slot of block i - 1, whose value the products of step i have
-// consumed before the step's store.
+// The same sweep with the window W a compile-time constant (the common matrix sizes), two
+// adjacent state elements per thread (every state size D * D + D is even):
+// - The last M = W + 1 states sit in registers as a ring indexed by block mod M, and the block
+//   loop runs in groups of M unrolled steps, so every ring index is a constant: no moves to
+//   shift a window. The sweeps are bound by their instructions, not by DRAM (session 22: DRAM
+//   at 15-34 % of its peak, the same time at 4, 8 or 16 loads in flight), and the shifts were
+//   a third of them.
+// - Past the trained rows (i >= M) every block takes the sliding row's weights, from shared
+//   memory (one broadcast per product: in registers they cost the occupancy that four CTAs per
+//   SM need; with one element per thread the sweep's 65 x B*H CTAs took four waves at
+//   B*H = 32, 33 x B*H take two).
+// - The loads run Ahead blocks ahead through a per-thread ring of Ahead + 1 slots in shared
+//   memory (cp.async; each thread reads back only its own copies), so blocks in flight cost no
+//   registers. Block i + Ahead goes into block i - 1's slot, whose value the products of step i
+//   consume before the step's store.
 template <int W, int Ahead>
 __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 4 : 2)
     prefix_window_kernel(SetSource states, PrefixSink prefix, CausalWeights mix, int blocks,
                          int state) {
   constexpr int M = W + 1, Slots = Ahead + 1;
   __shared__ float ms[M * M];
+  __shared__ __align__(16) float sliding_row[M];  // sliding_row[d] = w(i, i - d), i >= M
   __shared__ float2 ring[Slots][kSweepThreads];
-  for (int i = threadIdx.x; i < M * M; i += kSweepThreads) ms[i] = mix.m[i];
+  // Linear attention is the window W = 0 with weight 1: P_i = sum_{b < i} S_b.
+  for (int i = threadIdx.x; i < M * M; i += kSweepThreads) ms[i] = mix.m != nullptr ? mix.m[i] : 1.f;
+  __syncthreads();
+  for (int d = threadIdx.x; d < M; d += kSweepThreads) sliding_row[d] = ms[(M - 1) * M + M - 1 - d];
   __syncthreads();
   const int t = threadIdx.x, e = 2 * (blockIdx.x * kSweepThreads + t);
   if (e >= state) return;  // no barrier below
-  const float* c = ms + (M - 1) * M + M - 1;  // c[-d] = w(i, i - d) of the sliding rows i >= M
   const float tail = ms[(M - 1) * M];
   const size_t first = static_cast<size_t>(blockIdx.y) * blocks;
-  float2 history[W];  // history[d - 1] = S_{i-d}
+  float2 recent[M];  // recent[b % M] = S_b for the last M blocks b (zero before the first)
 #pragma unroll
-  for (int d = 0; d < W; ++d) history[d] = make_float2(0.f, 0.f);
+  for (int k = 0; k < M; ++k) recent[k] = make_float2(0.f, 0.f);
   auto fetch = [&](int i) {  // block i into slot i % Slots, one group per block (empty past the end)
     if (i < blocks) states.copy_pair(&ring[i % Slots][t], first + i, e, true);
     async_copy::commit();
   };
+  // Waits for block i's copy, which joins the ring after the step's products.
+  auto arrive = [&](int i) {
+    async_copy::wait<Ahead - 1>();
+    return states.unpack_pair(&ring[i % Slots][t], e);
+  };
 #pragma unroll
   for (int a = 0; a < Ahead; ++a) fetch(a);
+  // The trained rows i < M: P_i = sum_{d=1}^{i} m_{i, i-d} S_{i-d}.
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+    if (i < blocks) {
+      const float2 s = arrive(i);
+      float2 p = make_float2(0.f, 0.f);
+#pragma unroll
+      for (int d = 1; d <= i; ++d) {
+        const float w = ms[i * M + i - d];
+        p.x += w * recent[i - d].x;
+        p.y += w * recent[i - d].y;
+      }
+      prefix.store_pair(first + i, e, p);
+      fetch(i + Ahead);
+      recent[i] = s;
+    }
+  }
+  // The sliding rows: P_i = tail * R + sum_{d=1}^{W} w_d S_{i-d}, R = sum_{b <= i-M} S_b. At step
+  // i, recent[i % M] still holds S_{i-M}: it joins R, then S_i takes its place.
   float2 r = make_float2(0.f, 0.f);
-  for (int i = 0; i < blocks; ++i) {
-    async_copy::wait<Ahead - 1>();  // block i's group is done
-    const float2 s = states.unpack_pair(&ring[i % Slots][t], e);
-    float2 p = make_float2(0.f, 0.f);
-    if (i >= M) {
-      p.x = tail * r.x;
-      p.y = tail * r.y;
+  for (int group = M; group < blocks; group += M) {
 #pragma unroll
-      for (int d = 1; d <= W; ++d) {
-        const float w = c[-d];
-        p.x += w * history[d - 1].x;
-        p.y += w * history[d - 1].y;
-      }
-    } else {
-      const float* row = ms + i * M + i;  // row[-d] = m_{i, i-d}
+    for (int k = 0; k < M; ++k) {
+      const int i = group + k;
+      if (i < blocks) {
+        const float2 s = arrive(i);
+        r.x += recent[k].x;
+        r.y += recent[k].y;
+        float2 p = make_float2(tail * r.x, tail * r.y);
 #pragma unroll
-      for (int d = 1; d <= W; ++d) {
-        if (d <= i) {
-          const float w = row[-d];
-          p.x += w * history[d - 1].x;
-          p.y += w * history[d - 1].y;
+        for (int d = 1; d <= W; ++d) {
+          const float w = sliding_row[d];
+          p.x += w * recent[(k - d + M) % M].x;
+          p.y += w * recent[(k - d + M) % M].y;
         }
+        prefix.store_pair(first + i, e, p);
+        fetch(i + Ahead);
+        recent[k] = s;
       }
     }
-    prefix.store_pair(first + i, e, p);
-    fetch(i + Ahead);  // into S_{i-1}'s slot: the products above read history[0] = S_{i-1}
-    if (i >= W) {  // S_{i-W} leaves the window
-      r.x += history[W - 1].x;
-      r.y += history[W - 1].y;
-    }
-#pragma unroll
-    for (int d = W - 1; d > 0; --d) history[d] = history[d - 1];
-    history[0] = s;
   }
 }
 
@@ -988,11 +1017,12 @@ __global__ void __launch_bounds__(kSweepThreads)
   for (int k = t; k < M; k += kSweepThreads) atomicAdd(grad_mixing + (M - 1) * M + k, dm_row[k]);
 }
 
-// prefix_backward_kernel with the window W a compile-time constant (see prefix_window_kernel):
-// the window of states or prefix gradients, the sliding row's weights and its gradient sums all
-// in registers; the loads Ahead blocks ahead through per-thread rings in shared memory, as in
-// prefix_window_kernel (block j - Ahead goes into block j + 1's slot, whose dP the products of
-// step j and whose S those of step j + 1 have consumed).
+// prefix_backward_kernel with the window W a compile-time constant, as prefix_window_kernel: the
+// last M prefix gradients in a register ring indexed by block mod M, the blocks in unrolled
+// groups of M (constant ring indices), the sliding row's weights and its gradient sums in
+// registers, and the loads Ahead blocks ahead through per-thread rings in shared memory (block
+// j - Ahead goes into block j + 1's slot, whose dP the products of step j and whose S those of
+// step j + 1 have consumed).
 template <int W, int Ahead>
 __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 3 : 1)
     prefix_window_backward_kernel(SetSource states, SetSource grad_prefix,
@@ -1003,7 +1033,8 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 3 : 1)
   __shared__ float dm_row[M];
   __shared__ float x_ring[Slots][kSweepThreads], s_ring[Slots][kSweepThreads];
   const int t = threadIdx.x, lane = t % 32;
-  for (int i = t; i < M * M; i += kSweepThreads) ms[i] = mix.m[i];
+  // Linear attention is the window W = 0 with weight 1 (and no mixing gradient).
+  for (int i = t; i < M * M; i += kSweepThreads) ms[i] = mix.m != nullptr ? mix.m[i] : 1.f;
   for (int k = t; k < M; k += kSweepThreads) dm_row[k] = 0.f;
   __syncthreads();
   // The sliding row's weights stay in registers here: read from shared memory at four CTAs per
@@ -1012,7 +1043,7 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 3 : 1)
 #pragma unroll
   for (int d = 1; d <= W; ++d) c[d] = ms[(M - 1) * M + M - 1 - d];
   const float tail = ms[(M - 1) * M];
-  const bool slides = blocks > M;
+  const bool slides = mix.m != nullptr && blocks > M;
   float sliding[M];  // this thread's share of dm_{M-1, k}
 #pragma unroll
   for (int k = 0; k < M; ++k) sliding[k] = 0.f;
@@ -1031,42 +1062,55 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 3 : 1)
       }
       async_copy::commit();
     };
-    // dS_j = sum_{d=1}^{W} w(j+d, j) dP_{j+d} + tail * U, U = sum_{i >= j+M} dP_i; history[d - 1]
-    // holds dP_{j+d} (zero past the last block). The same walk collects dm of the sliding rows
-    // (i >= M): dm_{M-1, M-1-d} += dP_{j+d} . S_j, and the tail's sum_i dP_i . R_i =
-    // sum_j S_j . U_j, so dP and S are each read once (a separate forward walk for dm read dP
-    // twice).
-    float history[W];
+    // dS_j = sum_{d=1}^{W} w(j+d, j) dP_{j+d} + tail * U_j, U_j = sum_{i >= j+M} dP_i, walking
+    // j down. The same walk collects dm of the sliding rows (i >= M): dm_{M-1, M-1-d} +=
+    // dP_{j+d} . S_j, and the tail's sum_i dP_i . R_i = sum_j S_j . U_j, so dP and S are each
+    // read once. recent[b % M] = dP_b for the M blocks after j (zero past the last); at step j,
+    // recent[j % M] still holds dP_{j+M}: it joins U, then dP_j takes its place.
+    float recent[M];
 #pragma unroll
-    for (int d = 0; d < W; ++d) history[d] = 0.f;
+    for (int k = 0; k < M; ++k) recent[k] = 0.f;
     float u = 0.f;
 #pragma unroll
     for (int a = 0; a < Ahead; ++a) fetch(blocks - 1 - a);
-    for (int j = blocks - 1; j >= 0; --j) {
+    // One step at block j = group + k; Sliding: j >= M - 1, every w(j+d, j) is the sliding row's.
+    auto step = [&](int j, auto k_constant, auto sliding_rows) {
+      constexpr int k = decltype(k_constant)::value;
       async_copy::wait<Ahead - 1>();  // block j's group is done
       const int slot = j % Slots;
       const float x = grad_prefix.unpack(&x_ring[slot][t], e);
       const float s = slides ? states.unpack(&s_ring[slot][t], e) : 0.f;
+      u += recent[k];
       float g = tail * u;
 #pragma unroll
       for (int d = 1; d <= W; ++d) {
-        const float w = j + d >= M ? c[d] : ms[(j + d) * M + j];
-        g += w * history[d - 1];
+        const float w = decltype(sliding_rows)::value || k + d >= M ? c[d] : ms[(k + d) * M + k];
+        g += w * recent[(k + d) % M];
       }
       if (slides) {
         sliding[0] += s * u;
 #pragma unroll
         for (int d = 1; d <= W; ++d) {
-          if (j + d >= M) sliding[M - 1 - d] += s * history[d - 1];
+          if (decltype(sliding_rows)::value || k + d >= M) sliding[M - 1 - d] += s * recent[(k + d) % M];
         }
       }
       if (live) grad_states.store(first + j, e, g);
       fetch(j - Ahead);
-      u += history[W - 1];  // dP_{j+W} leaves the window (zero when past the end)
-#pragma unroll
-      for (int d = W - 1; d > 0; --d) history[d] = history[d - 1];
-      history[0] = x;
+      recent[k] = x;
+    };
+    // Groups of M blocks from the one holding the last block down; the lowest (j < M) takes the
+    // trained rows' weights where j + d < M.
+    const int top = (blocks - 1) / M * M;
+    for (int group = top; group >= M; group -= M) {
+      unrolled<M>([&](auto r) {
+        constexpr int k = M - 1 - decltype(r)::value;
+        if (group + k < blocks) step(group + k, std::integral_constant<int, k>{}, std::true_type{});
+      });
     }
+    unrolled<M>([&](auto r) {
+      constexpr int k = M - 1 - decltype(r)::value;
+      if (k < blocks) step(k, std::integral_constant<int, k>{}, std::false_type{});
+    });
   }
   if (!slides) return;
 #pragma unroll
@@ -1574,12 +1618,15 @@ struct PrefixWindowBackward {
   }
 };
 
-// Runs Pass<W> and returns true when the window has a compile-time kernel; false otherwise
-// (linear attention's running sum and other windows take the generic shared-memory sweep).
+// Runs Pass<W> and returns true when the window has a compile-time kernel (linear attention's
+// running sum is W = 0); false otherwise (other windows take the generic shared-memory sweep).
 template <template <int> class Pass, typename Args>
 bool prefix_by_window(int window, const Args& a, cudaStream_t stream, cudaError_t* err) {
   const int state = a.shape.head_dim * a.shape.head_dim + a.shape.head_dim;
   switch (window) {
+    case 0:  // linear attention: the running sum
+      *err = Pass<0>::run(a, stream, state);
+      return true;
     case 2:
       *err = Pass<2>::run(a, stream, state);
       return true;
