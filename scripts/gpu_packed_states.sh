@@ -36,14 +36,17 @@ for op in linear mhla; do
 done
 
 step bench
-# Packed states on / off, at the sweeps' load depths 4, 8 (the default) and 16.
+# Packed states on / off at the sweeps' load depths (AHEADS: default 8 4; the second round at 8
+# only); and the sweeps at every length (MHLA_CAUSAL_MIX_GEMM=0: T = 2,048 sweeps too).
 for round in 1 2; do
   for packed in 1 0; do
-    for ahead in ${AHEADS:-8 4 16}; do
+    for ahead in ${AHEADS:-8 4}; do
       [ $round = 2 ] && [ $ahead != 8 ] && continue
       MHLA_CAUSAL_PACKED_STATES=$packed MHLA_SWEEP_AHEAD=$ahead MHLA_SWEEP_BACKWARD_AHEAD=$ahead \
         bench_lm "$V" "lm_s${packed}_a${ahead}_r$round" "$bin" linear mhla
     done
+    MHLA_CAUSAL_PACKED_STATES=$packed MHLA_CAUSAL_MIX_GEMM=0 \
+      bench_lm "$V" "lm_s${packed}_sweep_r$round" "$bin" mhla
   done
 done
 ( source scripts/gpu_fla_env.sh
@@ -53,6 +56,8 @@ if command -v ncu > /dev/null; then
   step ncu
   kernel_times "$V" "$bin" "ncu_8192_" 4,8,8192,128 12 mhla linear
   MHLA_CAUSAL_PACKED_STATES=0 kernel_times "$V" "$bin" "ncu_8192_s0_" 4,8,8192,128 12 mhla
+  MHLA_CAUSAL_PACKED_STATES=0 MHLA_CAUSAL_MIX_GEMM=0 kernel_times "$V" "$bin" "ncu_2048_s0_sweep_" \
+    16,8,2048,128 12 mhla
 fi
 
 step done

@@ -1017,21 +1017,23 @@ __global__ void __launch_bounds__(kSweepThreads)
   for (int k = t; k < M; k += kSweepThreads) atomicAdd(grad_mixing + (M - 1) * M + k, dm_row[k]);
 }
 
-// prefix_backward_kernel with the window W a compile-time constant, as prefix_window_kernel: the
-// last M prefix gradients in a register ring indexed by block mod M, the blocks in unrolled
-// groups of M (constant ring indices), the sliding row's weights and its gradient sums in
-// registers, and the loads Ahead blocks ahead through per-thread rings in shared memory (block
-// j - Ahead goes into block j + 1's slot, whose dP the products of step j and whose S those of
-// step j + 1 have consumed).
+// prefix_backward_kernel with the window W a compile-time constant, as prefix_window_kernel: two
+// adjacent state elements per thread (one CTA per 512 elements of one batch*head: with one
+// element per thread, persistent CTAs and narrow accesses, linear attention's running sum alone
+// took 247 us at T = 8,192, B*H = 32), the last M prefix gradients in a register ring indexed by
+// block mod M, the blocks in unrolled groups of M (constant ring indices), the sliding row's
+// weights and its gradient sums in registers, and the loads Ahead blocks ahead through
+// per-thread rings in shared memory (block j - Ahead goes into block j + 1's slot, whose dP the
+// products of step j and whose S those of step j + 1 have consumed).
 template <int W, int Ahead>
-__global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 3 : 1)
+__global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 2 : 1)
     prefix_window_backward_kernel(SetSource states, SetSource grad_prefix,
                                   PrefixSink grad_states, float* grad_mixing, CausalWeights mix,
-                                  int batch_heads, int blocks, int state) {
+                                  int blocks, int state) {
   constexpr int M = W + 1, Slots = Ahead + 1;
   __shared__ float ms[M * M];
   __shared__ float dm_row[M];
-  __shared__ float x_ring[Slots][kSweepThreads], s_ring[Slots][kSweepThreads];
+  __shared__ float2 x_ring[Slots][kSweepThreads], s_ring[Slots][kSweepThreads];
   const int t = threadIdx.x, lane = t % 32;
   // Linear attention is the window W = 0 with weight 1 (and no mixing gradient).
   for (int i = t; i < M * M; i += kSweepThreads) ms[i] = mix.m != nullptr ? mix.m[i] : 1.f;
@@ -1047,71 +1049,71 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 3 : 1)
   float sliding[M];  // this thread's share of dm_{M-1, k}
 #pragma unroll
   for (int k = 0; k < M; ++k) sliding[k] = 0.f;
-  const int columns = (state + kSweepThreads - 1) / kSweepThreads;
-  for (int item = blockIdx.x; item < batch_heads * columns; item += gridDim.x) {
-    const int e = (item % columns) * kSweepThreads + t;
-    const bool live = e < state;
-    const size_t first = static_cast<size_t>(item / columns) * blocks;
-    // Block j (zeros for a lane past the state) into slot j % Slots; one group per block, empty
-    // before the first.
-    auto fetch = [&](int j) {
-      if (j >= 0) {
-        const int slot = j % Slots;
-        grad_prefix.copy_one(&x_ring[slot][t], first + j, live ? e : 0, live);
-        if (slides) states.copy_one(&s_ring[slot][t], first + j, live ? e : 0, live);
-      }
-      async_copy::commit();
-    };
-    // dS_j = sum_{d=1}^{W} w(j+d, j) dP_{j+d} + tail * U_j, U_j = sum_{i >= j+M} dP_i, walking
-    // j down. The same walk collects dm of the sliding rows (i >= M): dm_{M-1, M-1-d} +=
-    // dP_{j+d} . S_j, and the tail's sum_i dP_i . R_i = sum_j S_j . U_j, so dP and S are each
-    // read once. recent[b % M] = dP_b for the M blocks after j (zero past the last); at step j,
-    // recent[j % M] still holds dP_{j+M}: it joins U, then dP_j takes its place.
-    float recent[M];
-#pragma unroll
-    for (int k = 0; k < M; ++k) recent[k] = 0.f;
-    float u = 0.f;
-#pragma unroll
-    for (int a = 0; a < Ahead; ++a) fetch(blocks - 1 - a);
-    // One step at block j = group + k; Sliding: j >= M - 1, every w(j+d, j) is the sliding row's.
-    auto step = [&](int j, auto k_constant, auto sliding_rows) {
-      constexpr int k = decltype(k_constant)::value;
-      async_copy::wait<Ahead - 1>();  // block j's group is done
+  const int e = 2 * (blockIdx.x * kSweepThreads + t);
+  const bool live = e < state;  // a lane past the state runs on zeros (the barrier at the end)
+  const size_t first = static_cast<size_t>(blockIdx.y) * blocks;
+  // Block j into slot j % Slots; one group per block, empty before the first.
+  auto fetch = [&](int j) {
+    if (j >= 0) {
       const int slot = j % Slots;
-      const float x = grad_prefix.unpack(&x_ring[slot][t], e);
-      const float s = slides ? states.unpack(&s_ring[slot][t], e) : 0.f;
-      u += recent[k];
-      float g = tail * u;
+      grad_prefix.copy_pair(&x_ring[slot][t], first + j, live ? e : 0, live);
+      if (slides) states.copy_pair(&s_ring[slot][t], first + j, live ? e : 0, live);
+    }
+    async_copy::commit();
+  };
+  // dS_j = sum_{d=1}^{W} w(j+d, j) dP_{j+d} + tail * U_j, U_j = sum_{i >= j+M} dP_i, walking j
+  // down. The same walk collects dm of the sliding rows (i >= M): dm_{M-1, M-1-d} += dP_{j+d} .
+  // S_j, and the tail's sum_i dP_i . R_i = sum_j S_j . U_j, so dP and S are each read once.
+  // recent[b % M] = dP_b for the M blocks after j (zero past the last); at step j, recent[j % M]
+  // still holds dP_{j+M}: it joins U, then dP_j takes its place.
+  float2 recent[M];
+#pragma unroll
+  for (int k = 0; k < M; ++k) recent[k] = make_float2(0.f, 0.f);
+  float2 u = make_float2(0.f, 0.f);
+#pragma unroll
+  for (int a = 0; a < Ahead; ++a) fetch(blocks - 1 - a);
+  // One step at block j, j % M == k; Sliding: every w(j+d, j) is the sliding row's (j >= M).
+  auto step = [&](int j, auto k_constant, auto sliding_rows) {
+    constexpr int k = decltype(k_constant)::value;
+    constexpr bool all_sliding = decltype(sliding_rows)::value;
+    async_copy::wait<Ahead - 1>();  // block j's group is done
+    const int slot = j % Slots;
+    const float2 x = grad_prefix.unpack_pair(&x_ring[slot][t], e);
+    const float2 s = slides ? states.unpack_pair(&s_ring[slot][t], e) : make_float2(0.f, 0.f);
+    u.x += recent[k].x;
+    u.y += recent[k].y;
+    float2 g = make_float2(tail * u.x, tail * u.y);
+#pragma unroll
+    for (int d = 1; d <= W; ++d) {
+      const float w = all_sliding || k + d >= M ? c[d] : ms[(k + d) * M + k];
+      g.x += w * recent[(k + d) % M].x;
+      g.y += w * recent[(k + d) % M].y;
+    }
+    if (slides) {
+      sliding[0] += s.x * u.x + s.y * u.y;
 #pragma unroll
       for (int d = 1; d <= W; ++d) {
-        const float w = decltype(sliding_rows)::value || k + d >= M ? c[d] : ms[(k + d) * M + k];
-        g += w * recent[(k + d) % M];
-      }
-      if (slides) {
-        sliding[0] += s * u;
-#pragma unroll
-        for (int d = 1; d <= W; ++d) {
-          if (decltype(sliding_rows)::value || k + d >= M) sliding[M - 1 - d] += s * recent[(k + d) % M];
+        if (all_sliding || k + d >= M) {
+          sliding[M - 1 - d] += s.x * recent[(k + d) % M].x + s.y * recent[(k + d) % M].y;
         }
       }
-      if (live) grad_states.store(first + j, e, g);
-      fetch(j - Ahead);
-      recent[k] = x;
-    };
-    // Groups of M blocks from the one holding the last block down; the lowest (j < M) takes the
-    // trained rows' weights where j + d < M.
-    const int top = (blocks - 1) / M * M;
-    for (int group = top; group >= M; group -= M) {
-      unrolled<M>([&](auto r) {
-        constexpr int k = M - 1 - decltype(r)::value;
-        if (group + k < blocks) step(group + k, std::integral_constant<int, k>{}, std::true_type{});
-      });
     }
+    if (live) grad_states.store_pair(first + j, e, g);
+    fetch(j - Ahead);
+    recent[k] = x;
+  };
+  // Groups of M blocks from the one holding the last block down; the lowest (j < M) takes the
+  // trained rows' weights where j + d < M.
+  for (int group = (blocks - 1) / M * M; group >= M; group -= M) {
     unrolled<M>([&](auto r) {
       constexpr int k = M - 1 - decltype(r)::value;
-      if (k < blocks) step(k, std::integral_constant<int, k>{}, std::false_type{});
+      if (group + k < blocks) step(group + k, std::integral_constant<int, k>{}, std::true_type{});
     });
   }
+  unrolled<M>([&](auto r) {
+    constexpr int k = M - 1 - decltype(r)::value;
+    if (k < blocks) step(k, std::integral_constant<int, k>{}, std::false_type{});
+  });
   if (!slides) return;
 #pragma unroll
   for (int k = 0; k < M; ++k) {
@@ -1596,23 +1598,15 @@ template <int W>
 struct PrefixWindowBackward {
   static cudaError_t run(const CausalBlockLinearBackward& a, cudaStream_t stream, int state) {
     const auto& s = a.shape;
-    const int items = s.batch * s.heads * ((state + kSweepThreads - 1) / kSweepThreads);
+    const int pairs = state / 2;  // two elements per thread
     return with_sweep_ahead(true, [&](auto ahead) {
-      constexpr int A = decltype(ahead)::value;
-      // As many persistent CTAs as fit at once (each adds its sliding-row sums once at the end).
-      int per_sm = 0;
-      if (cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-              &per_sm, prefix_window_backward_kernel<W, A>, kSweepThreads, 0);
-          err != cudaSuccess) {
-        return err;
-      }
-      const int ctas = std::min(items, std::max(per_sm, 1) * multiprocessors());
-      prefix_window_backward_kernel<W, A><<<ctas, kSweepThreads, 0, stream>>>(
-          set_source(a.states, s.head_dim, a.packed_states),
-          set_source(a.grad_prefix, s.head_dim, a.packed_grad_prefix),
-          prefix_sink(a.grad_states, s.head_dim, a.packed_grad_states), a.grad_mixing,
-          CausalWeights{a.mixing, s.mixing_blocks}, s.batch * s.heads,
-          blocks_of(s.tokens), state);
+      prefix_window_backward_kernel<W, decltype(ahead)::value>
+          <<<dim3((pairs + kSweepThreads - 1) / kSweepThreads, s.batch * s.heads), kSweepThreads,
+             0, stream>>>(set_source(a.states, s.head_dim, a.packed_states),
+                          set_source(a.grad_prefix, s.head_dim, a.packed_grad_prefix),
+                          prefix_sink(a.grad_states, s.head_dim, a.packed_grad_states),
+                          a.grad_mixing, CausalWeights{a.mixing, s.mixing_blocks},
+                          blocks_of(s.tokens), state);
       return cudaGetLastError();
     });
   }
