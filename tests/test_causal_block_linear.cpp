@@ -91,9 +91,10 @@ TEST_CASE("attention: causal block-linear kernels on small odd shapes", "[attent
   }
   torch::manual_seed(21);
   // One partial block; a partial last block past M; M = 1; linear attention; D = 32 / 64 / 128;
-  // eleven blocks past M = 3 (the sliding row with a two-block window and the tail; prefix mixing
-  // by the state-mix kernel); past the products' 32 blocks the kernels' prefix sweeps: with a
-  // compile-time window (M = 3, 70 and 131 blocks; M = 16) and the generic one (M = 5).
+  // eleven blocks past M = 3 (the sliding row with a two-block window and the tail). Inside the
+  // trained length the prefix mixing is the state-mix kernel's, past it the kernels' prefix
+  // sweeps: with a compile-time window (M = 3, 15, 70 and 131 blocks; M = 16) and the generic one
+  // (M = 5, whose trained pairs the binding adds).
   for (const CausalCase& c :
        {CausalCase{1, 2, 40, 32, 4}, CausalCase{2, 3, 150, 64, 2}, CausalCase{1, 1, 200, 128, 1},
         CausalCase{2, 2, 130, 32, 0}, CausalCase{1, 2, 900, 64, 3}, CausalCase{1, 1, 64 * 70, 32, 3},

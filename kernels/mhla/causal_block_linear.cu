@@ -1032,12 +1032,14 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 2 : 1)
                                   int blocks, int state) {
   constexpr int M = W + 1, Slots = Ahead + 1;
   __shared__ float ms[M * M];
-  __shared__ float dm_row[M];
+  __shared__ float dm_sums[M * M];  // this CTA's part of dm (the trained pairs, the sliding row)
   __shared__ float2 x_ring[Slots][kSweepThreads], s_ring[Slots][kSweepThreads];
   const int t = threadIdx.x, lane = t % 32;
   // Linear attention is the window W = 0 with weight 1 (and no mixing gradient).
-  for (int i = t; i < M * M; i += kSweepThreads) ms[i] = mix.m != nullptr ? mix.m[i] : 1.f;
-  for (int k = t; k < M; k += kSweepThreads) dm_row[k] = 0.f;
+  for (int i = t; i < M * M; i += kSweepThreads) {
+    ms[i] = mix.m != nullptr ? mix.m[i] : 1.f;
+    dm_sums[i] = 0.f;
+  }
   __syncthreads();
   // The sliding row's weights stay in registers here: read from shared memory at four CTAs per
   // SM this sweep was slower (MHLA at T = 8,192: 422 -> 489 us, session 21 call 3).
@@ -1045,7 +1047,7 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 2 : 1)
 #pragma unroll
   for (int d = 1; d <= W; ++d) c[d] = ms[(M - 1) * M + M - 1 - d];
   const float tail = ms[(M - 1) * M];
-  const bool slides = mix.m != nullptr && blocks > M;
+  const bool mixes = mix.m != nullptr, slides = mixes && blocks > M;
   float sliding[M];  // this thread's share of dm_{M-1, k}
 #pragma unroll
   for (int k = 0; k < M; ++k) sliding[k] = 0.f;
@@ -1057,13 +1059,15 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 2 : 1)
     if (j >= 0) {
       const int slot = j % Slots;
       grad_prefix.copy_pair(&x_ring[slot][t], first + j, live ? e : 0, live);
-      if (slides) states.copy_pair(&s_ring[slot][t], first + j, live ? e : 0, live);
+      if (mixes) states.copy_pair(&s_ring[slot][t], first + j, live ? e : 0, live);
     }
     async_copy::commit();
   };
   // dS_j = sum_{d=1}^{W} w(j+d, j) dP_{j+d} + tail * U_j, U_j = sum_{i >= j+M} dP_i, walking j
-  // down. The same walk collects dm of the sliding rows (i >= M): dm_{M-1, M-1-d} += dP_{j+d} .
-  // S_j, and the tail's sum_i dP_i . R_i = sum_j S_j . U_j, so dP and S are each read once.
+  // down. The same walk collects the mixing gradient, so dP and S are each read once: the
+  // trained rows' pairs dm_{j+d, j} += dP_{j+d} . S_j (j + d < M; summed over the CTA at once),
+  // and the sliding rows' (i >= M) dm_{M-1, M-1-d} += dP_{j+d} . S_j and the tail's
+  // sum_i dP_i . R_i = sum_j S_j . U_j (in registers until the end).
   // recent[b % M] = dP_b for the M blocks after j (zero past the last); at step j, recent[j % M]
   // still holds dP_{j+M}: it joins U, then dP_j takes its place.
   float2 recent[M];
@@ -1079,7 +1083,7 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 2 : 1)
     async_copy::wait<Ahead - 1>();  // block j's group is done
     const int slot = j % Slots;
     const float2 x = grad_prefix.unpack_pair(&x_ring[slot][t], e);
-    const float2 s = slides ? states.unpack_pair(&s_ring[slot][t], e) : make_float2(0.f, 0.f);
+    const float2 s = mixes ? states.unpack_pair(&s_ring[slot][t], e) : make_float2(0.f, 0.f);
     u.x += recent[k].x;
     u.y += recent[k].y;
     float2 g = make_float2(tail * u.x, tail * u.y);
@@ -1095,6 +1099,18 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 2 : 1)
       for (int d = 1; d <= W; ++d) {
         if (all_sliding || k + d >= M) {
           sliding[M - 1 - d] += s.x * recent[(k + d) % M].x + s.y * recent[(k + d) % M].y;
+        }
+      }
+    }
+    if constexpr (!all_sliding) {
+      if (mixes) {  // the trained rows i = j + d < M (j = k here)
+#pragma unroll
+        for (int d = 1; d <= W; ++d) {
+          if (k + d < M && k + d < blocks) {
+            const float v =
+                warp_sum(s.x * recent[(k + d) % M].x + s.y * recent[(k + d) % M].y);
+            if (lane == 0) atomicAdd(&dm_sums[(k + d) * M + k], v);
+          }
         }
       }
     }
@@ -1114,14 +1130,18 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 2 : 1)
     constexpr int k = M - 1 - decltype(r)::value;
     if (k < blocks) step(k, std::integral_constant<int, k>{}, std::false_type{});
   });
-  if (!slides) return;
+  if (!mixes) return;
+  if (slides) {
 #pragma unroll
-  for (int k = 0; k < M; ++k) {
-    const float v = warp_sum(sliding[k]);
-    if (lane == 0) atomicAdd(dm_row + k, v);
+    for (int k = 0; k < M; ++k) {
+      const float v = warp_sum(sliding[k]);
+      if (lane == 0) atomicAdd(&dm_sums[(M - 1) * M + k], v);
+    }
   }
   __syncthreads();
-  for (int k = t; k < M; k += kSweepThreads) atomicAdd(grad_mixing + (M - 1) * M + k, dm_row[k]);
+  for (int i = t; i < M * M; i += kSweepThreads) {
+    if (dm_sums[i] != 0.f) atomicAdd(grad_mixing + i, dm_sums[i]);
+  }
 }
 
 template <typename T, int D>
@@ -1774,6 +1794,20 @@ struct BackwardPass {
 
 int causal_blocks(int tokens) {
   return blocks_of(tokens);
+}
+
+bool causal_sweep_sums_trained_pairs(int mixing_blocks) {
+  switch (mixing_blocks - 1) {  // the windows of prefix_by_window
+    case 0:
+    case 2:
+    case 3:
+    case 7:
+    case 15:
+    case 31:
+      return true;
+    default:
+      return false;
+  }
 }
 
 bool causal_prefix_packed(DType dtype) {

@@ -20,8 +20,10 @@
 // pass (dq, dP_i, the intra-block parts of dk and dv, dm_ii; it zeroes grad_mixing first), the
 // prefix backward (dS_j, and the sliding row's dm past the trained length) and a key pass (dk, dv
 // from dS_j plus the intra-block parts). The mixing gradient of the rows inside the trained
-// length, dm_ij = sum over batch, heads and elements of dP_i * S_j (j < i < M), is left to the
-// caller: a pair-products kernel over the states (src/attention/causal_block_linear_cuda.cpp). Same
+// length, dm_ij = sum over batch, heads and elements of dP_i * S_j (j < i < M), comes from the
+// compile-time sweeps too (causal_sweep_sums_trained_pairs); otherwise (the generic sweep, or a
+// GEMM in place of the prefix pass) it is left to the caller: a pair-products kernel over the
+// states (src/attention/causal_block_linear_cuda.cpp). Same
 // conventions as block_linear_attention.h: raw pointers, [B, T, H, D] views with a contiguous,
 // 16-byte aligned last dimension, outputs contiguous, fp32 accumulation, D in {32, 64, 128} (fp32
 // inputs: D <= 64), any T.
@@ -44,6 +46,11 @@ struct CausalBlockLinearShape {
 // Blocks of one sequence, ceil(T / 64). A set of states (S and z of every batch, head and block)
 // is B * H * blocks * (D * D + D) floats, laid out [B * H, blocks, D * D + D].
 int causal_blocks(int tokens);
+
+// Whether the prefix backward sweep (kCausalPrefixPass of the backward) also adds the mixing
+// gradient of the rows inside the trained length, dm_ij = sum <dP_i, S_j> (j < i < M), to
+// grad_mixing: for the windows M - 1 that have compile-time sweeps. Otherwise the caller must.
+bool causal_sweep_sums_trained_pairs(int mixing_blocks);
 
 // Whether the kernels take the shape and dtype (the binding runs the reference otherwise).
 bool causal_block_linear_supported(const CausalBlockLinearShape& shape, DType dtype);

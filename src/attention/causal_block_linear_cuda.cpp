@@ -30,15 +30,12 @@ kernels::CausalBlockLinearShape causal_shape_of(const torch::Tensor& q,
 }
 
 // Where the prefix mixing runs. Unset: as a matrix product ("GEMM": the state-mix kernel of
-// state_mixing.h) up to kGemmMixBlocks blocks (inside the trained length and, past it, with the
-// expanded matrix of the long-sequence policy), the kernels' prefix sweep beyond. The products
-// cost O(blocks^2) per state element, the sweep O(blocks x M). On the H200 at B*T = 32,768, H = 8,
-// D = 128, M = 16 (session 8, experiments/attention_lm.md), with the sweep's window in registers,
-// MHLA's forward+backward took 2.73 ms by products against 2.84 by the sweep at 32 blocks, 3.84
-// against 2.89 at 128 and 6.62 against 2.93 at 512. MHLA_CAUSAL_MIX_GEMM=1 / =0 forces either at
-// every length.
-constexpr int64_t kGemmMixBlocks = 32;
-
+// state_mixing.h) inside the trained length, the kernels' prefix sweep past it. The products cost
+// O(blocks^2) per state element, the sweep O(blocks x M). On the H200 at B*T = 32,768, H = 8,
+// D = 128, M = 16 the products won up to 32 blocks until session 21 (2.73 against 2.84 ms at 32
+// blocks, session 8); session 22's sweeps (register rings, the trained pairs summed in the
+// backward sweep) took MHLA at T = 2,048 (32 blocks) from 1.71 ms by products to 1.52 by the
+// sweeps before the pairs moved in. MHLA_CAUSAL_MIX_GEMM=1 / =0 forces either at every length.
 bool mix_by_gemm(int64_t blocks, int64_t trained_blocks) {
   static const int choice = [] {
     const char* value = std::getenv("MHLA_CAUSAL_MIX_GEMM");
@@ -46,7 +43,7 @@ bool mix_by_gemm(int64_t blocks, int64_t trained_blocks) {
     if (std::strcmp(value, "0") == 0) return 0;
     return std::strcmp(value, "1") == 0 ? 1 : -1;
   }();
-  return choice < 0 ? blocks <= std::max(trained_blocks, kGemmMixBlocks) : choice == 1;
+  return choice < 0 ? blocks <= trained_blocks : choice == 1;
 }
 
 // The strictly lower weights w_ij (j < i) of `blocks` blocks: the learned matrix's corner inside
@@ -76,11 +73,12 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     const int64_t batch_heads = q.size(0) * q.size(2), d = q.size(3);
     const bool gemm_mix = mixes && mix_by_gemm(blocks, mixing.size(0));
     kernels::CausalBlockLinearForward a;
-    // Where the prefix is a sweep, the states are packed as the prefixes are (the sweeps and the
-    // pair products read them; the GEMM mix and cuBLAS take fp32), and so are their gradients:
-    // half the bytes of the two sets that dominate the sweeps' traffic.
-    // MHLA_CAUSAL_PACKED_STATES=0 keeps both fp32 (A/B runs).
-    static const bool pack_states = environment_switch("MHLA_CAUSAL_PACKED_STATES", true);
+    // MHLA_CAUSAL_PACKED_STATES=1: where the prefix is a sweep, the states are packed as the
+    // prefixes are (the sweeps and the pair products read them; the GEMM mix and cuBLAS take
+    // fp32), and so are their gradients. Half the bytes, but not faster: the sweeps are bound by
+    // their instructions, and the packed writes cost the states pass (session 22, MHLA at
+    // T = 8,192: 1.39 ms fp32 against 1.42 packed). Off by default.
+    static const bool pack_states = environment_switch("MHLA_CAUSAL_PACKED_STATES", false);
     a.packed_states =
         pack_states && !gemm_mix && kernels::causal_prefix_packed(kernel_dtype(dtype));
     auto states = torch::empty(
@@ -198,7 +196,9 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
         auto leaf = mixing.detach().requires_grad_(true);
         auto expanded = strict_weights(leaf, blocks);
         dmixing.add_(torch::autograd::grad({expanded}, {leaf}, {dw})[0]);
-      } else {  // dm_ij += sum <dP_i, S_j> for j < i inside the trained length
+      } else if (by_gemm || !kernels::causal_sweep_sums_trained_pairs(static_cast<int>(trained))) {
+        // dm_ij += sum <dP_i, S_j> for j < i inside the trained length (the compile-time sweeps
+        // add these themselves).
         const int64_t dense = std::min<int64_t>(blocks, trained);
         if (!pairs.defined()) {
           pairs = block_pair_products(grad_prefix, states, dense, packed_states ? d * d : 0);
