@@ -1028,7 +1028,7 @@ __global__ void __launch_bounds__(kSweepThreads)
 template <int W, int Ahead>
 __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 2 : 1)
     prefix_window_backward_kernel(SetSource states, SetSource grad_prefix,
-                                  PrefixSink grad_states, float* grad_mixing, CausalWeights mix,
+                                  PrefixSink grad_states, float* mixing_parts, CausalWeights mix,
                                   int blocks, int state) {
   constexpr int M = W + 1, Slots = Ahead + 1;
   __shared__ float ms[M * M];
@@ -1052,14 +1052,17 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 2 : 1)
 #pragma unroll
   for (int k = 0; k < M; ++k) sliding[k] = 0.f;
   const int e = 2 * (blockIdx.x * kSweepThreads + t);
-  const bool live = e < state;  // a lane past the state runs on zeros (the barrier at the end)
+  // A lane past the state runs on zeros (the barrier at the end), copied as the state's last
+  // pair is (an fp32 pair in a packed set too, as its unpacking reads it).
+  const bool live = e < state;
+  const int e_copy = live ? e : state - 2;
   const size_t first = static_cast<size_t>(blockIdx.y) * blocks;
   // Block j into slot j % Slots; one group per block, empty before the first.
   auto fetch = [&](int j) {
     if (j >= 0) {
       const int slot = j % Slots;
-      grad_prefix.copy_pair(&x_ring[slot][t], first + j, live ? e : 0, live);
-      if (mixes) states.copy_pair(&s_ring[slot][t], first + j, live ? e : 0, live);
+      grad_prefix.copy_pair(&x_ring[slot][t], first + j, e_copy, live);
+      if (mixes) states.copy_pair(&s_ring[slot][t], first + j, e_copy, live);
     }
     async_copy::commit();
   };
@@ -1082,8 +1085,8 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 2 : 1)
     constexpr bool all_sliding = decltype(sliding_rows)::value;
     async_copy::wait<Ahead - 1>();  // block j's group is done
     const int slot = j % Slots;
-    const float2 x = grad_prefix.unpack_pair(&x_ring[slot][t], e);
-    const float2 s = mixes ? states.unpack_pair(&s_ring[slot][t], e) : make_float2(0.f, 0.f);
+    const float2 x = grad_prefix.unpack_pair(&x_ring[slot][t], e_copy);
+    const float2 s = mixes ? states.unpack_pair(&s_ring[slot][t], e_copy) : make_float2(0.f, 0.f);
     u.x += recent[k].x;
     u.y += recent[k].y;
     float2 g = make_float2(tail * u.x, tail * u.y);
@@ -1139,9 +1142,8 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 2 : 1)
     }
   }
   __syncthreads();
-  for (int i = t; i < M * M; i += kSweepThreads) {
-    if (dm_sums[i] != 0.f) atomicAdd(grad_mixing + i, dm_sums[i]);
-  }
+  float* part = mixing_parts + (static_cast<size_t>(blockIdx.y) * gridDim.x + blockIdx.x) * M * M;
+  for (int i = t; i < M * M; i += kSweepThreads) part[i] = dm_sums[i];
 }
 
 template <typename T, int D>
@@ -1625,7 +1627,7 @@ struct PrefixWindowBackward {
              0, stream>>>(set_source(a.states, s.head_dim, a.packed_states),
                           set_source(a.grad_prefix, s.head_dim, a.packed_grad_prefix),
                           prefix_sink(a.grad_states, s.head_dim, a.packed_grad_states),
-                          a.grad_mixing, CausalWeights{a.mixing, s.mixing_blocks},
+                          a.mixing_parts, CausalWeights{a.mixing, s.mixing_blocks},
                           blocks_of(s.tokens), state);
       return cudaGetLastError();
     });
@@ -1796,6 +1798,12 @@ int causal_blocks(int tokens) {
   return blocks_of(tokens);
 }
 
+int64_t causal_sweep_mixing_parts(const CausalBlockLinearShape& shape, bool mixes) {
+  if (!mixes || !causal_sweep_sums_trained_pairs(shape.mixing_blocks)) return 0;
+  const int64_t pairs = (static_cast<int64_t>(shape.head_dim) * shape.head_dim + shape.head_dim) / 2;
+  return (pairs + kSweepThreads - 1) / kSweepThreads * shape.batch * shape.heads;
+}
+
 bool causal_sweep_sums_trained_pairs(int mixing_blocks) {
   switch (mixing_blocks - 1) {  // the windows of prefix_by_window
     case 0:
@@ -1850,6 +1858,9 @@ cudaError_t causal_block_linear_backward(const CausalBlockLinearBackward& args,
       !causal_prefix_packed(args.dtype))
     return cudaErrorInvalidValue;
   if (args.mixing == nullptr && args.shape.mixing_blocks != 1) return cudaErrorInvalidValue;
+  if ((args.passes & kCausalPrefixPass) && args.mixing_parts == nullptr &&
+      causal_sweep_mixing_parts(args.shape, args.mixing != nullptr) > 0)
+    return cudaErrorInvalidValue;
   auto run = launcher_for<CausalBlockLinearBackward, BackwardPass>(args.dtype, args.shape.head_dim);
   return run != nullptr ? run(args, stream) : cudaErrorInvalidValue;
 }

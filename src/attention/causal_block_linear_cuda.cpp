@@ -159,6 +159,7 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     check_launch(kernels::causal_block_linear_backward(a, stream),
                  "causal block linear query pass");
     torch::Tensor grad_states, pairs;  // pairs: sum <dP_i, S_j> for every i, j < blocks
+    torch::Tensor mixing_parts;        // the sweep's part of dm per CTA
     const bool by_gemm = mixes && mix_by_gemm(blocks, mixing.size(0));
     if (by_gemm && blocks <= kernels::kMixBackwardMaxBlocks) {
       // dS_j = sum_i w_ij dP_i and the pair products in one pass over the states.
@@ -175,6 +176,12 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
            kernels::causal_prefix_floats(static_cast<int>(d), a.packed_grad_states)},
           states.options());
       a.grad_states = grad_states.data_ptr<float>();
+      // The compile-time sweeps leave their part of dm (the trained pairs and the sliding row)
+      // per CTA; summed below.
+      if (const int64_t parts = kernels::causal_sweep_mixing_parts(a.shape, mixes); parts > 0) {
+        mixing_parts = torch::empty({parts, mixing.size(0), mixing.size(0)}, states.options());
+        a.mixing_parts = mixing_parts.data_ptr<float>();
+      }
       a.passes = kernels::kCausalPrefixPass;
       check_launch(kernels::causal_block_linear_backward(a, stream),
                    "causal block linear prefix backward");
@@ -196,9 +203,10 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
         auto leaf = mixing.detach().requires_grad_(true);
         auto expanded = strict_weights(leaf, blocks);
         dmixing.add_(torch::autograd::grad({expanded}, {leaf}, {dw})[0]);
-      } else if (by_gemm || !kernels::causal_sweep_sums_trained_pairs(static_cast<int>(trained))) {
-        // dm_ij += sum <dP_i, S_j> for j < i inside the trained length (the compile-time sweeps
-        // add these themselves).
+      } else if (mixing_parts.defined()) {  // the compile-time sweeps summed these
+        dmixing.add_(mixing_parts.sum(0));
+      } else {
+        // dm_ij += sum <dP_i, S_j> for j < i inside the trained length.
         const int64_t dense = std::min<int64_t>(blocks, trained);
         if (!pairs.defined()) {
           pairs = block_pair_products(grad_prefix, states, dense, packed_states ? d * d : 0);
