@@ -20,10 +20,8 @@
 // pass (dq, dP_i, the intra-block parts of dk and dv, dm_ii; it zeroes grad_mixing first), the
 // prefix backward (dS_j, and the sliding row's dm past the trained length) and a key pass (dk, dv
 // from dS_j plus the intra-block parts). The mixing gradient of the rows inside the trained
-// length, dm_ij = sum over batch, heads and elements of dP_i * S_j (j < i < M), comes from the
-// compile-time sweeps too (causal_sweep_sums_trained_pairs); otherwise (the generic sweep, or a
-// GEMM in place of the prefix pass) it is left to the caller: a pair-products kernel over the
-// states (src/attention/causal_block_linear_cuda.cpp). Same
+// length, dm_ij = sum over batch, heads and elements of dP_i * S_j (j < i < M), is left to the
+// caller: a pair-products kernel over the states (src/attention/causal_block_linear_cuda.cpp). Same
 // conventions as block_linear_attention.h: raw pointers, [B, T, H, D] views with a contiguous,
 // 16-byte aligned last dimension, outputs contiguous, fp32 accumulation, D in {32, 64, 128} (fp32
 // inputs: D <= 64), any T.
@@ -47,13 +45,13 @@ struct CausalBlockLinearShape {
 // is B * H * blocks * (D * D + D) floats, laid out [B * H, blocks, D * D + D].
 int causal_blocks(int tokens);
 
-// Whether the prefix backward sweep (kCausalPrefixPass of the backward) also sums the mixing
-// gradient of the rows inside the trained length, dm_ij = sum <dP_i, S_j> (j < i < M): for the
-// windows M - 1 that have compile-time sweeps. Otherwise the caller must.
-bool causal_sweep_sums_trained_pairs(int mixing_blocks);
-// Those sweeps leave the mixing gradient they sum (the trained pairs and the sliding row) as one
-// [M, M] part per CTA in CausalBlockLinearBackward::mixing_parts, for the caller to add to
-// grad_mixing: this many parts (0 where the sweep is another one or there is no mixing).
+// Whether the prefix backward sweep (kCausalPrefixPass of the backward) is a compile-time one
+// (the windows M - 1 of the common matrix sizes, and linear attention's running sum). Those
+// leave the sliding row's mixing gradient as one [M, M] part per CTA in
+// CausalBlockLinearBackward::mixing_parts, for the caller to add to grad_mixing; the generic
+// sweep adds it to grad_mixing itself.
+bool causal_sweep_has_mixing_parts(int mixing_blocks);
+// The number of those parts (0 where the sweep is the generic one or there is no mixing).
 int64_t causal_sweep_mixing_parts(const CausalBlockLinearShape& shape, bool mixes);
 
 // Whether the kernels take the shape and dtype (the binding runs the reference otherwise).
@@ -107,7 +105,8 @@ struct CausalBlockLinearBackward {
   float* grad_mixing = nullptr;  // [M, M] fp32, overwritten (summed over batch and heads)
   // [causal_sweep_mixing_parts, M, M] fp32, written by the compile-time backward sweeps: each
   // CTA's part of dm, summed by the caller (atomics into grad_mixing from thousands of CTAs
-  // serialized on its few cache lines: +700 us at T = 2,048, session 22).
+  // serialize on its few cache lines: with the trained pairs added that way, +700 us at
+  // T = 2,048, session 22).
   float* mixing_parts = nullptr;
   float* grad_prefix = nullptr;  // a set of states (workspace)
   float* grad_states = nullptr;  // a set of states (workspace)

@@ -176,8 +176,7 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
            kernels::causal_prefix_floats(static_cast<int>(d), a.packed_grad_states)},
           states.options());
       a.grad_states = grad_states.data_ptr<float>();
-      // The compile-time sweeps leave their part of dm (the trained pairs and the sliding row)
-      // per CTA; summed below.
+      // The compile-time sweeps leave their part of dm (the sliding row) per CTA; summed below.
       if (const int64_t parts = kernels::causal_sweep_mixing_parts(a.shape, mixes); parts > 0) {
         mixing_parts = torch::empty({parts, mixing.size(0), mixing.size(0)}, states.options());
         a.mixing_parts = mixing_parts.data_ptr<float>();
@@ -203,10 +202,10 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
         auto leaf = mixing.detach().requires_grad_(true);
         auto expanded = strict_weights(leaf, blocks);
         dmixing.add_(torch::autograd::grad({expanded}, {leaf}, {dw})[0]);
-      } else if (mixing_parts.defined()) {  // the compile-time sweeps summed these
-        dmixing.add_(mixing_parts.sum(0));
       } else {
-        // dm_ij += sum <dP_i, S_j> for j < i inside the trained length.
+        // The sliding row's part from the compile-time sweeps; dm_ij += sum <dP_i, S_j> for
+        // j < i inside the trained length.
+        if (mixing_parts.defined()) dmixing.add_(mixing_parts.sum(0));
         const int64_t dense = std::min<int64_t>(blocks, trained);
         if (!pairs.defined()) {
           pairs = block_pair_products(grad_prefix, states, dense, packed_states ? d * d : 0);
