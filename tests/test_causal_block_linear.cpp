@@ -132,6 +132,40 @@ TEST_CASE("attention: causal block-linear kernels at the language-model head siz
 #endif
 }
 
+TEST_CASE("attention: causal block-linear kernels with the prefix mixing forced either way and packed states",
+          "[attention][gpu]") {
+#ifdef MHLA_WITH_CUDA_KERNELS
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device: skipped");
+    return;
+  }
+  torch::manual_seed(24);
+  // The GEMM mix past the trained length (the expanded policy's matrix and its gradient mapped
+  // back), the sweeps inside it (a compile-time window over fewer blocks than M, and the generic
+  // one), and the sweeps on packed state and dP sets (bf16 matrices, fp32 z), with linear
+  // attention and lanes past the end of the state (D = 32: 528 elements, one CTA of 512 pairs).
+  const CausalCase gemm_cases[] = {{1, 2, 900, 64, 3}, {1, 2, 2100, 32, 16}};
+  const CausalCase sweep_cases[] = {{2, 2, 500, 32, 16}, {1, 2, 200, 64, 3}, {1, 1, 640, 32, 5}};
+  const CausalCase packed_cases[] = {{1, 2, 900, 64, 3},    {1, 2, 64 * 131, 32, 16},
+                                     {1, 4, 2100, 128, 16}, {2, 2, 130, 32, 0},
+                                     {1, 1, 64 * 129 + 5, 32, 5}};
+  {
+    test::ScopedEnv gemm("MHLA_CAUSAL_MIX_GEMM", "1");
+    for (const CausalCase& c : gemm_cases) check_case(c);
+  }
+  {
+    test::ScopedEnv sweep("MHLA_CAUSAL_MIX_GEMM", "0");
+    for (const CausalCase& c : sweep_cases) check_case(c);
+  }
+  {
+    test::ScopedEnv packed("MHLA_CAUSAL_PACKED_STATES", "1");
+    for (const CausalCase& c : packed_cases) check_case(c);
+  }
+#else
+  WARN("built without the CUDA kernels: skipped");
+#endif
+}
+
 TEST_CASE(
     "attention: causal block-linear kernels under bf16 autocast (the training step's setting)",
     "[attention][gpu]") {

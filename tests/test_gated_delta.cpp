@@ -430,29 +430,7 @@ TEST_CASE(
 #ifdef MHLA_WITH_CUDA_KERNELS
 namespace {
 
-// Sets an environment variable for a scope and restores it after (the gated-delta kernels read
-// their knobs on every call).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) previous_ = old;
-    set(value);
-  }
-  ~ScopedEnv() {
-    if (previous_) {
-      setenv(name_, previous_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-  void set(const char* value) { setenv(name_, value, 1); }
-
- private:
-  const char* name_;
-  std::optional<std::string> previous_;
-};
+using test::ScopedEnv;
 
 // The fused kernels' leaves on the GPU (bf16 q, k, v; fp32 beta, g and initial state) and fixed
 // weights for a loss over the output and the final state.

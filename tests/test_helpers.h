@@ -1,7 +1,9 @@
 #pragma once
 // Shared helpers for the tests: temporary folders, running the mhla binary, comparisons.
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include <torch/torch.h>
@@ -40,5 +42,29 @@ std::string source_dir();
 // Where the Fashion-MNIST files are (data/fashion-mnist in the source tree, else Debian's).
 std::string fashion_mnist_root();
 void write_text(const std::filesystem::path& path, const std::string& text);
+
+// Sets an environment variable for a scope and restores it after (for the kernel switches that
+// are read on every call).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) previous_ = old;
+    set(value);
+  }
+  ~ScopedEnv() {
+    if (previous_) {
+      setenv(name_, previous_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+  void set(const char* value) { setenv(name_, value, 1); }
+
+ private:
+  const char* name_;
+  std::optional<std::string> previous_;
+};
 
 }  // namespace mhla::test

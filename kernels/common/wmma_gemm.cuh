@@ -278,8 +278,11 @@ __device__ __forceinline__ void gemm_blocks(const T* a, int lda, const T* b, int
 #pragma unroll
       for (int j = 0; j < Cols; ++j) {
         if constexpr (std::is_same_v<Out, float>) {
-          if (accumulate) acc[i][j].load(c + (fm + i) * 16 * ldc + (fn + j) * 16, ldc);
-          else acc[i][j].zero();
+          if (accumulate) {
+            acc[i][j].load(c + (fm + i) * 16 * ldc + (fn + j) * 16, ldc);
+          } else {
+            acc[i][j].zero();
+          }
         } else {
           acc[i][j].zero();
         }

@@ -228,16 +228,6 @@ struct SetSource {
     if (e < matrix) return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(b)[e]);
     return b[matrix / 2 + e - matrix];
   }
-  // Elements e and e + 1 (e even).
-  __device__ __forceinline__ float2 load_pair(size_t index, int e) const {
-    const float* b = block(index);
-    if (!packed) return *reinterpret_cast<const float2*>(b + e);
-    if (e < matrix) {
-      return __bfloat1622float2(
-          *reinterpret_cast<const __nv_bfloat162*>(reinterpret_cast<const __nv_bfloat16*>(b) + e));
-    }
-    return *reinterpret_cast<const float2*>(b + matrix / 2 + e - matrix);
-  }
   // Elements e and e + 1 (e even) copied asynchronously into an 8-byte slot of shared memory:
   // 8 bytes of fp32 or 4 of bf16 (zeros when !valid); unpack_pair reads them back.
   __device__ __forceinline__ void copy_pair(float2* slot, size_t index, int e, bool valid) const {
@@ -250,20 +240,6 @@ struct SetSource {
   }
   __device__ __forceinline__ float2 unpack_pair(const float2* slot, int e) const {
     if (packed && e < matrix) return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(slot));
-    return *slot;
-  }
-  // Element e copied asynchronously into a 4-byte slot: the fp32 element, or the aligned bf16
-  // pair that holds it (zeros when !valid); unpack reads it back.
-  __device__ __forceinline__ void copy_one(float* slot, size_t index, int e, bool valid) const {
-    const float* b = block(index);
-    if (packed && e < matrix) {
-      async_copy::copy<4>(slot, reinterpret_cast<const __nv_bfloat16*>(b) + (e & ~1), valid);
-    } else {
-      async_copy::copy<4>(slot, b + (packed ? matrix / 2 + e - matrix : e), valid);
-    }
-  }
-  __device__ __forceinline__ float unpack(const float* slot, int e) const {
-    if (packed && e < matrix) return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(slot)[e & 1]);
     return *slot;
   }
 };
@@ -347,7 +323,8 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 4 : 2)
   float2 recent[M];  // recent[b % M] = S_b for the last M blocks b (zero before the first)
 #pragma unroll
   for (int k = 0; k < M; ++k) recent[k] = make_float2(0.f, 0.f);
-  auto fetch = [&](int i) {  // block i into slot i % Slots, one group per block (empty past the end)
+  // Block i into slot i % Slots, one group per block (empty past the end).
+  auto fetch = [&](int i) {
     if (i < blocks) states.copy_pair(&ring[i % Slots][t], first + i, e, true);
     async_copy::commit();
   };
@@ -1032,14 +1009,12 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 2 : 1)
                                   int blocks, int state) {
   constexpr int M = W + 1, Slots = Ahead + 1;
   __shared__ float ms[M * M];
-  __shared__ float dm_sums[M * M];  // this CTA's part of dm (the sliding row)
+  __shared__ float dm_row[M];  // this CTA's part of the sliding row's dm_{M-1, k}
   __shared__ float2 x_ring[Slots][kSweepThreads], s_ring[Slots][kSweepThreads];
   const int t = threadIdx.x, lane = t % 32;
   // Linear attention is the window W = 0 with weight 1 (and no mixing gradient).
-  for (int i = t; i < M * M; i += kSweepThreads) {
-    ms[i] = mix.m != nullptr ? mix.m[i] : 1.f;
-    dm_sums[i] = 0.f;
-  }
+  for (int i = t; i < M * M; i += kSweepThreads) ms[i] = mix.m != nullptr ? mix.m[i] : 1.f;
+  for (int k = t; k < M; k += kSweepThreads) dm_row[k] = 0.f;
   __syncthreads();
   // The sliding row's weights stay in registers here: read from shared memory at four CTAs per
   // SM this sweep was slower (MHLA at T = 8,192: 422 -> 489 us, session 21 call 3).
@@ -1127,12 +1102,12 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 2 : 1)
 #pragma unroll
     for (int k = 0; k < M; ++k) {
       const float v = warp_sum(sliding[k]);
-      if (lane == 0) atomicAdd(&dm_sums[(M - 1) * M + k], v);
+      if (lane == 0) atomicAdd(&dm_row[k], v);
     }
   }
   __syncthreads();
-  float* part = mixing_parts + (static_cast<size_t>(blockIdx.y) * gridDim.x + blockIdx.x) * M * M;
-  for (int i = t; i < M * M; i += kSweepThreads) part[i] = dm_sums[i];
+  float* part = mixing_parts + (static_cast<size_t>(blockIdx.y) * gridDim.x + blockIdx.x) * M;
+  for (int k = t; k < M; k += kSweepThreads) part[k] = dm_row[k];
 }
 
 template <typename T, int D>
@@ -1560,22 +1535,26 @@ int window_of(const float* mixing, int mixing_blocks) {
 // The prefix sweeps with a compile-time window, for the windows they are built for.
 // The sweeps' load depth: MHLA_SWEEP_AHEAD (forward) or MHLA_SWEEP_BACKWARD_AHEAD, 1, 2, 4, 8
 // or 16, else the default.
+// The backward sweep stops at 8: its two rings of 17 eight-byte slots per thread would take
+// 70 KB of static shared memory, past the 48 KB a kernel may declare.
 int sweep_ahead(bool backward) {
-  auto read = [](const char* name, int fallback) {
+  auto read = [](const char* name, int fallback, int most) {
     const char* value = std::getenv(name);
     const int forced = value != nullptr ? std::atoi(value) : 0;
-    return forced == 1 || forced == 2 || forced == 4 || forced == 8 || forced == 16 ? forced
-                                                                                    : fallback;
+    return (forced == 1 || forced == 2 || forced == 4 || forced == 8 || forced == 16) &&
+                   forced <= most
+               ? forced
+               : fallback;
   };
-  static const int forward_ahead = read("MHLA_SWEEP_AHEAD", kSweepAhead);
-  static const int backward_ahead = read("MHLA_SWEEP_BACKWARD_AHEAD", kSweepBackwardAhead);
+  static const int forward_ahead = read("MHLA_SWEEP_AHEAD", kSweepAhead, 16);
+  static const int backward_ahead = read("MHLA_SWEEP_BACKWARD_AHEAD", kSweepBackwardAhead, 8);
   return backward ? backward_ahead : forward_ahead;
 }
 
 // Calls f(std::integral_constant<int, A>) for the sweep depth A in use.
-template <typename F>
-cudaError_t with_sweep_ahead(bool backward, F&& f) {
-  switch (sweep_ahead(backward)) {
+template <bool Backward, typename F>
+cudaError_t with_sweep_ahead(F&& f) {
+  switch (sweep_ahead(Backward)) {
     case 1:
       return f(std::integral_constant<int, 1>{});
     case 2:
@@ -1583,7 +1562,8 @@ cudaError_t with_sweep_ahead(bool backward, F&& f) {
     case 4:
       return f(std::integral_constant<int, 4>{});
     case 16:
-      return f(std::integral_constant<int, 16>{});
+      if constexpr (!Backward) return f(std::integral_constant<int, 16>{});
+      [[fallthrough]];
     default:
       return f(std::integral_constant<int, 8>{});
   }
@@ -1594,7 +1574,7 @@ struct PrefixWindowForward {
   static cudaError_t run(const CausalBlockLinearForward& a, cudaStream_t stream, int state) {
     const auto& s = a.shape;
     const int pairs = state / 2;  // two elements per thread
-    return with_sweep_ahead(false, [&](auto ahead) {
+    return with_sweep_ahead<false>([&](auto ahead) {
       prefix_window_kernel<W, decltype(ahead)::value>
           <<<dim3((pairs + kSweepThreads - 1) / kSweepThreads, s.batch * s.heads), kSweepThreads, 0,
              stream>>>(set_source(a.states, s.head_dim, a.packed_states),
@@ -1610,7 +1590,9 @@ struct PrefixWindowBackward {
   static cudaError_t run(const CausalBlockLinearBackward& a, cudaStream_t stream, int state) {
     const auto& s = a.shape;
     const int pairs = state / 2;  // two elements per thread
-    return with_sweep_ahead(true, [&](auto ahead) {
+    // The compile-time sweeps leave the sliding row's mixing gradient per CTA (see the header).
+    if (a.mixing != nullptr && a.mixing_parts == nullptr) return cudaErrorInvalidValue;
+    return with_sweep_ahead<true>([&](auto ahead) {
       prefix_window_backward_kernel<W, decltype(ahead)::value>
           <<<dim3((pairs + kSweepThreads - 1) / kSweepThreads, s.batch * s.heads), kSweepThreads,
              0, stream>>>(set_source(a.states, s.head_dim, a.packed_states),

@@ -47,7 +47,7 @@ int causal_blocks(int tokens);
 
 // Whether the prefix backward sweep (kCausalPrefixPass of the backward) is a compile-time one
 // (the windows M - 1 of the common matrix sizes, and linear attention's running sum). Those
-// leave the sliding row's mixing gradient as one [M, M] part per CTA in
+// leave the sliding row's mixing gradient (row M - 1) as one part of M floats per CTA in
 // CausalBlockLinearBackward::mixing_parts, for the caller to add to grad_mixing; the generic
 // sweep adds it to grad_mixing itself.
 bool causal_sweep_has_mixing_parts(int mixing_blocks);
@@ -103,9 +103,9 @@ struct CausalBlockLinearBackward {
   void* grad_k = nullptr;
   void* grad_v = nullptr;
   float* grad_mixing = nullptr;  // [M, M] fp32, overwritten (summed over batch and heads)
-  // [causal_sweep_mixing_parts, M, M] fp32, written by the compile-time backward sweeps: each
-  // CTA's part of dm, summed by the caller (atomics into grad_mixing from thousands of CTAs
-  // serialize on its few cache lines: with the trained pairs added that way, +700 us at
+  // [causal_sweep_mixing_parts, M] fp32, written by the compile-time backward sweeps: each CTA's
+  // part of row M - 1 of dm, summed by the caller (atomics into grad_mixing from thousands of
+  // CTAs serialize on its few cache lines: with the trained pairs added that way, +700 us at
   // T = 2,048, session 22).
   float* mixing_parts = nullptr;
   float* grad_prefix = nullptr;  // a set of states (workspace)

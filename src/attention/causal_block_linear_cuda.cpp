@@ -36,8 +36,9 @@ kernels::CausalBlockLinearShape causal_shape_of(const torch::Tensor& q,
 // blocks, session 8); session 22's sweeps (register rings, the trained pairs summed in the
 // backward sweep) took MHLA at T = 2,048 (32 blocks) from 1.71 ms by products to 1.52 by the
 // sweeps before the pairs moved in. MHLA_CAUSAL_MIX_GEMM=1 / =0 forces either at every length.
+// Read on every call (the tests run each path in one process).
 bool mix_by_gemm(int64_t blocks, int64_t trained_blocks) {
-  static const int choice = [] {
+  const int choice = [] {
     const char* value = std::getenv("MHLA_CAUSAL_MIX_GEMM");
     if (value == nullptr) return -1;
     if (std::strcmp(value, "0") == 0) return 0;
@@ -77,8 +78,8 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     // prefixes are (the sweeps and the pair products read them; the GEMM mix and cuBLAS take
     // fp32), and so are their gradients. Half the bytes, but not faster: the sweeps are bound by
     // their instructions, and the packed writes cost the states pass (session 22, MHLA at
-    // T = 8,192: 1.39 ms fp32 against 1.42 packed). Off by default.
-    static const bool pack_states = environment_switch("MHLA_CAUSAL_PACKED_STATES", false);
+    // T = 8,192: 1.39 ms fp32 against 1.42 packed). Off by default; read on every call.
+    const bool pack_states = environment_switch("MHLA_CAUSAL_PACKED_STATES", false);
     a.packed_states =
         pack_states && !gemm_mix && kernels::causal_prefix_packed(kernel_dtype(dtype));
     auto states = torch::empty(
@@ -178,7 +179,7 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
       a.grad_states = grad_states.data_ptr<float>();
       // The compile-time sweeps leave their part of dm (the sliding row) per CTA; summed below.
       if (const int64_t parts = kernels::causal_sweep_mixing_parts(a.shape, mixes); parts > 0) {
-        mixing_parts = torch::empty({parts, mixing.size(0), mixing.size(0)}, states.options());
+        mixing_parts = torch::empty({parts, mixing.size(0)}, states.options());
         a.mixing_parts = mixing_parts.data_ptr<float>();
       }
       a.passes = kernels::kCausalPrefixPass;
@@ -205,7 +206,7 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
       } else {
         // The sliding row's part from the compile-time sweeps; dm_ij += sum <dP_i, S_j> for
         // j < i inside the trained length.
-        if (mixing_parts.defined()) dmixing.add_(mixing_parts.sum(0));
+        if (mixing_parts.defined()) dmixing.select(0, trained - 1).add_(mixing_parts.sum(0));
         const int64_t dense = std::min<int64_t>(blocks, trained);
         if (!pairs.defined()) {
           pairs = block_pair_products(grad_prefix, states, dense, packed_states ? d * d : 0);
