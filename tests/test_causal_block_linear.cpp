@@ -132,8 +132,10 @@ TEST_CASE("attention: causal block-linear kernels at the language-model head siz
 #endif
 }
 
-TEST_CASE("attention: causal block-linear kernels with the prefix mixing forced either way and packed states",
-          "[attention][gpu]") {
+TEST_CASE(
+    "attention: causal block-linear kernels with the prefix mixing forced either way and packed "
+    "states",
+    "[attention][gpu]") {
 #ifdef MHLA_WITH_CUDA_KERNELS
   if (!torch::cuda::is_available()) {
     WARN("no CUDA device: skipped");
@@ -143,11 +145,14 @@ TEST_CASE("attention: causal block-linear kernels with the prefix mixing forced 
   // The GEMM mix past the trained length (the expanded policy's matrix and its gradient mapped
   // back), the sweeps inside it (a compile-time window over fewer blocks than M, and the generic
   // one), and the sweeps on packed state and dP sets (bf16 matrices, fp32 z), with linear
-  // attention and lanes past the end of the state (D = 32: 528 elements, one CTA of 512 pairs).
+  // attention and lanes past the end of the state (D = 32: 528 pairs of elements, so the third
+  // 256-thread CTA of a batch*head has 16 live lanes).
   const CausalCase gemm_cases[] = {{1, 2, 900, 64, 3}, {1, 2, 2100, 32, 16}};
   const CausalCase sweep_cases[] = {{2, 2, 500, 32, 16}, {1, 2, 200, 64, 3}, {1, 1, 640, 32, 5}};
-  const CausalCase packed_cases[] = {{1, 2, 900, 64, 3},    {1, 2, 64 * 131, 32, 16},
-                                     {1, 4, 2100, 128, 16}, {2, 2, 130, 32, 0},
+  const CausalCase packed_cases[] = {{1, 2, 900, 64, 3},
+                                     {1, 2, 64 * 131, 32, 16},
+                                     {1, 4, 2100, 128, 16},
+                                     {2, 2, 130, 32, 0},
                                      {1, 1, 64 * 129 + 5, 32, 5}};
   {
     test::ScopedEnv gemm("MHLA_CAUSAL_MIX_GEMM", "1");

@@ -68,14 +68,14 @@ __global__ void __launch_bounds__(kThreads) pair_products_kernel(BlockPairProduc
         if (idx < 2 * count && r < p.rows && e < p.elements) {
           const float* row = (which ? p.y : p.x) + base + static_cast<size_t>(r) * stride;
           if (e < p.packed_matrix) {  // four bf16 (their lo parts are zero)
-            const uint2 x = __ldg(reinterpret_cast<const uint2*>(
-                reinterpret_cast<const __nv_bfloat16*>(row) + e));
+            const uint2 x = __ldg(
+                reinterpret_cast<const uint2*>(reinterpret_cast<const __nv_bfloat16*>(row) + e));
             const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x.x));
             const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x.y));
             v[u][0] = a.x, v[u][1] = a.y, v[u][2] = b.x, v[u][3] = b.y;
           } else {
-            const float4 x = __ldg(reinterpret_cast<const float4*>(row + p.packed_matrix / 2 + e -
-                                                                    p.packed_matrix));
+            const float4 x = __ldg(
+                reinterpret_cast<const float4*>(row + p.packed_matrix / 2 + e - p.packed_matrix));
             v[u][0] = x.x, v[u][1] = x.y, v[u][2] = x.z, v[u][3] = x.w;
           }
         }

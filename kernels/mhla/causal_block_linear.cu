@@ -239,7 +239,8 @@ struct SetSource {
     }
   }
   __device__ __forceinline__ float2 unpack_pair(const float2* slot, int e) const {
-    if (packed && e < matrix) return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(slot));
+    if (packed && e < matrix)
+      return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(slot));
     return *slot;
   }
 };
@@ -312,7 +313,8 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 4 : 2)
   __shared__ __align__(16) float sliding_row[M];  // sliding_row[d] = w(i, i - d), i >= M
   __shared__ float2 ring[Slots][kSweepThreads];
   // Linear attention is the window W = 0 with weight 1: P_i = sum_{b < i} S_b.
-  for (int i = threadIdx.x; i < M * M; i += kSweepThreads) ms[i] = mix.m != nullptr ? mix.m[i] : 1.f;
+  for (int i = threadIdx.x; i < M * M; i += kSweepThreads)
+    ms[i] = mix.m != nullptr ? mix.m[i] : 1.f;
   __syncthreads();
   for (int d = threadIdx.x; d < M; d += kSweepThreads) sliding_row[d] = ms[(M - 1) * M + M - 1 - d];
   __syncthreads();
@@ -335,7 +337,7 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 4 : 2)
   };
 #pragma unroll
   for (int a = 0; a < Ahead; ++a) fetch(a);
-  // The trained rows i < M: P_i = sum_{d=1}^{i} m_{i, i-d} S_{i-d}.
+    // The trained rows i < M: P_i = sum_{d=1}^{i} m_{i, i-d} S_{i-d}.
 #pragma unroll
   for (int i = 0; i < M; ++i) {
     if (i < blocks) {
@@ -727,15 +729,15 @@ __global__ void __launch_bounds__(kLeanThreads, 3) lean_states_kernel(CausalBloc
     v_rows.store_plain(kC, vt);
   }
   __syncthreads();
-  float* state = p.states + state_offset(w, blocks_of(p.shape.tokens),
-                                         set_floats(D, p.packed_states));
+  float* state =
+      p.states + state_offset(w, blocks_of(p.shape.tokens), set_floats(D, p.packed_states));
   // Packed: S in bf16, z in fp32 (every reader takes S as bf16 tiles or sums it in fp32).
   if (p.packed_states) {
     wmma_tiles::gemm_blocked<E, kLeanWarps, true, false>(
         kf, L::lde, vt, L::lde, reinterpret_cast<__nv_bfloat16*>(state), D, D, D, kC);
   } else {
-    wmma_tiles::gemm_blocked<E, kLeanWarps, true, false>(kf, L::lde, vt, L::lde, state, D, D, D,
-                                                         kC, false);
+    wmma_tiles::gemm_blocked<E, kLeanWarps, true, false>(kf, L::lde, vt, L::lde, state, D, D, D, kC,
+                                                         false);
   }
   float* z_out = state + (p.packed_states ? D * D / 2 : D * D);
   if (threadIdx.x < D) {
@@ -1004,9 +1006,8 @@ __global__ void __launch_bounds__(kSweepThreads)
 // products of step j and whose S those of step j + 1 have consumed).
 template <int W, int Ahead>
 __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 2 : 1)
-    prefix_window_backward_kernel(SetSource states, SetSource grad_prefix,
-                                  PrefixSink grad_states, float* mixing_parts, CausalWeights mix,
-                                  int blocks, int state) {
+    prefix_window_backward_kernel(SetSource states, SetSource grad_prefix, PrefixSink grad_states,
+                                  float* mixing_parts, CausalWeights mix, int blocks, int state) {
   constexpr int M = W + 1, Slots = Ahead + 1;
   __shared__ float ms[M * M];
   __shared__ float dm_row[M];  // this CTA's part of the sliding row's dm_{M-1, k}
@@ -1333,11 +1334,11 @@ __global__ void __launch_bounds__(kLeanThreads, 2)
   // and the pair products only sum it in fp32); dz_i = phi(Q)^T dden in fp32.
   if (p.packed_grad_prefix) {
     wmma_tiles::gemm_blocked<E, kLeanWarps, true, false>(
-        qf, L::lde, dnum, L::lde, reinterpret_cast<__nv_bfloat16*>(p.grad_prefix + offset), D, D,
-        D, kC);
+        qf, L::lde, dnum, L::lde, reinterpret_cast<__nv_bfloat16*>(p.grad_prefix + offset), D, D, D,
+        kC);
   } else {
-    wmma_tiles::gemm_blocked<E, kLeanWarps, true, false>(qf, L::lde, dnum, L::lde,
-                                                         p.grad_prefix + offset, D, D, D, kC, false);
+    wmma_tiles::gemm_blocked<E, kLeanWarps, true, false>(
+        qf, L::lde, dnum, L::lde, p.grad_prefix + offset, D, D, D, kC, false);
   }
   if (threadIdx.x < D) {
     float dz = 0.f;
@@ -1594,12 +1595,11 @@ struct PrefixWindowBackward {
     if (a.mixing != nullptr && a.mixing_parts == nullptr) return cudaErrorInvalidValue;
     return with_sweep_ahead<true>([&](auto ahead) {
       prefix_window_backward_kernel<W, decltype(ahead)::value>
-          <<<dim3((pairs + kSweepThreads - 1) / kSweepThreads, s.batch * s.heads), kSweepThreads,
-             0, stream>>>(set_source(a.states, s.head_dim, a.packed_states),
-                          set_source(a.grad_prefix, s.head_dim, a.packed_grad_prefix),
-                          prefix_sink(a.grad_states, s.head_dim, a.packed_grad_states),
-                          a.mixing_parts, CausalWeights{a.mixing, s.mixing_blocks},
-                          blocks_of(s.tokens), state);
+          <<<dim3((pairs + kSweepThreads - 1) / kSweepThreads, s.batch * s.heads), kSweepThreads, 0,
+             stream>>>(set_source(a.states, s.head_dim, a.packed_states),
+                       set_source(a.grad_prefix, s.head_dim, a.packed_grad_prefix),
+                       prefix_sink(a.grad_states, s.head_dim, a.packed_grad_states), a.mixing_parts,
+                       CausalWeights{a.mixing, s.mixing_blocks}, blocks_of(s.tokens), state);
       return cudaGetLastError();
     });
   }
@@ -1667,8 +1667,8 @@ cudaError_t forward_for(const CausalBlockLinearForward& a, cudaStream_t stream) 
     prefix_kernel<<<dim3((state + kSweepThreads - 1) / kSweepThreads, s.batch * s.heads),
                     kSweepThreads, bytes, stream>>>(
         set_source(a.states, s.head_dim, a.packed_states),
-        prefix_sink(a.prefix, s.head_dim, a.packed_prefix), CausalWeights{a.mixing, s.mixing_blocks},
-        blocks, state);
+        prefix_sink(a.prefix, s.head_dim, a.packed_prefix),
+        CausalWeights{a.mixing, s.mixing_blocks}, blocks, state);
   }
   bool output_done = false;
   if constexpr (!std::is_same_v<T, float>) {
@@ -1771,7 +1771,8 @@ int causal_blocks(int tokens) {
 
 int64_t causal_sweep_mixing_parts(const CausalBlockLinearShape& shape, bool mixes) {
   if (!mixes || !causal_sweep_has_mixing_parts(shape.mixing_blocks)) return 0;
-  const int64_t pairs = (static_cast<int64_t>(shape.head_dim) * shape.head_dim + shape.head_dim) / 2;
+  const int64_t pairs =
+      (static_cast<int64_t>(shape.head_dim) * shape.head_dim + shape.head_dim) / 2;
   return (pairs + kSweepThreads - 1) / kSweepThreads * shape.batch * shape.heads;
 }
 

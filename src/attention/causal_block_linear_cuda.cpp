@@ -172,10 +172,10 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     } else {
       // The key pass reads dS only as bf16 tiles and fp32 dz: the sweeps write it packed too.
       a.packed_grad_states = a.packed_prefix;
-      grad_states = torch::empty(
-          {states.size(0), blocks,
-           kernels::causal_prefix_floats(static_cast<int>(d), a.packed_grad_states)},
-          states.options());
+      grad_states =
+          torch::empty({states.size(0), blocks,
+                        kernels::causal_prefix_floats(static_cast<int>(d), a.packed_grad_states)},
+                       states.options());
       a.grad_states = grad_states.data_ptr<float>();
       // The compile-time sweeps leave their part of dm (the sliding row) per CTA; summed below.
       if (const int64_t parts = kernels::causal_sweep_mixing_parts(a.shape, mixes); parts > 0) {
