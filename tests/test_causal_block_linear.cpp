@@ -133,8 +133,8 @@ TEST_CASE("attention: causal block-linear kernels at the language-model head siz
 }
 
 TEST_CASE(
-    "attention: causal block-linear kernels with the prefix mixing forced either way and packed "
-    "states",
+    "attention: causal block-linear kernels with the prefix mixing forced either way, packed "
+    "states and the trained pairs summed in the sweep",
     "[attention][gpu]") {
 #ifdef MHLA_WITH_CUDA_KERNELS
   if (!torch::cuda::is_available()) {
@@ -165,6 +165,24 @@ TEST_CASE(
   {
     test::ScopedEnv packed("MHLA_CAUSAL_PACKED_STATES", "1");
     for (const CausalCase& c : packed_cases) check_case(c);
+  }
+  // The trained rows' mixing-gradient pairs summed in the backward sweep (M = 3, 16 and 32:
+  // reduce-scatters of 4, 16 and 32 values; the generic window M = 5 keeps the pair products),
+  // with fp32 and packed states, and with the sweeps forced inside the trained length.
+  {
+    test::ScopedEnv pairs("MHLA_CAUSAL_SWEEP_PAIRS", "1");
+    const CausalCase pair_cases[] = {{1, 2, 900, 64, 3},
+                                     {1, 4, 2100, 128, 16},
+                                     {1, 2, 64 * 131, 32, 16},
+                                     {1, 2, 64 * 40 + 9, 32, 32},
+                                     {1, 1, 64 * 129 + 5, 32, 5}};
+    for (const CausalCase& c : pair_cases) check_case(c);
+    {
+      test::ScopedEnv packed("MHLA_CAUSAL_PACKED_STATES", "1");
+      for (const CausalCase& c : pair_cases) check_case(c);
+    }
+    test::ScopedEnv sweep("MHLA_CAUSAL_MIX_GEMM", "0");
+    for (const CausalCase& c : sweep_cases) check_case(c);
   }
 #else
   WARN("built without the CUDA kernels: skipped");

@@ -66,6 +66,41 @@ __device__ __forceinline__ void unrolled(F&& f) {
   unrolled_impl<N>(f, std::make_integer_sequence<int, N>{});
 }
 
+__host__ __device__ constexpr int next_power_of_two(int n) {
+  int p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
+
+// The warp's sums of N values per lane (N a power of two <= 32) with N - 1 + log2(32 / N)
+// shuffles instead of N warp sums of five: each round a lane keeps half of its values and adds
+// its partner's copy of them. Returns the sum of value `*slot`; the 32 / N lanes that share a
+// slot all hold it (the first of them has lane % (32 / N) == 0).
+template <int N>
+__device__ __forceinline__ float warp_reduce_scatter(float (&v)[N], int lane, int* slot) {
+  static_assert(N >= 1 && N <= 32 && (N & (N - 1)) == 0, "N: a power of two up to 32");
+  constexpr int rounds = N == 1 ? 0 : N == 2 ? 1 : N == 4 ? 2 : N == 8 ? 3 : N == 16 ? 4 : 5;
+  int base = 0;
+  unrolled<rounds>([&](auto r) {  // constant counts and offsets: v stays in registers
+    constexpr int count = N >> decltype(r)::value, offset = 16 >> decltype(r)::value;
+    const bool upper = (lane & offset) != 0;
+#pragma unroll
+    for (int i = 0; i < count / 2; ++i) {
+      const float send = upper ? v[i] : v[i + count / 2];
+      const float keep = upper ? v[i + count / 2] : v[i];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
+    }
+    if (upper) base += count / 2;
+  });
+  float sum = v[0];
+#pragma unroll
+  for (int offset = 16 >> rounds; offset >= 1; offset /= 2) {
+    sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  }
+  *slot = base;
+  return sum;
+}
+
 // The weights w_ij of the header (m == nullptr: linear attention, all ones). The prefix passes
 // read them through a shared-memory copy (RowWeights) in their inner loops.
 struct CausalWeights {
@@ -1007,15 +1042,18 @@ __global__ void __launch_bounds__(kSweepThreads)
 template <int W, int Ahead>
 __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 2 : 1)
     prefix_window_backward_kernel(SetSource states, SetSource grad_prefix, PrefixSink grad_states,
-                                  float* mixing_parts, CausalWeights mix, int blocks, int state) {
+                                  float* mixing_parts, float* pair_parts, CausalWeights mix,
+                                  int blocks, int state) {
   constexpr int M = W + 1, Slots = Ahead + 1;
   __shared__ float ms[M * M];
-  __shared__ float dm_row[M];  // this CTA's part of the sliding row's dm_{M-1, k}
+  __shared__ float dm_row[M];        // this CTA's part of the sliding row's dm_{M-1, k}
+  __shared__ float dm_pairs[M * M];  // and of the trained rows' pairs (with pair_parts)
   __shared__ float2 x_ring[Slots][kSweepThreads], s_ring[Slots][kSweepThreads];
   const int t = threadIdx.x, lane = t % 32;
   // Linear attention is the window W = 0 with weight 1 (and no mixing gradient).
   for (int i = t; i < M * M; i += kSweepThreads) ms[i] = mix.m != nullptr ? mix.m[i] : 1.f;
   for (int k = t; k < M; k += kSweepThreads) dm_row[k] = 0.f;
+  for (int i = t; i < M * M; i += kSweepThreads) dm_pairs[i] = 0.f;
   __syncthreads();
   // The sliding row's weights stay in registers here: read from shared memory at four CTAs per
   // SM this sweep was slower (MHLA at T = 8,192: 422 -> 489 us, session 21 call 3).
@@ -1024,6 +1062,7 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 2 : 1)
   for (int d = 1; d <= W; ++d) c[d] = ms[(M - 1) * M + M - 1 - d];
   const float tail = ms[(M - 1) * M];
   const bool mixes = mix.m != nullptr, slides = mixes && blocks > M;
+  const bool sums_pairs = mixes && pair_parts != nullptr;
   float sliding[M];  // this thread's share of dm_{M-1, k}
 #pragma unroll
   for (int k = 0; k < M; ++k) sliding[k] = 0.f;
@@ -1038,7 +1077,10 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 2 : 1)
     if (j >= 0) {
       const int slot = j % Slots;
       grad_prefix.copy_pair(&x_ring[slot][t], first + j, e_copy, live);
-      if (slides) states.copy_pair(&s_ring[slot][t], first + j, e_copy, live);
+      // S_j for the sliding row's dm, and for the trained pairs (j < M).
+      if (slides || (sums_pairs && j < M)) {
+        states.copy_pair(&s_ring[slot][t], first + j, e_copy, live);
+      }
     }
     async_copy::commit();
   };
@@ -1063,7 +1105,9 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 2 : 1)
     async_copy::wait<Ahead - 1>();  // block j's group is done
     const int slot = j % Slots;
     const float2 x = grad_prefix.unpack_pair(&x_ring[slot][t], e_copy);
-    const float2 s = slides ? states.unpack_pair(&s_ring[slot][t], e_copy) : make_float2(0.f, 0.f);
+    const float2 s = slides || (!all_sliding && sums_pairs)
+                         ? states.unpack_pair(&s_ring[slot][t], e_copy)
+                         : make_float2(0.f, 0.f);
     u.x += recent[k].x;
     u.y += recent[k].y;
     float2 g = make_float2(tail * u.x, tail * u.y);
@@ -1079,6 +1123,26 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 2 : 1)
       for (int d = 1; d <= W; ++d) {
         if (all_sliding || k + d >= M) {
           sliding[M - 1 - d] += s.x * recent[(k + d) % M].x + s.y * recent[(k + d) % M].y;
+        }
+      }
+    }
+    if constexpr (!all_sliding && k + 1 < M) {
+      // The trained rows' pairs dm_{k+d, k} += dP_{k+d} . S_k (k + d < M), summed over the warp
+      // by one reduce-scatter of the block's up to W values (MHLA_CAUSAL_SWEEP_PAIRS=1).
+      if (sums_pairs) {
+        constexpr int N = next_power_of_two(W);
+        float v[N];
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+          const int d = i + 1;
+          const float2 p = recent[(k + d) % M];
+          v[i] = d <= W && k + d < M ? s.x * p.x + s.y * p.y : 0.f;
+        }
+        int slot = 0;
+        const float sum = warp_reduce_scatter<N>(v, lane, &slot);
+        const int d = slot + 1;
+        if (lane % (32 / N) == 0 && k + d < M && k + d < blocks) {
+          atomicAdd(&dm_pairs[(k + d) * M + k], sum);
         }
       }
     }
@@ -1107,8 +1171,11 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 2 : 1)
     }
   }
   __syncthreads();
-  float* part = mixing_parts + (static_cast<size_t>(blockIdx.y) * gridDim.x + blockIdx.x) * M;
-  for (int k = t; k < M; k += kSweepThreads) part[k] = dm_row[k];
+  const size_t cta = static_cast<size_t>(blockIdx.y) * gridDim.x + blockIdx.x;
+  for (int k = t; k < M; k += kSweepThreads) mixing_parts[cta * M + k] = dm_row[k];
+  if (sums_pairs) {
+    for (int i = t; i < M * M; i += kSweepThreads) pair_parts[cta * M * M + i] = dm_pairs[i];
+  }
 }
 
 template <typename T, int D>
@@ -1599,7 +1666,8 @@ struct PrefixWindowBackward {
              stream>>>(set_source(a.states, s.head_dim, a.packed_states),
                        set_source(a.grad_prefix, s.head_dim, a.packed_grad_prefix),
                        prefix_sink(a.grad_states, s.head_dim, a.packed_grad_states), a.mixing_parts,
-                       CausalWeights{a.mixing, s.mixing_blocks}, blocks_of(s.tokens), state);
+                       a.mixing_pair_parts, CausalWeights{a.mixing, s.mixing_blocks},
+                       blocks_of(s.tokens), state);
       return cudaGetLastError();
     });
   }

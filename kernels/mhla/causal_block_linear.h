@@ -108,6 +108,11 @@ struct CausalBlockLinearBackward {
   // CTAs serialize on its few cache lines: with the trained pairs added that way, +700 us at
   // T = 2,048, session 22).
   float* mixing_parts = nullptr;
+  // Optional, [causal_sweep_mixing_parts, M, M] fp32: when set, those sweeps also sum the
+  // trained rows' pairs dm_ij = sum <dP_i, S_j> (j < i < M) per CTA there (a warp reduce-scatter
+  // per block), so the caller needs no pair-products kernel. Opt-in (MHLA_CAUSAL_SWEEP_PAIRS=1)
+  // until measured: a first form with a warp sum per pair cost 0.6 ms at T = 2,048.
+  float* mixing_pair_parts = nullptr;
   float* grad_prefix = nullptr;  // a set of states (workspace)
   float* grad_states = nullptr;  // a set of states (workspace)
   // grad_states as a packed set (the layout of a packed prefix set; causal_prefix_packed): the
