@@ -39,8 +39,10 @@ pack
 step bench
 bench_lm "$V" lm_r1 "$bin" linear mhla
 [ -n "${ONE_ROUND:-}" ] || bench_lm "$V" lm_r2 "$bin" linear mhla
+# Session 23: the opt-in in-sweep trained pairs (MHLA_CAUSAL_SWEEP_PAIRS=1) against the default.
+MHLA_CAUSAL_SWEEP_PAIRS=1 bench_lm "$V" lm_sweep_pairs "$bin" mhla
 ( source scripts/gpu_fla_env.sh
-  OUT=$V timeout 120 python3 scripts/fla_linear_peer.py 2>&1 | grep '^{' | tee "$V/peers_lm.jsonl" )
+  OUT=$V timeout 200 python3 scripts/fla_linear_peer.py 2>&1 | grep '^{' | tee "$V/peers_lm.jsonl" )
 pack
 
 step gpt
@@ -54,6 +56,7 @@ if command -v ncu > /dev/null; then
   step ncu
   kernel_times "$V" "$bin" "ncu_8192_" 4,8,8192,128 12 mhla
   kernel_times "$V" "$bin" "ncu_2048_" 16,8,2048,128 12 mhla
+  MHLA_CAUSAL_SWEEP_PAIRS=1 kernel_times "$V" "$bin" "ncu_2048_sweep_pairs_" 16,8,2048,128 12 mhla
   gzip -f "$V"/*.csv 2> /dev/null
 fi
 
