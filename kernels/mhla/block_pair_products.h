@@ -5,10 +5,11 @@
 //
 // A skinny contraction (G is at most 64 x 64; the summed dimension is batch*head*elements, often
 // millions): cuBLAS runs it as a strided-batched GEMV at a third of the copy bandwidth, so it has
-// a kernel of its own. Persistent CTAs walk (batch*head, 128-element column) items; the tensor
-// cores sum each item's products from bf16 high and low parts of the fp32 inputs (2^-17 relative
-// per term), each warp keeps its 16 x 16 tiles of G in registers, and the CTA adds its sum into G
-// atomically once.
+// a kernel of its own. The tensor cores sum the products from bf16 high and low parts of the fp32
+// inputs (2^-17 relative per term), and each CTA adds its sum into G atomically once. Up to 32
+// rows, each warp loads its own (batch*head, 512-element chunk) items straight into mma.sync
+// fragments; from 33 rows, persistent CTAs stage (batch*head, 128-element column) items in shared
+// memory and each warp keeps its 16 x 16 tiles of G in registers.
 #include <cstdint>
 
 #include <cuda_runtime.h>

@@ -66,41 +66,6 @@ __device__ __forceinline__ void unrolled(F&& f) {
   unrolled_impl<N>(f, std::make_integer_sequence<int, N>{});
 }
 
-__host__ __device__ constexpr int next_power_of_two(int n) {
-  int p = 1;
-  while (p < n) p *= 2;
-  return p;
-}
-
-// The warp's sums of N values per lane (N a power of two <= 32) with N - 1 + log2(32 / N)
-// shuffles instead of N warp sums of five: each round a lane keeps half of its values and adds
-// its partner's copy of them. Returns the sum of value `*slot`; the 32 / N lanes that share a
-// slot all hold it (the first of them has lane % (32 / N) == 0).
-template <int N>
-__device__ __forceinline__ float warp_reduce_scatter(float (&v)[N], int lane, int* slot) {
-  static_assert(N >= 1 && N <= 32 && (N & (N - 1)) == 0, "N: a power of two up to 32");
-  constexpr int rounds = N == 1 ? 0 : N == 2 ? 1 : N == 4 ? 2 : N == 8 ? 3 : N == 16 ? 4 : 5;
-  int base = 0;
-  unrolled<rounds>([&](auto r) {  // constant counts and offsets: v stays in registers
-    constexpr int count = N >> decltype(r)::value, offset = 16 >> decltype(r)::value;
-    const bool upper = (lane & offset) != 0;
-#pragma unroll
-    for (int i = 0; i < count / 2; ++i) {
-      const float send = upper ? v[i] : v[i + count / 2];
-      const float keep = upper ? v[i + count / 2] : v[i];
-      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
-    }
-    if (upper) base += count / 2;
-  });
-  float sum = v[0];
-#pragma unroll
-  for (int offset = 16 >> rounds; offset >= 1; offset /= 2) {
-    sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  }
-  *slot = base;
-  return sum;
-}
-
 // The weights w_ij of the header (m == nullptr: linear attention, all ones). The prefix passes
 // read them through a shared-memory copy (RowWeights) in their inner loops.
 struct CausalWeights {
@@ -1042,18 +1007,16 @@ __global__ void __launch_bounds__(kSweepThreads)
 template <int W, int Ahead>
 __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 2 : 1)
     prefix_window_backward_kernel(SetSource states, SetSource grad_prefix, PrefixSink grad_states,
-                                  float* mixing_parts, float* pair_parts, CausalWeights mix,
-                                  int blocks, int state) {
+                                  float* grad_mixing, CausalWeights mix, int blocks,
+                                  int state) {
   constexpr int M = W + 1, Slots = Ahead + 1;
   __shared__ float ms[M * M];
-  __shared__ float dm_row[M];        // this CTA's part of the sliding row's dm_{M-1, k}
-  __shared__ float dm_pairs[M * M];  // and of the trained rows' pairs (with pair_parts)
+  __shared__ float dm_row[M];  // this CTA's part of the sliding row's dm_{M-1, k}
   __shared__ float2 x_ring[Slots][kSweepThreads], s_ring[Slots][kSweepThreads];
   const int t = threadIdx.x, lane = t % 32;
   // Linear attention is the window W = 0 with weight 1 (and no mixing gradient).
   for (int i = t; i < M * M; i += kSweepThreads) ms[i] = mix.m != nullptr ? mix.m[i] : 1.f;
   for (int k = t; k < M; k += kSweepThreads) dm_row[k] = 0.f;
-  for (int i = t; i < M * M; i += kSweepThreads) dm_pairs[i] = 0.f;
   __syncthreads();
   // The sliding row's weights stay in registers here: read from shared memory at four CTAs per
   // SM this sweep was slower (MHLA at T = 8,192: 422 -> 489 us, session 21 call 3).
@@ -1061,8 +1024,7 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 2 : 1)
 #pragma unroll
   for (int d = 1; d <= W; ++d) c[d] = ms[(M - 1) * M + M - 1 - d];
   const float tail = ms[(M - 1) * M];
-  const bool mixes = mix.m != nullptr, slides = mixes && blocks > M;
-  const bool sums_pairs = mixes && pair_parts != nullptr;
+  const bool slides = mix.m != nullptr && blocks > M;
   float sliding[M];  // this thread's share of dm_{M-1, k}
 #pragma unroll
   for (int k = 0; k < M; ++k) sliding[k] = 0.f;
@@ -1077,19 +1039,18 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 2 : 1)
     if (j >= 0) {
       const int slot = j % Slots;
       grad_prefix.copy_pair(&x_ring[slot][t], first + j, e_copy, live);
-      // S_j for the sliding row's dm, and for the trained pairs (j < M).
-      if (slides || (sums_pairs && j < M)) {
-        states.copy_pair(&s_ring[slot][t], first + j, e_copy, live);
-      }
+      if (slides) states.copy_pair(&s_ring[slot][t], first + j, e_copy, live);  // for dm
     }
     async_copy::commit();
   };
   // dS_j = sum_{d=1}^{W} w(j+d, j) dP_{j+d} + tail * U_j, U_j = sum_{i >= j+M} dP_i, walking j
   // down. The same walk collects dm of the sliding rows (i >= M), so dP and S are each read
   // once: dm_{M-1, M-1-d} += dP_{j+d} . S_j and the tail's sum_i dP_i . R_i = sum_j S_j . U_j.
-  // (The trained rows' pairs dm_{j+d, j}, j + d < M, summed here by a warp reduction per pair
-  // and block, cost more than the separate pair-products kernel: MHLA at T = 2,048 took 2.13 ms
-  // against 1.52, session 22.)
+  // (The trained rows' pairs dm_{j+d, j}, j + d < M, summed here cost more than the separate
+  // pair-products kernel: by a warp sum per pair and block, MHLA at T = 2,048 took 2.13 ms against
+  // 1.52, session 22; by one warp reduce-scatter per block, this sweep took 662 us against 447,
+  // session 23. Even compiled in behind a runtime switch, that path slowed the trained rows'
+  // steps: 301 -> 447 us at T = 2,048.)
   // recent[b % M] = dP_b for the M blocks after j (zero past the last); at step j, recent[j % M]
   // still holds dP_{j+M}: it joins U, then dP_j takes its place.
   float2 recent[M];
@@ -1105,9 +1066,7 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 2 : 1)
     async_copy::wait<Ahead - 1>();  // block j's group is done
     const int slot = j % Slots;
     const float2 x = grad_prefix.unpack_pair(&x_ring[slot][t], e_copy);
-    const float2 s = slides || (!all_sliding && sums_pairs)
-                         ? states.unpack_pair(&s_ring[slot][t], e_copy)
-                         : make_float2(0.f, 0.f);
+    const float2 s = slides ? states.unpack_pair(&s_ring[slot][t], e_copy) : make_float2(0.f, 0.f);
     u.x += recent[k].x;
     u.y += recent[k].y;
     float2 g = make_float2(tail * u.x, tail * u.y);
@@ -1123,26 +1082,6 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 2 : 1)
       for (int d = 1; d <= W; ++d) {
         if (all_sliding || k + d >= M) {
           sliding[M - 1 - d] += s.x * recent[(k + d) % M].x + s.y * recent[(k + d) % M].y;
-        }
-      }
-    }
-    if constexpr (!all_sliding && k + 1 < M) {
-      // The trained rows' pairs dm_{k+d, k} += dP_{k+d} . S_k (k + d < M), summed over the warp
-      // by one reduce-scatter of the block's up to W values (MHLA_CAUSAL_SWEEP_PAIRS=1).
-      if (sums_pairs) {
-        constexpr int N = next_power_of_two(W);
-        float v[N];
-#pragma unroll
-        for (int i = 0; i < N; ++i) {
-          const int d = i + 1;
-          const float2 p = recent[(k + d) % M];
-          v[i] = d <= W && k + d < M ? s.x * p.x + s.y * p.y : 0.f;
-        }
-        int slot = 0;
-        const float sum = warp_reduce_scatter<N>(v, lane, &slot);
-        const int d = slot + 1;
-        if (lane % (32 / N) == 0 && k + d < M && k + d < blocks) {
-          atomicAdd(&dm_pairs[(k + d) * M + k], sum);
         }
       }
     }
@@ -1162,20 +1101,16 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 2 : 1)
     constexpr int k = M - 1 - decltype(r)::value;
     if (k < blocks) step(k, std::integral_constant<int, k>{}, std::false_type{});
   });
-  if (!mixes) return;
-  if (slides) {
+  if (!slides) return;
 #pragma unroll
-    for (int k = 0; k < M; ++k) {
-      const float v = warp_sum(sliding[k]);
-      if (lane == 0) atomicAdd(&dm_row[k], v);
-    }
+  for (int k = 0; k < M; ++k) {
+    const float v = warp_sum(sliding[k]);
+    if (lane == 0) atomicAdd(&dm_row[k], v);
   }
   __syncthreads();
-  const size_t cta = static_cast<size_t>(blockIdx.y) * gridDim.x + blockIdx.x;
-  for (int k = t; k < M; k += kSweepThreads) mixing_parts[cta * M + k] = dm_row[k];
-  if (sums_pairs) {
-    for (int i = t; i < M * M; i += kSweepThreads) pair_parts[cta * M * M + i] = dm_pairs[i];
-  }
+  // One add per CTA and entry (parts per CTA summed by the caller cost a 21 us reduction kernel
+  // at T = 2,048, session 23).
+  for (int k = t; k < M; k += kSweepThreads) atomicAdd(grad_mixing + (M - 1) * M + k, dm_row[k]);
 }
 
 template <typename T, int D>
@@ -1658,15 +1593,13 @@ struct PrefixWindowBackward {
   static cudaError_t run(const CausalBlockLinearBackward& a, cudaStream_t stream, int state) {
     const auto& s = a.shape;
     const int pairs = state / 2;  // two elements per thread
-    // The compile-time sweeps leave the sliding row's mixing gradient per CTA (see the header).
-    if (a.mixing != nullptr && a.mixing_parts == nullptr) return cudaErrorInvalidValue;
     return with_sweep_ahead<true>([&](auto ahead) {
       prefix_window_backward_kernel<W, decltype(ahead)::value>
           <<<dim3((pairs + kSweepThreads - 1) / kSweepThreads, s.batch * s.heads), kSweepThreads, 0,
              stream>>>(set_source(a.states, s.head_dim, a.packed_states),
                        set_source(a.grad_prefix, s.head_dim, a.packed_grad_prefix),
-                       prefix_sink(a.grad_states, s.head_dim, a.packed_grad_states), a.mixing_parts,
-                       a.mixing_pair_parts, CausalWeights{a.mixing, s.mixing_blocks},
+                       prefix_sink(a.grad_states, s.head_dim, a.packed_grad_states), a.grad_mixing,
+                       CausalWeights{a.mixing, s.mixing_blocks},
                        blocks_of(s.tokens), state);
       return cudaGetLastError();
     });
@@ -1837,27 +1770,6 @@ int causal_blocks(int tokens) {
   return blocks_of(tokens);
 }
 
-int64_t causal_sweep_mixing_parts(const CausalBlockLinearShape& shape, bool mixes) {
-  if (!mixes || !causal_sweep_has_mixing_parts(shape.mixing_blocks)) return 0;
-  const int64_t pairs =
-      (static_cast<int64_t>(shape.head_dim) * shape.head_dim + shape.head_dim) / 2;
-  return (pairs + kSweepThreads - 1) / kSweepThreads * shape.batch * shape.heads;
-}
-
-bool causal_sweep_has_mixing_parts(int mixing_blocks) {
-  switch (mixing_blocks - 1) {  // the windows of prefix_by_window
-    case 0:
-    case 2:
-    case 3:
-    case 7:
-    case 15:
-    case 31:
-      return true;
-    default:
-      return false;
-  }
-}
-
 bool causal_prefix_packed(DType dtype) {
   // MHLA_CAUSAL_PACKED_PREFIX=0 keeps fp32 prefixes on the lean passes (A/B runs).
   static const bool allowed = [] {
@@ -1898,9 +1810,6 @@ cudaError_t causal_block_linear_backward(const CausalBlockLinearBackward& args,
       !causal_prefix_packed(args.dtype))
     return cudaErrorInvalidValue;
   if (args.mixing == nullptr && args.shape.mixing_blocks != 1) return cudaErrorInvalidValue;
-  if ((args.passes & kCausalPrefixPass) && args.mixing_parts == nullptr &&
-      causal_sweep_mixing_parts(args.shape, args.mixing != nullptr) > 0)
-    return cudaErrorInvalidValue;
   auto run = launcher_for<CausalBlockLinearBackward, BackwardPass>(args.dtype, args.shape.head_dim);
   return run != nullptr ? run(args, stream) : cudaErrorInvalidValue;
 }

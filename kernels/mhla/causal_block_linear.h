@@ -45,15 +45,6 @@ struct CausalBlockLinearShape {
 // is B * H * blocks * (D * D + D) floats, laid out [B * H, blocks, D * D + D].
 int causal_blocks(int tokens);
 
-// Whether the prefix backward sweep (kCausalPrefixPass of the backward) is a compile-time one
-// (the windows M - 1 of the common matrix sizes, and linear attention's running sum). Those
-// leave the sliding row's mixing gradient (row M - 1) as one part of M floats per CTA in
-// CausalBlockLinearBackward::mixing_parts, for the caller to add to grad_mixing; the generic
-// sweep adds it to grad_mixing itself.
-bool causal_sweep_has_mixing_parts(int mixing_blocks);
-// The number of those parts (0 where the sweep is the generic one or there is no mixing).
-int64_t causal_sweep_mixing_parts(const CausalBlockLinearShape& shape, bool mixes);
-
 // Whether the kernels take the shape and dtype (the binding runs the reference otherwise).
 bool causal_block_linear_supported(const CausalBlockLinearShape& shape, DType dtype);
 
@@ -103,16 +94,6 @@ struct CausalBlockLinearBackward {
   void* grad_k = nullptr;
   void* grad_v = nullptr;
   float* grad_mixing = nullptr;  // [M, M] fp32, overwritten (summed over batch and heads)
-  // [causal_sweep_mixing_parts, M] fp32, written by the compile-time backward sweeps: each CTA's
-  // part of row M - 1 of dm, summed by the caller (atomics into grad_mixing from thousands of
-  // CTAs serialize on its few cache lines: with the trained pairs added that way, +700 us at
-  // T = 2,048, session 22).
-  float* mixing_parts = nullptr;
-  // Optional, [causal_sweep_mixing_parts, M, M] fp32: when set, those sweeps also sum the
-  // trained rows' pairs dm_ij = sum <dP_i, S_j> (j < i < M) per CTA there (a warp reduce-scatter
-  // per block), so the caller needs no pair-products kernel. Opt-in (MHLA_CAUSAL_SWEEP_PAIRS=1)
-  // until measured: a first form with a warp sum per pair cost 0.6 ms at T = 2,048.
-  float* mixing_pair_parts = nullptr;
   float* grad_prefix = nullptr;  // a set of states (workspace)
   float* grad_states = nullptr;  // a set of states (workspace)
   // grad_states as a packed set (the layout of a packed prefix set; causal_prefix_packed): the

@@ -160,8 +160,6 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     check_launch(kernels::causal_block_linear_backward(a, stream),
                  "causal block linear query pass");
     torch::Tensor grad_states, pairs;  // pairs: sum <dP_i, S_j> for every i, j < blocks
-    torch::Tensor mixing_parts;        // the sweep's part of dm's row M - 1 per CTA
-    torch::Tensor pair_parts;          // and of the trained pairs (MHLA_CAUSAL_SWEEP_PAIRS=1)
     const bool by_gemm = mixes && mix_by_gemm(blocks, mixing.size(0));
     if (by_gemm && blocks <= kernels::kMixBackwardMaxBlocks) {
       // dS_j = sum_i w_ij dP_i and the pair products in one pass over the states.
@@ -178,16 +176,6 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
                         kernels::causal_prefix_floats(static_cast<int>(d), a.packed_grad_states)},
                        states.options());
       a.grad_states = grad_states.data_ptr<float>();
-      // The compile-time sweeps leave their part of dm (the sliding row) per CTA; summed below.
-      if (const int64_t parts = kernels::causal_sweep_mixing_parts(a.shape, mixes); parts > 0) {
-        mixing_parts = torch::empty({parts, mixing.size(0)}, states.options());
-        a.mixing_parts = mixing_parts.data_ptr<float>();
-        // Read on every call; off until measured (see the kernel header).
-        if (environment_switch("MHLA_CAUSAL_SWEEP_PAIRS", false)) {
-          pair_parts = torch::empty({parts, mixing.size(0), mixing.size(0)}, states.options());
-          a.mixing_pair_parts = pair_parts.data_ptr<float>();
-        }
-      }
       a.passes = kernels::kCausalPrefixPass;
       check_launch(kernels::causal_block_linear_backward(a, stream),
                    "causal block linear prefix backward");
@@ -210,18 +198,13 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
         auto expanded = strict_weights(leaf, blocks);
         dmixing.add_(torch::autograd::grad({expanded}, {leaf}, {dw})[0]);
       } else {
-        // The sliding row's part from the compile-time sweeps; dm_ij += sum <dP_i, S_j> for
-        // j < i inside the trained length.
-        if (mixing_parts.defined()) dmixing.select(0, trained - 1).add_(mixing_parts.sum(0));
-        if (pair_parts.defined()) {
-          dmixing.add_(pair_parts.sum(0));
-        } else {
-          const int64_t dense = std::min<int64_t>(blocks, trained);
-          if (!pairs.defined()) {
-            pairs = block_pair_products(grad_prefix, states, dense, packed_states ? d * d : 0);
-          }
-          dmixing.narrow(0, 0, dense).narrow(1, 0, dense).add_(pairs.tril(-1));
+        // The sweep added the sliding row's part; dm_ij += sum <dP_i, S_j> for j < i inside the
+        // trained length.
+        const int64_t dense = std::min<int64_t>(blocks, trained);
+        if (!pairs.defined()) {
+          pairs = block_pair_products(grad_prefix, states, dense, packed_states ? d * d : 0);
         }
+        dmixing.narrow(0, 0, dense).narrow(1, 0, dense).add_(pairs.tril(-1));
       }
     }
     const auto [q_type, k_type] = input_dtypes(ctx);
