@@ -1012,7 +1012,10 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 2 : 1)
   constexpr int M = W + 1, Slots = Ahead + 1;
   __shared__ float ms[M * M];
   __shared__ float dm_row[M];  // this CTA's part of the sliding row's dm_{M-1, k}
-  __shared__ float2 x_ring[Slots][kSweepThreads], s_ring[Slots][kSweepThreads];
+  // The rings in dynamic shared memory (backward_sweep_ring_bytes): at depth 16 they take 70 KB.
+  extern __shared__ __align__(16) float2 backward_sweep_rings[];
+  auto x_ring = reinterpret_cast<float2(*)[kSweepThreads]>(backward_sweep_rings);
+  auto s_ring = reinterpret_cast<float2(*)[kSweepThreads]>(backward_sweep_rings) + Slots;
   const int t = threadIdx.x, lane = t % 32;
   // Linear attention is the window W = 0 with weight 1 (and no mixing gradient).
   for (int i = t; i < M * M; i += kSweepThreads) ms[i] = mix.m != nullptr ? mix.m[i] : 1.f;
@@ -1538,20 +1541,21 @@ int window_of(const float* mixing, int mixing_blocks) {
 // The prefix sweeps with a compile-time window, for the windows they are built for.
 // The sweeps' load depth: MHLA_SWEEP_AHEAD (forward) or MHLA_SWEEP_BACKWARD_AHEAD, 1, 2, 4, 8
 // or 16, else the default.
-// The backward sweep stops at 8: its two rings of 17 eight-byte slots per thread would take
-// 70 KB of static shared memory, past the 48 KB a kernel may declare.
 int sweep_ahead(bool backward) {
-  auto read = [](const char* name, int fallback, int most) {
+  auto read = [](const char* name, int fallback) {
     const char* value = std::getenv(name);
     const int forced = value != nullptr ? std::atoi(value) : 0;
-    return (forced == 1 || forced == 2 || forced == 4 || forced == 8 || forced == 16) &&
-                   forced <= most
-               ? forced
-               : fallback;
+    return forced == 1 || forced == 2 || forced == 4 || forced == 8 || forced == 16 ? forced
+                                                                                    : fallback;
   };
-  static const int forward_ahead = read("MHLA_SWEEP_AHEAD", kSweepAhead, 16);
-  static const int backward_ahead = read("MHLA_SWEEP_BACKWARD_AHEAD", kSweepBackwardAhead, 8);
+  static const int forward_ahead = read("MHLA_SWEEP_AHEAD", kSweepAhead);
+  static const int backward_ahead = read("MHLA_SWEEP_BACKWARD_AHEAD", kSweepBackwardAhead);
   return backward ? backward_ahead : forward_ahead;
+}
+
+// The backward sweep's two rings of Ahead + 1 eight-byte slots per thread.
+constexpr int backward_sweep_ring_bytes(int ahead) {
+  return 2 * (ahead + 1) * kSweepThreads * static_cast<int>(sizeof(float2));
 }
 
 // Calls f(std::integral_constant<int, A>) for the sweep depth A in use.
@@ -1565,8 +1569,7 @@ cudaError_t with_sweep_ahead(F&& f) {
     case 4:
       return f(std::integral_constant<int, 4>{});
     case 16:
-      if constexpr (!Backward) return f(std::integral_constant<int, 16>{});
-      [[fallthrough]];
+      return f(std::integral_constant<int, 16>{});
     default:
       return f(std::integral_constant<int, 8>{});
   }
@@ -1594,9 +1597,16 @@ struct PrefixWindowBackward {
     const auto& s = a.shape;
     const int pairs = state / 2;  // two elements per thread
     return with_sweep_ahead<true>([&](auto ahead) {
-      prefix_window_backward_kernel<W, decltype(ahead)::value>
-          <<<dim3((pairs + kSweepThreads - 1) / kSweepThreads, s.batch * s.heads), kSweepThreads, 0,
-             stream>>>(set_source(a.states, s.head_dim, a.packed_states),
+      constexpr int kAhead = decltype(ahead)::value, kBytes = backward_sweep_ring_bytes(kAhead);
+      if constexpr (kBytes > 48 * 1024) {  // past the default limit: asked for once per kernel
+        static const cudaError_t allowed =
+            cudaFuncSetAttribute(prefix_window_backward_kernel<W, kAhead>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
+        if (allowed != cudaSuccess) return allowed;
+      }
+      prefix_window_backward_kernel<W, kAhead>
+          <<<dim3((pairs + kSweepThreads - 1) / kSweepThreads, s.batch * s.heads), kSweepThreads,
+             kBytes, stream>>>(set_source(a.states, s.head_dim, a.packed_states),
                        set_source(a.grad_prefix, s.head_dim, a.packed_grad_prefix),
                        prefix_sink(a.grad_states, s.head_dim, a.packed_grad_states), a.grad_mixing,
                        CausalWeights{a.mixing, s.mixing_blocks},
