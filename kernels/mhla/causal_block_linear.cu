@@ -35,8 +35,7 @@ constexpr int kSweepThreads = 256;
 // other, so the sweeps are bound by load latency unless many loads are in flight. Session 21
 // kept them in registers, where more than 1 (forward) or 4 (backward) cost occupancy that the
 // window needs (backward sweep 422 / 688 us at 4 / 16 blocks).
-constexpr int kSweepAhead = 8;
-constexpr int kSweepBackwardAhead = 8;
+constexpr int kSweepAhead = 7;
 constexpr size_t kMaxSharedBytes = 227 * 1024;  // tokens per block (== kTile: one tile per block)
 constexpr int kLdScore = kC + 8;   // fp32 64 x 64 tiles (8-bank row stride: see gated_delta Ld)
 constexpr int kLdScoreE = kC + 8;  // 64 x 64 tiles of tensor-core elements
@@ -177,6 +176,28 @@ __global__ void __launch_bounds__(kCausalThreads) states_kernel(CausalBlockLinea
   }
 }
 
+// One thread's pair of elements e, e + 1 in every block of one batch*head's part of a set: its
+// address in block 0, the bytes between blocks and whether the pair is stored as bf16 (a packed
+// set's matrix part). The windowed backward sweep addresses its loads and stores through it: one
+// multiply-add per access instead of the set's 64-bit block arithmetic and layout branches.
+struct PairColumn {
+  char* first;
+  int block_bytes;
+  bool narrow;
+  __device__ __forceinline__ char* at(int block) const {
+    return first + static_cast<long long>(block) * block_bytes;
+  }
+};
+
+__device__ __forceinline__ PairColumn pair_column(const float* set, int matrix, int stride,
+                                                  bool packed, size_t first_block, int e) {
+  const bool narrow = packed && e < matrix;
+  const size_t offset = narrow ? static_cast<size_t>(e) * 2
+                               : static_cast<size_t>(packed ? matrix / 2 + e - matrix : e) * 4;
+  char* base = reinterpret_cast<char*>(const_cast<float*>(set)) + first_block * stride * 4;
+  return {base + offset, stride * 4, narrow};
+}
+
 // Where the prefix sweeps write P_i: a fp32 set (D * D + D floats per block) or a packed one
 // (causal_prefix_packed: the matrix in bf16, then z in fp32). Elements are the state's (matrix
 // row-major, then z).
@@ -208,7 +229,12 @@ struct PrefixSink {
       *reinterpret_cast<float2*>(b + matrix / 2 + e - matrix) = v;
     }
   }
+  __device__ __forceinline__ PairColumn column(size_t first_block, int e) const;
 };
+
+__device__ __forceinline__ PairColumn PrefixSink::column(size_t first_block, int e) const {
+  return pair_column(set, matrix, stride, packed, first_block, e);
+}
 
 PrefixSink prefix_sink(float* set, int head_dim, bool packed) {
   return {set, head_dim * head_dim, set_floats(head_dim, packed), packed};
@@ -243,7 +269,31 @@ struct SetSource {
       return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(slot));
     return *slot;
   }
+  __device__ __forceinline__ PairColumn column(size_t first_block, int e) const {
+    return pair_column(set, matrix, stride, packed, first_block, e);
+  }
 };
+
+// A pair column's element pair copied asynchronously into an 8-byte slot (4 bytes of bf16 or 8 of
+// fp32; zeros when !valid) and read back as fp32.
+__device__ __forceinline__ void copy_pair(float2* slot, const PairColumn& c, int block,
+                                          bool valid) {
+  if (c.narrow) {
+    async_copy::copy<4>(slot, c.at(block), valid);
+  } else {
+    async_copy::copy<8>(slot, c.at(block), valid);
+  }
+}
+__device__ __forceinline__ float2 unpack_pair(const float2* slot, const PairColumn& c) {
+  return c.narrow ? __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(slot)) : *slot;
+}
+__device__ __forceinline__ void store_pair(const PairColumn& c, int block, float2 v) {
+  if (c.narrow) {
+    *reinterpret_cast<__nv_bfloat162*>(c.at(block)) = __floats2bfloat162_rn(v.x, v.y);
+  } else {
+    *reinterpret_cast<float2*>(c.at(block)) = v;
+  }
+}
 
 SetSource set_source(const float* set, int head_dim, bool packed) {
   return {set, head_dim * head_dim, set_floats(head_dim, packed), packed};
@@ -322,26 +372,31 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 4 : 2)
   if (e >= state) return;  // no barrier below
   const float tail = ms[(M - 1) * M];
   const size_t first = static_cast<size_t>(blockIdx.y) * blocks;
+  // Loads and stores through pair columns (one multiply-add per address; see the backward sweep).
+  const PairColumn s_column = states.column(first, e), p_column = prefix.column(first, e);
   float2 recent[M];  // recent[b % M] = S_b for the last M blocks b (zero before the first)
 #pragma unroll
   for (int k = 0; k < M; ++k) recent[k] = make_float2(0.f, 0.f);
-  // Block i into slot i % Slots, one group per block (empty past the end).
-  auto fetch = [&](int i) {
-    if (i < blocks) states.copy_pair(&ring[i % Slots][t], first + i, e, true);
+  // Block i's slot: i % Slots, a constant where the unrolled index k (i = group + k) gives it.
+  constexpr bool constant_slots = M % Slots == 0;
+  auto slot_of = [&](int i, int k) { return constant_slots ? k % Slots : i % Slots; };
+  // Block i into its slot, one group per block (empty past the end).
+  auto fetch = [&](int i, int slot) {
+    if (i < blocks) copy_pair(&ring[slot][t], s_column, i, true);
     async_copy::commit();
   };
   // Waits for block i's copy, which joins the ring after the step's products.
-  auto arrive = [&](int i) {
+  auto arrive = [&](int slot) {
     async_copy::wait<Ahead - 1>();
-    return states.unpack_pair(&ring[i % Slots][t], e);
+    return unpack_pair(&ring[slot][t], s_column);
   };
 #pragma unroll
-  for (int a = 0; a < Ahead; ++a) fetch(a);
+  for (int a = 0; a < Ahead; ++a) fetch(a, a % Slots);
     // The trained rows i < M: P_i = sum_{d=1}^{i} m_{i, i-d} S_{i-d}.
 #pragma unroll
   for (int i = 0; i < M; ++i) {
     if (i < blocks) {
-      const float2 s = arrive(i);
+      const float2 s = arrive(i % Slots);
       float2 p = make_float2(0.f, 0.f);
 #pragma unroll
       for (int d = 1; d <= i; ++d) {
@@ -349,8 +404,8 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 4 : 2)
         p.x += w * recent[i - d].x;
         p.y += w * recent[i - d].y;
       }
-      prefix.store_pair(first + i, e, p);
-      fetch(i + Ahead);
+      store_pair(p_column, i, p);
+      fetch(i + Ahead, (i + Ahead) % Slots);
       recent[i] = s;
     }
   }
@@ -362,7 +417,7 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 4 : 2)
     for (int k = 0; k < M; ++k) {
       const int i = group + k;
       if (i < blocks) {
-        const float2 s = arrive(i);
+        const float2 s = arrive(slot_of(i, k));
         r.x += recent[k].x;
         r.y += recent[k].y;
         float2 p = make_float2(tail * r.x, tail * r.y);
@@ -372,8 +427,8 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 4 : 2)
           p.x += w * recent[(k - d + M) % M].x;
           p.y += w * recent[(k - d + M) % M].y;
         }
-        prefix.store_pair(first + i, e, p);
-        fetch(i + Ahead);
+        store_pair(p_column, i, p);
+        fetch(i + Ahead, slot_of(i + Ahead, k + Ahead));
         recent[k] = s;
       }
     }
@@ -996,26 +1051,37 @@ __global__ void __launch_bounds__(kSweepThreads)
   for (int k = t; k < M; k += kSweepThreads) atomicAdd(grad_mixing + (M - 1) * M + k, dm_row[k]);
 }
 
+// The backward sweep's unrolled group of blocks (a multiple of M, at least 8) and its load rings'
+// slots (a divisor of the group, so that every slot index is a constant), loads running
+// Slots - 1 blocks ahead.
+constexpr int backward_sweep_group(int m) {
+  return m >= 8 ? m : m * ((8 + m - 1) / m);
+}
+constexpr int backward_sweep_slots(int m) {
+  return backward_sweep_group(m) % 8 == 0 ? 8 : backward_sweep_group(m);
+}
+
 // prefix_backward_kernel with the window W a compile-time constant, as prefix_window_kernel: two
 // adjacent state elements per thread (one CTA per 512 elements of one batch*head: with one
 // element per thread, persistent CTAs and narrow accesses, linear attention's running sum alone
 // took 247 us at T = 8,192, B*H = 32), the last M prefix gradients in a register ring indexed by
-// block mod M, the blocks in unrolled groups of M (constant ring indices), the sliding row's
-// weights and its gradient sums in registers, and the loads Ahead blocks ahead through
-// per-thread rings in shared memory (block j - Ahead goes into block j + 1's slot, whose dP the
-// products of step j and whose S those of step j + 1 have consumed).
-template <int W, int Ahead>
+// block mod M, the blocks in unrolled groups (constant ring indices), the sliding row's weights
+// and its gradient sums in registers, and the loads Ahead blocks ahead through per-thread rings
+// in shared memory (block j - Ahead goes into block j + 1's slot, whose dP the products of step j
+// and whose S those of step j + 1 have consumed).
+// This sweep is bound by its instruction issue (Nsight Compute at T = 2,048: issue slots 71 %
+// busy, 198 instructions per warp and block, session 23), so its accesses go through pair
+// columns (one multiply-add per address) and the group makes every slot index a constant.
+template <int W>
 __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 2 : 1)
     prefix_window_backward_kernel(SetSource states, SetSource grad_prefix, PrefixSink grad_states,
                                   float* grad_mixing, CausalWeights mix, int blocks,
                                   int state) {
-  constexpr int M = W + 1, Slots = Ahead + 1;
+  constexpr int M = W + 1, Group = backward_sweep_group(M), Slots = backward_sweep_slots(M);
+  constexpr int Ahead = Slots - 1;
   __shared__ float ms[M * M];
   __shared__ float dm_row[M];  // this CTA's part of the sliding row's dm_{M-1, k}
-  // The rings in dynamic shared memory (backward_sweep_ring_bytes): at depth 16 they take 70 KB.
-  extern __shared__ __align__(16) float2 backward_sweep_rings[];
-  auto x_ring = reinterpret_cast<float2(*)[kSweepThreads]>(backward_sweep_rings);
-  auto s_ring = reinterpret_cast<float2(*)[kSweepThreads]>(backward_sweep_rings) + Slots;
+  __shared__ float2 x_ring[Slots][kSweepThreads], s_ring[Slots][kSweepThreads];
   const int t = threadIdx.x, lane = t % 32;
   // Linear attention is the window W = 0 with weight 1 (and no mixing gradient).
   for (int i = t; i < M * M; i += kSweepThreads) ms[i] = mix.m != nullptr ? mix.m[i] : 1.f;
@@ -1037,12 +1103,15 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 2 : 1)
   const bool live = e < state;
   const int e_copy = live ? e : state - 2;
   const size_t first = static_cast<size_t>(blockIdx.y) * blocks;
-  // Block j into slot j % Slots; one group per block, empty before the first.
-  auto fetch = [&](int j) {
+  const PairColumn dp_column = grad_prefix.column(first, e_copy);
+  const PairColumn s_column = states.column(first, e_copy);
+  const PairColumn ds_column = grad_states.column(first, e_copy);
+  // Block j (j % Slots == Slot) into its slots; one group per block, empty before the first.
+  auto fetch = [&](int j, auto slot_constant) {
+    constexpr int slot = decltype(slot_constant)::value;
     if (j >= 0) {
-      const int slot = j % Slots;
-      grad_prefix.copy_pair(&x_ring[slot][t], first + j, e_copy, live);
-      if (slides) states.copy_pair(&s_ring[slot][t], first + j, e_copy, live);  // for dm
+      copy_pair(&x_ring[slot][t], dp_column, j, live);
+      if (slides) copy_pair(&s_ring[slot][t], s_column, j, live);  // for dm
     }
     async_copy::commit();
   };
@@ -1060,48 +1129,56 @@ __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 2 : 1)
 #pragma unroll
   for (int k = 0; k < M; ++k) recent[k] = make_float2(0.f, 0.f);
   float2 u = make_float2(0.f, 0.f);
-#pragma unroll
-  for (int a = 0; a < Ahead; ++a) fetch(blocks - 1 - a);
-  // One step at block j, j % M == k; Sliding: every w(j+d, j) is the sliding row's (j >= M).
+  // The first Ahead fetches: blocks down from the last, whose slot is not a constant.
+  for (int a = 0; a < Ahead; ++a) {
+    const int j = blocks - 1 - a;
+    if (j >= 0) {
+      copy_pair(&x_ring[j % Slots][t], dp_column, j, live);
+      if (slides) copy_pair(&s_ring[j % Slots][t], s_column, j, live);
+    }
+    async_copy::commit();
+  }
+  // One step at block j, j % Group == k; Sliding: every w(j+d, j) is the sliding row's (j >= M).
   auto step = [&](int j, auto k_constant, auto sliding_rows) {
-    constexpr int k = decltype(k_constant)::value;
+    constexpr int k = decltype(k_constant)::value, slot = k % Slots, r = k % M;
     constexpr bool all_sliding = decltype(sliding_rows)::value;
     async_copy::wait<Ahead - 1>();  // block j's group is done
-    const int slot = j % Slots;
-    const float2 x = grad_prefix.unpack_pair(&x_ring[slot][t], e_copy);
-    const float2 s = slides ? states.unpack_pair(&s_ring[slot][t], e_copy) : make_float2(0.f, 0.f);
-    u.x += recent[k].x;
-    u.y += recent[k].y;
+    const float2 x = unpack_pair(&x_ring[slot][t], dp_column);
+    const float2 s = slides ? unpack_pair(&s_ring[slot][t], s_column) : make_float2(0.f, 0.f);
+    u.x += recent[r].x;
+    u.y += recent[r].y;
     float2 g = make_float2(tail * u.x, tail * u.y);
 #pragma unroll
     for (int d = 1; d <= W; ++d) {
       const float w = all_sliding || k + d >= M ? c[d] : ms[(k + d) * M + k];
-      g.x += w * recent[(k + d) % M].x;
-      g.y += w * recent[(k + d) % M].y;
+      g.x = fmaf(w, recent[(r + d) % M].x, g.x);
+      g.y = fmaf(w, recent[(r + d) % M].y, g.y);
     }
     if (slides) {
-      sliding[0] += s.x * u.x + s.y * u.y;
+      // Two chained FMAs per product (a * b + c * d, then added, took three instructions).
+      sliding[0] = fmaf(s.y, u.y, fmaf(s.x, u.x, sliding[0]));
 #pragma unroll
       for (int d = 1; d <= W; ++d) {
         if (all_sliding || k + d >= M) {
-          sliding[M - 1 - d] += s.x * recent[(k + d) % M].x + s.y * recent[(k + d) % M].y;
+          const float2 p = recent[(r + d) % M];
+          sliding[M - 1 - d] = fmaf(s.y, p.y, fmaf(s.x, p.x, sliding[M - 1 - d]));
         }
       }
     }
-    if (live) grad_states.store_pair(first + j, e, g);
-    fetch(j - Ahead);
-    recent[k] = x;
+    if (live) store_pair(ds_column, j, g);
+    fetch(j - Ahead, std::integral_constant<int, (k + 1) % Slots>{});
+    recent[r] = x;
   };
-  // Groups of M blocks from the one holding the last block down; the lowest (j < M) takes the
-  // trained rows' weights where j + d < M.
-  for (int group = (blocks - 1) / M * M; group >= M; group -= M) {
-    unrolled<M>([&](auto r) {
-      constexpr int k = M - 1 - decltype(r)::value;
+  // Groups of Group blocks from the one holding the last block down; the lowest (j < Group)
+  // takes the trained rows' weights where j + d < M.
+  for (int group = (blocks - 1) / Group * Group; group >= Group; group -= Group) {
+    unrolled<Group>([&](auto q) {
+      constexpr int k = Group - 1 - decltype(q)::value;
       if (group + k < blocks) step(group + k, std::integral_constant<int, k>{}, std::true_type{});
     });
   }
-  unrolled<M>([&](auto r) {
-    constexpr int k = M - 1 - decltype(r)::value;
+  unrolled<Group>([&](auto q) {
+    constexpr int k = Group - 1 - decltype(q)::value;
     if (k < blocks) step(k, std::integral_constant<int, k>{}, std::false_type{});
   });
   if (!slides) return;
@@ -1539,39 +1616,30 @@ int window_of(const float* mixing, int mixing_blocks) {
 }
 
 // The prefix sweeps with a compile-time window, for the windows they are built for.
-// The sweeps' load depth: MHLA_SWEEP_AHEAD (forward) or MHLA_SWEEP_BACKWARD_AHEAD, 1, 2, 4, 8
-// or 16, else the default.
-int sweep_ahead(bool backward) {
-  auto read = [](const char* name, int fallback) {
-    const char* value = std::getenv(name);
+// The forward sweep's load depth: MHLA_SWEEP_AHEAD = 1, 3, 7 or 15 (rings of 2, 4, 8 or 16
+// slots: constant slot indices where M is a multiple), else the default. (The backward sweep's
+// depth follows from its window: backward_sweep_slots.)
+int sweep_ahead() {
+  static const int ahead = [] {
+    const char* value = std::getenv("MHLA_SWEEP_AHEAD");
     const int forced = value != nullptr ? std::atoi(value) : 0;
-    return forced == 1 || forced == 2 || forced == 4 || forced == 8 || forced == 16 ? forced
-                                                                                    : fallback;
-  };
-  static const int forward_ahead = read("MHLA_SWEEP_AHEAD", kSweepAhead);
-  static const int backward_ahead = read("MHLA_SWEEP_BACKWARD_AHEAD", kSweepBackwardAhead);
-  return backward ? backward_ahead : forward_ahead;
+    return forced == 1 || forced == 3 || forced == 7 || forced == 15 ? forced : kSweepAhead;
+  }();
+  return ahead;
 }
 
-// The backward sweep's two rings of Ahead + 1 eight-byte slots per thread.
-constexpr int backward_sweep_ring_bytes(int ahead) {
-  return 2 * (ahead + 1) * kSweepThreads * static_cast<int>(sizeof(float2));
-}
-
-// Calls f(std::integral_constant<int, A>) for the sweep depth A in use.
-template <bool Backward, typename F>
+// Calls f(std::integral_constant<int, A>) for the forward sweep's depth A.
+template <typename F>
 cudaError_t with_sweep_ahead(F&& f) {
-  switch (sweep_ahead(Backward)) {
+  switch (sweep_ahead()) {
     case 1:
       return f(std::integral_constant<int, 1>{});
-    case 2:
-      return f(std::integral_constant<int, 2>{});
-    case 4:
-      return f(std::integral_constant<int, 4>{});
-    case 16:
-      return f(std::integral_constant<int, 16>{});
+    case 3:
+      return f(std::integral_constant<int, 3>{});
+    case 15:
+      return f(std::integral_constant<int, 15>{});
     default:
-      return f(std::integral_constant<int, 8>{});
+      return f(std::integral_constant<int, 7>{});
   }
 }
 
@@ -1580,7 +1648,7 @@ struct PrefixWindowForward {
   static cudaError_t run(const CausalBlockLinearForward& a, cudaStream_t stream, int state) {
     const auto& s = a.shape;
     const int pairs = state / 2;  // two elements per thread
-    return with_sweep_ahead<false>([&](auto ahead) {
+    return with_sweep_ahead([&](auto ahead) {
       prefix_window_kernel<W, decltype(ahead)::value>
           <<<dim3((pairs + kSweepThreads - 1) / kSweepThreads, s.batch * s.heads), kSweepThreads, 0,
              stream>>>(set_source(a.states, s.head_dim, a.packed_states),
@@ -1596,23 +1664,13 @@ struct PrefixWindowBackward {
   static cudaError_t run(const CausalBlockLinearBackward& a, cudaStream_t stream, int state) {
     const auto& s = a.shape;
     const int pairs = state / 2;  // two elements per thread
-    return with_sweep_ahead<true>([&](auto ahead) {
-      constexpr int kAhead = decltype(ahead)::value, kBytes = backward_sweep_ring_bytes(kAhead);
-      if constexpr (kBytes > 48 * 1024) {  // past the default limit: asked for once per kernel
-        static const cudaError_t allowed =
-            cudaFuncSetAttribute(prefix_window_backward_kernel<W, kAhead>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
-        if (allowed != cudaSuccess) return allowed;
-      }
-      prefix_window_backward_kernel<W, kAhead>
-          <<<dim3((pairs + kSweepThreads - 1) / kSweepThreads, s.batch * s.heads), kSweepThreads,
-             kBytes, stream>>>(set_source(a.states, s.head_dim, a.packed_states),
-                       set_source(a.grad_prefix, s.head_dim, a.packed_grad_prefix),
-                       prefix_sink(a.grad_states, s.head_dim, a.packed_grad_states), a.grad_mixing,
-                       CausalWeights{a.mixing, s.mixing_blocks},
-                       blocks_of(s.tokens), state);
-      return cudaGetLastError();
-    });
+    prefix_window_backward_kernel<W>
+        <<<dim3((pairs + kSweepThreads - 1) / kSweepThreads, s.batch * s.heads), kSweepThreads, 0,
+           stream>>>(set_source(a.states, s.head_dim, a.packed_states),
+                     set_source(a.grad_prefix, s.head_dim, a.packed_grad_prefix),
+                     prefix_sink(a.grad_states, s.head_dim, a.packed_grad_states), a.grad_mixing,
+                     CausalWeights{a.mixing, s.mixing_blocks}, blocks_of(s.tokens), state);
+    return cudaGetLastError();
   }
 };
 
