@@ -146,13 +146,13 @@ constexpr int kFragmentChunk = 512;
 
 template <int RowTiles>  // 16-row tiles of G's side: 1 (rows <= 16) or 2 (rows <= 32)
 __global__ void __launch_bounds__(kThreads, 2) fragment_pair_products_kernel(BlockPairProducts p) {
-  constexpr int kRowGroups = 2 * RowTiles;  // this lane's rows: lane / 4 + 8 g
+  constexpr int kRowGroups = 2 * RowTiles;       // this lane's rows: lane / 4 + 8 g
   constexpr int kSteps = RowTiles == 1 ? 4 : 1;  // 16-element steps whose loads go out together
   constexpr int kSide = 16 * RowTiles;
   __shared__ float g[kSide * kSide];
   const int t = threadIdx.x, lane = t % 32;
   for (int i = t; i < kSide * kSide; i += kThreads) g[i] = 0.f;
-  float acc[RowTiles][kRowGroups][4] = {};  // (16-row tile of X, 8-row group of Y)
+  float acc[RowTiles][kRowGroups][4] = {};                  // (16-row tile of X, 8-row group of Y)
   const int64_t stride = p.elements - p.packed_matrix / 2;  // floats per block
   const int64_t chunks = (p.elements + kFragmentChunk - 1) / kFragmentChunk;
   const int64_t items = static_cast<int64_t>(p.batch_heads) * chunks;
@@ -163,8 +163,8 @@ __global__ void __launch_bounds__(kThreads, 2) fragment_pair_products_kernel(Blo
     if (r >= p.rows || e >= p.elements) return v;
     const float* row = set + (static_cast<size_t>(bh) * p.blocks + r) * stride;
     if (e < p.packed_matrix) {  // four bf16
-      const uint2 x = __ldg(
-          reinterpret_cast<const uint2*>(reinterpret_cast<const __nv_bfloat16*>(row) + e));
+      const uint2 x =
+          __ldg(reinterpret_cast<const uint2*>(reinterpret_cast<const __nv_bfloat16*>(row) + e));
       const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x.x));
       const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x.y));
       return make_float4(a.x, a.y, b.x, b.y);

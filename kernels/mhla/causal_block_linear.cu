@@ -1075,8 +1075,7 @@ constexpr int backward_sweep_slots(int m) {
 template <int W>
 __global__ void __launch_bounds__(kSweepThreads, W <= 15 ? 2 : 1)
     prefix_window_backward_kernel(SetSource states, SetSource grad_prefix, PrefixSink grad_states,
-                                  float* grad_mixing, CausalWeights mix, int blocks,
-                                  int state) {
+                                  float* grad_mixing, CausalWeights mix, int blocks, int state) {
   constexpr int M = W + 1, Group = backward_sweep_group(M), Slots = backward_sweep_slots(M);
   constexpr int Ahead = Slots - 1;
   __shared__ float ms[M * M];

@@ -20,16 +20,13 @@ inline bool environment_switch(const char* name, bool default_on) {
 // says when a kernel was swapped out.
 inline std::string environment_switches_set() {
   std::string out;
-  for (const char* name : {"MHLA_FUSED_NORM",           "MHLA_FUSED_RESIDUAL_NORM",
-                           "MHLA_LINEAR_BIAS_KERNEL",   "MHLA_FUSED_CE",
-                           "MHLA_FUSED_QKV_ROTARY",     "MHLA_FUSED_GATED_NORM",
-                           "MHLA_DECODE_VEC",           "MHLA_CAUSAL_MIX_GEMM",
-                           "MHLA_BIDIRECTIONAL_KERNEL", "MHLA_DELTA_GRADS_PERSISTENT",
-                           "MHLA_FUSED_SHORT_CONV",     "MHLA_SHORT_CONV_GROUP",
-                           "MHLA_FUSED_ADALN",          "MHLA_FUSED_MIX_BACKWARD",
-                           "MHLA_CAUSAL_LEAN_PASSES",   "MHLA_CAUSAL_PACKED_PREFIX",
-                           "MHLA_CAUSAL_PACKED_STATES", "MHLA_PAIR_PRODUCTS_SHARED",
-                           "MHLA_SWEEP_AHEAD"}) {
+  for (const char* name :
+       {"MHLA_FUSED_NORM", "MHLA_FUSED_RESIDUAL_NORM", "MHLA_LINEAR_BIAS_KERNEL", "MHLA_FUSED_CE",
+        "MHLA_FUSED_QKV_ROTARY", "MHLA_FUSED_GATED_NORM", "MHLA_DECODE_VEC", "MHLA_CAUSAL_MIX_GEMM",
+        "MHLA_BIDIRECTIONAL_KERNEL", "MHLA_DELTA_GRADS_PERSISTENT", "MHLA_FUSED_SHORT_CONV",
+        "MHLA_SHORT_CONV_GROUP", "MHLA_FUSED_ADALN", "MHLA_FUSED_MIX_BACKWARD",
+        "MHLA_CAUSAL_LEAN_PASSES", "MHLA_CAUSAL_PACKED_PREFIX", "MHLA_CAUSAL_PACKED_STATES",
+        "MHLA_PAIR_PRODUCTS_SHARED", "MHLA_SWEEP_AHEAD"}) {
     if (const char* value = std::getenv(name)) {
       if (!out.empty()) out += ", ";
       out += std::string(name) + "=" + value;
