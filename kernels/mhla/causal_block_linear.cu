@@ -178,8 +178,9 @@ __global__ void __launch_bounds__(kCausalThreads) states_kernel(CausalBlockLinea
 
 // One thread's pair of elements e, e + 1 in every block of one batch*head's part of a set: its
 // address in block 0, the bytes between blocks and whether the pair is stored as bf16 (a packed
-// set's matrix part). The windowed backward sweep addresses its loads and stores through it: one
-// multiply-add per access instead of the set's 64-bit block arithmetic and layout branches.
+// set's matrix part; e is even and D * D too, so a pair never straddles the matrix's end). The
+// windowed sweeps address their loads and stores through it: one multiply-add per access instead
+// of the set's 64-bit block arithmetic and layout branches.
 struct PairColumn {
   char* first;
   int block_bytes;
@@ -217,24 +218,10 @@ struct PrefixSink {
       b[matrix / 2 + e - matrix] = v;
     }
   }
-  // Elements e and e + 1 (e even: a pair never straddles the matrix's end, D * D being even).
-  __device__ __forceinline__ void store_pair(size_t index, int e, float2 v) const {
-    float* b = block(index);
-    if (!packed) {
-      *reinterpret_cast<float2*>(b + e) = v;
-    } else if (e < matrix) {
-      *reinterpret_cast<__nv_bfloat162*>(reinterpret_cast<__nv_bfloat16*>(b) + e) =
-          __floats2bfloat162_rn(v.x, v.y);
-    } else {
-      *reinterpret_cast<float2*>(b + matrix / 2 + e - matrix) = v;
-    }
+  __device__ __forceinline__ PairColumn column(size_t first_block, int e) const {
+    return pair_column(set, matrix, stride, packed, first_block, e);
   }
-  __device__ __forceinline__ PairColumn column(size_t first_block, int e) const;
 };
-
-__device__ __forceinline__ PairColumn PrefixSink::column(size_t first_block, int e) const {
-  return pair_column(set, matrix, stride, packed, first_block, e);
-}
 
 PrefixSink prefix_sink(float* set, int head_dim, bool packed) {
   return {set, head_dim * head_dim, set_floats(head_dim, packed), packed};
@@ -253,21 +240,6 @@ struct SetSource {
     if (!packed) return b[e];
     if (e < matrix) return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(b)[e]);
     return b[matrix / 2 + e - matrix];
-  }
-  // Elements e and e + 1 (e even) copied asynchronously into an 8-byte slot of shared memory:
-  // 8 bytes of fp32 or 4 of bf16 (zeros when !valid); unpack_pair reads them back.
-  __device__ __forceinline__ void copy_pair(float2* slot, size_t index, int e, bool valid) const {
-    const float* b = block(index);
-    if (packed && e < matrix) {
-      async_copy::copy<4>(slot, reinterpret_cast<const __nv_bfloat16*>(b) + e, valid);
-    } else {
-      async_copy::copy<8>(slot, b + (packed ? matrix / 2 + e - matrix : e), valid);
-    }
-  }
-  __device__ __forceinline__ float2 unpack_pair(const float2* slot, int e) const {
-    if (packed && e < matrix)
-      return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(slot));
-    return *slot;
   }
   __device__ __forceinline__ PairColumn column(size_t first_block, int e) const {
     return pair_column(set, matrix, stride, packed, first_block, e);
