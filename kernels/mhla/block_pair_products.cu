@@ -244,10 +244,14 @@ cudaError_t launch_fragment_products(const BlockPairProducts& p, cudaStream_t st
   const int64_t chunks = (p.elements + kFragmentChunk - 1) / kFragmentChunk;
   const int64_t warp_items = static_cast<int64_t>(p.batch_heads) * chunks;
   const int64_t wanted = (warp_items + kWarps - 1) / kWarps;
-  int per_sm = 0;
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fragment_pair_products_kernel<RowTiles>,
-                                                kThreads, 0);
-  const int resident = std::max(1, per_sm) * multiprocessors();
+  // Resident CTAs per SM: a property of the kernel, asked once (this runs in every backward).
+  static const int per_sm = [] {
+    int count = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&count, fragment_pair_products_kernel<RowTiles>,
+                                                  kThreads, 0);
+    return std::max(1, count);
+  }();
+  const int resident = per_sm * multiprocessors();
   const int ctas = static_cast<int>(std::min<int64_t>(wanted, resident));
   fragment_pair_products_kernel<RowTiles><<<ctas, kThreads, 0, stream>>>(p);
   return cudaGetLastError();
