@@ -7,7 +7,6 @@
 #ifdef MHLA_WITH_CUDA_KERNELS
 #include "attention/attention_op.h"
 #include "attention/block_linear_cuda.h"
-#include "mhla/block_mixed_states.h"
 #include "mhla/cluster_block_linear.h"
 #include "test_helpers.h"
 
@@ -33,26 +32,6 @@ TEST_CASE("cluster kernels: the shapes they take", "[attention]") {
   CHECK_FALSE(takes(2, 1024, 2, 64, 16, DType::f32));
   CHECK_FALSE(takes(0, 1024, 2, 64, 16));
   CHECK_FALSE(takes(256, 1024, 256, 64, 16));  // B * H > 65535
-}
-
-TEST_CASE("mixed-states kernel: the shapes it takes", "[attention]") {
-  using mhla_kernels::DType;
-  auto takes = [](int batch, int tokens, int heads, int dim, int blocks,
-                  DType dtype = DType::bf16) {
-    return mhla_kernels::block_mixed_states_supported({batch, tokens, heads, dim, blocks}, dtype);
-  };
-  CHECK(takes(64, 1024, 6, 64, 16));
-  CHECK(takes(2, 1200, 2, 64, 2, DType::f16));
-  CHECK(takes(1, 384, 3, 32, 8));
-  CHECK(takes(2, 32, 2, 32, 16));               // two-token blocks
-  CHECK_FALSE(takes(2, 1024, 2, 128, 16));      // D = 128: the mixed states do not fit
-  CHECK_FALSE(takes(2, 1088, 2, 64, 17));       // more blocks than registers for them
-  CHECK_FALSE(takes(2, 1024, 2, 64, 16, DType::f32));
-  CHECK_FALSE(takes(2, 1000, 2, 64, 16));       // blocks do not divide the tokens
-  CHECK_FALSE(takes(256, 1024, 256, 64, 16));   // B * H > 65535
-  // One CTA per (batch, head) and 16 value columns at D = 64; all 32 columns at D = 32.
-  CHECK(mhla_kernels::block_mixed_states_ctas({64, 1024, 6, 64, 16}) == 64 * 6 * 4);
-  CHECK(mhla_kernels::block_mixed_states_ctas({1, 384, 3, 32, 8}) == 3);
 }
 
 namespace {
@@ -121,7 +100,7 @@ TEST_CASE("bidirectional kernel families: each matches the float32 reference on 
   }
   torch::manual_seed(21);
   int runs = 0;
-  for (const std::string family : {"resident", "cluster", "states", "mixed_states"}) {
+  for (const std::string family : {"resident", "cluster", "states"}) {
     for (auto dtype : {torch::kBFloat16, torch::kFloat16}) {
       for (const auto& s : kFamilyShapes) {
         const std::vector<int64_t> dims = {s.batch, s.tokens, s.heads, s.head_dim};
@@ -152,9 +131,8 @@ TEST_CASE("bidirectional kernel families: each matches the float32 reference on 
       }
     }
   }
-  // Every family took some shape (so a support check that refuses everything fails here):
-  // mixed_states takes every MHLA shape of the list (all but linear attention's).
-  CHECK(runs >= 2 * (3 + 8 + 8 + 7));
+  // Every family took some shape (so a support check that refuses everything fails here).
+  CHECK(runs >= 2 * (3 + 8 + 8));
 }
 
 TEST_CASE("bidirectional kernel families: a family asked for a shape it does not take says so", "[attention][gpu]") {
@@ -166,9 +144,6 @@ TEST_CASE("bidirectional kernel families: a family asked for a shape it does not
   auto mixing = torch::ones({4, 4}, torch::TensorOptions().device(torch::kCUDA));
   const auto message = test::error_of([&] { block_linear_by_named_family("cluster", x, x, x, mixing, 4); });
   CHECK(test::contains(message, "the cluster kernels do not take q [1, 64, 2, 128]"));
-  CHECK(test::contains(
-      test::error_of([&] { block_linear_by_named_family("mixed_states", x, x, x, mixing, 4); }),
-      "the mixed_states kernels do not take q [1, 64, 2, 128]"));
   CHECK(test::contains(test::error_of([&] { block_linear_family_takes("tiles", x, x, 4); }),
                        "unknown bidirectional kernel family 'tiles'"));
 }

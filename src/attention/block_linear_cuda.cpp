@@ -5,7 +5,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include <cstdlib>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -16,11 +15,9 @@
 #include "attention/state_mixing.h"
 #include "core/environment.h"
 #include "core/error.h"
-#include "common/device_info.h"
 #include "core/kernel_dtype.h"
 #include "linear_attn/linear_attn.h"
 #include "mhla/block_linear_attention.h"
-#include "mhla/block_mixed_states.h"
 #include "mhla/cluster_block_linear.h"
 #include "mhla/dense_block_linear.h"
 #include "mhla/resident_block_linear.h"
@@ -71,33 +68,13 @@ torch::Tensor by_block(const torch::Tensor& states, const torch::Tensor& q, int6
   return states.view({q.size(0) * q.size(2), blocks, -1});
 }
 
-// How MHLA's forward gets its mixed states: the states pass and then the state-mix kernel, or
-// both in one pass (kernels/mhla/block_mixed_states.h). `automatic` takes the fused pass where
-// the kernel takes the shape and has at least two CTAs per multiprocessor (it walks whole
-// sequences, so few long ones leave the GPU idle). MHLA_FUSED_STATE_MIX=0 / 1 turns it off / on
-// wherever supported, for A/B runs in one binary.
-enum class StateMix : int64_t { automatic = 0, fused = 1, separate = 2 };
-
-bool fuses_state_mix(StateMix choice, const kernels::BlockLinearShape& shape,
-                     kernels::DType dtype) {
-  if (!kernels::block_mixed_states_supported(shape, dtype)) return false;
-  if (choice == StateMix::automatic) {
-    const char* value = std::getenv("MHLA_FUSED_STATE_MIX");
-    if (value != nullptr && std::string(value) == "0") return false;
-    if (value != nullptr && std::string(value) == "1") return true;
-    return kernels::block_mixed_states_ctas(shape) >= 2 * kernels::multiprocessors();
-  }
-  return choice == StateMix::fused;
-}
-
 // One autograd function for both ops: without a mixing matrix it calls the linear-attention
 // kernels, with one the MHLA kernels. Saves q, k, v, the output and the fp32 block states.
 class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q_in,
                                const torch::Tensor& k_in, const torch::Tensor& v_in,
-                               const torch::Tensor& mixing_in, int64_t blocks,
-                               int64_t state_mix) {
+                               const torch::Tensor& mixing_in, int64_t blocks) {
     const auto dtype = v_in.scalar_type();
     auto q = readable(q_in, dtype), k = readable(k_in, dtype), v = readable(v_in, dtype);
     const bool mixes = mixing_in.numel() > 0;  // an empty tensor stands for "no mixing"
@@ -111,10 +88,9 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
     const c10::cuda::CUDAGuard on_device(q.device());  // launch on the inputs' GPU
     auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
     if (mixes) {
-      // States, mix and output. The mix is fused into the states pass where that pays
-      // (fuses_state_mix), else it runs as the state-mix kernel of src/attention/state_mixing.h
-      // (the kernels' own mixing pass, latency-bound, took 125 us at B = 64, N = 1,024, H = 6,
-      // D = 64, M = 16 on the H200).
+      // States and output by the kernels, the mix between them by the state-mix kernel of
+      // src/attention/state_mixing.h (the kernels' own mixing pass, latency-bound, took 125 us
+      // at B = 64, N = 1,024, H = 6, D = 64, M = 16 on the H200).
       kernels::BlockLinearForward a;
       a.shape = shape;
       a.dtype = kernel_dtype(dtype);
@@ -122,17 +98,9 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
       a.mixing = mixing.data_ptr<float>();
       a.out = out.data_ptr();
       a.states = states.data_ptr<float>();
-      if (fuses_state_mix(static_cast<StateMix>(state_mix), shape, a.dtype)) {
-        mixed = torch::empty_like(states);
-        kernels::BlockMixedStates f;
-        f.shape = shape, f.dtype = a.dtype, f.k = a.k, f.v = a.v, f.mixing = a.mixing;
-        f.states = states.data_ptr<float>(), f.mixed = mixed.data_ptr<float>();
-        check_launch(kernels::block_mixed_states(f, stream), "mhla forward (states and mix)");
-      } else {
-        a.passes = kernels::kBlockStatesPass;
-        check_launch(kernels::block_linear_forward(a, stream), "mhla forward (states)");
-        mixed = mix_block_states(mixing, by_block(states, q, blocks)).view({-1});
-      }
+      a.passes = kernels::kBlockStatesPass;
+      check_launch(kernels::block_linear_forward(a, stream), "mhla forward (states)");
+      mixed = mix_block_states(mixing, by_block(states, q, blocks)).view({-1});
       a.mixed = mixed.data_ptr<float>();
       a.passes = kernels::kBlockOutputPass;
       check_launch(kernels::block_linear_forward(a, stream), "mhla forward (output)");
@@ -203,7 +171,7 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
       check_launch(kernels::linear_attention_backward(a, stream), "linear attention backward");
     }
     const auto [q_type, k_type] = input_dtypes(ctx);
-    return {dq.to(q_type), dk.to(k_type), dv, dmixing, torch::Tensor(), torch::Tensor()};
+    return {dq.to(q_type), dk.to(k_type), dv, dmixing, torch::Tensor()};
   }
 };
 
@@ -459,8 +427,7 @@ torch::Tensor block_linear_by_family(const torch::Tensor& q, const torch::Tensor
       return ClusterBlockLinearFunction::apply(q, k, v, mixing, blocks);
     }
   }
-  return BlockLinearFunction::apply(q, k, v, mixing, blocks,
-                                    static_cast<int64_t>(StateMix::automatic));
+  return BlockLinearFunction::apply(q, k, v, mixing, blocks);
 }
 
 // The dense kernels where they take the shape and dtype (the resident ones first), the state
@@ -475,8 +442,7 @@ torch::Tensor block_linear_dense_or_states(const torch::Tensor& q, const torch::
   if (kernels::dense_block_linear_supported(shape_of(q, blocks), kernel_dtype(dtype), false)) {
     return DenseBlockLinearFunction::apply(q, k, v, mixing, blocks, false);
   }
-  return BlockLinearFunction::apply(q, k, v, mixing, blocks,
-                                    static_cast<int64_t>(StateMix::automatic));
+  return BlockLinearFunction::apply(q, k, v, mixing, blocks);
 }
 
 // Causal: 64-token blocks, the expanded causal mixing matrix (its gradient flows back to the
@@ -508,13 +474,7 @@ bool block_linear_family_takes(const std::string& family, const torch::Tensor& q
   if (family == "resident") return resident_takes(q, v, blocks);
   if (family == "cluster") return cluster_takes(q, v, blocks);
   if (family == "states") return true;
-  if (family == "mixed_states") {
-    const auto type = v.scalar_type();
-    return (type == torch::kFloat16 || type == torch::kBFloat16) && blocks > 1 &&
-           kernels::block_mixed_states_supported(shape_of(q, blocks), kernel_dtype(type));
-  }
-  fail("unknown bidirectional kernel family '{}' (resident, cluster, states, mixed_states)",
-       family);
+  fail("unknown bidirectional kernel family '{}' (resident, cluster, states)", family);
 }
 
 torch::Tensor block_linear_by_named_family(const std::string& family, const torch::Tensor& q,
@@ -527,12 +487,7 @@ torch::Tensor block_linear_by_named_family(const std::string& family, const torc
   }
   if (family == "resident") return ResidentBlockLinearFunction::apply(q, k, v, mixing, blocks);
   if (family == "cluster") return ClusterBlockLinearFunction::apply(q, k, v, mixing, blocks);
-  if (family == "mixed_states") {
-    return BlockLinearFunction::apply(q, k, v, mixing, blocks,
-                                      static_cast<int64_t>(StateMix::fused));
-  }
-  return BlockLinearFunction::apply(q, k, v, mixing, blocks,
-                                    static_cast<int64_t>(StateMix::separate));
+  return BlockLinearFunction::apply(q, k, v, mixing, blocks);
 }
 
 torch::Tensor linear_attention_cuda(const torch::Tensor& q, const torch::Tensor& k,
