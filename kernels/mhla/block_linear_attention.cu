@@ -11,8 +11,12 @@
 // The feature map (RMSNorm without weight, relu, floor), the normalizer and their backward passes
 // are applied while tiles are loaded or written; products run on tensor cores (WMMA; tf32 for
 // fp32 inputs) from shared memory with fp32 accumulation. States stay fp32 in global memory.
+#include <cstdlib>
+
 #include "common/device_info.h"
 #include "mhla/block_linear_attention.h"
+#include "mhla/block_query_backward.h"
+#include "mhla/block_work.cuh"
 #include "mhla/state_tiles.cuh"
 #include "mhla/tiles.cuh"
 
@@ -20,22 +24,6 @@ namespace mhla_kernels {
 namespace {
 
 using namespace tiles;
-
-struct Work {  // the token range of one CTA: block j, chunk c, [begin, end)
-  int bh, b, h, block, begin, end;
-};
-
-__device__ __forceinline__ Work work_of(const BlockLinearShape& s, int chunks) {
-  Work w;
-  w.bh = blockIdx.y;
-  w.b = w.bh / s.heads;
-  w.h = w.bh % s.heads;
-  w.block = blockIdx.x / chunks;
-  const int chunk = blockIdx.x % chunks, length = s.tokens / s.blocks;
-  w.begin = w.block * length + chunk * kChunk;
-  w.end = min(w.begin + kChunk, (w.block + 1) * length);
-  return w;
-}
 
 template <typename T, int D>
 __host__ __device__ constexpr size_t states_smem() {
@@ -432,6 +420,16 @@ __global__ void __launch_bounds__(kThreads) key_backward_kernel(BlockLinearBackw
 
 namespace {
 
+// The query pass on mma.sync fragments (block_query_backward.h) where it takes the dtype and
+// head dimension; MHLA_FRAGMENT_QUERY_BACKWARD=0 keeps the WMMA kernel below for A/B runs.
+bool fragment_query_enabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("MHLA_FRAGMENT_QUERY_BACKWARD");
+    return value == nullptr || value[0] != '0';
+  }();
+  return enabled;
+}
+
 int chunks_per_block(const BlockLinearShape& s) {
   const int length = s.tokens / s.blocks;
   return (length + kChunk - 1) / kChunk;
@@ -486,9 +484,13 @@ cudaError_t backward_for(const BlockLinearBackward& a, cudaStream_t stream) {
     if (chunks > 1 &&
         (err = cudaMemsetAsync(a.grad_mixed, 0, state_bytes, stream)) != cudaSuccess)
       return err;
-    constexpr size_t query_bytes = query_backward_smem<T, D>();
-    if ((err = allow_smem(query_backward_kernel<T, D>, query_bytes)) != cudaSuccess) return err;
-    query_backward_kernel<T, D><<<grid, kThreads, query_bytes, stream>>>(a, chunks);
+    if (fragment_query_enabled() && fragment_query_backward_supported(a.dtype, D)) {
+      if ((err = fragment_query_backward(a, chunks, stream)) != cudaSuccess) return err;
+    } else {
+      constexpr size_t query_bytes = query_backward_smem<T, D>();
+      if ((err = allow_smem(query_backward_kernel<T, D>, query_bytes)) != cudaSuccess) return err;
+      query_backward_kernel<T, D><<<grid, kThreads, query_bytes, stream>>>(a, chunks);
+    }
   }
   if (a.passes & kBlockMixPass) {
     if (a.mixing != nullptr) {
