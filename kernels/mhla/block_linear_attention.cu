@@ -12,10 +12,11 @@
 // are applied while tiles are loaded or written; products run on tensor cores (WMMA; tf32 for
 // fp32 inputs) from shared memory with fp32 accumulation. States stay fp32 in global memory.
 #include <cstdlib>
+#include <string>
 
 #include "common/device_info.h"
 #include "mhla/block_linear_attention.h"
-#include "mhla/block_query_backward.h"
+#include "mhla/block_fragment_passes.h"
 #include "mhla/block_work.cuh"
 #include "mhla/state_tiles.cuh"
 #include "mhla/tiles.cuh"
@@ -420,14 +421,15 @@ __global__ void __launch_bounds__(kThreads) key_backward_kernel(BlockLinearBackw
 
 namespace {
 
-// The query pass on mma.sync fragments (block_query_backward.h) where it takes the dtype and
-// head dimension; MHLA_FRAGMENT_QUERY_BACKWARD=0 keeps the WMMA kernel below for A/B runs.
-bool fragment_query_enabled() {
-  static const bool enabled = [] {
-    const char* value = std::getenv("MHLA_FRAGMENT_QUERY_BACKWARD");
-    return value == nullptr || value[0] != '0';
+// Which passes run on mma.sync fragments (block_fragment_passes.h) where they take the dtype
+// and head dimension: all four by default; MHLA_FRAGMENT_PASSES=0 keeps the WMMA kernels below,
+// a comma list (states,output,query,key) names the fragment ones, for A/B runs in one binary.
+bool fragment_pass(const char* name) {
+  static const std::string chosen = [] {
+    const char* value = std::getenv("MHLA_FRAGMENT_PASSES");
+    return std::string(value != nullptr ? value : "states,output,query,key");
   }();
-  return enabled;
+  return chosen.find(name) != std::string::npos;
 }
 
 int chunks_per_block(const BlockLinearShape& s) {
@@ -446,9 +448,13 @@ cudaError_t forward_for(const BlockLinearForward& a, cudaStream_t stream) {
   if (a.passes & kBlockStatesPass) {
     if (chunks > 1 && (err = cudaMemsetAsync(a.states, 0, state_bytes, stream)) != cudaSuccess)
       return err;
-    constexpr size_t states_bytes = states_smem<T, D>();
-    if ((err = allow_smem(states_kernel<T, D>, states_bytes)) != cudaSuccess) return err;
-    states_kernel<T, D><<<grid, kThreads, states_bytes, stream>>>(a, chunks);
+    if (fragment_pass("states") && fragment_passes_supported(a.dtype, D)) {
+      if ((err = fragment_states(a, chunks, stream)) != cudaSuccess) return err;
+    } else {
+      constexpr size_t states_bytes = states_smem<T, D>();
+      if ((err = allow_smem(states_kernel<T, D>, states_bytes)) != cudaSuccess) return err;
+      states_kernel<T, D><<<grid, kThreads, states_bytes, stream>>>(a, chunks);
+    }
   }
   if (a.passes & kBlockMixPass) {
     if (a.mixing != nullptr) {
@@ -466,9 +472,13 @@ cudaError_t forward_for(const BlockLinearForward& a, cudaStream_t stream) {
     }
   }
   if (a.passes & kBlockOutputPass) {
-    constexpr size_t output_bytes = output_smem<T, D>();
-    if ((err = allow_smem(output_kernel<T, D>, output_bytes)) != cudaSuccess) return err;
-    output_kernel<T, D><<<grid, kThreads, output_bytes, stream>>>(a, chunks);
+    if (fragment_pass("output") && fragment_passes_supported(a.dtype, D)) {
+      if ((err = fragment_output(a, chunks, stream)) != cudaSuccess) return err;
+    } else {
+      constexpr size_t output_bytes = output_smem<T, D>();
+      if ((err = allow_smem(output_kernel<T, D>, output_bytes)) != cudaSuccess) return err;
+      output_kernel<T, D><<<grid, kThreads, output_bytes, stream>>>(a, chunks);
+    }
   }
   return cudaGetLastError();
 }
@@ -484,7 +494,7 @@ cudaError_t backward_for(const BlockLinearBackward& a, cudaStream_t stream) {
     if (chunks > 1 &&
         (err = cudaMemsetAsync(a.grad_mixed, 0, state_bytes, stream)) != cudaSuccess)
       return err;
-    if (fragment_query_enabled() && fragment_query_backward_supported(a.dtype, D)) {
+    if (fragment_pass("query") && fragment_passes_supported(a.dtype, D)) {
       if ((err = fragment_query_backward(a, chunks, stream)) != cudaSuccess) return err;
     } else {
       constexpr size_t query_bytes = query_backward_smem<T, D>();
@@ -514,9 +524,13 @@ cudaError_t backward_for(const BlockLinearBackward& a, cudaStream_t stream) {
     }
   }
   if (a.passes & kBlockKeyPass) {
-    constexpr size_t key_bytes = key_backward_smem<T, D>();
-    if ((err = allow_smem(key_backward_kernel<T, D>, key_bytes)) != cudaSuccess) return err;
-    key_backward_kernel<T, D><<<grid, kThreads, key_bytes, stream>>>(a, chunks);
+    if (fragment_pass("key") && fragment_passes_supported(a.dtype, D)) {
+      if ((err = fragment_key_backward(a, chunks, stream)) != cudaSuccess) return err;
+    } else {
+      constexpr size_t key_bytes = key_backward_smem<T, D>();
+      if ((err = allow_smem(key_backward_kernel<T, D>, key_bytes)) != cudaSuccess) return err;
+      key_backward_kernel<T, D><<<grid, kThreads, key_bytes, stream>>>(a, chunks);
+    }
   }
   return cudaGetLastError();
 }

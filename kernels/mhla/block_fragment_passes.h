@@ -1,0 +1,34 @@
+#pragma once
+// Four passes of the bidirectional block-linear kernels (block_linear_attention.h) on mma.sync
+// fragments, for 16-bit inputs and D in {32, 64}: the states, output, query and key passes. Same grid as the WMMA kernels (one CTA per batch*head, block and chunk of 256 tokens)
+// and the same results up to rounding; block_linear_attention.cu takes them where they apply.
+//   states : S_j += phi(K)^T V, z_j += sum phi(k)                          per block
+//   output : o = phi(q) S'_i / (phi(q) . z'_i + eps)                       per token
+//   query  : dnum = dO / den, dden = -(dO . o) / den;
+//            dq = phi'(q)^T (dnum S'^T + dden z'^T)                        per token
+//            dS'_i += phi(Q)^T dnum, dz'_i += phi(Q)^T dden                per block
+//   key    : dv = phi(K) dS_j, dk = phi'(k)^T (V dS_j^T + dz_j)            per token
+// Why: the WMMA kernels summed a row's normalizer and the normalizer gradient's columns in
+// loops of 64 steps on single threads, staged every product through fp32 shared memory and took
+// up to five barriers per tile (the query pass: 196 us at B = 64, N = 1,024, H = 6, D = 64 on
+// the H200, four times the time its bytes take). Here two lanes own each token row for its sums
+// (one shuffle), products stay in the accumulators for what follows them, dz' is one more
+// column of the dnum product (z one more column of V's), and only the state products (states
+// and query passes) take a barrier per tile.
+#include "mhla/block_linear_attention.h"
+
+namespace mhla_kernels {
+
+// Whether the fragment passes take this input type and head dimension.
+bool fragment_passes_supported(DType dtype, int head_dim);
+
+// Each launches its pass over `chunks` chunks per block; with more than one chunk per block the
+// states and query passes add into their state set, which must then be zero on entry.
+cudaError_t fragment_states(const BlockLinearForward& args, int chunks, cudaStream_t stream);
+cudaError_t fragment_output(const BlockLinearForward& args, int chunks, cudaStream_t stream);
+cudaError_t fragment_query_backward(const BlockLinearBackward& args, int chunks,
+                                    cudaStream_t stream);
+cudaError_t fragment_key_backward(const BlockLinearBackward& args, int chunks,
+                                  cudaStream_t stream);
+
+}  // namespace mhla_kernels

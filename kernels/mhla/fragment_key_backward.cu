@@ -1,0 +1,136 @@
+// The key pass of the bidirectional block-linear backward on mma.sync fragments (see
+// block_fragment_passes.h and fragment_rows.cuh). One CTA of four warps per (batch*head, block,
+// chunk), dS_j and dz_j in shared memory; each warp owns 16 rows of every 64-token tile and
+// works alone after the state's load, without barriers:
+//   1. row form: k and v (loaded one tile ahead, in registers); 1/rms(k); phi(k), raw k and v
+//      rows to the warp's rows of three shared tiles;
+//   2. dv = phi(K) dS and d(phi) = V dS^T on mma.sync; dv out; the feature backward with dz
+//      added to every row; dk out.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "common/wmma_gemm.cuh"
+#include "mhla/block_fragment_passes.h"
+#include "mhla/block_work.cuh"
+#include "mhla/fragment_rows.cuh"
+#include "mhla/state_tiles.cuh"
+#include "mhla/tiles.cuh"
+
+namespace mhla_kernels {
+namespace {
+
+using namespace tiles;
+using namespace fragment_rows;
+
+template <int D>
+constexpr int kLd = D + 8;  // elements per row of every tile (ldmatrix without bank conflicts)
+
+template <int D>
+constexpr size_t key_smem() {
+  return align128(D * kLd<D> * 2) + 3 * align128(kTile * kLd<D> * 2) + align128(D * 4) +
+         align128(kTile * 4);
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kFragmentThreads, 4)
+    fragment_key_backward_kernel(BlockLinearBackward p, int chunks) {
+  using E = T;
+  using R = RowHalves<D>;
+  constexpr int ld = kLd<D>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* cursor = smem;
+  auto take = [&](size_t bytes) {
+    unsigned char* at = cursor;
+    cursor += align128(bytes);
+    return at;
+  };
+  E* dstate = reinterpret_cast<E*>(take(D * ld * 2));  // dS [d][c]
+  E* phi = reinterpret_cast<E*>(take(kTile * ld * 2));  // then dv
+  E* k_raw = reinterpret_cast<E*>(take(kTile * ld * 2));  // then dk
+  E* v_raw = reinterpret_cast<E*>(take(kTile * ld * 2));
+  float* dz = reinterpret_cast<float*>(take(D * 4));
+  float* scale_rows = reinterpret_cast<float*>(take(kTile * 4));
+
+  const Work w = work_of(p.shape, chunks);
+  const size_t state_offset =
+      (static_cast<size_t>(w.bh) * p.shape.blocks + w.block) * (D * D + D);
+  const int warp = threadIdx.x / 32;
+  const int row = lane_row(), seg = lane_half();
+  uint4 raw_k[R::words], raw_v[R::words];
+  auto issue = [&](int n0) {
+    const bool live = row < w.end - n0;
+    load_half<T, D>(p.k, w.b, n0 + row, w.h, live, raw_k);
+    load_half<T, D>(p.v, w.b, n0 + row, w.h, live, raw_v);
+  };
+  if (w.begin < w.end) issue(w.begin);
+  load_state<T, D, kFragmentThreads>(p.grad_states + state_offset, dstate, dz);
+  __syncthreads();  // the only barrier: from here on each warp touches only its own rows
+
+  T* grad_k = static_cast<T*>(p.grad_k);
+  T* grad_v = static_cast<T*>(p.grad_v);
+  const float ones[2] = {1.f, 1.f};
+  for (int n0 = w.begin; n0 < w.end; n0 += kTile) {
+    const int valid = min(kTile, w.end - n0);
+    {  // 1. Row form.
+      const bool live = row < valid;
+      const float scale = row_scale<E, D>(raw_k);
+#pragma unroll
+      for (int u = 0; u < R::words; ++u) {
+        const int d0 = seg * R::half + u * 8;
+        float x[8];
+        features<E>(raw_k[u], scale, live, x);
+        *reinterpret_cast<uint4*>(phi + row * ld + d0) = from_floats<E>(x);
+        *reinterpret_cast<uint4*>(k_raw + row * ld + d0) = raw_k[u];
+        *reinterpret_cast<uint4*>(v_raw + row * ld + d0) = raw_v[u];
+      }
+      if (seg == 0) scale_rows[row] = scale;
+    }
+    if (n0 + kTile < w.end) issue(n0 + kTile);  // in flight through step 2
+    __syncwarp();
+    if (warp * 16 < valid) {  // 2. Products, dv, the feature backward, dk.
+      TileAccumulator dv[1][D / 16], dphi[1][D / 16];
+#pragma unroll
+      for (int j = 0; j < D / 16; ++j) {
+        dv[0][j].zero();
+        dphi[0][j].zero();
+      }
+      wmma_tiles::mma_block<E, false, false, 1, D / 16>(dv, phi, ld, dstate, ld, warp, 0, D);
+      wmma_tiles::mma_block<E, false, true, 1, D / 16>(dphi, v_raw, ld, dstate, ld, warp, 0, D);
+      __syncwarp();  // the warp's reads of phi are done: dv goes there
+      store_rows<E, D>(dv, ones, phi, ld);
+      const int r0 = accumulator_row(0), r1 = accumulator_row(1);
+      const float scale[2] = {scale_rows[r0], scale_rows[r1]};
+      feature_backward<E, D>(dphi, k_raw, k_raw, ld, scale, ones, dz);
+      __syncwarp();
+      copy_rows_out<T, D>(phi, ld, grad_v, p.shape.tokens, p.shape.heads, w.b, w.h, n0, valid);
+      copy_rows_out<T, D>(k_raw, ld, grad_k, p.shape.tokens, p.shape.heads, w.b, w.h, n0, valid);
+    }
+    __syncwarp();  // the copies' reads are done before the next tile's rows are written
+  }
+}
+
+template <typename T, int D>
+cudaError_t launch(const BlockLinearBackward& a, int chunks, cudaStream_t stream) {
+  constexpr size_t bytes = key_smem<D>();
+  static const cudaError_t opted = allow_smem(fragment_key_backward_kernel<T, D>, bytes);
+  if (opted != cudaSuccess) return opted;
+  const dim3 grid(a.shape.blocks * chunks, a.shape.batch * a.shape.heads);
+  fragment_key_backward_kernel<T, D><<<grid, kFragmentThreads, bytes, stream>>>(a, chunks);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t fragment_key_backward(const BlockLinearBackward& a, int chunks, cudaStream_t stream) {
+  if (!fragment_passes_supported(a.dtype, a.shape.head_dim) || chunks < 1)
+    return cudaErrorInvalidValue;
+  const bool bf16 = a.dtype == DType::bf16;
+  if (a.shape.head_dim == 64) {
+    return bf16 ? launch<__nv_bfloat16, 64>(a, chunks, stream)
+                : launch<__half, 64>(a, chunks, stream);
+  }
+  return bf16 ? launch<__nv_bfloat16, 32>(a, chunks, stream)
+              : launch<__half, 32>(a, chunks, stream);
+}
+
+}  // namespace mhla_kernels

@@ -1,0 +1,128 @@
+// The output pass of the bidirectional block-linear forward on mma.sync fragments (see
+// block_fragment_passes.h and fragment_rows.cuh). One CTA of four warps per (batch*head, block,
+// chunk), S'_i and z'_i in shared memory; each warp owns 16 rows of every 64-token tile and
+// works alone after the state's load, without barriers:
+//   1. row form: q (loaded one tile ahead, in registers); 1/rms(q), phi(q) to the warp's rows
+//      of a shared tile, 1 / (phi(q) . z' + eps) per row;
+//   2. phi(Q) S' on mma.sync, each row times its 1 / den, out through the same tile.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "common/wmma_gemm.cuh"
+#include "mhla/block_fragment_passes.h"
+#include "mhla/block_work.cuh"
+#include "mhla/fragment_rows.cuh"
+#include "mhla/state_tiles.cuh"
+#include "mhla/tiles.cuh"
+
+namespace mhla_kernels {
+namespace {
+
+using namespace tiles;
+using namespace fragment_rows;
+
+template <int D>
+constexpr int kLd = D + 8;
+
+template <int D>
+constexpr size_t output_smem() {
+  return align128(D * kLd<D> * 2) + align128(kTile * kLd<D> * 2) + align128(D * 4) +
+         align128(kTile * 4);
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kFragmentThreads, 4)
+    fragment_output_kernel(BlockLinearForward p, int chunks) {
+  using E = T;
+  using R = RowHalves<D>;
+  constexpr int ld = kLd<D>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* cursor = smem;
+  auto take = [&](size_t bytes) {
+    unsigned char* at = cursor;
+    cursor += align128(bytes);
+    return at;
+  };
+  E* mixed = reinterpret_cast<E*>(take(D * ld * 2));  // S' [d][c]
+  E* phi = reinterpret_cast<E*>(take(kTile * ld * 2));  // then the output rows
+  float* z = reinterpret_cast<float*>(take(D * 4));
+  float* inv_den = reinterpret_cast<float*>(take(kTile * 4));
+
+  const Work w = work_of(p.shape, chunks);
+  const size_t state_offset =
+      (static_cast<size_t>(w.bh) * p.shape.blocks + w.block) * (D * D + D);
+  const int warp = threadIdx.x / 32;
+  const int row = lane_row(), seg = lane_half();
+  uint4 raw_q[R::words];
+  auto issue = [&](int n0) { load_half<T, D>(p.q, w.b, n0 + row, w.h, row < w.end - n0, raw_q); };
+  if (w.begin < w.end) issue(w.begin);
+  load_state<T, D, kFragmentThreads>(p.mixed + state_offset, mixed, z);
+  __syncthreads();  // the only barrier: from here on each warp touches only its own rows
+
+  T* out = static_cast<T*>(p.out);
+  for (int n0 = w.begin; n0 < w.end; n0 += kTile) {
+    const int valid = min(kTile, w.end - n0);
+    {  // 1. Row form.
+      const bool live = row < valid;
+      const float scale = row_scale<E, D>(raw_q);
+      float den = 0.f;
+#pragma unroll
+      for (int u = 0; u < R::words; ++u) {
+        const int d0 = seg * R::half + u * 8;
+        float x[8];
+        features<E>(raw_q[u], scale, live, x);
+        const float4 z0 = *reinterpret_cast<const float4*>(z + d0);
+        const float4 z1 = *reinterpret_cast<const float4*>(z + d0 + 4);
+        den += x[0] * z0.x + x[1] * z0.y + x[2] * z0.z + x[3] * z0.w + x[4] * z1.x +
+               x[5] * z1.y + x[6] * z1.z + x[7] * z1.w;
+        *reinterpret_cast<uint4*>(phi + row * ld + d0) = from_floats<E>(x);
+      }
+      den = pair_sum(den);
+      if (seg == 0) inv_den[row] = 1.f / (den + kDenominatorEps);
+    }
+    if (n0 + kTile < w.end) issue(n0 + kTile);  // in flight through step 2
+    __syncwarp();
+    if (warp * 16 < valid) {  // 2. The product, normalized, out.
+      TileAccumulator numerator[1][D / 16];
+#pragma unroll
+      for (int j = 0; j < D / 16; ++j) numerator[0][j].zero();
+      wmma_tiles::mma_block<E, false, false, 1, D / 16>(numerator, phi, ld, mixed, ld, warp, 0, D);
+      const float factor[2] = {inv_den[accumulator_row(0)], inv_den[accumulator_row(1)]};
+      __syncwarp();  // the warp's reads of phi are done: the output rows go there
+      store_rows<E, D>(numerator, factor, phi, ld);
+      __syncwarp();
+      copy_rows_out<T, D>(phi, ld, out, p.shape.tokens, p.shape.heads, w.b, w.h, n0, valid);
+    }
+    __syncwarp();  // the copies' reads are done before the next tile's rows are written
+  }
+}
+
+template <typename T, int D>
+cudaError_t launch(const BlockLinearForward& a, int chunks, cudaStream_t stream) {
+  constexpr size_t bytes = output_smem<D>();
+  static const cudaError_t opted = allow_smem(fragment_output_kernel<T, D>, bytes);
+  if (opted != cudaSuccess) return opted;
+  const dim3 grid(a.shape.blocks * chunks, a.shape.batch * a.shape.heads);
+  fragment_output_kernel<T, D><<<grid, kFragmentThreads, bytes, stream>>>(a, chunks);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool fragment_passes_supported(DType dtype, int head_dim) {
+  return (dtype == DType::bf16 || dtype == DType::f16) && (head_dim == 32 || head_dim == 64);
+}
+
+cudaError_t fragment_output(const BlockLinearForward& a, int chunks, cudaStream_t stream) {
+  if (!fragment_passes_supported(a.dtype, a.shape.head_dim) || chunks < 1)
+    return cudaErrorInvalidValue;
+  const bool bf16 = a.dtype == DType::bf16;
+  if (a.shape.head_dim == 64) {
+    return bf16 ? launch<__nv_bfloat16, 64>(a, chunks, stream)
+                : launch<__half, 64>(a, chunks, stream);
+  }
+  return bf16 ? launch<__nv_bfloat16, 32>(a, chunks, stream)
+              : launch<__half, 32>(a, chunks, stream);
+}
+
+}  // namespace mhla_kernels

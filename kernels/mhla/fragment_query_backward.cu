@@ -1,0 +1,181 @@
+// The query pass of the bidirectional block-linear backward on mma.sync fragments (see
+// block_fragment_passes.h and fragment_rows.cuh). One CTA of four warps per (batch*head, block,
+// chunk); each warp owns 16 rows of every 64-token tile. Per tile:
+//   1. row form: q, dO and o (loaded one tile ahead, in registers); 1/rms(q),
+//      den = phi(q) . z' + eps and dO . o; phi(q) and dnum = dO / den to shared memory, with
+//      dden = -(dO . o) / den as column D of dnum, and the raw q rows;
+//   2. own rows: d(phi) = dnum S'^T, the feature backward in accumulator form, dq out;
+//   3. after the tile's one barrier: dS' += phi(Q)^T [dnum, dden] over all 64 rows, each warp a
+//      16-row slice of dS' in registers until the chunk ends.
+// phi and dnum tiles are double-buffered, so a warp can start the next tile while others finish
+// step 3.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "common/wmma_gemm.cuh"
+#include "mhla/block_fragment_passes.h"
+#include "mhla/block_work.cuh"
+#include "mhla/fragment_rows.cuh"
+#include "mhla/state_tiles.cuh"
+#include "mhla/tiles.cuh"
+
+namespace mhla_kernels {
+namespace {
+
+using namespace tiles;
+using namespace fragment_rows;
+
+template <int D>
+struct QueryLayout {
+  static constexpr int ld = D + 8;                           // S', phi(Q) and raw q rows
+  static constexpr int ldn = StateSlices<D>::ld_extra;       // dnum, dden in column D
+  static constexpr int state = D * D + D;
+};
+
+template <int D>
+constexpr size_t query_smem() {
+  using Q = QueryLayout<D>;
+  return align128(D * Q::ld * 2) + 2 * align128(kTile * Q::ld * 2) +
+         2 * align128(kTile * Q::ldn * 2) + align128(kTile * Q::ld * 2) + align128(D * 4) +
+         2 * align128(kTile * 4);
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kFragmentThreads, 3)
+    fragment_query_backward_kernel(BlockLinearBackward p, int chunks) {
+  using Q = QueryLayout<D>;
+  using E = T;
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* cursor = smem;
+  auto take = [&](size_t bytes) {
+    unsigned char* at = cursor;
+    cursor += align128(bytes);
+    return at;
+  };
+  E* mixed = reinterpret_cast<E*>(take(D * Q::ld * 2));  // S' [d][c]
+  E* phi_tiles = reinterpret_cast<E*>(take(2 * align128(kTile * Q::ld * 2)));
+  E* dnum_tiles = reinterpret_cast<E*>(take(2 * align128(kTile * Q::ldn * 2)));
+  E* q_raw = reinterpret_cast<E*>(take(kTile * Q::ld * 2));  // then dq, per warp's rows
+  float* z = reinterpret_cast<float*>(take(D * 4));
+  float* dden_rows = reinterpret_cast<float*>(take(kTile * 4));
+  float* scale_rows = reinterpret_cast<float*>(take(kTile * 4));
+  constexpr int kPhiStride = static_cast<int>(align128(kTile * Q::ld * 2) / 2);
+  constexpr int kDnumStride = static_cast<int>(align128(kTile * Q::ldn * 2) / 2);
+
+  const Work w = work_of(p.shape, chunks);
+  const size_t state_offset = (static_cast<size_t>(w.bh) * p.shape.blocks + w.block) * Q::state;
+  const int warp = threadIdx.x / 32;
+
+  using R = RowHalves<D>;
+  const int row = lane_row(), seg = lane_half();
+  uint4 raw_q[R::words], raw_g[R::words], raw_o[R::words];
+  auto issue = [&](int n0) {
+    const bool live = row < w.end - n0;
+    load_half<T, D>(p.q, w.b, n0 + row, w.h, live, raw_q);
+    load_half<T, D>(p.grad_out, w.b, n0 + row, w.h, live, raw_g);
+    load_half<T, D>(p.out, w.b, n0 + row, w.h, live, raw_o);
+  };
+  if (w.begin < w.end) issue(w.begin);
+  load_state<T, D, kFragmentThreads>(p.mixed + state_offset, mixed, z);
+  __syncthreads();
+
+  TileAccumulator dstate[1][StateSlices<D>::col_tiles], dz;
+#pragma unroll
+  for (int j = 0; j < StateSlices<D>::col_tiles; ++j) dstate[0][j].zero();
+  dz.zero();
+  T* grad_q = static_cast<T*>(p.grad_q);
+  int buffer = 0;
+  for (int n0 = w.begin; n0 < w.end; n0 += kTile, buffer ^= 1) {
+    const int valid = min(kTile, w.end - n0), rows = (valid + 15) / 16 * 16;
+    E* phi = phi_tiles + buffer * kPhiStride;
+    E* dnum = dnum_tiles + buffer * kDnumStride;
+    // 1. Row form.
+    {
+      const bool live = row < valid;
+      const float scale = row_scale<E, D>(raw_q);
+      float den = 0.f, g_dot_o = 0.f;
+#pragma unroll
+      for (int u = 0; u < R::words; ++u) {
+        const int d0 = seg * R::half + u * 8;
+        float x[8], g[8], o[8];
+        features<E>(raw_q[u], scale, live, x);
+        to_floats<E>(raw_g[u], g);
+        to_floats<E>(raw_o[u], o);
+        const float4 z0 = *reinterpret_cast<const float4*>(z + d0);
+        const float4 z1 = *reinterpret_cast<const float4*>(z + d0 + 4);
+        const float zs[8] = {z0.x, z0.y, z0.z, z0.w, z1.x, z1.y, z1.z, z1.w};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          den += x[i] * zs[i];
+          g_dot_o += g[i] * o[i];
+        }
+        *reinterpret_cast<uint4*>(phi + row * Q::ld + d0) = from_floats<E>(x);
+        *reinterpret_cast<uint4*>(q_raw + row * Q::ld + d0) = raw_q[u];
+      }
+      den = pair_sum(den);
+      g_dot_o = pair_sum(g_dot_o);
+      const float inv = live ? 1.f / (den + kDenominatorEps) : 0.f;
+      const float dden = -g_dot_o * inv;
+#pragma unroll
+      for (int u = 0; u < R::words; ++u) {
+        float g[8];
+        to_floats<E>(raw_g[u], g);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) g[i] *= inv;
+        *reinterpret_cast<uint4*>(dnum + row * Q::ldn + seg * R::half + u * 8) = from_floats<E>(g);
+      }
+      store_extra_column<E, D>(dnum, row, dden);
+      if (seg == 0) {
+        dden_rows[row] = dden;
+        scale_rows[row] = scale;
+      }
+    }
+    if (n0 + kTile < w.end) issue(n0 + kTile);  // in flight through steps 2 and 3
+    __syncwarp();
+    // 2. d(phi) of the warp's rows, the feature backward, dq.
+    if (warp * 16 < valid) {
+      TileAccumulator dphi[1][D / 16];
+#pragma unroll
+      for (int j = 0; j < D / 16; ++j) dphi[0][j].zero();
+      wmma_tiles::mma_block<E, false, true, 1, D / 16>(dphi, dnum, Q::ldn, mixed, Q::ld, warp, 0,
+                                                        D);
+      const int r0 = accumulator_row(0), r1 = accumulator_row(1);
+      const float scale[2] = {scale_rows[r0], scale_rows[r1]};
+      const float dden[2] = {dden_rows[r0], dden_rows[r1]};
+      feature_backward<E, D>(dphi, q_raw, q_raw, Q::ld, scale, dden, z);
+      __syncwarp();
+      copy_rows_out<T, D>(q_raw, Q::ld, grad_q, p.shape.tokens, p.shape.heads, w.b, w.h, n0, valid);
+    }
+    __syncthreads();  // phi and dnum of all rows are in
+    // 3. dS' += phi(Q)^T dnum and dz' += phi(Q)^T dden over the tile.
+    accumulate_state<E, D>(dstate, dz, phi, dnum, rows);
+  }
+  write_state<D>(dstate, dz, p.grad_mixed + state_offset, chunks > 1);
+}
+
+template <typename T, int D>
+cudaError_t launch(const BlockLinearBackward& a, int chunks, cudaStream_t stream) {
+  constexpr size_t bytes = query_smem<D>();
+  static const cudaError_t opted = allow_smem(fragment_query_backward_kernel<T, D>, bytes);
+  if (opted != cudaSuccess) return opted;
+  const dim3 grid(a.shape.blocks * chunks, a.shape.batch * a.shape.heads);
+  fragment_query_backward_kernel<T, D><<<grid, kFragmentThreads, bytes, stream>>>(a, chunks);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t fragment_query_backward(const BlockLinearBackward& a, int chunks,
+                                    cudaStream_t stream) {
+  if (!fragment_passes_supported(a.dtype, a.shape.head_dim) || chunks < 1)
+    return cudaErrorInvalidValue;
+  const bool bf16 = a.dtype == DType::bf16;
+  if (a.shape.head_dim == 64) {
+    return bf16 ? launch<__nv_bfloat16, 64>(a, chunks, stream)
+                : launch<__half, 64>(a, chunks, stream);
+  }
+  return bf16 ? launch<__nv_bfloat16, 32>(a, chunks, stream)
+              : launch<__half, 32>(a, chunks, stream);
+}
+
+}  // namespace mhla_kernels

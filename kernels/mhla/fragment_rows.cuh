@@ -1,0 +1,305 @@
+#pragma once
+// Building blocks of the bidirectional token passes on mma.sync fragments (block_fragment_passes.h):
+// each warp of a four-warp CTA owns 16 token rows of a 64-token tile and sees them in two forms.
+//   row form:         two lanes per row, each with half of the row's D elements as 16-byte words
+//                     (lane 2r and 2r + 1 of the warp hold row r), for the row sums of the
+//                     feature map and the normalizer (one shuffle each);
+//   accumulator form: the rows as TileAccumulator tiles (16 rows x 16 columns, mma.sync's C
+//                     layout), for the products and what follows them, and back to shared memory
+//                     as element pairs for 16-byte stores.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstddef>
+
+#include "common/element_type.cuh"
+#include "common/wmma_gemm.cuh"
+#include "mhla/tiles.cuh"
+
+namespace mhla_kernels {
+namespace fragment_rows {
+
+using wmma_tiles::TileAccumulator;
+
+constexpr int kFragmentThreads = 128;  // four warps: 64 rows
+
+template <int D>
+struct RowHalves {
+  static constexpr int half = D / 2;      // elements of a row per lane
+  static constexpr int words = half / 8;  // 16-byte words per lane
+  static constexpr int tiles = D / 16;    // accumulator tiles across D
+};
+
+// The tile row and the half of it that this lane holds in row form.
+__device__ __forceinline__ int lane_row() {
+  return static_cast<int>(threadIdx.x / 32) * 16 + static_cast<int>(threadIdx.x % 32) / 2;
+}
+__device__ __forceinline__ int lane_half() { return static_cast<int>(threadIdx.x % 2); }
+
+template <typename E>
+__device__ __forceinline__ void to_floats(const uint4& word, float (&x)[8]) {
+  const E* e = reinterpret_cast<const E*>(&word);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) x[i] = to_float(e[i]);
+}
+
+template <typename E>
+__device__ __forceinline__ uint4 from_floats(const float (&x)[8]) {
+  uint4 word;
+  E* e = reinterpret_cast<E*>(&word);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) e[i] = from_float<E>(x[i]);
+  return word;
+}
+
+template <typename E>
+__device__ __forceinline__ void unpack_pair(unsigned bits, float& a, float& b) {
+  const E* e = reinterpret_cast<const E*>(&bits);
+  a = to_float(e[0]);
+  b = to_float(e[1]);
+}
+
+template <typename E>
+__device__ __forceinline__ unsigned pack_pair(float a, float b) {
+  unsigned bits;
+  E* e = reinterpret_cast<E*>(&bits);
+  e[0] = from_float<E>(a);
+  e[1] = from_float<E>(b);
+  return bits;
+}
+
+// This lane's half of token row `row` of x (zeros when !live), as 16-byte words.
+template <typename T, int D>
+__device__ __forceinline__ void load_half(const TokenTensor& x, int b, int n, int h, bool live,
+                                          uint4 (&words)[RowHalves<D>::words]) {
+  using R = RowHalves<D>;
+#pragma unroll
+  for (int u = 0; u < R::words; ++u) words[u] = make_uint4(0u, 0u, 0u, 0u);
+  if (!live) return;
+  const T* at = tiles::token_row<T, D>(x, b, n, h) + lane_half() * R::half;
+#pragma unroll
+  for (int u = 0; u < R::words; ++u) words[u] = *reinterpret_cast<const uint4*>(at + u * 8);
+}
+
+// 1 / rms(x) of the row whose half this lane holds (both lanes of the pair get it).
+template <typename E, int D>
+__device__ __forceinline__ float row_scale(const uint4 (&words)[RowHalves<D>::words]) {
+  float squares = 0.f;
+#pragma unroll
+  for (int u = 0; u < RowHalves<D>::words; ++u) {
+    float x[8];
+    to_floats<E>(words[u], x);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) squares += x[i] * x[i];
+  }
+  squares += __shfl_xor_sync(0xffffffffu, squares, 1);
+  return rsqrtf(squares / D + tiles::kNormEps);
+}
+
+// phi(x) = relu(x * scale) + floor of one word, rounded to E as the products see it; zero for
+// rows past the tile's end (padding must be zero, not the floor).
+template <typename E>
+__device__ __forceinline__ void features(const uint4& word, float scale, bool live,
+                                         float (&phi)[8]) {
+  to_floats<E>(word, phi);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    phi[i] = live ? to_float(from_float<E>(fmaxf(phi[i] * scale, 0.f) + tiles::kFeatureFloor))
+                   : 0.f;
+  }
+}
+
+// The sum over a row of this lane's partial sum and its pair's.
+__device__ __forceinline__ float pair_sum(float x) {
+  return x + __shfl_xor_sync(0xffffffffu, x, 1);
+}
+
+// Accumulator-form rows of this lane: tile rows first + lane/4 and first + lane/4 + 8.
+__device__ __forceinline__ int accumulator_row(int r) {
+  return static_cast<int>(threadIdx.x / 32) * 16 + static_cast<int>(threadIdx.x % 32) / 4 + 8 * r;
+}
+
+// The feature backward of the warp's 16 rows in accumulator form: g holds d(loss)/d(phi)
+// without the normalizer's term, which is row_coef[r] * col_add[c] (dden * z' for queries,
+// dz for keys). x_tile holds the raw rows (tile row stride ld); 1/rms per row in scale.
+// Writes dx as element pairs into out_tile (may be x_tile: every read is done first).
+template <typename E, int D>
+__device__ __forceinline__ void feature_backward(TileAccumulator (&g)[1][D / 16], const E* x_tile,
+                                                 E* out_tile, int ld, const float (&scale)[2],
+                                                 const float (&row_coef)[2],
+                                                 const float* col_add) {
+  namespace mma = wmma_tiles::detail;
+  const int lane = static_cast<int>(threadIdx.x % 32), quad = lane / 8, row8 = lane % 8;
+  const int first = static_cast<int>(threadIdx.x / 32) * 16;
+  // ldmatrix of 16-bit rows returns them in the accumulators' layout: register 2h + r holds
+  // row lane/4 + 8r, columns 8h + 2 (lane % 4) and the next.
+  unsigned xf[D / 16][4];
+#pragma unroll
+  for (int j = 0; j < D / 16; ++j) {
+    mma::load_matrices<false>(
+        xf[j], x_tile + (first + (quad % 2) * 8 + row8) * ld + j * 16 + (quad / 2) * 8);
+  }
+  float dot[2] = {0.f, 0.f};
+#pragma unroll
+  for (int j = 0; j < D / 16; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int c = j * 16 + h * 8 + (lane % 4) * 2;
+      const float2 add = *reinterpret_cast<const float2*>(col_add + c);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float x0, x1;
+        unpack_pair<E>(xf[j][h * 2 + r], x0, x1);
+        const float y0 = x0 * scale[r], y1 = x1 * scale[r];
+        float& g0 = g[0][j].x[h][2 * r];
+        float& g1 = g[0][j].x[h][2 * r + 1];
+        g0 = y0 > 0.f ? g0 + row_coef[r] * add.x : 0.f;
+        g1 = y1 > 0.f ? g1 + row_coef[r] * add.y : 0.f;
+        dot[r] += g0 * y0 + g1 * y1;
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    dot[r] += __shfl_xor_sync(0xffffffffu, dot[r], 1);
+    dot[r] += __shfl_xor_sync(0xffffffffu, dot[r], 2);
+    dot[r] /= D;
+  }
+  __syncwarp();  // every lane's reads of x_tile are done before out_tile is written
+#pragma unroll
+  for (int j = 0; j < D / 16; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int c = j * 16 + h * 8 + (lane % 4) * 2;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float x0, x1;
+        unpack_pair<E>(xf[j][h * 2 + r], x0, x1);
+        const float dx0 = scale[r] * (g[0][j].x[h][2 * r] - x0 * scale[r] * dot[r]);
+        const float dx1 = scale[r] * (g[0][j].x[h][2 * r + 1] - x1 * scale[r] * dot[r]);
+        *reinterpret_cast<unsigned*>(out_tile + (first + lane / 4 + 8 * r) * ld + c) =
+            pack_pair<E>(dx0, dx1);
+      }
+    }
+  }
+}
+
+// The warp's 16 rows of accumulators, each row times row_factor[r], as element pairs into tile.
+template <typename E, int D>
+__device__ __forceinline__ void store_rows(const TileAccumulator (&acc)[1][D / 16],
+                                           const float (&row_factor)[2], E* tile, int ld) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int first = static_cast<int>(threadIdx.x / 32) * 16;
+#pragma unroll
+  for (int j = 0; j < D / 16; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int c = j * 16 + h * 8 + (lane % 4) * 2;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        *reinterpret_cast<unsigned*>(tile + (first + lane / 4 + 8 * r) * ld + c) =
+            pack_pair<E>(acc[0][j].x[h][2 * r] * row_factor[r],
+                         acc[0][j].x[h][2 * r + 1] * row_factor[r]);
+      }
+    }
+  }
+}
+
+// The warp's 16 rows of a shared tile to a contiguous [B, N, H, D] tensor at token n0 of
+// (b, h), 16 bytes per store; rows at or past `valid` (tile rows) are not written.
+template <typename T, int D>
+__device__ __forceinline__ void copy_rows_out(const T* tile, int ld, T* out, int tokens,
+                                              int heads, int b, int h, int n0, int valid) {
+  constexpr int kWordsPerRow = D / 8;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int first = static_cast<int>(threadIdx.x / 32) * 16;
+#pragma unroll
+  for (int c = lane; c < 16 * kWordsPerRow; c += 32) {
+    const int r = first + c / kWordsPerRow, x = c % kWordsPerRow;
+    if (r < valid) {
+      const size_t at = ((static_cast<size_t>(b) * tokens + n0 + r) * heads + h) * D + x * 8;
+      *reinterpret_cast<uint4*>(out + at) = *reinterpret_cast<const uint4*>(tile + r * ld + x * 8);
+    }
+  }
+}
+
+// The D x D (+ one column) state products of a pass: S = phi(K)^T [V, 1] (states) and
+// dS' = phi(Q)^T [dnum, dden] (query). The right operand is a tile of ld D + 24 whose column D
+// holds the extra column (ones or dden) and columns D + 1 .. D + 15 zeros, so the extra column
+// is one more 16-wide product. Each warp owns the columns `col_tiles` tiles wide from
+// `group * col_tiles` of the 16 rows `row_tile` of the state; group 0 also the extra column.
+template <int D>
+struct StateSlices {
+  static constexpr int ld_extra = D + 24;
+  static constexpr int row_tiles = D / 16;
+  static constexpr int groups = 4 / row_tiles;          // warps sharing a row tile
+  static constexpr int col_tiles = row_tiles / groups;  // column tiles per warp
+  __device__ static int row_tile() { return static_cast<int>(threadIdx.x / 32) % row_tiles; }
+  __device__ static int group() { return static_cast<int>(threadIdx.x / 32) / row_tiles; }
+};
+
+// acc += phi^T X and extra += phi^T X[:, D : D + 16] over the tile's first `rows` rows (a
+// multiple of 16; rows past the valid ones zero in both tiles). phi: ld D + 8.
+template <typename E, int D>
+__device__ __forceinline__ void accumulate_state(
+    TileAccumulator (&acc)[1][StateSlices<D>::col_tiles], TileAccumulator& extra, const E* phi,
+    const E* x, int rows) {
+  using S = StateSlices<D>;
+  const int row_tile = S::row_tile(), group = S::group();
+  wmma_tiles::mma_block<E, true, false, 1, S::col_tiles>(acc, phi, D + 8, x, S::ld_extra, row_tile,
+                                                        group * S::col_tiles, rows);
+  if (group == 0) {
+    wmma_tiles::mma_tile<E, true, false>(extra, phi, D + 8, x, S::ld_extra, row_tile, D / 16,
+                                         rows);
+  }
+}
+
+// The warp's slice of the state (D x D then the extra column as the last D floats) into fp32
+// global memory: stored when one CTA owns the state, added atomically when chunks share it.
+template <int D>
+__device__ __forceinline__ void write_state(const TileAccumulator (&acc)[1][StateSlices<D>::col_tiles],
+                                            const TileAccumulator& extra, float* state,
+                                            bool atomic) {
+  using S = StateSlices<D>;
+  const int row_tile = S::row_tile(), group = S::group();
+  const int lane = static_cast<int>(threadIdx.x % 32);
+#pragma unroll
+  for (int j = 0; j < S::col_tiles; ++j) {
+    float* dst = state + row_tile * 16 * D + (group * S::col_tiles + j) * 16;
+    if (!atomic) {
+      acc[0][j].store(dst, D);
+    } else {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          atomicAdd(dst + TileAccumulator::row(i) * D + TileAccumulator::col(h, i),
+                    acc[0][j].x[h][i]);
+        }
+      }
+    }
+  }
+  if (group == 0 && lane % 4 == 0) {  // column 0 of the extra tile: rows lane / 4 and + 8
+    const int d = row_tile * 16 + lane / 4;
+    if (atomic) {
+      atomicAdd(state + D * D + d, extra.x[0][0]);
+      atomicAdd(state + D * D + d + 8, extra.x[0][2]);
+    } else {
+      state[D * D + d] = extra.x[0][0];
+      state[D * D + d + 8] = extra.x[0][2];
+    }
+  }
+}
+
+// Columns D .. D + 15 of this lane's row of an extra-column tile: lane 0 of the pair writes
+// the extra value and seven zeros, lane 1 eight zeros.
+template <typename E, int D>
+__device__ __forceinline__ void store_extra_column(E* tile, int row, float extra) {
+  const int seg = lane_half();
+  const float words[8] = {seg == 0 ? extra : 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  *reinterpret_cast<uint4*>(tile + row * StateSlices<D>::ld_extra + D + 8 * seg) =
+      from_floats<E>(words);
+}
+
+}  // namespace fragment_rows
+}  // namespace mhla_kernels

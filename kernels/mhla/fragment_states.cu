@@ -1,0 +1,106 @@
+// The states pass of the bidirectional block-linear forward on mma.sync fragments (see
+// block_fragment_passes.h and fragment_rows.cuh): S_j = phi(K)^T V and z_j = sum phi(k) over one
+// chunk of block j. One CTA of four warps per (batch*head, block, chunk). Per 64-token tile:
+//   1. row form: k and v (loaded one tile ahead, in registers); 1/rms(k); phi(k) and v to
+//      shared tiles, v's with a column of ones (zero past the valid rows) for z;
+//   2. after the tile's one barrier: each warp adds phi(K)^T [V, 1] into its slice of the state,
+//      held in registers until the chunk ends.
+// The tiles are double-buffered, so a warp can start the next tile while others finish step 2.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "common/wmma_gemm.cuh"
+#include "mhla/block_fragment_passes.h"
+#include "mhla/block_work.cuh"
+#include "mhla/fragment_rows.cuh"
+#include "mhla/tiles.cuh"
+
+namespace mhla_kernels {
+namespace {
+
+using namespace tiles;
+using namespace fragment_rows;
+
+template <int D>
+constexpr size_t states_smem() {
+  return 2 * align128(kTile * (D + 8) * 2) + 2 * align128(kTile * StateSlices<D>::ld_extra * 2);
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kFragmentThreads, 4)
+    fragment_states_kernel(BlockLinearForward p, int chunks) {
+  using E = T;
+  using R = RowHalves<D>;
+  using S = StateSlices<D>;
+  constexpr int ld = D + 8;
+  constexpr int kPhiStride = static_cast<int>(align128(kTile * ld * 2) / 2);
+  constexpr int kValueStride = static_cast<int>(align128(kTile * S::ld_extra * 2) / 2);
+  extern __shared__ __align__(128) unsigned char smem[];
+  E* phi_tiles = reinterpret_cast<E*>(smem);
+  E* value_tiles = phi_tiles + 2 * kPhiStride;
+
+  const Work w = work_of(p.shape, chunks);
+  const int row = lane_row(), seg = lane_half();
+  uint4 raw_k[R::words], raw_v[R::words];
+  auto issue = [&](int n0) {
+    const bool live = row < w.end - n0;
+    load_half<T, D>(p.k, w.b, n0 + row, w.h, live, raw_k);
+    load_half<T, D>(p.v, w.b, n0 + row, w.h, live, raw_v);
+  };
+  if (w.begin < w.end) issue(w.begin);
+
+  TileAccumulator state[1][S::col_tiles], z;
+#pragma unroll
+  for (int j = 0; j < S::col_tiles; ++j) state[0][j].zero();
+  z.zero();
+  int buffer = 0;
+  for (int n0 = w.begin; n0 < w.end; n0 += kTile, buffer ^= 1) {
+    const int valid = min(kTile, w.end - n0), rows = (valid + 15) / 16 * 16;
+    E* phi = phi_tiles + buffer * kPhiStride;
+    E* values = value_tiles + buffer * kValueStride;
+    {  // 1. Row form.
+      const bool live = row < valid;
+      const float scale = row_scale<E, D>(raw_k);
+#pragma unroll
+      for (int u = 0; u < R::words; ++u) {
+        const int d0 = seg * R::half + u * 8;
+        float x[8];
+        features<E>(raw_k[u], scale, live, x);
+        *reinterpret_cast<uint4*>(phi + row * ld + d0) = from_floats<E>(x);
+        *reinterpret_cast<uint4*>(values + row * S::ld_extra + d0) = raw_v[u];
+      }
+      store_extra_column<E, D>(values, row, live ? 1.f : 0.f);
+    }
+    if (n0 + kTile < w.end) issue(n0 + kTile);  // in flight through step 2
+    __syncthreads();  // phi and v of all rows are in
+    accumulate_state<E, D>(state, z, phi, values, rows);  // 2.
+  }
+  float* out = p.states + (static_cast<size_t>(w.bh) * p.shape.blocks + w.block) * (D * D + D);
+  write_state<D>(state, z, out, chunks > 1);
+}
+
+template <typename T, int D>
+cudaError_t launch(const BlockLinearForward& a, int chunks, cudaStream_t stream) {
+  constexpr size_t bytes = states_smem<D>();
+  static const cudaError_t opted = allow_smem(fragment_states_kernel<T, D>, bytes);
+  if (opted != cudaSuccess) return opted;
+  const dim3 grid(a.shape.blocks * chunks, a.shape.batch * a.shape.heads);
+  fragment_states_kernel<T, D><<<grid, kFragmentThreads, bytes, stream>>>(a, chunks);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t fragment_states(const BlockLinearForward& a, int chunks, cudaStream_t stream) {
+  if (!fragment_passes_supported(a.dtype, a.shape.head_dim) || chunks < 1)
+    return cudaErrorInvalidValue;
+  const bool bf16 = a.dtype == DType::bf16;
+  if (a.shape.head_dim == 64) {
+    return bf16 ? launch<__nv_bfloat16, 64>(a, chunks, stream)
+                : launch<__half, 64>(a, chunks, stream);
+  }
+  return bf16 ? launch<__nv_bfloat16, 32>(a, chunks, stream)
+              : launch<__half, 32>(a, chunks, stream);
+}
+
+}  // namespace mhla_kernels
