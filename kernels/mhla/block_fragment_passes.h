@@ -1,7 +1,8 @@
 #pragma once
 // Four passes of the bidirectional block-linear kernels (block_linear_attention.h) on mma.sync
-// fragments, for 16-bit inputs and D in {32, 64}: the states, output, query and key passes. Same grid as the WMMA kernels (one CTA per batch*head, block and chunk of 256 tokens)
-// and the same results up to rounding; block_linear_attention.cu takes them where they apply.
+// fragments, for 16-bit inputs and D in {32, 64}: the states, output, query and key passes. Same
+// grid as the WMMA kernels (one CTA per batch*head, block and chunk of 256 tokens) and the same
+// results up to rounding; block_linear_attention.cu takes them where they apply.
 //   states : S_j += phi(K)^T V, z_j += sum phi(k)                          per block
 //   output : o = phi(q) S'_i / (phi(q) . z'_i + eps)                       per token
 //   query  : dnum = dO / den, dden = -(dO . o) / den;
@@ -28,7 +29,6 @@ cudaError_t fragment_states(const BlockLinearForward& args, int chunks, cudaStre
 cudaError_t fragment_output(const BlockLinearForward& args, int chunks, cudaStream_t stream);
 cudaError_t fragment_query_backward(const BlockLinearBackward& args, int chunks,
                                     cudaStream_t stream);
-cudaError_t fragment_key_backward(const BlockLinearBackward& args, int chunks,
-                                  cudaStream_t stream);
+cudaError_t fragment_key_backward(const BlockLinearBackward& args, int chunks, cudaStream_t stream);
 
 }  // namespace mhla_kernels

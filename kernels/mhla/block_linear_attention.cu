@@ -15,8 +15,8 @@
 #include <string>
 
 #include "common/device_info.h"
-#include "mhla/block_linear_attention.h"
 #include "mhla/block_fragment_passes.h"
+#include "mhla/block_linear_attention.h"
 #include "mhla/block_work.cuh"
 #include "mhla/state_tiles.cuh"
 #include "mhla/tiles.cuh"

@@ -44,16 +44,15 @@ __global__ void __launch_bounds__(kFragmentThreads, 4)
     cursor += align128(bytes);
     return at;
   };
-  E* dstate = reinterpret_cast<E*>(take(D * ld * 2));  // dS [d][c]
-  E* phi = reinterpret_cast<E*>(take(kTile * ld * 2));  // then dv
+  E* dstate = reinterpret_cast<E*>(take(D * ld * 2));     // dS [d][c]
+  E* phi = reinterpret_cast<E*>(take(kTile * ld * 2));    // then dv
   E* k_raw = reinterpret_cast<E*>(take(kTile * ld * 2));  // then dk
   E* v_raw = reinterpret_cast<E*>(take(kTile * ld * 2));
   float* dz = reinterpret_cast<float*>(take(D * 4));
   float* scale_rows = reinterpret_cast<float*>(take(kTile * 4));
 
   const Work w = work_of(p.shape, chunks);
-  const size_t state_offset =
-      (static_cast<size_t>(w.bh) * p.shape.blocks + w.block) * (D * D + D);
+  const size_t state_offset = (static_cast<size_t>(w.bh) * p.shape.blocks + w.block) * (D * D + D);
   const int warp = threadIdx.x / 32;
   const int row = lane_row(), seg = lane_half();
   uint4 raw_k[R::words], raw_v[R::words];

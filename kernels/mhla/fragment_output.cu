@@ -43,14 +43,13 @@ __global__ void __launch_bounds__(kFragmentThreads, 4)
     cursor += align128(bytes);
     return at;
   };
-  E* mixed = reinterpret_cast<E*>(take(D * ld * 2));  // S' [d][c]
+  E* mixed = reinterpret_cast<E*>(take(D * ld * 2));    // S' [d][c]
   E* phi = reinterpret_cast<E*>(take(kTile * ld * 2));  // then the output rows
   float* z = reinterpret_cast<float*>(take(D * 4));
   float* inv_den = reinterpret_cast<float*>(take(kTile * 4));
 
   const Work w = work_of(p.shape, chunks);
-  const size_t state_offset =
-      (static_cast<size_t>(w.bh) * p.shape.blocks + w.block) * (D * D + D);
+  const size_t state_offset = (static_cast<size_t>(w.bh) * p.shape.blocks + w.block) * (D * D + D);
   const int warp = threadIdx.x / 32;
   const int row = lane_row(), seg = lane_half();
   uint4 raw_q[R::words];
@@ -73,8 +72,8 @@ __global__ void __launch_bounds__(kFragmentThreads, 4)
         features<E>(raw_q[u], scale, live, x);
         const float4 z0 = *reinterpret_cast<const float4*>(z + d0);
         const float4 z1 = *reinterpret_cast<const float4*>(z + d0 + 4);
-        den += x[0] * z0.x + x[1] * z0.y + x[2] * z0.z + x[3] * z0.w + x[4] * z1.x +
-               x[5] * z1.y + x[6] * z1.z + x[7] * z1.w;
+        den += x[0] * z0.x + x[1] * z0.y + x[2] * z0.z + x[3] * z0.w + x[4] * z1.x + x[5] * z1.y +
+               x[6] * z1.z + x[7] * z1.w;
         *reinterpret_cast<uint4*>(phi + row * ld + d0) = from_floats<E>(x);
       }
       den = pair_sum(den);

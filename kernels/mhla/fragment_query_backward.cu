@@ -27,8 +27,8 @@ using namespace fragment_rows;
 
 template <int D>
 struct QueryLayout {
-  static constexpr int ld = D + 8;                           // S', phi(Q) and raw q rows
-  static constexpr int ldn = StateSlices<D>::ld_extra;       // dnum, dden in column D
+  static constexpr int ld = D + 8;                      // S', phi(Q) and raw q rows
+  static constexpr int ldn = StateSlices<D>::ld_extra;  // dnum, dden in column D
   static constexpr int state = D * D + D;
 };
 
@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
 #pragma unroll
       for (int j = 0; j < D / 16; ++j) dphi[0][j].zero();
       wmma_tiles::mma_block<E, false, true, 1, D / 16>(dphi, dnum, Q::ldn, mixed, Q::ld, warp, 0,
-                                                        D);
+                                                       D);
       const int r0 = accumulator_row(0), r1 = accumulator_row(1);
       const float scale[2] = {scale_rows[r0], scale_rows[r1]};
       const float dden[2] = {dden_rows[r0], dden_rows[r1]};
@@ -165,8 +165,7 @@ cudaError_t launch(const BlockLinearBackward& a, int chunks, cudaStream_t stream
 
 }  // namespace
 
-cudaError_t fragment_query_backward(const BlockLinearBackward& a, int chunks,
-                                    cudaStream_t stream) {
+cudaError_t fragment_query_backward(const BlockLinearBackward& a, int chunks, cudaStream_t stream) {
   if (!fragment_passes_supported(a.dtype, a.shape.head_dim) || chunks < 1)
     return cudaErrorInvalidValue;
   const bool bf16 = a.dtype == DType::bf16;

@@ -1,6 +1,7 @@
 #pragma once
-// Building blocks of the bidirectional token passes on mma.sync fragments (block_fragment_passes.h):
-// each warp of a four-warp CTA owns 16 token rows of a 64-token tile and sees them in two forms.
+// Building blocks of the bidirectional token passes on mma.sync fragments
+// (block_fragment_passes.h): each warp of a four-warp CTA owns 16 token rows of a 64-token tile and
+// sees them in two forms.
 //   row form:         two lanes per row, each with half of the row's D elements as 16-byte words
 //                     (lane 2r and 2r + 1 of the warp hold row r), for the row sums of the
 //                     feature map and the normalizer (one shuffle each);
@@ -34,7 +35,9 @@ struct RowHalves {
 __device__ __forceinline__ int lane_row() {
   return static_cast<int>(threadIdx.x / 32) * 16 + static_cast<int>(threadIdx.x % 32) / 2;
 }
-__device__ __forceinline__ int lane_half() { return static_cast<int>(threadIdx.x % 2); }
+__device__ __forceinline__ int lane_half() {
+  return static_cast<int>(threadIdx.x % 2);
+}
 
 template <typename E>
 __device__ __forceinline__ void to_floats(const uint4& word, float (&x)[8]) {
@@ -104,8 +107,8 @@ __device__ __forceinline__ void features(const uint4& word, float scale, bool li
   to_floats<E>(word, phi);
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    phi[i] = live ? to_float(from_float<E>(fmaxf(phi[i] * scale, 0.f) + tiles::kFeatureFloor))
-                   : 0.f;
+    phi[i] =
+        live ? to_float(from_float<E>(fmaxf(phi[i] * scale, 0.f) + tiles::kFeatureFloor)) : 0.f;
   }
 }
 
@@ -126,8 +129,7 @@ __device__ __forceinline__ int accumulator_row(int r) {
 template <typename E, int D>
 __device__ __forceinline__ void feature_backward(TileAccumulator (&g)[1][D / 16], const E* x_tile,
                                                  E* out_tile, int ld, const float (&scale)[2],
-                                                 const float (&row_coef)[2],
-                                                 const float* col_add) {
+                                                 const float (&row_coef)[2], const float* col_add) {
   namespace mma = wmma_tiles::detail;
   const int lane = static_cast<int>(threadIdx.x % 32), quad = lane / 8, row8 = lane % 8;
   const int first = static_cast<int>(threadIdx.x / 32) * 16;
@@ -197,9 +199,8 @@ __device__ __forceinline__ void store_rows(const TileAccumulator (&acc)[1][D / 1
       const int c = j * 16 + h * 8 + (lane % 4) * 2;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        *reinterpret_cast<unsigned*>(tile + (first + lane / 4 + 8 * r) * ld + c) =
-            pack_pair<E>(acc[0][j].x[h][2 * r] * row_factor[r],
-                         acc[0][j].x[h][2 * r + 1] * row_factor[r]);
+        *reinterpret_cast<unsigned*>(tile + (first + lane / 4 + 8 * r) * ld + c) = pack_pair<E>(
+            acc[0][j].x[h][2 * r] * row_factor[r], acc[0][j].x[h][2 * r + 1] * row_factor[r]);
       }
     }
   }
@@ -208,8 +209,8 @@ __device__ __forceinline__ void store_rows(const TileAccumulator (&acc)[1][D / 1
 // The warp's 16 rows of a shared tile to a contiguous [B, N, H, D] tensor at token n0 of
 // (b, h), 16 bytes per store; rows at or past `valid` (tile rows) are not written.
 template <typename T, int D>
-__device__ __forceinline__ void copy_rows_out(const T* tile, int ld, T* out, int tokens,
-                                              int heads, int b, int h, int n0, int valid) {
+__device__ __forceinline__ void copy_rows_out(const T* tile, int ld, T* out, int tokens, int heads,
+                                              int b, int h, int n0, int valid) {
   constexpr int kWordsPerRow = D / 8;
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int first = static_cast<int>(threadIdx.x / 32) * 16;
@@ -247,19 +248,18 @@ __device__ __forceinline__ void accumulate_state(
   using S = StateSlices<D>;
   const int row_tile = S::row_tile(), group = S::group();
   wmma_tiles::mma_block<E, true, false, 1, S::col_tiles>(acc, phi, D + 8, x, S::ld_extra, row_tile,
-                                                        group * S::col_tiles, rows);
+                                                         group * S::col_tiles, rows);
   if (group == 0) {
-    wmma_tiles::mma_tile<E, true, false>(extra, phi, D + 8, x, S::ld_extra, row_tile, D / 16,
-                                         rows);
+    wmma_tiles::mma_tile<E, true, false>(extra, phi, D + 8, x, S::ld_extra, row_tile, D / 16, rows);
   }
 }
 
 // The warp's slice of the state (D x D then the extra column as the last D floats) into fp32
 // global memory: stored when one CTA owns the state, added atomically when chunks share it.
 template <int D>
-__device__ __forceinline__ void write_state(const TileAccumulator (&acc)[1][StateSlices<D>::col_tiles],
-                                            const TileAccumulator& extra, float* state,
-                                            bool atomic) {
+__device__ __forceinline__ void write_state(
+    const TileAccumulator (&acc)[1][StateSlices<D>::col_tiles], const TileAccumulator& extra,
+    float* state, bool atomic) {
   using S = StateSlices<D>;
   const int row_tile = S::row_tile(), group = S::group();
   const int lane = static_cast<int>(threadIdx.x % 32);

@@ -71,8 +71,8 @@ __global__ void __launch_bounds__(kFragmentThreads, 4)
       }
       store_extra_column<E, D>(values, row, live ? 1.f : 0.f);
     }
-    if (n0 + kTile < w.end) issue(n0 + kTile);  // in flight through step 2
-    __syncthreads();  // phi and v of all rows are in
+    if (n0 + kTile < w.end) issue(n0 + kTile);            // in flight through step 2
+    __syncthreads();                                      // phi and v of all rows are in
     accumulate_state<E, D>(state, z, phi, values, rows);  // 2.
   }
   float* out = p.states + (static_cast<size_t>(w.bh) * p.shape.blocks + w.block) * (D * D + D);
