@@ -23,6 +23,10 @@ namespace mhla_kernels {
 // Whether the fragment passes take this input type and head dimension.
 bool fragment_passes_supported(DType dtype, int head_dim);
 
+// Whether block_linear_forward / block_linear_backward run all four passes on fragments for this
+// input type and head dimension (supported, and not switched off by MHLA_FRAGMENT_PASSES).
+bool fragment_passes_in_use(DType dtype, int head_dim);
+
 // Each launches its pass over `chunks` chunks per block; with more than one chunk per block the
 // states and query passes add into their state set, which must then be zero on entry.
 cudaError_t fragment_states(const BlockLinearForward& args, int chunks, cudaStream_t stream);

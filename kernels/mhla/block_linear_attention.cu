@@ -432,6 +432,15 @@ bool fragment_pass(const char* name) {
   return chosen.find(name) != std::string::npos;
 }
 
+}  // namespace
+
+bool fragment_passes_in_use(DType dtype, int head_dim) {
+  return fragment_passes_supported(dtype, head_dim) && fragment_pass("states") &&
+         fragment_pass("output") && fragment_pass("query") && fragment_pass("key");
+}
+
+namespace {
+
 int chunks_per_block(const BlockLinearShape& s) {
   const int length = s.tokens / s.blocks;
   return (length + kChunk - 1) / kChunk;

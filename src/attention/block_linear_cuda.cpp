@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/kernel_dtype.h"
 #include "linear_attn/linear_attn.h"
+#include "mhla/block_fragment_passes.h"
 #include "mhla/block_linear_attention.h"
 #include "mhla/cluster_block_linear.h"
 #include "mhla/dense_block_linear.h"
@@ -414,13 +415,25 @@ bool resident_takes(const torch::Tensor& q, const torch::Tensor& v, int64_t bloc
   return kernels::resident_block_linear_supported(shape_of(q, blocks), kernel_dtype(type));
 }
 
-// The resident kernels for short sequences, the state kernels otherwise (`cuda` backend;
+// Linear attention (one block, no mixing) on the state kernels' fragment passes beats the
+// resident kernels even where those fit: 0.260 against 0.528 ms at B = 256, N = 256, H = 6,
+// D = 64 on the H200 (experiments/attention_vision.md, session 24). MHLA's short blocks keep the
+// resident kernels (its state kernels took 1.817 ms there: one state per 16 tokens).
+bool states_beat_resident(const torch::Tensor& q, const torch::Tensor& v,
+                          const torch::Tensor& mixing) {
+  const auto type = v.scalar_type();
+  return mixing.numel() == 0 && (type == torch::kFloat16 || type == torch::kBFloat16) &&
+         kernels::fragment_passes_in_use(kernel_dtype(type), static_cast<int>(q.size(3)));
+}
+
+// The resident kernels for short MHLA sequences, the state kernels otherwise (`cuda` backend;
 // family_order says how to put the cluster kernels first).
 torch::Tensor block_linear_by_family(const torch::Tensor& q, const torch::Tensor& k,
                                               const torch::Tensor& v, const torch::Tensor& mixing,
                                               int64_t blocks) {
   for (const Family family : family_order()) {
-    if (family == Family::resident && resident_takes(q, v, blocks)) {
+    if (family == Family::resident && resident_takes(q, v, blocks) &&
+        !states_beat_resident(q, v, mixing)) {
       return ResidentBlockLinearFunction::apply(q, k, v, mixing, blocks);
     }
     if (family == Family::cluster && cluster_takes(q, v, blocks)) {
