@@ -8,6 +8,8 @@
 // backward of the mix (d states and d mixing in one pass) against float64, with more items than
 // its persistent CTAs.
 #include "catch_compat.h"
+
+#include <cmath>
 #include "test_helpers.h"
 
 #ifdef MHLA_WITH_CUDA_KERNELS
@@ -186,8 +188,42 @@ TEST_CASE("attention: fused block mix backward against float64", "[attention][gp
     CHECK(test::relative_error(grad_states, expected_states) < 1e-5);
     CHECK(test::relative_error(grad_mixing, expected_mixing) < 1e-5);
   }
+  // d states as a packed set (the bidirectional MHLA binding's bf16 path): the matrix part is
+  // the fp32 result rounded to bf16 (round to nearest: within half a bf16 ulp, 2^-9 relative),
+  // the rest fp32; dm is unchanged. 4,160 = 64 x 64 + 64 and 1,056 = 32 x 32 + 32 floats.
+  for (const Case& c : {Case{3, 16, 4160}, Case{400, 16, 4160}, Case{33, 16, 1056},
+                        Case{9, 24, 1056}}) {
+    const int64_t matrix = c.elements == 4160 ? 4096 : 1024;
+    INFO("packed: BH=" << c.batch_heads << " blocks=" << c.blocks << " E=" << c.elements);
+    auto grad_mixed = torch::randn({c.batch_heads, c.blocks, c.elements}, cuda);
+    auto states = torch::randn({c.batch_heads, c.blocks, c.elements}, cuda);
+    auto mixing = torch::rand({c.blocks, c.blocks}, cuda);
+    if (c.blocks > 16) mixing = mixing.tril(-1);
+    auto [packed, grad_mixing] = mix_block_states_backward(mixing, grad_mixed, states, matrix);
+    REQUIRE(packed.sizes() ==
+            torch::IntArrayRef({c.batch_heads, c.blocks, matrix / 2 + c.elements - matrix}));
+    auto expected = torch::einsum("ij,bie->bje",
+                                  {mixing.to(torch::kFloat64), grad_mixed.to(torch::kFloat64)});
+    auto matrix_part = packed.narrow(2, 0, matrix / 2)
+                           .contiguous()
+                           .view(torch::kBFloat16)
+                           .to(torch::kFloat64);
+    auto rest = packed.narrow(2, matrix / 2, c.elements - matrix);
+    auto expected_matrix = expected.narrow(2, 0, matrix);
+    CHECK(((matrix_part - expected_matrix).abs() <=
+           expected_matrix.abs() * std::ldexp(1.0, -9) + 1e-30)
+              .all()
+              .item<bool>());
+    CHECK(test::relative_error(rest, expected.narrow(2, matrix, c.elements - matrix)) < 1e-5);
+    CHECK(test::relative_error(grad_mixing,
+                               torch::einsum("bie,bje->ij", {grad_mixed.to(torch::kFloat64),
+                                                             states.to(torch::kFloat64)})) <
+          1e-5);
+  }
   auto x = torch::randn({2, 4, 8}, cuda);
   auto m = torch::rand({4, 4}, cuda);
+  CHECK(test::contains(test::error_of([&] { mix_block_states_backward(m, x, x, 4); }),
+                       "a packed d states needs a matrix part of 0 to 8 elements, a multiple of 8"));
   CHECK(test::contains(
       test::error_of([&] { mix_block_states_backward(m, x.to(torch::kFloat64), x); }),
       "block mix backward: d mixed and states must be contiguous fp32"));

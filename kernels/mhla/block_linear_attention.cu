@@ -13,6 +13,7 @@
 // fp32 inputs) from shared memory with fp32 accumulation. States stay fp32 in global memory.
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "common/device_info.h"
 #include "mhla/block_fragment_passes.h"
@@ -447,9 +448,19 @@ int chunks_per_block(const BlockLinearShape& s) {
 }
 
 
+// Packed state sets are read by the fragment passes of bf16 inputs only.
+template <typename T>
+bool reads_packed(DType dtype, int head_dim, const char* pass) {
+  return std::is_same_v<T, __nv_bfloat16> && fragment_pass(pass) &&
+         fragment_passes_supported(dtype, head_dim);
+}
+
 template <typename T, int D>
 cudaError_t forward_for(const BlockLinearForward& a, cudaStream_t stream) {
   const auto& s = a.shape;
+  if (a.packed_mixed && (!reads_packed<T>(a.dtype, D, "output") ||
+                         ((a.passes & kBlockMixPass) && a.mixing != nullptr)))
+    return cudaErrorInvalidValue;
   const int chunks = chunks_per_block(s);
   const dim3 grid(s.blocks * chunks, s.batch * s.heads);
   const size_t state_bytes = block_linear_state_floats(s) * sizeof(float);
@@ -495,6 +506,10 @@ cudaError_t forward_for(const BlockLinearForward& a, cudaStream_t stream) {
 template <typename T, int D>
 cudaError_t backward_for(const BlockLinearBackward& a, cudaStream_t stream) {
   const auto& s = a.shape;
+  if ((a.packed_mixed && !reads_packed<T>(a.dtype, D, "query")) ||
+      (a.packed_grad_states && (!reads_packed<T>(a.dtype, D, "key") ||
+                                ((a.passes & kBlockMixPass) && a.mixing != nullptr))))
+    return cudaErrorInvalidValue;
   const int chunks = chunks_per_block(s);
   const dim3 grid(s.blocks * chunks, s.batch * s.heads);
   const size_t state_bytes = block_linear_state_floats(s) * sizeof(float);
@@ -571,6 +586,11 @@ struct BackwardPass {
 size_t block_linear_state_floats(const BlockLinearShape& s) {
   return static_cast<size_t>(s.batch) * s.heads * s.blocks *
          (static_cast<size_t>(s.head_dim) * s.head_dim + s.head_dim);
+}
+
+size_t block_linear_packed_floats(const BlockLinearShape& s) {
+  return static_cast<size_t>(s.batch) * s.heads * s.blocks *
+         (static_cast<size_t>(s.head_dim) * s.head_dim / 2 + s.head_dim);
 }
 
 cudaError_t block_linear_forward(const BlockLinearForward& args, cudaStream_t stream) {

@@ -32,6 +32,8 @@ struct BlockLinearShape {
 
 // Floats of one set of states (S and z for every batch, head and block): B * H * M * (D*D + D).
 size_t block_linear_state_floats(const BlockLinearShape& shape);
+// Floats of a packed set: per state D * D bf16 then D fp32, B * H * M * (D*D / 2 + D).
+size_t block_linear_packed_floats(const BlockLinearShape& shape);
 
 // Pass selection (bitmasks): a caller that mixes the states itself (the MHLA binding, by its state-mix kernel) runs
 // the states and output passes (forward) or the query and key passes (backward) around its own.
@@ -48,6 +50,10 @@ struct BlockLinearForward {
   void* out = nullptr;            // [B, N, H, D] contiguous
   float* states = nullptr;        // state_floats: S_j, kept for the backward pass
   float* mixed = nullptr;         // state_floats: S'_i (may equal states when mixing is null)
+  // mixed is a packed set (block_linear_packed_floats): each S'_i as D * D bf16, then z'_i fp32.
+  // The passes round S' to bf16 anyway, so the output is the same; bf16 inputs whose passes
+  // all run on fragments only (block_fragment_passes.h: fragment_passes_in_use).
+  bool packed_mixed = false;
 };
 
 struct BlockLinearBackward {
@@ -64,6 +70,8 @@ struct BlockLinearBackward {
   float* grad_mixing = nullptr;  // [M, M] fp32, overwritten (summed over batch and heads)
   float* grad_mixed = nullptr;   // workspace, state_floats
   float* grad_states = nullptr;  // workspace, state_floats (may equal grad_mixed without mixing)
+  bool packed_mixed = false;        // as in BlockLinearForward
+  bool packed_grad_states = false;  // grad_states packed the same way (the key pass reads it)
 };
 
 // Return cudaSuccess or the first launch error; a shape the kernels do not cover returns

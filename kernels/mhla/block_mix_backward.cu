@@ -10,6 +10,8 @@
 // (shuffles, then shared memory) and added to grad_mixing once per CTA.
 #include <algorithm>
 
+#include <cuda_bf16.h>
+
 #include "common/device_info.h"
 #include "mhla/block_mix_backward.h"
 
@@ -114,13 +116,29 @@ __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackw
 #pragma unroll
       for (int a = 0; a < S::out_rows; ++a) fma4(out[a], weights[i][out0 + a], xi);
     }
-    if (e < p.elements) {
+    if (e < p.elements && p.packed_matrix == 0) {
       float* dst = p.grad_states + static_cast<size_t>(bh) * p.blocks * p.elements + e;
 #pragma unroll
       for (int a = 0; a < S::out_rows; ++a) {
         const int j = out0 + a;
         if (j < p.blocks)
           *reinterpret_cast<float4*>(dst + static_cast<size_t>(j) * p.elements) = out[a];
+      }
+    } else if (e < p.elements) {  // packed: four bf16 (8 bytes) in the matrix part, else fp32
+      const int64_t row = p.packed_matrix / 2 + p.elements - p.packed_matrix;
+#pragma unroll
+      for (int a = 0; a < S::out_rows; ++a) {
+        const int j = out0 + a;
+        if (j >= p.blocks) continue;
+        float* state = p.grad_states + (static_cast<size_t>(bh) * p.blocks + j) * row;
+        if (e < p.packed_matrix) {
+          const __nv_bfloat162 pair[2] = {__floats2bfloat162_rn(out[a].x, out[a].y),
+                                          __floats2bfloat162_rn(out[a].z, out[a].w)};
+          *reinterpret_cast<uint2*>(reinterpret_cast<__nv_bfloat16*>(state) + e) =
+              *reinterpret_cast<const uint2*>(pair);
+        } else {
+          *reinterpret_cast<float4*>(state + p.packed_matrix / 2 + e - p.packed_matrix) = out[a];
+        }
       }
     }
     // dm_ij += dS'_i . S_j over this thread's corner.
@@ -215,7 +233,8 @@ bool block_mix_backward_supported(int blocks, int64_t elements) {
 cudaError_t block_mix_backward(const BlockMixBackward& p, cudaStream_t stream) {
   if (p.grad_mixed == nullptr || p.states == nullptr || p.mixing == nullptr ||
       p.grad_states == nullptr || p.grad_mixing == nullptr || p.batch_heads <= 0 ||
-      !block_mix_backward_supported(p.blocks, p.elements))
+      !block_mix_backward_supported(p.blocks, p.elements) || p.packed_matrix < 0 ||
+      p.packed_matrix % 8 != 0 || p.packed_matrix > p.elements)
     return cudaErrorInvalidValue;
   return p.blocks <= 16 ? launch<16>(p, stream) : launch<32>(p, stream);
 }

@@ -24,6 +24,10 @@ struct BlockMixBackward {
   float* grad_mixing = nullptr;       // [blocks, blocks]: the products are ADDED (zero it first)
   int batch_heads = 0, blocks = 0;    // 1 <= blocks <= kMixBackwardMaxBlocks
   int64_t elements = 0;               // per state; a multiple of 4, 16-byte aligned rows
+  // > 0: grad_states is a packed set: the first packed_matrix elements of each state (a multiple
+  // of 8) in bf16, the rest fp32, states of packed_matrix / 2 + elements - packed_matrix floats
+  // (what block_state_mix writes with the same setting).
+  int64_t packed_matrix = 0;
 };
 
 // Whether the fused pass takes these sizes (otherwise: block_state_mix + block_pair_products).

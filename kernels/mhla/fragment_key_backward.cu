@@ -52,7 +52,6 @@ __global__ void __launch_bounds__(kFragmentThreads, 4)
   float* scale_rows = reinterpret_cast<float*>(take(kTile * 4));
 
   const Work w = work_of(p.shape, chunks);
-  const size_t state_offset = (static_cast<size_t>(w.bh) * p.shape.blocks + w.block) * (D * D + D);
   const int warp = threadIdx.x / 32;
   const int row = lane_row(), seg = lane_half();
   uint4 raw_k[R::words], raw_v[R::words];
@@ -62,7 +61,8 @@ __global__ void __launch_bounds__(kFragmentThreads, 4)
     load_half<T, D>(p.v, w.b, n0 + row, w.h, live, raw_v);
   };
   if (w.begin < w.end) issue(w.begin);
-  load_state<T, D, kFragmentThreads>(p.grad_states + state_offset, dstate, dz);
+  load_any_state<T, D>(p.grad_states, static_cast<size_t>(w.bh) * p.shape.blocks + w.block,
+                       p.packed_grad_states, dstate, dz);
   __syncthreads();  // the only barrier: from here on each warp touches only its own rows
 
   T* grad_k = static_cast<T*>(p.grad_k);

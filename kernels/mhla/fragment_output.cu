@@ -49,13 +49,13 @@ __global__ void __launch_bounds__(kFragmentThreads, 4)
   float* inv_den = reinterpret_cast<float*>(take(kTile * 4));
 
   const Work w = work_of(p.shape, chunks);
-  const size_t state_offset = (static_cast<size_t>(w.bh) * p.shape.blocks + w.block) * (D * D + D);
   const int warp = threadIdx.x / 32;
   const int row = lane_row(), seg = lane_half();
   uint4 raw_q[R::words];
   auto issue = [&](int n0) { load_half<T, D>(p.q, w.b, n0 + row, w.h, row < w.end - n0, raw_q); };
   if (w.begin < w.end) issue(w.begin);
-  load_state<T, D, kFragmentThreads>(p.mixed + state_offset, mixed, z);
+  load_any_state<T, D>(p.mixed, static_cast<size_t>(w.bh) * p.shape.blocks + w.block,
+                       p.packed_mixed, mixed, z);
   __syncthreads();  // the only barrier: from here on each warp touches only its own rows
 
   T* out = static_cast<T*>(p.out);

@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
   constexpr int kDnumStride = static_cast<int>(align128(kTile * Q::ldn * 2) / 2);
 
   const Work w = work_of(p.shape, chunks);
-  const size_t state_offset = (static_cast<size_t>(w.bh) * p.shape.blocks + w.block) * Q::state;
+  const size_t state_index = static_cast<size_t>(w.bh) * p.shape.blocks + w.block;
   const int warp = threadIdx.x / 32;
 
   using R = RowHalves<D>;
@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
     load_half<T, D>(p.out, w.b, n0 + row, w.h, live, raw_o);
   };
   if (w.begin < w.end) issue(w.begin);
-  load_state<T, D, kFragmentThreads>(p.mixed + state_offset, mixed, z);
+  load_any_state<T, D>(p.mixed, state_index, p.packed_mixed, mixed, z);
   __syncthreads();
 
   TileAccumulator dstate[1][StateSlices<D>::col_tiles], dz;
@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
     // 3. dS' += phi(Q)^T dnum and dz' += phi(Q)^T dden over the tile.
     accumulate_state<E, D>(dstate, dz, phi, dnum, rows);
   }
-  write_state<D>(dstate, dz, p.grad_mixed + state_offset, chunks > 1);
+  write_state<D>(dstate, dz, p.grad_mixed + state_index * Q::state, chunks > 1);
 }
 
 template <typename T, int D>

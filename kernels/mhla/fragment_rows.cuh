@@ -12,9 +12,11 @@
 #include <cuda_fp16.h>
 
 #include <cstddef>
+#include <type_traits>
 
 #include "common/element_type.cuh"
 #include "common/wmma_gemm.cuh"
+#include "mhla/state_tiles.cuh"
 #include "mhla/tiles.cuh"
 
 namespace mhla_kernels {
@@ -289,6 +291,46 @@ __device__ __forceinline__ void write_state(
       state[D * D + d + 8] = extra.x[0][2];
     }
   }
+}
+
+// A state of a packed set (block_linear_attention.h: D * D bf16, then D fp32) into shared memory:
+// the matrix rows into s (row stride D + 8), z into its fp32 array. Every load is issued before
+// any store. The CTA's threads share it; a barrier must follow.
+template <int D>
+__device__ __forceinline__ void load_packed_state(const float* state, __nv_bfloat16* s, float* z) {
+  constexpr int kWordsPerRow = D / 8, kWords = D * kWordsPerRow;
+  constexpr int kPerThread = (kWords + kFragmentThreads - 1) / kFragmentThreads;
+  const uint4* src = reinterpret_cast<const uint4*>(state);
+  uint4 words[kPerThread];
+#pragma unroll
+  for (int u = 0; u < kPerThread; ++u) {
+    const int c = static_cast<int>(threadIdx.x) + u * kFragmentThreads;
+    if (c < kWords) words[u] = __ldg(src + c);
+  }
+#pragma unroll
+  for (int u = 0; u < kPerThread; ++u) {
+    const int c = static_cast<int>(threadIdx.x) + u * kFragmentThreads;
+    if (c < kWords) {
+      *reinterpret_cast<uint4*>(s + (c / kWordsPerRow) * (D + 8) + (c % kWordsPerRow) * 8) =
+          words[u];
+    }
+  }
+  for (int e = static_cast<int>(threadIdx.x); e < D; e += kFragmentThreads)
+    z[e] = state[D * D / 2 + e];
+}
+
+// S (and z) of one state for a pass: from a packed set when `packed` (bf16 T only: the host
+// refuses packed sets for other inputs), else from fp32 (tiles::load_state).
+template <typename T, int D>
+__device__ __forceinline__ void load_any_state(const float* set, size_t state_index, bool packed,
+                                               T* s, float* z) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if (packed) {
+      load_packed_state<D>(set + state_index * (D * D / 2 + D), s, z);
+      return;
+    }
+  }
+  tiles::load_state<T, D, kFragmentThreads>(set + state_index * (D * D + D), s, z);
 }
 
 // Columns D .. D + 15 of this lane's row of an extra-column tile: lane 0 of the pair writes

@@ -69,8 +69,19 @@ torch::Tensor by_block(const torch::Tensor& states, const torch::Tensor& q, int6
   return states.view({q.size(0) * q.size(2), blocks, -1});
 }
 
+// Whether MHLA keeps its mixed states S' and their gradient dS as packed sets (bf16 matrices):
+// the fragment passes that read them round them to bf16 anyway, so results do not change and
+// two reads and two writes of the sets take half the bytes. bf16 inputs whose four passes run
+// on fragments; MHLA_PACKED_STATE_SETS=0 keeps them fp32 for A/B runs.
+bool packs_state_sets(const kernels::BlockLinearShape& shape, kernels::DType dtype) {
+  static const bool enabled = environment_switch("MHLA_PACKED_STATE_SETS", true);
+  return enabled && dtype == kernels::DType::bf16 &&
+         kernels::fragment_passes_in_use(dtype, shape.head_dim);
+}
+
 // One autograd function for both ops: without a mixing matrix it calls the linear-attention
-// kernels, with one the MHLA kernels. Saves q, k, v, the output and the fp32 block states.
+// kernels, with one the MHLA kernels. Saves q, k, v, the output, the fp32 block states and (MHLA)
+// the mixed states.
 class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q_in,
@@ -101,7 +112,11 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
       a.states = states.data_ptr<float>();
       a.passes = kernels::kBlockStatesPass;
       check_launch(kernels::block_linear_forward(a, stream), "mhla forward (states)");
-      mixed = mix_block_states(mixing, by_block(states, q, blocks)).view({-1});
+      a.packed_mixed = packs_state_sets(shape, a.dtype);
+      const int64_t d = q.size(3);
+      mixed = mix_block_states(mixing, by_block(states, q, blocks), kernels::MixPattern::dense,
+                               a.packed_mixed ? d * d : 0)
+                  .view({-1});
       a.mixed = mixed.data_ptr<float>();
       a.passes = kernels::kBlockOutputPass;
       check_launch(kernels::block_linear_forward(a, stream), "mhla forward (output)");
@@ -128,6 +143,8 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
     auto states = saved[5], mixed = saved[6];
     const int64_t blocks = ctx->saved_data["blocks"].toInt();
     const bool mixes = mixing.numel() > 0;
+    // The forward's choice (a packed mixed set is smaller than the states).
+    const bool packed = mixed.numel() < states.numel();
     auto grad_out = readable(grads[0], v.scalar_type());
     const auto shape = shape_of(q, blocks);
     auto contiguous = v.options().memory_format(torch::MemoryFormat::Contiguous);
@@ -150,13 +167,16 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
       a.mixed = mixed.data_ptr<float>();
       a.grad_q = dq.data_ptr(), a.grad_k = dk.data_ptr(), a.grad_v = dv.data_ptr();
       a.grad_mixed = grad_mixed.data_ptr<float>();
+      a.packed_mixed = packed;
       a.passes = kernels::kBlockQueryPass;
       check_launch(kernels::block_linear_backward(a, stream), "mhla backward (query pass)");
       const auto grad_mixed_blocks = by_block(grad_mixed, q, blocks);
       torch::Tensor grad_states;
-      std::tie(grad_states, dmixing) =
-          mix_block_states_backward(mixing, grad_mixed_blocks, by_block(states, q, blocks));
+      const int64_t d = q.size(3);
+      std::tie(grad_states, dmixing) = mix_block_states_backward(
+          mixing, grad_mixed_blocks, by_block(states, q, blocks), packed ? d * d : 0);
       a.grad_states = grad_states.data_ptr<float>();
+      a.packed_grad_states = packed;
       a.passes = kernels::kBlockKeyPass;
       check_launch(kernels::block_linear_backward(a, stream), "mhla backward (key pass)");
     } else {

@@ -101,13 +101,20 @@ torch::Tensor block_pair_products(const torch::Tensor& x, const torch::Tensor& y
 
 std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(const torch::Tensor& mixing,
                                                                   const torch::Tensor& grad_mixed,
-                                                                  const torch::Tensor& states) {
+                                                                  const torch::Tensor& states,
+                                                                  int64_t packed_matrix) {
   static const bool fused = environment_switch("MHLA_FUSED_MIX_BACKWARD", true);
   const int64_t blocks = states.size(1);
   if (!fused ||
       !mhla_kernels::block_mix_backward_supported(static_cast<int>(blocks), states.size(2))) {
-    return {mix_block_states(mixing.t(), grad_mixed),
+    return {mix_block_states(mixing.t(), grad_mixed, mhla_kernels::MixPattern::dense,
+                             packed_matrix),
             block_pair_products(grad_mixed, states, blocks)};
+  }
+  if (packed_matrix < 0 || packed_matrix % 8 != 0 || packed_matrix > states.size(2)) {
+    fail("block mix backward: a packed d states needs a matrix part of 0 to {} elements, a "
+         "multiple of 8; got {}",
+         states.size(2), packed_matrix);
   }
   if (grad_mixed.dim() != 3 || !grad_mixed.sizes().equals(states.sizes()) ||
       grad_mixed.scalar_type() != torch::kFloat32 || states.scalar_type() != torch::kFloat32 ||
@@ -123,7 +130,11 @@ std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(const torch::T
         c10::toString(mixing.scalar_type()), c10::str(mixing.sizes()));
   }
   auto weights = mixing.contiguous();
-  auto grad_states = torch::empty_like(states);
+  auto grad_states =
+      packed_matrix > 0
+          ? torch::empty({states.size(0), blocks, packed_matrix / 2 + states.size(2) - packed_matrix},
+                         states.options())
+          : torch::empty_like(states);
   auto grad_mixing = torch::zeros({blocks, blocks}, states.options());
   mhla_kernels::BlockMixBackward a;
   a.grad_mixed = grad_mixed.data_ptr<float>();
@@ -134,6 +145,7 @@ std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(const torch::T
   a.batch_heads = static_cast<int>(states.size(0));
   a.blocks = static_cast<int>(blocks);
   a.elements = states.size(2);
+  a.packed_matrix = packed_matrix;
   const c10::cuda::CUDAGuard on_device(states.device());
   check_launch(mhla_kernels::block_mix_backward(
                    a, c10::cuda::getCurrentCUDAStream(states.device().index()).stream()),

@@ -31,12 +31,14 @@ torch::Tensor block_pair_products(const torch::Tensor& x, const torch::Tensor& y
                                   int64_t packed_matrix = 0);
 
 // The backward pass of out = mix_block_states(mixing, states) for dense [nb, nb] mixing: returns
-// {d states [BH, nb, E], d mixing [nb, nb]} from d out. One fused kernel for nb <= 16
+// {d states [BH, nb, E], d mixing [nb, nb]} from d out. One fused kernel for nb <= 32
 // (kernels/mhla/block_mix_backward; MHLA_FUSED_MIX_BACKWARD=0 turns it off), else the mix by the
-// transposed matrix and the pair products.
+// transposed matrix and the pair products. packed_matrix > 0 returns d states as a packed set,
+// as mix_block_states does.
 std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(const torch::Tensor& mixing,
                                                                   const torch::Tensor& grad_mixed,
-                                                                  const torch::Tensor& states);
+                                                                  const torch::Tensor& states,
+                                                                  int64_t packed_matrix = 0);
 
 }  // namespace mhla
 #endif

@@ -26,7 +26,8 @@ inline std::string environment_switches_set() {
         "MHLA_BIDIRECTIONAL_KERNEL", "MHLA_DELTA_GRADS_PERSISTENT", "MHLA_FUSED_SHORT_CONV",
         "MHLA_SHORT_CONV_GROUP", "MHLA_FUSED_ADALN", "MHLA_FUSED_MIX_BACKWARD",
         "MHLA_CAUSAL_LEAN_PASSES", "MHLA_CAUSAL_PACKED_PREFIX", "MHLA_CAUSAL_PACKED_STATES",
-        "MHLA_PAIR_PRODUCTS_SHARED", "MHLA_SWEEP_AHEAD"}) {
+        "MHLA_PAIR_PRODUCTS_SHARED", "MHLA_SWEEP_AHEAD", "MHLA_FRAGMENT_PASSES",
+        "MHLA_PACKED_STATE_SETS"}) {
     if (const char* value = std::getenv(name)) {
       if (!out.empty()) out += ", ";
       out += std::string(name) + "=" + value;
