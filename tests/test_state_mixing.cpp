@@ -189,8 +189,8 @@ TEST_CASE("attention: fused block mix backward against float64", "[attention][gp
     CHECK(test::relative_error(grad_mixing, expected_mixing) < 1e-5);
   }
   // d states as a packed set (the bidirectional MHLA binding's bf16 path): the matrix part is
-  // the fp32 result rounded to bf16 (round to nearest: within half a bf16 ulp, 2^-9 relative),
-  // the rest fp32; dm is unchanged. 4,160 = 64 x 64 + 64 and 1,056 = 32 x 32 + 32 floats.
+  // the fp32 result rounded to bf16 (round to nearest: within half a bf16 ulp, at most 2^-8 of
+  // the value; plus the fp32 sum's own error), the rest fp32; dm is unchanged. 4,160 = 64 x 64 + 64 and 1,056 = 32 x 32 + 32 floats.
   for (const Case& c : {Case{3, 16, 4160}, Case{400, 16, 4160}, Case{33, 16, 1056},
                         Case{9, 24, 1056}}) {
     const int64_t matrix = c.elements == 4160 ? 4096 : 1024;
@@ -211,7 +211,7 @@ TEST_CASE("attention: fused block mix backward against float64", "[attention][gp
     auto rest = packed.narrow(2, matrix / 2, c.elements - matrix);
     auto expected_matrix = expected.narrow(2, 0, matrix);
     CHECK(((matrix_part - expected_matrix).abs() <=
-           expected_matrix.abs() * std::ldexp(1.0, -9) + 1e-30)
+           expected_matrix.abs() * (std::ldexp(1.0, -8) + 1e-6) + 1e-30)
               .all()
               .item<bool>());
     CHECK(test::relative_error(rest, expected.narrow(2, matrix, c.elements - matrix)) < 1e-5);
