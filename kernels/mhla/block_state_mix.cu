@@ -1,5 +1,6 @@
 // out[b, i] = sum_j w_ij in[b, j] over fp32 block states (see block_state_mix.h).
 #include <algorithm>
+#include <cstdlib>
 
 #include <cuda_bf16.h>
 
@@ -16,7 +17,10 @@ __host__ __device__ constexpr int padded(int blocks) {
   return (blocks + kGroup - 1) / kGroup * kGroup;
 }
 
-__global__ void __launch_bounds__(kThreads) state_mix_kernel(BlockStateMix p) {
+// MinCtas: CTAs per multiprocessor the registers are capped for. At its natural 180 registers
+// two fit; MHLA_STATE_MIX_CTAS=4 caps them at 128 (a few spilled bytes) for A/B runs.
+template <int MinCtas>
+__global__ void __launch_bounds__(kThreads, MinCtas) state_mix_kernel(BlockStateMix p) {
   extern __shared__ float ws[];  // [padded][padded], zero outside the matrix
   const int np = padded(p.blocks);
   for (int e = threadIdx.x; e < np * np; e += kThreads) {
@@ -87,15 +91,20 @@ cudaError_t block_state_mix(const BlockStateMix& p, cudaStream_t stream) {
       p.elements % 4 != 0 || p.packed_matrix < 0 || p.packed_matrix % 8 != 0 ||
       p.packed_matrix > p.elements)
     return cudaErrorInvalidValue;
+  static const bool four = [] {
+    const char* value = std::getenv("MHLA_STATE_MIX_CTAS");
+    return value != nullptr && value[0] == '4';
+  }();
+  auto kernel = four ? state_mix_kernel<4> : state_mix_kernel<1>;
   const size_t bytes = static_cast<size_t>(padded(p.blocks)) * padded(p.blocks) * sizeof(float);
   if (bytes > 48 * 1024) {
     const cudaError_t err = cudaFuncSetAttribute(
-        state_mix_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
     if (err != cudaSuccess) return err;
   }
   const int64_t quads = p.elements / 4;
   const dim3 grid(static_cast<unsigned>((quads + kThreads - 1) / kThreads), p.batch_heads);
-  state_mix_kernel<<<grid, kThreads, bytes, stream>>>(p);
+  kernel<<<grid, kThreads, bytes, stream>>>(p);
   return cudaGetLastError();
 }
 

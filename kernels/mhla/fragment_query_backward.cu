@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
   E* dnum_tiles = reinterpret_cast<E*>(take(2 * align128(kTile * Q::ldn * 2)));
   E* q_raw = reinterpret_cast<E*>(take(kTile * Q::ld * 2));  // then dq, per warp's rows
   float* z = reinterpret_cast<float*>(take(D * 4));
-  float* dden_rows = reinterpret_cast<float*>(take(kTile * 4));
+  float* inv_den_rows = reinterpret_cast<float*>(take(kTile * 4));
   float* scale_rows = reinterpret_cast<float*>(take(kTile * 4));
   constexpr int kPhiStride = static_cast<int>(align128(kTile * Q::ld * 2) / 2);
   constexpr int kDnumStride = static_cast<int>(align128(kTile * Q::ldn * 2) / 2);
@@ -68,12 +68,11 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
 
   using R = RowHalves<D>;
   const int row = lane_row(), seg = lane_half();
-  uint4 raw_q[R::words], raw_g[R::words], raw_o[R::words];
+  uint4 raw_q[R::words], raw_g[R::words];
   auto issue = [&](int n0) {
     const bool live = row < w.end - n0;
     load_half<T, D>(p.q, w.b, n0 + row, w.h, live, raw_q);
     load_half<T, D>(p.grad_out, w.b, n0 + row, w.h, live, raw_g);
-    load_half<T, D>(p.out, w.b, n0 + row, w.h, live, raw_o);
   };
   if (w.begin < w.end) issue(w.begin);
   load_any_state<T, D>(p.mixed, state_index, p.packed_mixed, mixed, z);
@@ -93,29 +92,20 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
     {
       const bool live = row < valid;
       const float scale = row_scale<E, D>(raw_q);
-      float den = 0.f, g_dot_o = 0.f;
+      float den = 0.f;
 #pragma unroll
       for (int u = 0; u < R::words; ++u) {
         const int d0 = seg * R::half + u * 8;
-        float x[8], g[8], o[8];
+        float x[8];
         features<E>(raw_q[u], scale, live, x);
-        to_floats<E>(raw_g[u], g);
-        to_floats<E>(raw_o[u], o);
         const float4 z0 = *reinterpret_cast<const float4*>(z + d0);
         const float4 z1 = *reinterpret_cast<const float4*>(z + d0 + 4);
-        const float zs[8] = {z0.x, z0.y, z0.z, z0.w, z1.x, z1.y, z1.z, z1.w};
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          den += x[i] * zs[i];
-          g_dot_o += g[i] * o[i];
-        }
+        den += x[0] * z0.x + x[1] * z0.y + x[2] * z0.z + x[3] * z0.w + x[4] * z1.x + x[5] * z1.y +
+               x[6] * z1.z + x[7] * z1.w;
         *reinterpret_cast<uint4*>(phi + row * Q::ld + d0) = from_floats<E>(x);
         *reinterpret_cast<uint4*>(q_raw + row * Q::ld + d0) = raw_q[u];
       }
-      den = pair_sum(den);
-      g_dot_o = pair_sum(g_dot_o);
-      const float inv = live ? 1.f / (den + kDenominatorEps) : 0.f;
-      const float dden = -g_dot_o * inv;
+      const float inv = live ? 1.f / (pair_sum(den) + kDenominatorEps) : 0.f;
 #pragma unroll
       for (int u = 0; u < R::words; ++u) {
         float g[8];
@@ -124,9 +114,8 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
         for (int i = 0; i < 8; ++i) g[i] *= inv;
         *reinterpret_cast<uint4*>(dnum + row * Q::ldn + seg * R::half + u * 8) = from_floats<E>(g);
       }
-      store_extra_column<E, D>(dnum, row, dden);
       if (seg == 0) {
-        dden_rows[row] = dden;
+        inv_den_rows[row] = inv;
         scale_rows[row] = scale;
       }
     }
@@ -139,9 +128,14 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
       for (int j = 0; j < D / 16; ++j) dphi[0][j].zero();
       wmma_tiles::mma_block<E, false, true, 1, D / 16>(dphi, dnum, Q::ldn, mixed, Q::ld, warp, 0,
                                                        D);
+      // dO . o = phi(q) . (dnum S'^T): o is not read. dden = -(dO . o) / den goes to column D
+      // of dnum (for step 3's dz') and into the feature backward.
       const int r0 = accumulator_row(0), r1 = accumulator_row(1);
+      const float g_dot_o[2] = {row_dot<E, D>(dphi, phi, Q::ld, 0),
+                                row_dot<E, D>(dphi, phi, Q::ld, 1)};
+      const float dden[2] = {-g_dot_o[0] * inv_den_rows[r0], -g_dot_o[1] * inv_den_rows[r1]};
+      store_extra_columns<E, D>(dnum, dden);
       const float scale[2] = {scale_rows[r0], scale_rows[r1]};
-      const float dden[2] = {dden_rows[r0], dden_rows[r1]};
       feature_backward<E, D>(dphi, q_raw, q_raw, Q::ld, scale, dden, z);
       __syncwarp();
       copy_rows_out<T, D>(q_raw, Q::ld, grad_q, p.shape.tokens, p.shape.heads, w.b, w.h, n0, valid);

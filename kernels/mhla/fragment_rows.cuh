@@ -188,6 +188,32 @@ __device__ __forceinline__ void feature_backward(TileAccumulator (&g)[1][D / 16]
   }
 }
 
+// Sum over row accumulator_row(r) of acc times a 16-bit tile's same row (the warp's rows, tile
+// row stride ld): both in accumulator form, the tile's through ldmatrix. Every lane of the
+// row's quad gets the sum.
+template <typename E, int D>
+__device__ __forceinline__ float row_dot(const TileAccumulator (&acc)[1][D / 16], const E* tile,
+                                         int ld, int r) {
+  namespace mma = wmma_tiles::detail;
+  const int lane = static_cast<int>(threadIdx.x % 32), quad = lane / 8, row8 = lane % 8;
+  const int first = static_cast<int>(threadIdx.x / 32) * 16;
+  float dot = 0.f;
+#pragma unroll
+  for (int j = 0; j < D / 16; ++j) {
+    unsigned pairs[4];
+    mma::load_matrices<false>(
+        pairs, tile + (first + (quad % 2) * 8 + row8) * ld + j * 16 + (quad / 2) * 8);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float a, b;
+      unpack_pair<E>(pairs[h * 2 + r], a, b);
+      dot += a * acc[0][j].x[h][2 * r] + b * acc[0][j].x[h][2 * r + 1];
+    }
+  }
+  dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+  return dot + __shfl_xor_sync(0xffffffffu, dot, 2);
+}
+
 // The warp's 16 rows of accumulators, each row times row_factor[r], as element pairs into tile.
 template <typename E, int D>
 __device__ __forceinline__ void store_rows(const TileAccumulator (&acc)[1][D / 16],
@@ -340,6 +366,17 @@ __device__ __forceinline__ void store_extra_column(E* tile, int row, float extra
   const int seg = lane_half();
   const float words[8] = {seg == 0 ? extra : 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   *reinterpret_cast<uint4*>(tile + row * StateSlices<D>::ld_extra + D + 8 * seg) =
+      from_floats<E>(words);
+}
+
+// Columns D .. D + 15 of the warp's rows of an extra-column tile from accumulator form: the
+// value of row accumulator_row(r) in column D, zeros elsewhere. Each lane of a quad writes one
+// 16-byte word: lanes 0 and 1 row r = 0's two, lanes 2 and 3 row r = 1's.
+template <typename E, int D>
+__device__ __forceinline__ void store_extra_columns(E* tile, const float (&extra)[2]) {
+  const int part = static_cast<int>(threadIdx.x % 4), r = part / 2, word = part % 2;
+  const float words[8] = {word == 0 ? extra[r] : 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  *reinterpret_cast<uint4*>(tile + accumulator_row(r) * StateSlices<D>::ld_extra + D + 8 * word) =
       from_floats<E>(words);
 }
 
