@@ -105,7 +105,8 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
         *reinterpret_cast<uint4*>(phi + row * Q::ld + d0) = from_floats<E>(x);
         *reinterpret_cast<uint4*>(q_raw + row * Q::ld + d0) = raw_q[u];
       }
-      const float inv = live ? 1.f / (pair_sum(den) + kDenominatorEps) : 0.f;
+      den = pair_sum(den);  // every lane: a shuffle under `live ?` deadlocks partial tiles
+      const float inv = live ? 1.f / (den + kDenominatorEps) : 0.f;
 #pragma unroll
       for (int u = 0; u < R::words; ++u) {
         float g[8];
