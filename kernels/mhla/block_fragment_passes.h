@@ -15,7 +15,9 @@
 // the H200, four times the time its bytes take). Here two lanes own each token row for its sums
 // (one shuffle), products stay in the accumulators for what follows them, dz' is one more
 // column of the dnum product (z one more column of V's), and only the state products (states
-// and query passes) take a barrier per tile.
+// and query passes) take a barrier per tile. The query pass does not read o: dO . o is
+// phi(q) . (dnum S'^T), from the d(phi) product it computes anyway. With packed_mixed /
+// packed_grad_states (bf16 only) the passes read S' and dS as bf16 matrices.
 #include "mhla/block_linear_attention.h"
 
 namespace mhla_kernels {

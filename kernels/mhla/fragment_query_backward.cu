@@ -1,10 +1,11 @@
 // The query pass of the bidirectional block-linear backward on mma.sync fragments (see
 // block_fragment_passes.h and fragment_rows.cuh). One CTA of four warps per (batch*head, block,
 // chunk); each warp owns 16 rows of every 64-token tile. Per tile:
-//   1. row form: q, dO and o (loaded one tile ahead, in registers); 1/rms(q),
-//      den = phi(q) . z' + eps and dO . o; phi(q) and dnum = dO / den to shared memory, with
-//      dden = -(dO . o) / den as column D of dnum, and the raw q rows;
-//   2. own rows: d(phi) = dnum S'^T, the feature backward in accumulator form, dq out;
+//   1. row form: q and dO (loaded one tile ahead, in registers); 1/rms(q) and
+//      den = phi(q) . z' + eps; phi(q), dnum = dO / den and the raw q rows to shared memory;
+//   2. own rows: d(phi) = dnum S'^T; dO . o = phi(q) . d(phi) (o = phi(q) S' / den, so the
+//      forward's output is not read); dden = -(dO . o) / den as column D of dnum; the feature
+//      backward in accumulator form, dq out;
 //   3. after the tile's one barrier: dS' += phi(Q)^T [dnum, dden] over all 64 rows, each warp a
 //      16-row slice of dS' in registers until the chunk ends.
 // phi and dnum tiles are double-buffered, so a warp can start the next tile while others finish
