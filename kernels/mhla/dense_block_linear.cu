@@ -31,17 +31,6 @@ struct DenseSmem {
   static constexpr size_t queries = 4 * token_tile + score_f32 + score_elem + rows_f32 + 2 * vector;
 };
 
-// Carves consecutive 128-byte aligned regions out of dynamic shared memory.
-struct Carver {
-  unsigned char* cursor;
-  template <typename P>
-  __device__ P* take(size_t bytes) {
-    P* at = reinterpret_cast<P*>(cursor);
-    cursor += align128(bytes);
-    return at;
-  }
-};
-
 // out[r][c] (fp32, 64 x 64, ld kSquareF) = sum_k a[r][k] b[c][k] for token tiles a, b [64][D].
 template <typename T, int D>
 __device__ void square_product(const typename Mma<T>::elem* a, const typename Mma<T>::elem* b,

@@ -12,6 +12,7 @@
 #include "common/wmma_gemm.cuh"
 #include "mhla/block_fragment_passes.h"
 #include "mhla/block_work.cuh"
+#include "mhla/fragment_launch.cuh"
 #include "mhla/fragment_rows.cuh"
 #include "mhla/state_tiles.cuh"
 #include "mhla/tiles.cuh"
@@ -38,18 +39,13 @@ __global__ void __launch_bounds__(kFragmentThreads, 4)
   using R = RowHalves<D>;
   constexpr int ld = kLd<D>;
   extern __shared__ __align__(128) unsigned char smem[];
-  unsigned char* cursor = smem;
-  auto take = [&](size_t bytes) {
-    unsigned char* at = cursor;
-    cursor += align128(bytes);
-    return at;
-  };
-  E* dstate = reinterpret_cast<E*>(take(D * ld * 2));     // dS [d][c]
-  E* phi = reinterpret_cast<E*>(take(kTile * ld * 2));    // then dv
-  E* k_raw = reinterpret_cast<E*>(take(kTile * ld * 2));  // then dk
-  E* v_raw = reinterpret_cast<E*>(take(kTile * ld * 2));
-  float* dz = reinterpret_cast<float*>(take(D * 4));
-  float* scale_rows = reinterpret_cast<float*>(take(kTile * 4));
+  Carver carve{smem};
+  E* dstate = carve.take<E>(D * ld * 2);     // dS [d][c]
+  E* phi = carve.take<E>(kTile * ld * 2);    // then dv
+  E* k_raw = carve.take<E>(kTile * ld * 2);  // then dk
+  E* v_raw = carve.take<E>(kTile * ld * 2);
+  float* dz = carve.take<float>(D * 4);
+  float* scale_rows = carve.take<float>(kTile * 4);
 
   const Work w = work_of(p.shape, chunks);
   const int warp = threadIdx.x / 32;
@@ -109,27 +105,15 @@ __global__ void __launch_bounds__(kFragmentThreads, 4)
 }
 
 template <typename T, int D>
-cudaError_t launch(const BlockLinearBackward& a, int chunks, cudaStream_t stream) {
-  constexpr size_t bytes = key_smem<D>();
-  static const cudaError_t opted = allow_smem(fragment_key_backward_kernel<T, D>, bytes);
-  if (opted != cudaSuccess) return opted;
-  const dim3 grid(a.shape.blocks * chunks, a.shape.batch * a.shape.heads);
-  fragment_key_backward_kernel<T, D><<<grid, kFragmentThreads, bytes, stream>>>(a, chunks);
-  return cudaGetLastError();
-}
+struct KeyPass {
+  static constexpr void (*kernel)(BlockLinearBackward, int) = fragment_key_backward_kernel<T, D>;
+  static constexpr size_t smem = key_smem<D>();
+};
 
 }  // namespace
 
 cudaError_t fragment_key_backward(const BlockLinearBackward& a, int chunks, cudaStream_t stream) {
-  if (!fragment_passes_supported(a.dtype, a.shape.head_dim) || chunks < 1)
-    return cudaErrorInvalidValue;
-  const bool bf16 = a.dtype == DType::bf16;
-  if (a.shape.head_dim == 64) {
-    return bf16 ? launch<__nv_bfloat16, 64>(a, chunks, stream)
-                : launch<__half, 64>(a, chunks, stream);
-  }
-  return bf16 ? launch<__nv_bfloat16, 32>(a, chunks, stream)
-              : launch<__half, 32>(a, chunks, stream);
+  return launch_pass<KeyPass>(a, chunks, stream);
 }
 
 }  // namespace mhla_kernels

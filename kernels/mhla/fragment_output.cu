@@ -11,6 +11,7 @@
 #include "common/wmma_gemm.cuh"
 #include "mhla/block_fragment_passes.h"
 #include "mhla/block_work.cuh"
+#include "mhla/fragment_launch.cuh"
 #include "mhla/fragment_rows.cuh"
 #include "mhla/state_tiles.cuh"
 #include "mhla/tiles.cuh"
@@ -37,16 +38,11 @@ __global__ void __launch_bounds__(kFragmentThreads, 4)
   using R = RowHalves<D>;
   constexpr int ld = kLd<D>;
   extern __shared__ __align__(128) unsigned char smem[];
-  unsigned char* cursor = smem;
-  auto take = [&](size_t bytes) {
-    unsigned char* at = cursor;
-    cursor += align128(bytes);
-    return at;
-  };
-  E* mixed = reinterpret_cast<E*>(take(D * ld * 2));    // S' [d][c]
-  E* phi = reinterpret_cast<E*>(take(kTile * ld * 2));  // then the output rows
-  float* z = reinterpret_cast<float*>(take(D * 4));
-  float* inv_den = reinterpret_cast<float*>(take(kTile * 4));
+  Carver carve{smem};
+  E* mixed = carve.take<E>(D * ld * 2);    // S' [d][c]
+  E* phi = carve.take<E>(kTile * ld * 2);  // then the output rows
+  float* z = carve.take<float>(D * 4);
+  float* inv_den = carve.take<float>(kTile * 4);
 
   const Work w = work_of(p.shape, chunks);
   const int warp = threadIdx.x / 32;
@@ -97,14 +93,10 @@ __global__ void __launch_bounds__(kFragmentThreads, 4)
 }
 
 template <typename T, int D>
-cudaError_t launch(const BlockLinearForward& a, int chunks, cudaStream_t stream) {
-  constexpr size_t bytes = output_smem<D>();
-  static const cudaError_t opted = allow_smem(fragment_output_kernel<T, D>, bytes);
-  if (opted != cudaSuccess) return opted;
-  const dim3 grid(a.shape.blocks * chunks, a.shape.batch * a.shape.heads);
-  fragment_output_kernel<T, D><<<grid, kFragmentThreads, bytes, stream>>>(a, chunks);
-  return cudaGetLastError();
-}
+struct OutputPass {
+  static constexpr void (*kernel)(BlockLinearForward, int) = fragment_output_kernel<T, D>;
+  static constexpr size_t smem = output_smem<D>();
+};
 
 }  // namespace
 
@@ -113,15 +105,7 @@ bool fragment_passes_supported(DType dtype, int head_dim) {
 }
 
 cudaError_t fragment_output(const BlockLinearForward& a, int chunks, cudaStream_t stream) {
-  if (!fragment_passes_supported(a.dtype, a.shape.head_dim) || chunks < 1)
-    return cudaErrorInvalidValue;
-  const bool bf16 = a.dtype == DType::bf16;
-  if (a.shape.head_dim == 64) {
-    return bf16 ? launch<__nv_bfloat16, 64>(a, chunks, stream)
-                : launch<__half, 64>(a, chunks, stream);
-  }
-  return bf16 ? launch<__nv_bfloat16, 32>(a, chunks, stream)
-              : launch<__half, 32>(a, chunks, stream);
+  return launch_pass<OutputPass>(a, chunks, stream);
 }
 
 }  // namespace mhla_kernels

@@ -16,6 +16,7 @@
 #include "common/wmma_gemm.cuh"
 #include "mhla/block_fragment_passes.h"
 #include "mhla/block_work.cuh"
+#include "mhla/fragment_launch.cuh"
 #include "mhla/fragment_rows.cuh"
 #include "mhla/state_tiles.cuh"
 #include "mhla/tiles.cuh"
@@ -47,19 +48,14 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
   using Q = QueryLayout<D>;
   using E = T;
   extern __shared__ __align__(128) unsigned char smem[];
-  unsigned char* cursor = smem;
-  auto take = [&](size_t bytes) {
-    unsigned char* at = cursor;
-    cursor += align128(bytes);
-    return at;
-  };
-  E* mixed = reinterpret_cast<E*>(take(D * Q::ld * 2));  // S' [d][c]
-  E* phi_tiles = reinterpret_cast<E*>(take(2 * align128(kTile * Q::ld * 2)));
-  E* dnum_tiles = reinterpret_cast<E*>(take(2 * align128(kTile * Q::ldn * 2)));
-  E* q_raw = reinterpret_cast<E*>(take(kTile * Q::ld * 2));  // then dq, per warp's rows
-  float* z = reinterpret_cast<float*>(take(D * 4));
-  float* inv_den_rows = reinterpret_cast<float*>(take(kTile * 4));
-  float* scale_rows = reinterpret_cast<float*>(take(kTile * 4));
+  Carver carve{smem};
+  E* mixed = carve.take<E>(D * Q::ld * 2);  // S' [d][c]
+  E* phi_tiles = carve.take<E>(2 * align128(kTile * Q::ld * 2));
+  E* dnum_tiles = carve.take<E>(2 * align128(kTile * Q::ldn * 2));
+  E* q_raw = carve.take<E>(kTile * Q::ld * 2);  // then dq, per warp's rows
+  float* z = carve.take<float>(D * 4);
+  float* inv_den_rows = carve.take<float>(kTile * 4);
+  float* scale_rows = carve.take<float>(kTile * 4);
   constexpr int kPhiStride = static_cast<int>(align128(kTile * Q::ld * 2) / 2);
   constexpr int kDnumStride = static_cast<int>(align128(kTile * Q::ldn * 2) / 2);
 
@@ -150,27 +146,15 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
 }
 
 template <typename T, int D>
-cudaError_t launch(const BlockLinearBackward& a, int chunks, cudaStream_t stream) {
-  constexpr size_t bytes = query_smem<D>();
-  static const cudaError_t opted = allow_smem(fragment_query_backward_kernel<T, D>, bytes);
-  if (opted != cudaSuccess) return opted;
-  const dim3 grid(a.shape.blocks * chunks, a.shape.batch * a.shape.heads);
-  fragment_query_backward_kernel<T, D><<<grid, kFragmentThreads, bytes, stream>>>(a, chunks);
-  return cudaGetLastError();
-}
+struct QueryPass {
+  static constexpr void (*kernel)(BlockLinearBackward, int) = fragment_query_backward_kernel<T, D>;
+  static constexpr size_t smem = query_smem<D>();
+};
 
 }  // namespace
 
 cudaError_t fragment_query_backward(const BlockLinearBackward& a, int chunks, cudaStream_t stream) {
-  if (!fragment_passes_supported(a.dtype, a.shape.head_dim) || chunks < 1)
-    return cudaErrorInvalidValue;
-  const bool bf16 = a.dtype == DType::bf16;
-  if (a.shape.head_dim == 64) {
-    return bf16 ? launch<__nv_bfloat16, 64>(a, chunks, stream)
-                : launch<__half, 64>(a, chunks, stream);
-  }
-  return bf16 ? launch<__nv_bfloat16, 32>(a, chunks, stream)
-              : launch<__half, 32>(a, chunks, stream);
+  return launch_pass<QueryPass>(a, chunks, stream);
 }
 
 }  // namespace mhla_kernels

@@ -12,6 +12,7 @@
 #include "common/wmma_gemm.cuh"
 #include "mhla/block_fragment_passes.h"
 #include "mhla/block_work.cuh"
+#include "mhla/fragment_launch.cuh"
 #include "mhla/fragment_rows.cuh"
 #include "mhla/tiles.cuh"
 
@@ -80,27 +81,15 @@ __global__ void __launch_bounds__(kFragmentThreads, 4)
 }
 
 template <typename T, int D>
-cudaError_t launch(const BlockLinearForward& a, int chunks, cudaStream_t stream) {
-  constexpr size_t bytes = states_smem<D>();
-  static const cudaError_t opted = allow_smem(fragment_states_kernel<T, D>, bytes);
-  if (opted != cudaSuccess) return opted;
-  const dim3 grid(a.shape.blocks * chunks, a.shape.batch * a.shape.heads);
-  fragment_states_kernel<T, D><<<grid, kFragmentThreads, bytes, stream>>>(a, chunks);
-  return cudaGetLastError();
-}
+struct StatesPass {
+  static constexpr void (*kernel)(BlockLinearForward, int) = fragment_states_kernel<T, D>;
+  static constexpr size_t smem = states_smem<D>();
+};
 
 }  // namespace
 
 cudaError_t fragment_states(const BlockLinearForward& a, int chunks, cudaStream_t stream) {
-  if (!fragment_passes_supported(a.dtype, a.shape.head_dim) || chunks < 1)
-    return cudaErrorInvalidValue;
-  const bool bf16 = a.dtype == DType::bf16;
-  if (a.shape.head_dim == 64) {
-    return bf16 ? launch<__nv_bfloat16, 64>(a, chunks, stream)
-                : launch<__half, 64>(a, chunks, stream);
-  }
-  return bf16 ? launch<__nv_bfloat16, 32>(a, chunks, stream)
-              : launch<__half, 32>(a, chunks, stream);
+  return launch_pass<StatesPass>(a, chunks, stream);
 }
 
 }  // namespace mhla_kernels

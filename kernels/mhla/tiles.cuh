@@ -215,6 +215,17 @@ __host__ __device__ constexpr size_t align128(size_t bytes) {
   return (bytes + 127) / 128 * 128;
 }
 
+// Carves consecutive 128-byte aligned regions out of dynamic shared memory, in order.
+struct Carver {
+  unsigned char* cursor;
+  template <typename X>
+  __device__ __forceinline__ X* take(size_t bytes) {
+    X* at = reinterpret_cast<X*>(cursor);
+    cursor += align128(bytes);
+    return at;
+  }
+};
+
 // Opts a kernel into the shared memory it needs (above the default 48 KiB), once.
 template <typename Kernel>
 cudaError_t allow_smem(Kernel kernel, size_t bytes) {

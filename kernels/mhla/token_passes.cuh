@@ -21,17 +21,6 @@ struct Span {
   int b, h, begin, end;
 };
 
-// Carves the dynamic shared memory in order.
-struct Carver {
-  unsigned char* cursor;
-  template <typename X>
-  __device__ __forceinline__ X* take(size_t bytes) {
-    X* at = reinterpret_cast<X*>(cursor);
-    cursor += align128(bytes);
-    return at;
-  }
-};
-
 // The first tile of a span at token n0: rows of `x` into registers.
 template <typename T, int D>
 __device__ __forceinline__ void issue_rows(const TokenTensor& x, const Span& w, int n0,

@@ -1,0 +1,40 @@
+#pragma once
+// The launch shared by the fragment passes (block_fragment_passes.h): a pass's kernel for the
+// runtime input type and head dimension, over the passes' grid (one CTA of four warps per
+// batch*head, block and chunk), its shared memory opted into once per instantiation.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+#include "mhla/block_fragment_passes.h"
+#include "mhla/fragment_rows.cuh"
+#include "mhla/tiles.cuh"
+
+namespace mhla_kernels {
+namespace fragment_rows {
+
+// Pass<T, D> names the kernel (`kernel`, taking the pass's arguments and the chunks per block)
+// and its dynamic shared memory in bytes (`smem`).
+template <template <typename, int> class Pass, typename Args>
+cudaError_t launch_pass(const Args& a, int chunks, cudaStream_t stream) {
+  if (!fragment_passes_supported(a.dtype, a.shape.head_dim) || chunks < 1)
+    return cudaErrorInvalidValue;
+  auto run = [&](auto type, auto dim) {
+    using T = decltype(type);
+    constexpr int D = decltype(dim)::value;
+    static const cudaError_t opted = tiles::allow_smem(Pass<T, D>::kernel, Pass<T, D>::smem);
+    if (opted != cudaSuccess) return opted;
+    const dim3 grid(a.shape.blocks * chunks, a.shape.batch * a.shape.heads);
+    Pass<T, D>::kernel<<<grid, kFragmentThreads, Pass<T, D>::smem, stream>>>(a, chunks);
+    return cudaGetLastError();
+  };
+  using D32 = std::integral_constant<int, 32>;
+  using D64 = std::integral_constant<int, 64>;
+  const bool bf16 = a.dtype == DType::bf16;
+  if (a.shape.head_dim == 64) return bf16 ? run(__nv_bfloat16{}, D64{}) : run(__half{}, D64{});
+  return bf16 ? run(__nv_bfloat16{}, D32{}) : run(__half{}, D32{});
+}
+
+}  // namespace fragment_rows
+}  // namespace mhla_kernels
