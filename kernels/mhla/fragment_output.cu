@@ -60,19 +60,7 @@ __global__ void __launch_bounds__(kFragmentThreads, 4)
     {  // 1. Row form.
       const bool live = row < valid;
       const float scale = row_scale<E, D>(raw_q);
-      float den = 0.f;
-#pragma unroll
-      for (int u = 0; u < R::words; ++u) {
-        const int d0 = seg * R::half + u * 8;
-        float x[8];
-        features<E>(raw_q[u], scale, live, x);
-        const float4 z0 = *reinterpret_cast<const float4*>(z + d0);
-        const float4 z1 = *reinterpret_cast<const float4*>(z + d0 + 4);
-        den += x[0] * z0.x + x[1] * z0.y + x[2] * z0.z + x[3] * z0.w + x[4] * z1.x + x[5] * z1.y +
-               x[6] * z1.z + x[7] * z1.w;
-        *reinterpret_cast<uint4*>(phi + row * ld + d0) = from_floats<E>(x);
-      }
-      den = pair_sum(den);
+      const float den = pair_sum(features_dot<E, D>(raw_q, scale, live, z, phi + row * ld));
       if (seg == 0) inv_den[row] = 1.f / (den + kDenominatorEps);
     }
     if (n0 + kTile < w.end) issue(n0 + kTile);  // in flight through step 2

@@ -89,18 +89,10 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
     {
       const bool live = row < valid;
       const float scale = row_scale<E, D>(raw_q);
-      float den = 0.f;
+      float den = features_dot<E, D>(raw_q, scale, live, z, phi + row * Q::ld);
 #pragma unroll
       for (int u = 0; u < R::words; ++u) {
-        const int d0 = seg * R::half + u * 8;
-        float x[8];
-        features<E>(raw_q[u], scale, live, x);
-        const float4 z0 = *reinterpret_cast<const float4*>(z + d0);
-        const float4 z1 = *reinterpret_cast<const float4*>(z + d0 + 4);
-        den += x[0] * z0.x + x[1] * z0.y + x[2] * z0.z + x[3] * z0.w + x[4] * z1.x + x[5] * z1.y +
-               x[6] * z1.z + x[7] * z1.w;
-        *reinterpret_cast<uint4*>(phi + row * Q::ld + d0) = from_floats<E>(x);
-        *reinterpret_cast<uint4*>(q_raw + row * Q::ld + d0) = raw_q[u];
+        *reinterpret_cast<uint4*>(q_raw + row * Q::ld + seg * R::half + u * 8) = raw_q[u];
       }
       den = pair_sum(den);  // every lane: a shuffle under `live ?` deadlocks partial tiles
       const float inv = live ? 1.f / (den + kDenominatorEps) : 0.f;

@@ -114,6 +114,27 @@ __device__ __forceinline__ void features(const uint4& word, float scale, bool li
   }
 }
 
+// phi(q) of this lane's half row into the tile row at `tile_row` (its half of it), and this
+// lane's part of phi(q) . z (z fp32 over all D): pair_sum() of the result is the whole dot.
+template <typename E, int D>
+__device__ __forceinline__ float features_dot(const uint4 (&raw)[RowHalves<D>::words], float scale,
+                                              bool live, const float* z, E* tile_row) {
+  using R = RowHalves<D>;
+  float dot = 0.f;
+#pragma unroll
+  for (int u = 0; u < R::words; ++u) {
+    const int d0 = lane_half() * R::half + u * 8;
+    float x[8];
+    features<E>(raw[u], scale, live, x);
+    const float4 z0 = *reinterpret_cast<const float4*>(z + d0);
+    const float4 z1 = *reinterpret_cast<const float4*>(z + d0 + 4);
+    dot += x[0] * z0.x + x[1] * z0.y + x[2] * z0.z + x[3] * z0.w + x[4] * z1.x + x[5] * z1.y +
+           x[6] * z1.z + x[7] * z1.w;
+    *reinterpret_cast<uint4*>(tile_row + d0) = from_floats<E>(x);
+  }
+  return dot;
+}
+
 // The sum over a row of this lane's partial sum and its pair's.
 __device__ __forceinline__ float pair_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 1);
