@@ -6,7 +6,8 @@
 #   2. forward+backward at the vision shapes of ../shared/ANCHORS.md (B*N = 65,536, H = 6,
 #      D = 64, M = 16), MHLA and linear attention, every setting, ROUNDS rounds;
 #      ../shared/bench/peers_attention.py's vision peers once;
-#   3. Nsight Compute durations per kernel of MHLA at N = 1,024 under every setting;
+#   3. Nsight Compute durations per kernel of MHLA under every setting, at the shapes of
+#      NCU_SHAPES (default "64,6,1024,64": B,H,N,D);
 #   4. 60-step DiT-S/2 probes at 1,024 tokens with MHLA under every setting (when
 #      data/fashion-mnist was carried and PROBES != 0).
 # AB: the settings, space-separated; each a comma-separated list of VAR=value (or "-" for none),
@@ -61,12 +62,15 @@ python3 -c "import json,sys; [print('vision peer', d['op'], d['N'], '%.3f' % d['
 
 if command -v ncu > /dev/null && [ "${SKIP_NCU:-0}" != 1 ]; then
   step ncu
-  for i in "${!settings[@]}"; do
-    echo "ncu [${settings[$i]}]"
-    with "${settings[$i]}" timeout 120 ncu --clock-control none --metrics \
-      gpu__time_duration.sum --csv "$bin" bench attention --op mhla --backend cuda \
-      --shape 64,6,1024,64 --blocks 16 --warmup 0 --iters 1 > "$V/ncu_1024_s$i.csv" 2> /dev/null
-    python3 scripts/ncu_kernel_sums.py "$V/ncu_1024_s$i.csv" 10
+  for shape in ${NCU_SHAPES:-64,6,1024,64}; do
+    n=$(echo "$shape" | cut -d, -f3)
+    for i in "${!settings[@]}"; do
+      echo "ncu N=$n [${settings[$i]}]"
+      with "${settings[$i]}" timeout 120 ncu --clock-control none --metrics \
+        gpu__time_duration.sum --csv "$bin" bench attention --op mhla --backend cuda \
+        --shape "$shape" --blocks 16 --warmup 0 --iters 1 > "$V/ncu_${n}_s$i.csv" 2> /dev/null
+      python3 scripts/ncu_kernel_sums.py "$V/ncu_${n}_s$i.csv" 10
+    done
   done
 fi
 
