@@ -44,6 +44,9 @@ struct FamilyShape {
 
 const FamilyShape kFamilyShapes[] = {
     {"the vision shape at N = 256 (16-token blocks)", 2, 3, 256, 64, 16},
+    {"N = 256 in 4 blocks (64-token blocks)", 2, 3, 256, 64, 4},
+    {"N = 128 in 8 blocks: fewer strips than warps", 3, 2, 128, 64, 8},
+    {"large magnitude at N = 256 in 16 blocks", 2, 2, 256, 64, 16, 30.0},
     {"N = 1,024 in 16 blocks", 1, 2, 1024, 64, 16},
     {"linear attention (one block)", 2, 2, 512, 64, 1},
     {"D = 32, 8 blocks of two CTAs each", 1, 3, 384, 32, 8},

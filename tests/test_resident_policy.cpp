@@ -6,6 +6,7 @@
 
 #ifdef MHLA_WITH_CUDA_KERNELS
 #include "mhla/resident_block_linear.h"
+#include "mhla/resident_state_backward.h"
 
 TEST_CASE("resident kernels: the shapes the cuda backend hands them", "[attention]") {
   using mhla_kernels::DType;
@@ -32,5 +33,26 @@ TEST_CASE("resident kernels: the shapes the cuda backend hands them", "[attentio
   CHECK_FALSE(takes(256, 256, 6, 64, 16, DType::f32));
   CHECK_FALSE(takes(0, 256, 6, 64, 16));
   CHECK_FALSE(takes(2, 256, 2, 64, 0));
+}
+
+TEST_CASE("resident kernels: which MHLA backwards run in state form", "[attention]") {
+  using mhla_kernels::DType;
+  auto state_form = [](int batch, int tokens, int heads, int dim, int blocks,
+                       DType dtype = DType::bf16) {
+    return mhla_kernels::resident_state_backward_supported({batch, tokens, heads, dim, blocks},
+                                                           dtype);
+  };
+  // D = 64 with at most 16 blocks (the mixing products' depth) and one strip per warp.
+  CHECK(state_form(256, 256, 6, 64, 16));
+  CHECK(state_form(256, 256, 6, 64, 16, DType::f16));
+  CHECK(state_form(2, 256, 3, 64, 4));
+  CHECK(state_form(3, 128, 2, 64, 8));
+  CHECK(state_form(2, 200, 2, 64, 1));
+  // Not: D = 32 (the scores form), what the resident kernels refuse, fp32.
+  CHECK_FALSE(state_form(2, 512, 3, 32, 8));
+  CHECK_FALSE(state_form(2, 256, 2, 32, 16));
+  CHECK_FALSE(state_form(64, 1024, 6, 64, 16));
+  CHECK_FALSE(state_form(2, 100, 2, 64, 4));
+  CHECK_FALSE(state_form(256, 256, 6, 64, 16, DType::f32));
 }
 #endif

@@ -1,0 +1,362 @@
+// MHLA's short-sequence backward in state form: see resident_state_backward.h. One CTA of 16 warps
+// per (batch, head). After the tiles are prepared (phi(q), phi(k), v, g in shared memory; the
+// small z terms on CUDA cores), each 16-column value slice runs three phases between barriers:
+//   A. the slice of every block state S_j and query-side gradient dS'_i (one 16 x 16 output tile
+//      per warp task; depth: the block's tokens);
+//   B. the mixing: S' = m S and dS = m^T dS' over the 16 blocks (one k16 step each, m split into
+//      a bf16 high and low part so the weights keep fp32 precision), and dm += dS' S^T; each warp
+//      owns 16-element column tiles and writes S' and dS over S and dS' in place;
+//   C. per 16-token strip (warp w owns strip w for the whole kernel): dphi(q) += g S'^T and
+//      dphi(k) += v dS^T in registers, and the slice of dv = phi(k) dS straight out.
+// A slice set holds one 16-column slice of the M states as a [16 blocks][64 x 16 + 8] matrix:
+// the row padding makes its block rows 16 bytes apart modulo 128 (conflict-free ldmatrix across
+// blocks), and the two 8-column halves of feature rows 4-7 modulo 8 are swapped, so the
+// feature-wise ldmatrix reads of phases A and C do not collide either.
+#include <cstdint>
+
+#include "common/wmma_gemm.cuh"
+#include "mhla/resident_state_backward.h"
+#include "mhla/resident_tiles.cuh"
+
+namespace mhla_kernels {
+namespace {
+
+using namespace resident_tiles;
+using wmma_tiles::TileAccumulator;
+namespace frag = wmma_tiles::detail;
+
+constexpr int kD = 64;
+constexpr int kSlice = 16;                     // value columns per slice
+constexpr int kSlices = kD / kSlice;           // 4
+constexpr int kSetBlocks = 16;                 // rows of a slice set: the mixing depth, k16
+constexpr int kSetLd = kD * kSlice + 8;        // elements per block row of a slice set
+constexpr int kMixLd = 24;                     // elements per row of the 16 x 16 weight tiles
+constexpr int kStrips = kBackwardWarps;  // warps, one per 16-token strip: N <= 256
+constexpr int kTileLd = ResidentLayout<kD>::ld;  // token tiles' row stride (elements)
+
+// Where feature row f's 8-column half `half` of one block's slice lies in a slice set row.
+__device__ __forceinline__ int state_offset(int f, int half) {
+  return f * kSlice + ((half ^ (f >> 2)) & 1) * 8;
+}
+
+// Byte offsets of the shared-memory regions for `padded` token rows. vs, gs and the sets are
+// consecutive: after the slices they become the warps' fp32 staging strips.
+struct StateBackwardLayout {
+  size_t qf, kf, vs, gs, sets, gd, rms_q, rms_k, w_hi, w_lo, w, z_mixed, dz, dw, total;
+  __host__ __device__ explicit StateBackwardLayout(int padded) {
+    size_t at = 0;
+    auto take = [&at](size_t bytes) {
+      const size_t here = at;
+      at += align128(bytes);
+      return here;
+    };
+    const size_t tile = ResidentLayout<kD>::tile_bytes(padded);
+    qf = take(tile), kf = take(tile), vs = take(tile), gs = take(tile);
+    sets = take(2 * static_cast<size_t>(kSetBlocks) * kSetLd * 2);
+    gd = take(padded * 4), rms_q = take(padded * 4), rms_k = take(padded * 4);
+    w_hi = take(kSetBlocks * kMixLd * 2), w_lo = take(kSetBlocks * kMixLd * 2);
+    w = take(kSetBlocks * kSetBlocks * 4);
+    z_mixed = take(kSetBlocks * kD * 4), dz = take(kSetBlocks * kD * 4);
+    dw = take(kSetBlocks * kSetBlocks * 4);
+    total = at;
+  }
+};
+
+template <typename T>
+__device__ __forceinline__ void store_pair(T* at, float lo, float hi) {
+  *reinterpret_cast<uint32_t*>(at) = pack<T>(lo, hi);
+}
+
+// One 16 x 16 output tile whose rows are features f0 .. f0 + 15 and columns a block's 16 slice
+// columns, into that block's row of a slice set (swizzled halves).
+template <typename T>
+__device__ __forceinline__ void store_state_tile(const TileAccumulator& acc, T* block_row, int f0) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int i = 0; i < 4; i += 2) {
+      const int f = f0 + TileAccumulator::row(i);
+      store_pair<T>(block_row + state_offset(f, h) + 2 * (lane % 4), acc.x[h][i], acc.x[h][i + 1]);
+    }
+  }
+}
+
+// A 16 x 16 tile of a slice set (all 16 block rows, physical columns col0 ..) in place.
+template <typename T>
+__device__ __forceinline__ void store_set_tile(const TileAccumulator& acc, T* set, int col0) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int i = 0; i < 4; i += 2) {
+      store_pair<T>(set + TileAccumulator::row(i) * kSetLd + col0 + TileAccumulator::col(h, i),
+                    acc.x[h][i], acc.x[h][i + 1]);
+    }
+  }
+}
+
+// acc (16 x 16) += a b for a 16 x 16 A fragment and the two n8 halves of a B fragment.
+template <typename T>
+__device__ __forceinline__ void mma_pair(TileAccumulator& acc, const unsigned (&a)[4],
+                                         const unsigned (&b)[4]) {
+  frag::mma16816<T>(acc.x[0], a, b[0], b[1]);
+  frag::mma16816<T>(acc.x[1], a, b[2], b[3]);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kBackwardThreads, 1)
+    resident_state_backward_kernel(ResidentBlockLinearBackward p) {
+  constexpr int D = kD, ld = kTileLd;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const auto& s = p.shape;
+  const int n = s.tokens, strips = (n + kStrip - 1) / kStrip, padded = strips * kStrip;
+  const int bh = blockIdx.x, b = bh / s.heads, h = bh % s.heads;
+  const int blocks = s.blocks, block_tokens = padded / blocks;
+  const StateBackwardLayout layout(padded);
+  T* qf = reinterpret_cast<T*>(smem + layout.qf);
+  T* kf = reinterpret_cast<T*>(smem + layout.kf);
+  T* vs = reinterpret_cast<T*>(smem + layout.vs);
+  T* gs = reinterpret_cast<T*>(smem + layout.gs);
+  T* set_s = reinterpret_cast<T*>(smem + layout.sets);  // S, then S' (per slice)
+  T* set_d = set_s + kSetBlocks * kSetLd;                // dS', then dS
+  float* gd = reinterpret_cast<float*>(smem + layout.gd);
+  float* inv_rms_q = reinterpret_cast<float*>(smem + layout.rms_q);
+  float* inv_rms_k = reinterpret_cast<float*>(smem + layout.rms_k);
+  T* w_hi = reinterpret_cast<T*>(smem + layout.w_hi);
+  T* w_lo = reinterpret_cast<T*>(smem + layout.w_lo);
+  float* w = reinterpret_cast<float*>(smem + layout.w);
+  float* z_mixed = reinterpret_cast<float*>(smem + layout.z_mixed);
+  float* dz = reinterpret_cast<float*>(smem + layout.dz);
+  float* dw = reinterpret_cast<float*>(smem + layout.dw);
+  // Only while the tiles are prepared: the forward's output and the unmixed z terms.
+  T* o_tile = set_s;
+  float* z = reinterpret_cast<float*>(smem + layout.sets + ResidentLayout<D>::tile_bytes(padded));
+  float* dz_query = z + kSetBlocks * D;
+
+  copy_rows<T, D>(p.q, b, h, n, padded, qf);
+  copy_rows<T, D>(p.k, b, h, n, padded, kf);
+  copy_rows<T, D>(p.v, b, h, n, padded, vs);
+  copy_rows<T, D>(p.grad_out, b, h, n, padded, gs);
+  copy_rows<T, D>(p.out, b, h, n, padded, o_tile);
+  for (int e = threadIdx.x; e < kSetBlocks * kSetBlocks; e += blockDim.x) {
+    const int i = e / kSetBlocks, j = e % kSetBlocks;
+    const float weight = i < blocks && j < blocks ? p.mixing[i * blocks + j] : 0.f;
+    if (i < blocks && j < blocks) w[i * blocks + j] = weight;
+    const T high = from_float<T>(weight);
+    w_hi[i * kMixLd + j] = high;
+    w_lo[i * kMixLd + j] = from_float<T>(weight - to_float(high));
+  }
+  wait_async_copies();
+  __syncthreads();
+  features_in_place<T, D>(qf, n, padded, inv_rms_q);
+  features_in_place<T, D>(kf, n, padded, inv_rms_k);
+  scale_gradient_in_place<T, D>(p.den + static_cast<size_t>(bh) * n, n, padded, gs, o_tile, gd);
+  __syncthreads();
+
+  // The normalizer's terms, per (block, feature): z_j and dz'_i, then mixed, and their part of dm.
+  for (int e = threadIdx.x; e < blocks * D; e += blockDim.x) {
+    const int block = e / D, f = e % D, t0 = block * block_tokens;
+    float key_sum = 0.f, query_sum = 0.f;
+    for (int t = t0; t < t0 + block_tokens; ++t) {
+      key_sum += to_float(kf[t * ld + f]);
+      query_sum += gd[t] * to_float(qf[t * ld + f]);
+    }
+    z[e] = key_sum, dz_query[e] = query_sum;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < blocks * D; e += blockDim.x) {
+    const int block = e / D, f = e % D;
+    float mixed = 0.f, spread = 0.f;
+    for (int j = 0; j < blocks; ++j) {
+      mixed += w[block * blocks + j] * z[j * D + f];
+      spread += w[j * blocks + block] * dz_query[j * D + f];
+    }
+    z_mixed[e] = mixed, dz[e] = spread;
+  }
+  for (int e = threadIdx.x; e < blocks * blocks; e += blockDim.x) {
+    const int i = e / blocks, j = e % blocks;
+    float dot = 0.f;
+    for (int f = 0; f < D; ++f) dot += dz_query[i * D + f] * z[j * D + f];
+    dw[e] = dot;
+  }
+  __syncthreads();
+  // Set rows past the last block: phase A never writes them, the mixing multiplies them by zero.
+  for (int e = threadIdx.x; e < (kSetBlocks - blocks) * kSetLd / 2; e += blockDim.x) {
+    reinterpret_cast<uint32_t*>(set_s + blocks * kSetLd)[e] = 0u;
+    reinterpret_cast<uint32_t*>(set_d + blocks * kSetLd)[e] = 0u;
+  }
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int quad = lane / 8, row8 = lane % 8;
+  const bool owns_strip = warp < strips;
+  const int row0 = warp * kStrip, strip_block = owns_strip ? row0 / block_tokens : 0;
+  TileAccumulator dq[D / 16], dk[D / 16], dm;
+#pragma unroll
+  for (int j = 0; j < D / 16; ++j) dq[j].zero(), dk[j].zero();
+  dm.zero();
+
+  for (int slice = 0; slice < kSlices; ++slice) {
+    const int c0 = slice * kSlice;
+    // A: S_j = phi(K_j)^T V_j and dS'_i = phi(Q_i)^T g_i, this slice's columns.
+    for (int task = warp; task < 2 * blocks * (D / 16); task += kStrips) {
+      const bool query_side = task >= blocks * (D / 16);
+      const int unit = query_side ? task - blocks * (D / 16) : task;
+      const int block = unit / (D / 16), fm = unit % (D / 16);
+      const size_t rows = static_cast<size_t>(block) * block_tokens * ld;
+      TileAccumulator acc;
+      acc.zero();
+      wmma_tiles::mma_tile<T, true, false>(acc, (query_side ? qf : kf) + rows, ld,
+                                           (query_side ? gs : vs) + rows + c0, ld, fm, 0,
+                                           block_tokens);
+      store_state_tile<T>(acc, (query_side ? set_d : set_s) + block * kSetLd, 16 * fm);
+    }
+    __syncthreads();
+
+    // B: S' = m S, dS = m^T dS' and dm += dS' S^T, 16 physical columns at a time, in place.
+    {
+      unsigned mix_hi[4], mix_lo[4], mix_t_hi[4], mix_t_lo[4];
+      const int a_plain = ((quad % 2) * 8 + row8) * kMixLd + (quad / 2) * 8;
+      const int a_transposed = ((quad / 2) * 8 + row8) * kMixLd + (quad % 2) * 8;
+      frag::load_matrices<false>(mix_hi, w_hi + a_plain);
+      frag::load_matrices<false>(mix_lo, w_lo + a_plain);
+      frag::load_matrices<true>(mix_t_hi, w_hi + a_transposed);
+      frag::load_matrices<true>(mix_t_lo, w_lo + a_transposed);
+      const int k_rows = ((quad % 2) * 8 + row8) * kSetLd + (quad / 2) * 8;  // B [k = block][n]
+      const int n_rows = ((quad / 2) * 8 + row8) * kSetLd + (quad % 2) * 8;  // B [n = block][k]
+      for (int col0 = 16 * warp; col0 < kD * kSlice; col0 += 16 * kStrips) {
+        unsigned states[4], grads[4], grads_a[4], states_n[4];
+        frag::load_matrices<true>(states, set_s + col0 + k_rows);
+        frag::load_matrices<true>(grads, set_d + col0 + k_rows);
+        frag::load_matrices<false>(grads_a, set_d + col0 + k_rows);  // A [m = block][k]
+        frag::load_matrices<false>(states_n, set_s + col0 + n_rows);
+        TileAccumulator mixed, spread;
+        mixed.zero(), spread.zero();
+        mma_pair<T>(mixed, mix_hi, states);
+        mma_pair<T>(mixed, mix_lo, states);
+        mma_pair<T>(spread, mix_t_hi, grads);
+        mma_pair<T>(spread, mix_t_lo, grads);
+        mma_pair<T>(dm, grads_a, states_n);
+        __syncwarp();
+        store_set_tile<T>(mixed, set_s, col0);
+        store_set_tile<T>(spread, set_d, col0);
+      }
+    }
+    __syncthreads();
+
+    // C: this warp's strip: dphi(q) += g S'^T, dphi(k) += v dS^T, dv = phi(k) dS.
+    if (owns_strip) {
+      const T* mixed = set_s + strip_block * kSetLd;
+      const T* spread = set_d + strip_block * kSetLd;
+      const int a_rows = ((quad % 2) * 8 + row8) * ld + (quad / 2) * 8;
+      unsigned ga[4], va[4];
+      frag::load_matrices<false>(ga, gs + row0 * ld + c0 + a_rows);
+      frag::load_matrices<false>(va, vs + row0 * ld + c0 + a_rows);
+#pragma unroll
+      for (int fn = 0; fn < D / 16; ++fn) {
+        // B [k = slice column][n = feature], stored by feature: rows f, the k half quad % 2.
+        const int f = 16 * fn + (quad / 2) * 8 + row8;
+        unsigned sb[4], db[4];
+        frag::load_matrices<false>(sb, mixed + state_offset(f, quad % 2));
+        frag::load_matrices<false>(db, spread + state_offset(f, quad % 2));
+        mma_pair<T>(dq[fn], ga, sb);
+        mma_pair<T>(dk[fn], va, db);
+      }
+      TileAccumulator dv;
+      dv.zero();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        // B [k = feature][n = slice column]: rows f, the n half quad / 2, transposed.
+        const int f = 16 * kk + (quad % 2) * 8 + row8;
+        unsigned ka[4], db[4];
+        frag::load_matrices<false>(ka, kf + row0 * ld + 16 * kk + a_rows);
+        frag::load_matrices<true>(db, spread + state_offset(f, quad / 2));
+        mma_pair<T>(dv, ka, db);
+      }
+      T* grad_v = static_cast<T*>(p.grad_v);
+#pragma unroll
+      for (int i = 0; i < 4; i += 2) {
+        const int token = row0 + TileAccumulator::row(i);
+        if (token < n) {
+          T* row = grad_v + ((static_cast<size_t>(b) * n + token) * s.heads + h) * D + c0;
+#pragma unroll
+          for (int half = 0; half < 2; ++half)
+            store_pair<T>(row + TileAccumulator::col(half, i), dv.x[half][i], dv.x[half][i + 1]);
+        }
+      }
+    }
+    __syncthreads();  // the next slice's phase A overwrites the sets
+  }
+
+  // dm: the warps' parts of <dS', S> onto the z part, then once per (batch, head) to global.
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = TileAccumulator::row(i), c = TileAccumulator::col(half, i);
+      if (r < blocks && c < blocks) atomicAdd(dw + r * blocks + c, dm.x[half][i]);
+    }
+  }
+  if (owns_strip) {
+    // The rank-one terms: gd_t z'_i into dphi(q_t), dz_j into every dphi(k_s) of block j.
+#pragma unroll
+    for (int fn = 0; fn < D / 16; ++fn) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int r = TileAccumulator::row(i), f = 16 * fn + TileAccumulator::col(half, i);
+          dq[fn].x[half][i] += gd[row0 + r] * z_mixed[strip_block * D + f];
+          dk[fn].x[half][i] += dz[strip_block * D + f];
+        }
+      }
+    }
+    constexpr int stage_ld = ResidentLayout<D>::stage_ld;
+    float* stage = reinterpret_cast<float*>(smem + layout.vs) + warp * kStrip * stage_ld;
+#pragma unroll
+    for (int fn = 0; fn < D / 16; ++fn) dq[fn].store(stage + 16 * fn, stage_ld);
+    __syncwarp();
+    store_strip<T, D>(stage, static_cast<T*>(p.grad_q), b, h, s.heads, n, row0, lane, &p.q,
+                      inv_rms_q);
+    __syncwarp();
+#pragma unroll
+    for (int fn = 0; fn < D / 16; ++fn) dk[fn].store(stage + 16 * fn, stage_ld);
+    __syncwarp();
+    store_strip<T, D>(stage, static_cast<T*>(p.grad_k), b, h, s.heads, n, row0, lane, &p.k,
+                      inv_rms_k);
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < blocks * blocks; e += blockDim.x) {
+    if (dw[e] != 0.f) atomicAdd(p.grad_mixing + e, dw[e]);
+  }
+}
+
+template <typename T>
+cudaError_t launch(const ResidentBlockLinearBackward& a, cudaStream_t stream) {
+  const auto& s = a.shape;
+  cudaError_t err = cudaMemsetAsync(a.grad_mixing, 0, sizeof(float) * s.blocks * s.blocks, stream);
+  if (err != cudaSuccess) return err;
+  const size_t bytes = StateBackwardLayout(padded_tokens(s)).total;
+  if ((err = allow_smem(resident_state_backward_kernel<T>, bytes)) != cudaSuccess) return err;
+  resident_state_backward_kernel<T><<<s.batch * s.heads, kBackwardThreads, bytes, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool resident_state_backward_supported(const BlockLinearShape& s, DType dtype) {
+  if (!resident_block_linear_supported(s, dtype)) return false;
+  if (s.head_dim != kD || s.blocks > kSetBlocks) return false;
+  const int padded = padded_tokens(s);
+  if (padded / kStrip > kStrips) return false;  // one strip per warp
+  return StateBackwardLayout(padded).total <= kResidentSmemLimit;
+}
+
+cudaError_t resident_state_backward(const ResidentBlockLinearBackward& args, cudaStream_t stream) {
+  if (!resident_state_backward_supported(args.shape, args.dtype) || args.den == nullptr ||
+      args.mixing == nullptr || args.grad_mixing == nullptr)
+    return cudaErrorInvalidValue;
+  return args.dtype == DType::bf16 ? launch<__nv_bfloat16>(args, stream)
+                                   : launch<__half>(args, stream);
+}
+
+}  // namespace mhla_kernels
