@@ -1,8 +1,8 @@
 // MHLA's short-sequence backward in state form: see resident_state_backward.h. One CTA of 16 warps
 // per (batch, head). After the tiles are prepared (phi(q), phi(k), v, g in shared memory; the
 // small z terms on CUDA cores), each 16-column value slice runs three phases between barriers:
-//   A. the slice of every block state S_j and query-side gradient dS'_i (one 16 x 16 output tile
-//      per warp task; depth: the block's tokens);
+//   A. the slice of every block state S_j and query-side gradient dS'_i (one block's 64 x 16
+//      slice per warp task; depth: the block's tokens);
 //   B. the mixing: S' = m S and dS = m^T dS' over the 16 blocks (one k16 step each, m split into
 //      a bf16 high and low part so the weights keep fp32 precision), and dm += dS' S^T; each warp
 //      owns 16-element column tiles and writes S' and dS over S and dS' in place;
@@ -32,7 +32,9 @@ constexpr int kSetBlocks = 16;                 // rows of a slice set: the mixin
 constexpr int kSetLd = kD * kSlice + 8;        // elements per block row of a slice set
 constexpr int kMixLd = 24;                     // elements per row of the 16 x 16 weight tiles
 constexpr int kStrips = kBackwardWarps;  // warps, one per 16-token strip: N <= 256
-constexpr int kTileLd = ResidentLayout<kD>::ld;  // token tiles' row stride (elements)
+constexpr int kTileLd = ResidentLayout<kD>::ld;
+// Row passes of a warp over its strip when writing dq and dk: all unrolled.
+constexpr int kStripPasses = kStrip * Layout<__nv_bfloat16, kD>::lanes / 32;  // token tiles' row stride (elements)
 
 // Where feature row f's 8-column half `half` of one block's slice lies in a slice set row.
 __device__ __forceinline__ int state_offset(int f, int half) {
@@ -95,6 +97,66 @@ __device__ __forceinline__ void store_set_tile(const TileAccumulator& acc, T* se
   }
 }
 
+// The tiles' preparation in one pass over the rows, each thread's rows read before any is used:
+// phi(q) and phi(k) in place with their 1/rms, and g = do / (den + eps) in place of do with
+// gd = -(do . o) / (den + eps) (padding rows: zero). The same results as the scores kernels'
+// features_in_place and scale_gradient_in_place, which take the rows one after another.
+template <typename T>
+__device__ __forceinline__ void prepare_tiles(T* qf, T* kf, T* gs, const T* o_tile,
+                                              const float* den, int n, int padded,
+                                              float* inv_rms_q, float* inv_rms_k, float* gd) {
+  using L = Layout<T, kD>;
+  constexpr int rows_per_pass = kBackwardThreads / L::lanes;
+  constexpr int passes = kStrips * kStrip / rows_per_pass;
+  const int lane = threadIdx.x % L::lanes;
+  uint4 q[passes], k[passes], g[passes], o[passes];
+#pragma unroll
+  for (int i = 0; i < passes; ++i) {
+    const int at = (threadIdx.x / L::lanes + i * rows_per_pass) * kTileLd + lane * L::vec;
+    if (at < padded * kTileLd) {
+      q[i] = *reinterpret_cast<const uint4*>(qf + at);
+      k[i] = *reinterpret_cast<const uint4*>(kf + at);
+      g[i] = *reinterpret_cast<const uint4*>(gs + at);
+      o[i] = *reinterpret_cast<const uint4*>(o_tile + at);
+    }
+  }
+  auto features = [&](uint4& raw, bool live) {
+    T* values = reinterpret_cast<T*>(&raw);
+    float squares = 0.f;
+#pragma unroll
+    for (int e = 0; e < L::vec; ++e) squares += to_float(values[e]) * to_float(values[e]);
+    const float scale = rsqrtf(row_sum<L::lanes>(squares) / kD + kNormEps);
+#pragma unroll
+    for (int e = 0; e < L::vec; ++e) {
+      const float phi = live ? fmaxf(to_float(values[e]) * scale, 0.f) + kFeatureFloor : 0.f;
+      values[e] = from_float<T>(phi);
+    }
+    return scale;
+  };
+#pragma unroll
+  for (int i = 0; i < passes; ++i) {
+    const int r = threadIdx.x / L::lanes + i * rows_per_pass;
+    if (r >= padded) continue;  // whole warps: padded is a multiple of 16
+    const bool live = r < n;
+    const float q_scale = features(q[i], live), k_scale = features(k[i], live);
+    T* grad = reinterpret_cast<T*>(&g[i]);
+    const T* out = reinterpret_cast<const T*>(&o[i]);
+    const float scale = live ? 1.f / (den[r] + kDenominatorEps) : 0.f;
+    float dot = 0.f;
+#pragma unroll
+    for (int e = 0; e < L::vec; ++e) {
+      dot += to_float(grad[e]) * to_float(out[e]);
+      grad[e] = from_float<T>(to_float(grad[e]) * scale);
+    }
+    dot = row_sum<L::lanes>(dot);
+    const int at = r * kTileLd + lane * L::vec;
+    *reinterpret_cast<uint4*>(qf + at) = q[i];
+    *reinterpret_cast<uint4*>(kf + at) = k[i];
+    *reinterpret_cast<uint4*>(gs + at) = g[i];
+    if (lane == 0) inv_rms_q[r] = q_scale, inv_rms_k[r] = k_scale, gd[r] = -dot * scale;
+  }
+}
+
 // acc (16 x 16) += a b for a 16 x 16 A fragment and the two n8 halves of a B fragment.
 template <typename T>
 __device__ __forceinline__ void mma_pair(TileAccumulator& acc, const unsigned (&a)[4],
@@ -148,9 +210,8 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
   }
   wait_async_copies();
   __syncthreads();
-  features_in_place<T, D>(qf, n, padded, inv_rms_q);
-  features_in_place<T, D>(kf, n, padded, inv_rms_k);
-  scale_gradient_in_place<T, D>(p.den + static_cast<size_t>(bh) * n, n, padded, gs, o_tile, gd);
+  prepare_tiles<T>(qf, kf, gs, o_tile, p.den + static_cast<size_t>(bh) * n, n, padded, inv_rms_q,
+                   inv_rms_k, gd);
   __syncthreads();
 
   // The normalizer's terms, per (block, feature): z_j and dz'_i, then mixed, and their part of dm.
@@ -176,7 +237,10 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
   for (int e = threadIdx.x; e < blocks * blocks; e += blockDim.x) {
     const int i = e / blocks, j = e % blocks;
     float dot = 0.f;
-    for (int f = 0; f < D; ++f) dot += dz_query[i * D + f] * z[j * D + f];
+    for (int step = 0; step < D; ++step) {
+      const int f = (step + j) % D;  // lanes of different j read different banks
+      dot += dz_query[i * D + f] * z[j * D + f];
+    }
     dw[e] = dot;
   }
   __syncthreads();
@@ -197,18 +261,35 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
 
   for (int slice = 0; slice < kSlices; ++slice) {
     const int c0 = slice * kSlice;
-    // A: S_j = phi(K_j)^T V_j and dS'_i = phi(Q_i)^T g_i, this slice's columns.
-    for (int task = warp; task < 2 * blocks * (D / 16); task += kStrips) {
-      const bool query_side = task >= blocks * (D / 16);
-      const int unit = query_side ? task - blocks * (D / 16) : task;
-      const int block = unit / (D / 16), fm = unit % (D / 16);
-      const size_t rows = static_cast<size_t>(block) * block_tokens * ld;
-      TileAccumulator acc;
-      acc.zero();
-      wmma_tiles::mma_tile<T, true, false>(acc, (query_side ? qf : kf) + rows, ld,
-                                           (query_side ? gs : vs) + rows + c0, ld, fm, 0,
-                                           block_tokens);
-      store_state_tile<T>(acc, (query_side ? set_d : set_s) + block * kSetLd, 16 * fm);
+    // A: S_j = phi(K_j)^T V_j and dS'_i = phi(Q_i)^T g_i, this slice's columns: one (side,
+    // block) per warp task, its feature tiles sharing each token step's B fragment.
+    for (int unit = warp; unit < 2 * blocks; unit += kStrips) {
+      const bool query_side = unit >= blocks;
+      const int block = query_side ? unit - blocks : unit;
+      const size_t first_row = static_cast<size_t>(block) * block_tokens;
+      const T* phi = (query_side ? qf : kf) + (first_row + (quad / 2) * 8 + row8) * ld +
+                     (quad % 2) * 8;  // A [m = feature][k = token], stored by token
+      const T* x = (query_side ? gs : vs) + (first_row + (quad % 2) * 8 + row8) * ld + c0 +
+                   (quad / 2) * 8;  // B [k = token][n = column]
+      T* block_row = (query_side ? set_d : set_s) + block * kSetLd;
+      // Two feature tiles at a time: the registers hold dphi(q) and dphi(k) all along.
+#pragma unroll
+      for (int fm0 = 0; fm0 < D / 16; fm0 += 2) {
+        TileAccumulator acc[2];
+        acc[0].zero(), acc[1].zero();
+        for (int kk = 0; kk < block_tokens; kk += 16) {
+          unsigned xb[4];
+          frag::load_matrices<true>(xb, x + kk * ld);
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            unsigned pa[4];
+            frag::load_matrices<true>(pa, phi + kk * ld + 16 * (fm0 + u));
+            mma_pair<T>(acc[u], pa, xb);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < 2; ++u) store_state_tile<T>(acc[u], block_row, 16 * (fm0 + u));
+      }
     }
     __syncthreads();
 
@@ -315,13 +396,13 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
 #pragma unroll
     for (int fn = 0; fn < D / 16; ++fn) dq[fn].store(stage + 16 * fn, stage_ld);
     __syncwarp();
-    store_strip<T, D>(stage, static_cast<T*>(p.grad_q), b, h, s.heads, n, row0, lane, &p.q,
+    store_strip<T, D, kStripPasses>(stage, static_cast<T*>(p.grad_q), b, h, s.heads, n, row0, lane, &p.q,
                       inv_rms_q);
     __syncwarp();
 #pragma unroll
     for (int fn = 0; fn < D / 16; ++fn) dk[fn].store(stage + 16 * fn, stage_ld);
     __syncwarp();
-    store_strip<T, D>(stage, static_cast<T*>(p.grad_k), b, h, s.heads, n, row0, lane, &p.k,
+    store_strip<T, D, kStripPasses>(stage, static_cast<T*>(p.grad_k), b, h, s.heads, n, row0, lane, &p.k,
                       inv_rms_k);
   }
   __syncthreads();
