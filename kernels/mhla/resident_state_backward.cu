@@ -69,18 +69,19 @@ __device__ __forceinline__ void store_pair(T* at, float lo, float hi) {
   *reinterpret_cast<uint32_t*>(at) = pack<T>(lo, hi);
 }
 
-// One 16 x 16 output tile whose rows are features f0 .. f0 + 15 and columns a block's 16 slice
-// columns, into that block's row of a slice set (swizzled halves).
+// One 16 x 16 output tile whose rows are features f0 .. f0 + 15 (f0 a multiple of 16) and columns
+// a block's 16 slice columns, into that block's row of a slice set (swizzled halves). A lane's
+// rows f0 + lane / 4 and f0 + lane / 4 + 8 share the swizzle bit (f >> 2) & 1 = (lane >> 4) & 1,
+// so its offsets are fixed per lane.
 template <typename T>
 __device__ __forceinline__ void store_state_tile(const TileAccumulator& acc, T* block_row, int f0) {
-  const int lane = threadIdx.x % 32;
+  const int lane = threadIdx.x % 32, swap = (lane >> 4) & 1;
+  T* at = block_row + (f0 + lane / 4) * kSlice + 2 * (lane % 4);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
 #pragma unroll
-    for (int i = 0; i < 4; i += 2) {
-      const int f = f0 + TileAccumulator::row(i);
-      store_pair<T>(block_row + state_offset(f, h) + 2 * (lane % 4), acc.x[h][i], acc.x[h][i + 1]);
-    }
+    for (int i = 0; i < 4; i += 2)
+      store_pair<T>(at + (i / 2) * 8 * kSlice + (h ^ swap) * 8, acc.x[h][i], acc.x[h][i + 1]);
   }
 }
 
@@ -203,7 +204,7 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
   for (int e = threadIdx.x; e < kSetBlocks * kSetBlocks; e += blockDim.x) {
     const int i = e / kSetBlocks, j = e % kSetBlocks;
     const float weight = i < blocks && j < blocks ? p.mixing[i * blocks + j] : 0.f;
-    if (i < blocks && j < blocks) w[i * blocks + j] = weight;
+    if (i < blocks && j < blocks) w[i * blocks + j] = weight, dw[i * blocks + j] = 0.f;
     const T high = from_float<T>(weight);
     w_hi[i * kMixLd + j] = high;
     w_lo[i * kMixLd + j] = from_float<T>(weight - to_float(high));
@@ -234,14 +235,16 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
     }
     z_mixed[e] = mixed, dz[e] = spread;
   }
-  for (int e = threadIdx.x; e < blocks * blocks; e += blockDim.x) {
-    const int i = e / blocks, j = e % blocks;
+  // dm's z part, dz'_i . z_j: two threads per entry, half the features each.
+  for (int e = threadIdx.x; e < 2 * blocks * blocks; e += blockDim.x) {
+    const int entry = e / 2, i = entry / blocks, j = entry % blocks, f0 = (e % 2) * (D / 2);
     float dot = 0.f;
-    for (int step = 0; step < D; ++step) {
-      const int f = (step + j) % D;  // lanes of different j read different banks
+#pragma unroll 8
+    for (int step = 0; step < D / 2; ++step) {
+      const int f = f0 + (step + j) % (D / 2);  // lanes of different j read different banks
       dot += dz_query[i * D + f] * z[j * D + f];
     }
-    dw[e] = dot;
+    atomicAdd(dw + entry, dot);  // zeroed with the weights
   }
   __syncthreads();
   // Set rows past the last block: phase A never writes them, the mixing multiplies them by zero.
