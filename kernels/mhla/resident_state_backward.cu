@@ -98,6 +98,42 @@ __device__ __forceinline__ void store_set_tile(const TileAccumulator& acc, T* se
   }
 }
 
+// acc (16 x 16) += a b for a 16 x 16 A fragment and the two n8 halves of a B fragment.
+template <typename T>
+__device__ __forceinline__ void mma_pair(TileAccumulator& acc, const unsigned (&a)[4],
+                                         const unsigned (&b)[4]) {
+  frag::mma16816<T>(acc.x[0], a, b[0], b[1]);
+  frag::mma16816<T>(acc.x[1], a, b[2], b[3]);
+}
+
+// One block's slice of a state, phi^T x over the block's tokens (64 features x 16 columns), into
+// its row of a slice set. phi and x point at this lane's ldmatrix rows (A: phi stored by token;
+// B: x [token][column]). Steps > 0: that many 16-token steps, known at compile time; 0: tokens / 16.
+template <typename T, int Steps>
+__device__ __forceinline__ void block_slice(const T* phi, const T* x, T* block_row, int tokens) {
+  constexpr int ld = kTileLd;
+  // Two feature tiles at a time: the registers hold dphi(q) and dphi(k) all along.
+#pragma unroll
+  for (int fm0 = 0; fm0 < kD / 16; fm0 += 2) {
+    TileAccumulator acc[2];
+    acc[0].zero(), acc[1].zero();
+    const int steps = Steps > 0 ? Steps : tokens / 16;
+#pragma unroll(Steps > 0 ? Steps : 1)
+    for (int step = 0; step < steps; ++step) {
+      unsigned xb[4];
+      frag::load_matrices<true>(xb, x + 16 * step * ld);
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        unsigned pa[4];
+        frag::load_matrices<true>(pa, phi + 16 * step * ld + 16 * (fm0 + u));
+        mma_pair<T>(acc[u], pa, xb);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) store_state_tile<T>(acc[u], block_row, 16 * (fm0 + u));
+  }
+}
+
 // The tiles' preparation in one pass over the rows, each thread's rows read before any is used:
 // phi(q) and phi(k) in place with their 1/rms, and g = do / (den + eps) in place of do with
 // gd = -(do . o) / (den + eps) (padding rows: zero). The same results as the scores kernels'
@@ -158,13 +194,6 @@ __device__ __forceinline__ void prepare_tiles(T* qf, T* kf, T* gs, const T* o_ti
   }
 }
 
-// acc (16 x 16) += a b for a 16 x 16 A fragment and the two n8 halves of a B fragment.
-template <typename T>
-__device__ __forceinline__ void mma_pair(TileAccumulator& acc, const unsigned (&a)[4],
-                                         const unsigned (&b)[4]) {
-  frag::mma16816<T>(acc.x[0], a, b[0], b[1]);
-  frag::mma16816<T>(acc.x[1], a, b[2], b[3]);
-}
 
 template <typename T>
 __global__ void __launch_bounds__(kBackwardThreads, 1)
@@ -275,23 +304,10 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
       const T* x = (query_side ? gs : vs) + (first_row + (quad % 2) * 8 + row8) * ld + c0 +
                    (quad / 2) * 8;  // B [k = token][n = column]
       T* block_row = (query_side ? set_d : set_s) + block * kSetLd;
-      // Two feature tiles at a time: the registers hold dphi(q) and dphi(k) all along.
-#pragma unroll
-      for (int fm0 = 0; fm0 < D / 16; fm0 += 2) {
-        TileAccumulator acc[2];
-        acc[0].zero(), acc[1].zero();
-        for (int kk = 0; kk < block_tokens; kk += 16) {
-          unsigned xb[4];
-          frag::load_matrices<true>(xb, x + kk * ld);
-#pragma unroll
-          for (int u = 0; u < 2; ++u) {
-            unsigned pa[4];
-            frag::load_matrices<true>(pa, phi + kk * ld + 16 * (fm0 + u));
-            mma_pair<T>(acc[u], pa, xb);
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < 2; ++u) store_state_tile<T>(acc[u], block_row, 16 * (fm0 + u));
+      if (block_tokens == kStrip) {  // the vision shape: one token step, unrolled
+        block_slice<T, 1>(phi, x, block_row, kStrip);
+      } else {
+        block_slice<T, 0>(phi, x, block_row, block_tokens);
       }
     }
     __syncthreads();
