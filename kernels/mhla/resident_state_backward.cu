@@ -26,15 +26,15 @@ using wmma_tiles::TileAccumulator;
 namespace frag = wmma_tiles::detail;
 
 constexpr int kD = 64;
-constexpr int kSlice = 16;                     // value columns per slice
-constexpr int kSlices = kD / kSlice;           // 4
-constexpr int kSetBlocks = 16;                 // rows of a slice set: the mixing depth, k16
-constexpr int kSetLd = kD * kSlice + 8;        // elements per block row of a slice set
-constexpr int kMixLd = 24;                     // elements per row of the 16 x 16 weight tiles
+constexpr int kSlice = 16;               // value columns per slice
+constexpr int kSlices = kD / kSlice;     // 4
+constexpr int kSetBlocks = 16;           // rows of a slice set: the mixing depth, k16
+constexpr int kSetLd = kD * kSlice + 8;  // elements per block row of a slice set
+constexpr int kMixLd = 24;               // elements per row of the 16 x 16 weight tiles
 constexpr int kStrips = kBackwardWarps;  // warps, one per 16-token strip: N <= 256
-constexpr int kTileLd = ResidentLayout<kD>::ld;
-// Row passes of a warp over its strip when writing dq and dk: all unrolled.
-constexpr int kStripPasses = kStrip * Layout<__nv_bfloat16, kD>::lanes / 32;  // token tiles' row stride (elements)
+constexpr int kTileLd = ResidentLayout<kD>::ld;  // token tiles' row stride (elements)
+// A warp's passes over its 16-token strip with one row per 8 lanes (dq and dk out).
+constexpr int kStripPasses = kStrip * Layout<__nv_bfloat16, kD>::lanes / 32;
 
 // Where feature row f's 8-column half `half` of one block's slice lies in a slice set row.
 __device__ __forceinline__ int state_offset(int f, int half) {
@@ -108,7 +108,8 @@ __device__ __forceinline__ void mma_pair(TileAccumulator& acc, const unsigned (&
 
 // One block's slice of a state, phi^T x over the block's tokens (64 features x 16 columns), into
 // its row of a slice set. phi and x point at this lane's ldmatrix rows (A: phi stored by token;
-// B: x [token][column]). Steps > 0: that many 16-token steps, known at compile time; 0: tokens / 16.
+// B: x [token][column]). Steps > 0: that many 16-token steps, known at compile time; 0: tokens
+// / 16.
 template <typename T, int Steps>
 __device__ __forceinline__ void block_slice(const T* phi, const T* x, T* block_row, int tokens) {
   constexpr int ld = kTileLd;
@@ -134,66 +135,149 @@ __device__ __forceinline__ void block_slice(const T* phi, const T* x, T* block_r
   }
 }
 
-// The tiles' preparation in one pass over the rows, each thread's rows read before any is used:
-// phi(q) and phi(k) in place with their 1/rms, and g = do / (den + eps) in place of do with
-// gd = -(do . o) / (den + eps) (padding rows: zero). The same results as the scores kernels'
-// features_in_place and scale_gradient_in_place, which take the rows one after another.
+// The tiles' preparation, each thread's rows read before any is used. First phi(q) and phi(k) in
+// place with their 1/rms (while do and o may still be arriving), then g = do / (den + eps) in
+// place of do with gd = -(do . o) / (den + eps). Padding rows: zero. The same results as the
+// scores kernels' features_in_place and scale_gradient_in_place.
 template <typename T>
-__device__ __forceinline__ void prepare_tiles(T* qf, T* kf, T* gs, const T* o_tile,
-                                              const float* den, int n, int padded,
-                                              float* inv_rms_q, float* inv_rms_k, float* gd) {
+struct RowPasses {
   using L = Layout<T, kD>;
-  constexpr int rows_per_pass = kBackwardThreads / L::lanes;
-  constexpr int passes = kStrips * kStrip / rows_per_pass;
-  const int lane = threadIdx.x % L::lanes;
-  uint4 q[passes], k[passes], g[passes], o[passes];
+  static constexpr int rows_per_pass = kBackwardThreads / L::lanes;
+  static constexpr int passes = kStrips * kStrip / rows_per_pass;
+  __device__ static int row(int pass) {
+    return static_cast<int>(threadIdx.x) / L::lanes + pass * rows_per_pass;
+  }
+  __device__ static int offset(int pass) {
+    return row(pass) * kTileLd + static_cast<int>(threadIdx.x) % L::lanes * L::vec;
+  }
+};
+
+template <typename T>
+__device__ __forceinline__ float features_of_row(uint4& raw, bool live) {
+  using L = Layout<T, kD>;
+  T* values = reinterpret_cast<T*>(&raw);
+  float squares = 0.f;
 #pragma unroll
-  for (int i = 0; i < passes; ++i) {
-    const int at = (threadIdx.x / L::lanes + i * rows_per_pass) * kTileLd + lane * L::vec;
-    if (at < padded * kTileLd) {
-      q[i] = *reinterpret_cast<const uint4*>(qf + at);
-      k[i] = *reinterpret_cast<const uint4*>(kf + at);
-      g[i] = *reinterpret_cast<const uint4*>(gs + at);
-      o[i] = *reinterpret_cast<const uint4*>(o_tile + at);
+  for (int e = 0; e < L::vec; ++e) squares += to_float(values[e]) * to_float(values[e]);
+  const float scale = rsqrtf(row_sum<L::lanes>(squares) / kD + kNormEps);
+#pragma unroll
+  for (int e = 0; e < L::vec; ++e) {
+    const float phi = live ? fmaxf(to_float(values[e]) * scale, 0.f) + kFeatureFloor : 0.f;
+    values[e] = from_float<T>(phi);
+  }
+  return scale;
+}
+
+template <typename T>
+__device__ __forceinline__ void prepare_features(T* qf, T* kf, int n, int padded, float* inv_rms_q,
+                                                 float* inv_rms_k) {
+  using R = RowPasses<T>;
+  uint4 q[R::passes], k[R::passes];
+#pragma unroll
+  for (int i = 0; i < R::passes; ++i) {
+    if (R::row(i) < padded) {
+      q[i] = *reinterpret_cast<const uint4*>(qf + R::offset(i));
+      k[i] = *reinterpret_cast<const uint4*>(kf + R::offset(i));
     }
   }
-  auto features = [&](uint4& raw, bool live) {
-    T* values = reinterpret_cast<T*>(&raw);
-    float squares = 0.f;
 #pragma unroll
-    for (int e = 0; e < L::vec; ++e) squares += to_float(values[e]) * to_float(values[e]);
-    const float scale = rsqrtf(row_sum<L::lanes>(squares) / kD + kNormEps);
-#pragma unroll
-    for (int e = 0; e < L::vec; ++e) {
-      const float phi = live ? fmaxf(to_float(values[e]) * scale, 0.f) + kFeatureFloor : 0.f;
-      values[e] = from_float<T>(phi);
-    }
-    return scale;
-  };
-#pragma unroll
-  for (int i = 0; i < passes; ++i) {
-    const int r = threadIdx.x / L::lanes + i * rows_per_pass;
+  for (int i = 0; i < R::passes; ++i) {
+    const int r = R::row(i);
     if (r >= padded) continue;  // whole warps: padded is a multiple of 16
-    const bool live = r < n;
-    const float q_scale = features(q[i], live), k_scale = features(k[i], live);
-    T* grad = reinterpret_cast<T*>(&g[i]);
-    const T* out = reinterpret_cast<const T*>(&o[i]);
-    const float scale = live ? 1.f / (den[r] + kDenominatorEps) : 0.f;
-    float dot = 0.f;
-#pragma unroll
-    for (int e = 0; e < L::vec; ++e) {
-      dot += to_float(grad[e]) * to_float(out[e]);
-      grad[e] = from_float<T>(to_float(grad[e]) * scale);
-    }
-    dot = row_sum<L::lanes>(dot);
-    const int at = r * kTileLd + lane * L::vec;
-    *reinterpret_cast<uint4*>(qf + at) = q[i];
-    *reinterpret_cast<uint4*>(kf + at) = k[i];
-    *reinterpret_cast<uint4*>(gs + at) = g[i];
-    if (lane == 0) inv_rms_q[r] = q_scale, inv_rms_k[r] = k_scale, gd[r] = -dot * scale;
+    const float q_scale = features_of_row<T>(q[i], r < n),
+                k_scale = features_of_row<T>(k[i], r < n);
+    *reinterpret_cast<uint4*>(qf + R::offset(i)) = q[i];
+    *reinterpret_cast<uint4*>(kf + R::offset(i)) = k[i];
+    if (threadIdx.x % R::L::lanes == 0) inv_rms_q[r] = q_scale, inv_rms_k[r] = k_scale;
   }
 }
 
+template <typename T>
+__device__ __forceinline__ void prepare_gradient(T* gs, const T* o_tile, const float* den, int n,
+                                                 int padded, float* gd) {
+  using R = RowPasses<T>;
+  uint4 g[R::passes], o[R::passes];
+#pragma unroll
+  for (int i = 0; i < R::passes; ++i) {
+    if (R::row(i) < padded) {
+      g[i] = *reinterpret_cast<const uint4*>(gs + R::offset(i));
+      o[i] = *reinterpret_cast<const uint4*>(o_tile + R::offset(i));
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < R::passes; ++i) {
+    const int r = R::row(i);
+    if (r >= padded) continue;
+    T* grad = reinterpret_cast<T*>(&g[i]);
+    const T* out = reinterpret_cast<const T*>(&o[i]);
+    const float scale = r < n ? 1.f / (den[r] + kDenominatorEps) : 0.f;
+    float dot = 0.f;
+#pragma unroll
+    for (int e = 0; e < R::L::vec; ++e) {
+      dot += to_float(grad[e]) * to_float(out[e]);
+      grad[e] = from_float<T>(to_float(grad[e]) * scale);
+    }
+    dot = row_sum<R::L::lanes>(dot);
+    *reinterpret_cast<uint4*>(gs + R::offset(i)) = g[i];
+    if (threadIdx.x % R::L::lanes == 0) gd[r] = -dot * scale;
+  }
+}
+
+// cp.async groups: the copies issued so far close a group; wait until at most `Pending` groups
+// are still in flight.
+__device__ __forceinline__ void close_copy_group() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int Pending>
+__device__ __forceinline__ void wait_copy_groups() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
+}
+
+// A strip's raw input rows for the feature backward of dq or dk: each lane's 16-byte pieces of
+// the rows it writes, loaded before the strip's gradient is ready (zero past the end).
+template <typename T>
+__device__ __forceinline__ void load_raw_strip(const TokenTensor& src, int b, int h, int n,
+                                               int row0, uint4 (&raw)[kStripPasses]) {
+  using L = Layout<T, kD>;
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int pass = 0; pass < kStripPasses; ++pass) {
+    const int token = row0 + lane / L::lanes + pass * (32 / L::lanes);
+    raw[pass] = token < n ? *reinterpret_cast<const uint4*>(token_row<T, kD>(src, b, token, h) +
+                                                            (lane % L::lanes) * L::vec)
+                          : make_uint4(0, 0, 0, 0);
+  }
+}
+
+// A staged strip of d(phi) (rows row0 .. row0 + 15) through the feature map's backward (raw rows
+// from load_raw_strip, 1/rms in inv_rms) into a contiguous [B, N, H, D] gradient.
+template <typename T>
+__device__ __forceinline__ void store_feature_gradient(const float* stage,
+                                                       const uint4 (&raw)[kStripPasses],
+                                                       const float* inv_rms, T* dst, int b, int h,
+                                                       int heads, int n, int row0) {
+  using L = Layout<T, kD>;
+  constexpr int ld = ResidentLayout<kD>::stage_ld;
+  const int lane = threadIdx.x % 32, c = (lane % L::lanes) * L::vec;
+#pragma unroll
+  for (int pass = 0; pass < kStripPasses; ++pass) {
+    const int r = lane / L::lanes + pass * (32 / L::lanes), token = row0 + r;
+    const bool live = token < n;
+    float g[L::vec], x[L::vec];
+    const float4 g0 = *reinterpret_cast<const float4*>(stage + r * ld + c);
+    const float4 g1 = *reinterpret_cast<const float4*>(stage + r * ld + c + 4);
+    g[0] = g0.x, g[1] = g0.y, g[2] = g0.z, g[3] = g0.w;
+    g[4] = g1.x, g[5] = g1.y, g[6] = g1.z, g[7] = g1.w;
+    const T* words = reinterpret_cast<const T*>(&raw[pass]);
+#pragma unroll
+    for (int e = 0; e < L::vec; ++e) x[e] = to_float(words[e]);
+    feature_backward<T, kD>(x, live ? inv_rms[token] : 0.f, g);
+    if (live) {
+      const size_t index = (static_cast<size_t>(b) * n + token) * heads + h;
+      store_vector<T, kD>(dst + index * kD + c, g);
+    }
+  }
+}
 
 template <typename T>
 __global__ void __launch_bounds__(kBackwardThreads, 1)
@@ -210,7 +294,7 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
   T* vs = reinterpret_cast<T*>(smem + layout.vs);
   T* gs = reinterpret_cast<T*>(smem + layout.gs);
   T* set_s = reinterpret_cast<T*>(smem + layout.sets);  // S, then S' (per slice)
-  T* set_d = set_s + kSetBlocks * kSetLd;                // dS', then dS
+  T* set_d = set_s + kSetBlocks * kSetLd;               // dS', then dS
   float* gd = reinterpret_cast<float*>(smem + layout.gd);
   float* inv_rms_q = reinterpret_cast<float*>(smem + layout.rms_q);
   float* inv_rms_k = reinterpret_cast<float*>(smem + layout.rms_k);
@@ -225,11 +309,15 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
   float* z = reinterpret_cast<float*>(smem + layout.sets + ResidentLayout<D>::tile_bytes(padded));
   float* dz_query = z + kSetBlocks * D;
 
+  // Three copy groups, in the order the work needs them: q and k, then do and o, then v.
   copy_rows<T, D>(p.q, b, h, n, padded, qf);
   copy_rows<T, D>(p.k, b, h, n, padded, kf);
-  copy_rows<T, D>(p.v, b, h, n, padded, vs);
+  close_copy_group();
   copy_rows<T, D>(p.grad_out, b, h, n, padded, gs);
   copy_rows<T, D>(p.out, b, h, n, padded, o_tile);
+  close_copy_group();
+  copy_rows<T, D>(p.v, b, h, n, padded, vs);
+  close_copy_group();
   for (int e = threadIdx.x; e < kSetBlocks * kSetBlocks; e += blockDim.x) {
     const int i = e / kSetBlocks, j = e % kSetBlocks;
     const float weight = i < blocks && j < blocks ? p.mixing[i * blocks + j] : 0.f;
@@ -238,10 +326,12 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
     w_hi[i * kMixLd + j] = high;
     w_lo[i * kMixLd + j] = from_float<T>(weight - to_float(high));
   }
-  wait_async_copies();
+  wait_copy_groups<2>();
   __syncthreads();
-  prepare_tiles<T>(qf, kf, gs, o_tile, p.den + static_cast<size_t>(bh) * n, n, padded, inv_rms_q,
-                   inv_rms_k, gd);
+  prepare_features<T>(qf, kf, n, padded, inv_rms_q, inv_rms_k);
+  wait_copy_groups<1>();
+  __syncthreads();
+  prepare_gradient<T>(gs, o_tile, p.den + static_cast<size_t>(bh) * n, n, padded, gd);
   __syncthreads();
 
   // The normalizer's terms, per (block, feature): z_j and dz'_i, then mixed, and their part of dm.
@@ -264,17 +354,18 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
     }
     z_mixed[e] = mixed, dz[e] = spread;
   }
-  // dm's z part, dz'_i . z_j: two threads per entry, half the features each.
-  for (int e = threadIdx.x; e < 2 * blocks * blocks; e += blockDim.x) {
-    const int entry = e / 2, i = entry / blocks, j = entry % blocks, f0 = (e % 2) * (D / 2);
+  // dm's z part, dz'_i . z_j (the warps' <dS', S> parts join it at the end).
+  for (int e = threadIdx.x; e < blocks * blocks; e += blockDim.x) {
+    const int i = e / blocks, j = e % blocks;
     float dot = 0.f;
 #pragma unroll 8
-    for (int step = 0; step < D / 2; ++step) {
-      const int f = f0 + (step + j) % (D / 2);  // lanes of different j read different banks
+    for (int step = 0; step < D; ++step) {
+      const int f = (step + j) % D;  // lanes of different j read different banks
       dot += dz_query[i * D + f] * z[j * D + f];
     }
-    atomicAdd(dw + entry, dot);  // zeroed with the weights
+    dw[e] = dot;
   }
+  wait_async_copies();  // v, before phase A
   __syncthreads();
   // Set rows past the last block: phase A never writes them, the mixing multiplies them by zero.
   for (int e = threadIdx.x; e < (kSetBlocks - blocks) * kSetLd / 2; e += blockDim.x) {
@@ -387,15 +478,13 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
     __syncthreads();  // the next slice's phase A overwrites the sets
   }
 
-  // dm: the warps' parts of <dS', S> onto the z part, then once per (batch, head) to global.
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int r = TileAccumulator::row(i), c = TileAccumulator::col(half, i);
-      if (r < blocks && c < blocks) atomicAdd(dw + r * blocks + c, dm.x[half][i]);
-    }
-  }
+  // The strips' raw rows for the feature backward, each loaded a step before it is used: q's
+  // while the rank-one terms are added, k's while dq is written.
+  uint4 raw[kStripPasses];
+  if (owns_strip) load_raw_strip<T>(p.q, b, h, n, row0, raw);
+  // dm: each warp's part of <dS', S> into the free sets region, summed with the z part below.
+  float* dm_parts = reinterpret_cast<float*>(smem + layout.sets);
+  dm.store(dm_parts + warp * kSetBlocks * kSetBlocks, kSetBlocks);
   if (owns_strip) {
     // The rank-one terms: gd_t z'_i into dphi(q_t), dz_j into every dphi(k_s) of block j.
 #pragma unroll
@@ -410,23 +499,30 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
         }
       }
     }
+    // Staging strips in vs and gs (exactly their size), past the dm parts.
     constexpr int stage_ld = ResidentLayout<D>::stage_ld;
     float* stage = reinterpret_cast<float*>(smem + layout.vs) + warp * kStrip * stage_ld;
 #pragma unroll
     for (int fn = 0; fn < D / 16; ++fn) dq[fn].store(stage + 16 * fn, stage_ld);
+    uint4 raw_k[kStripPasses];
+    load_raw_strip<T>(p.k, b, h, n, row0, raw_k);
     __syncwarp();
-    store_strip<T, D, kStripPasses>(stage, static_cast<T*>(p.grad_q), b, h, s.heads, n, row0, lane, &p.q,
-                      inv_rms_q);
+    store_feature_gradient<T>(stage, raw, inv_rms_q, static_cast<T*>(p.grad_q), b, h, s.heads, n,
+                              row0);
     __syncwarp();
 #pragma unroll
     for (int fn = 0; fn < D / 16; ++fn) dk[fn].store(stage + 16 * fn, stage_ld);
     __syncwarp();
-    store_strip<T, D, kStripPasses>(stage, static_cast<T*>(p.grad_k), b, h, s.heads, n, row0, lane, &p.k,
-                      inv_rms_k);
+    store_feature_gradient<T>(stage, raw_k, inv_rms_k, static_cast<T*>(p.grad_k), b, h, s.heads, n,
+                              row0);
   }
   __syncthreads();
   for (int e = threadIdx.x; e < blocks * blocks; e += blockDim.x) {
-    if (dw[e] != 0.f) atomicAdd(p.grad_mixing + e, dw[e]);
+    const int i = e / blocks, j = e % blocks;
+    float total = dw[e];
+    for (int w = 0; w < kStrips; ++w)
+      total += dm_parts[w * kSetBlocks * kSetBlocks + i * kSetBlocks + j];
+    if (total != 0.f) atomicAdd(p.grad_mixing + e, total);
   }
 }
 

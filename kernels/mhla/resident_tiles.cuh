@@ -172,16 +172,14 @@ __device__ __forceinline__ void stage_strip(float* stage, const float (&acc)[D /
 
 // Writes a staged strip (rows row0 .. row0 + 15) into a contiguous [B, N, H, D] gradient; with
 // `features`, through the backward of the feature map of the raw rows of src (1/rms in inv_rms).
-template <typename T, int D, int Unroll = 1>
+template <typename T, int D>
 __device__ void store_strip(const float* stage, T* dst, int b, int h, int heads, int n, int row0,
                             int lane, const TokenTensor* features, const float* inv_rms) {
   using L = Layout<T, D>;
   constexpr int ld = ResidentLayout<D>::stage_ld;
   constexpr int rows_per_pass = 32 / L::lanes;
   const int c = (lane % L::lanes) * L::vec;
-#pragma unroll Unroll  // 4: the raw rows' global loads can all start first (more registers)
-  for (int pass = 0; pass < kStrip / rows_per_pass; ++pass) {
-    const int r = lane / L::lanes + pass * rows_per_pass;
+  for (int r = lane / L::lanes; r < kStrip; r += rows_per_pass) {  // uniform trip count
     const int token = row0 + r;
     const bool live = token < n;
     float g[L::vec];
