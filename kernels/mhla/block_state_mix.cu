@@ -1,6 +1,7 @@
 // out[b, i] = sum_j w_ij in[b, j] over fp32 block states (see block_state_mix.h).
 #include <algorithm>
 #include <cstdlib>
+#include <string>
 
 #include <cuda_bf16.h>
 
@@ -10,17 +11,20 @@ namespace mhla_kernels {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kGroup = 16;  // output blocks accumulated at once (16 float4 per thread)
-constexpr int kBatch = 8;   // input blocks loaded at once
+constexpr int kMaxGroup = 16;  // the weights' shared tile is padded to multiples of this
 
 __host__ __device__ constexpr int padded(int blocks) {
-  return (blocks + kGroup - 1) / kGroup * kGroup;
+  return (blocks + kMaxGroup - 1) / kMaxGroup * kMaxGroup;
 }
 
-// MinCtas: CTAs per multiprocessor the registers are capped for. At its natural 180 registers
-// two fit; MHLA_STATE_MIX_CTAS=4 caps them at 128 (a few spilled bytes) for A/B runs.
-template <int MinCtas>
+// Group: output blocks accumulated at once (Group float4 per thread); Batch: input blocks loaded
+// at once; MinCtas: CTAs per multiprocessor the registers are capped for. The default (16, 8)
+// runs at its natural 180 registers, two CTAs (8 warps) per SM. MHLA_STATE_MIX selects others
+// for A/B runs: "ctas4" (16, 8) capped at 128 registers (a few spilled bytes), "batch4" (16, 4)
+// at 3 CTAs, "group8" (8, 8) at 4 CTAs (the input read twice, the second time from L2).
+template <int MinCtas, int Group, int Batch>
 __global__ void __launch_bounds__(kThreads, MinCtas) state_mix_kernel(BlockStateMix p) {
+  static_assert(kMaxGroup % Group == 0 && Batch <= 8, "weights tile padding");
   extern __shared__ float ws[];  // [padded][padded], zero outside the matrix
   const int np = padded(p.blocks);
   for (int e = threadIdx.x; e < np * np; e += kThreads) {
@@ -51,23 +55,23 @@ __global__ void __launch_bounds__(kThreads, MinCtas) state_mix_kernel(BlockState
       *reinterpret_cast<float4*>(row + matrix / 2 + e - matrix) = v;
     }
   };
-  for (int i0 = 0; i0 < p.blocks; i0 += kGroup) {
-    float4 acc[kGroup];
+  for (int i0 = 0; i0 < p.blocks; i0 += Group) {
+    float4 acc[Group];
 #pragma unroll
-    for (int r = 0; r < kGroup; ++r) acc[r] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int r = 0; r < Group; ++r) acc[r] = make_float4(0.f, 0.f, 0.f, 0.f);
     const int j_begin = p.pattern == MixPattern::upper ? i0 : 0;
-    const int j_end = p.pattern == MixPattern::lower ? min(p.blocks, i0 + kGroup) : p.blocks;
-    for (int j0 = j_begin; j0 < j_end; j0 += kBatch) {
-      float4 x[kBatch];
+    const int j_end = p.pattern == MixPattern::lower ? min(p.blocks, i0 + Group) : p.blocks;
+    for (int j0 = j_begin; j0 < j_end; j0 += Batch) {
+      float4 x[Batch];
 #pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
+      for (int u = 0; u < Batch; ++u) {
         x[u] = j0 + u < j_end ? __ldg(in + static_cast<size_t>(j0 + u) * quads)
                               : make_float4(0.f, 0.f, 0.f, 0.f);
       }
 #pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
+      for (int u = 0; u < Batch; ++u) {
 #pragma unroll
-        for (int r = 0; r < kGroup; ++r) {
+        for (int r = 0; r < Group; ++r) {
           const float w = ws[(i0 + r) * np + j0 + u];  // j0 + u < np: j0 is a multiple of 8
           acc[r].x += w * x[u].x;
           acc[r].y += w * x[u].y;
@@ -77,7 +81,7 @@ __global__ void __launch_bounds__(kThreads, MinCtas) state_mix_kernel(BlockState
       }
     }
 #pragma unroll
-    for (int r = 0; r < kGroup; ++r) {
+    for (int r = 0; r < Group; ++r) {
       if (i0 + r < p.blocks) store(i0 + r, acc[r]);
     }
   }
@@ -91,11 +95,14 @@ cudaError_t block_state_mix(const BlockStateMix& p, cudaStream_t stream) {
       p.elements % 4 != 0 || p.packed_matrix < 0 || p.packed_matrix % 8 != 0 ||
       p.packed_matrix > p.elements)
     return cudaErrorInvalidValue;
-  static const bool four = [] {
-    const char* value = std::getenv("MHLA_STATE_MIX_CTAS");
-    return value != nullptr && value[0] == '4';
+  static const auto kernel = [] {
+    const char* value = std::getenv("MHLA_STATE_MIX");
+    const std::string variant = value != nullptr ? value : "";
+    if (variant == "ctas4") return state_mix_kernel<4, 16, 8>;
+    if (variant == "batch4") return state_mix_kernel<3, 16, 4>;
+    if (variant == "group8") return state_mix_kernel<4, 8, 8>;
+    return state_mix_kernel<1, 16, 8>;
   }();
-  auto kernel = four ? state_mix_kernel<4> : state_mix_kernel<1>;
   const size_t bytes = static_cast<size_t>(padded(p.blocks)) * padded(p.blocks) * sizeof(float);
   if (bytes > 48 * 1024) {
     const cudaError_t err = cudaFuncSetAttribute(
