@@ -21,7 +21,8 @@ __host__ __device__ constexpr int padded(int blocks) {
 // at once; MinCtas: CTAs per multiprocessor the registers are capped for. The default (16, 8)
 // runs at its natural 180 registers, two CTAs (8 warps) per SM. MHLA_STATE_MIX selects others
 // for A/B runs: "ctas4" (16, 8) capped at 128 registers (a few spilled bytes), "batch4" (16, 4)
-// at 3 CTAs, "group8" (8, 8) at 4 CTAs (the input read twice, the second time from L2).
+// at 3 CTAs, "group8" (8, 8) at 4 CTAs (the input read twice, the second time from L2),
+// "group8x5" at 5 CTAs and "group4" (4, 8) at 6.
 template <int MinCtas, int Group, int Batch>
 __global__ void __launch_bounds__(kThreads, MinCtas) state_mix_kernel(BlockStateMix p) {
   static_assert(kMaxGroup % Group == 0 && Batch <= 8, "weights tile padding");
@@ -101,6 +102,8 @@ cudaError_t block_state_mix(const BlockStateMix& p, cudaStream_t stream) {
     if (variant == "ctas4") return state_mix_kernel<4, 16, 8>;
     if (variant == "batch4") return state_mix_kernel<3, 16, 4>;
     if (variant == "group8") return state_mix_kernel<4, 8, 8>;
+    if (variant == "group8x5") return state_mix_kernel<5, 8, 8>;
+    if (variant == "group4") return state_mix_kernel<6, 4, 8>;
     return state_mix_kernel<1, 16, 8>;
   }();
   const size_t bytes = static_cast<size_t>(padded(p.blocks)) * padded(p.blocks) * sizeof(float);
