@@ -18,14 +18,15 @@ __host__ __device__ constexpr int padded(int blocks) {
 }
 
 // Group: output blocks accumulated at once (Group float4 per thread); Batch: input blocks loaded
-// at once; MinCtas: CTAs per multiprocessor the registers are capped for. The default (16, 8)
-// runs at its natural 180 registers, two CTAs (8 warps) per SM. MHLA_STATE_MIX selects others
-// for A/B runs: "ctas4" (16, 8) capped at 128 registers (a few spilled bytes), "batch4" (16, 4)
-// at 3 CTAs, "group8" (8, 8) at 4 CTAs (the input read twice, the second time from L2),
-// "group8x5" at 5 CTAs and "group4" (4, 8) at 6.
+// at once; MinCtas: CTAs per multiprocessor the registers are capped for. The default (8, 8) at
+// 126 registers runs four CTAs per SM and reads its inputs twice for 16 blocks, the second time
+// from L2: 54 against 66 us at B = 64, N = 1,024, H = 6, D = 64, M = 16 for (16, 8) at its
+// natural 193 registers, two CTAs (session 25, calls 9-10). MHLA_STATE_MIX selects others for A/B
+// runs: "group16" (16, 8) at two CTAs, "group8x5" (8, 8) at five. Group must be a multiple of
+// Batch: j0 + u then stays inside the padded weights' row (the upper pattern starts j at i0).
 template <int MinCtas, int Group, int Batch>
 __global__ void __launch_bounds__(kThreads, MinCtas) state_mix_kernel(BlockStateMix p) {
-  static_assert(kMaxGroup % Group == 0 && Batch <= 8, "weights tile padding");
+  static_assert(kMaxGroup % Group == 0 && Group % Batch == 0, "weights tile padding");
   extern __shared__ float ws[];  // [padded][padded], zero outside the matrix
   const int np = padded(p.blocks);
   for (int e = threadIdx.x; e < np * np; e += kThreads) {
@@ -99,12 +100,9 @@ cudaError_t block_state_mix(const BlockStateMix& p, cudaStream_t stream) {
   static const auto kernel = [] {
     const char* value = std::getenv("MHLA_STATE_MIX");
     const std::string variant = value != nullptr ? value : "";
-    if (variant == "ctas4") return state_mix_kernel<4, 16, 8>;
-    if (variant == "batch4") return state_mix_kernel<3, 16, 4>;
-    if (variant == "group8") return state_mix_kernel<4, 8, 8>;
+    if (variant == "group16") return state_mix_kernel<1, 16, 8>;
     if (variant == "group8x5") return state_mix_kernel<5, 8, 8>;
-    if (variant == "group4") return state_mix_kernel<6, 4, 8>;
-    return state_mix_kernel<1, 16, 8>;
+    return state_mix_kernel<4, 8, 8>;
   }();
   const size_t bytes = static_cast<size_t>(padded(p.blocks)) * padded(p.blocks) * sizeof(float);
   if (bytes > 48 * 1024) {
