@@ -1,6 +1,7 @@
 // The GPU helpers that mix fp32 block states for the MHLA bindings (src/attention/state_mixing):
 // the state-mix kernel against a float64 matrix product (dense, strictly lower and strictly upper
-// weights; block counts that fill no, one and several 8- and 16-block groups; cuBLAS past 128 blocks),
+// weights; block counts that fill no, one and several 8- and 16-block groups; cuBLAS past 128
+// blocks),
 // and the pair-products kernel (tensor cores on bf16 high and low parts of the fp32 inputs)
 // against a float64 contraction at 1e-4 (bf16-rounded inputs alone err by about 2^-9 per term),
 // over row counts that pad to 16 (3, 40), fill one 16 x 16 tile (16), give every warp two tiles
