@@ -448,8 +448,7 @@ int chunks_per_block(const BlockLinearShape& s) {
 }
 
 
-// Packed state sets are read (and, by the states pass, written) by the fragment passes of bf16
-// inputs only.
+// Packed state sets are read by the fragment passes of bf16 inputs only.
 template <typename T>
 bool reads_packed(DType dtype, int head_dim, const char* pass) {
   return std::is_same_v<T, __nv_bfloat16> && fragment_pass(pass) &&
@@ -463,9 +462,6 @@ cudaError_t forward_for(const BlockLinearForward& a, cudaStream_t stream) {
                          ((a.passes & kBlockMixPass) && a.mixing != nullptr)))
     return cudaErrorInvalidValue;
   const int chunks = chunks_per_block(s);
-  if (a.packed_states && (!reads_packed<T>(a.dtype, D, "states") || chunks > 1 ||
-                          (a.passes & (kBlockMixPass | kBlockOutputPass))))
-    return cudaErrorInvalidValue;
   const dim3 grid(s.blocks * chunks, s.batch * s.heads);
   const size_t state_bytes = block_linear_state_floats(s) * sizeof(float);
   cudaError_t err = cudaSuccess;
@@ -590,12 +586,6 @@ struct BackwardPass {
 size_t block_linear_state_floats(const BlockLinearShape& s) {
   return static_cast<size_t>(s.batch) * s.heads * s.blocks *
          (static_cast<size_t>(s.head_dim) * s.head_dim + s.head_dim);
-}
-
-bool block_states_packable(const BlockLinearShape& s, DType dtype) {
-  return dtype == DType::bf16 && fragment_pass("states") &&
-         fragment_passes_supported(dtype, s.head_dim) && s.blocks >= 1 &&
-         chunks_per_block(s) == 1;
 }
 
 size_t block_linear_packed_floats(const BlockLinearShape& s) {

@@ -34,9 +34,6 @@ struct BlockLinearShape {
 size_t block_linear_state_floats(const BlockLinearShape& shape);
 // Floats of a packed set: per state D * D bf16 then D fp32, B * H * M * (D*D / 2 + D).
 size_t block_linear_packed_floats(const BlockLinearShape& shape);
-// Whether the states pass can write a packed set of states (BlockLinearForward::packed_states):
-// bf16 inputs on the fragment states pass, one 256-token chunk per block.
-bool block_states_packable(const BlockLinearShape& shape, DType dtype);
 
 // Pass selection (bitmasks): a caller that mixes the states itself (the MHLA binding, by its state-mix kernel) runs
 // the states and output passes (forward) or the query and key passes (backward) around its own.
@@ -57,11 +54,6 @@ struct BlockLinearForward {
   // The passes round S' to bf16 anyway, so the output is the same; bf16 inputs whose passes
   // all run on fragments only (block_fragment_passes.h: fragment_passes_in_use).
   bool packed_mixed = false;
-  // states is a packed set the same way, for a caller that mixes the states itself (passes
-  // without kBlockMixPass): bf16 inputs whose states pass runs on fragments, one chunk per block
-  // (one CTA owns each state). Its mixing (block_state_mix) and the mixing backward
-  // (block_mix_backward) read the packed set.
-  bool packed_states = false;
 };
 
 struct BlockLinearBackward {

@@ -42,21 +42,6 @@ __device__ __forceinline__ void copy_16(float4* dst, const float* src, bool in) 
                "r"(in ? 16 : 0));
 }
 
-// Eight bytes (four bf16 of a packed state) into the first half of a 16-byte slot.
-__device__ __forceinline__ void copy_8(float4* dst, const void* src, bool in) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(s), "l"(src),
-               "r"(in ? 8 : 0));
-}
-
-// A slot of S as four floats: fp32 as copied, or four bf16 in its first eight bytes.
-__device__ __forceinline__ float4 state_quad(const float4& slot, bool packed) {
-  if (!packed) return slot;
-  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&slot.x));
-  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&slot.y));
-  return make_float4(lo.x, lo.y, hi.x, hi.y);
-}
-
 __device__ __forceinline__ void fma4(float4& acc, float w, const float4& x) {
   acc.x = fmaf(w, x.x, acc.x);
   acc.y = fmaf(w, x.y, acc.y);
@@ -83,8 +68,6 @@ __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackw
   }
   const int64_t columns = (p.elements + S::columns - 1) / S::columns;
   const int64_t items = static_cast<int64_t>(p.batch_heads) * columns;
-  const int64_t packed_states = p.packed_states_matrix;
-  const int64_t packed_state_row = packed_states / 2 + p.elements - packed_states;
   // Thread t copies rows role, role + roles, ... of its quad, of dS' and of S.
   auto issue = [&](int64_t item, int stage) {
     const int64_t bh = item / columns, e = (item % columns) * S::columns + 4 * q;
@@ -96,18 +79,7 @@ __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackw
       const bool in = r < p.blocks && e < p.elements;
       const size_t at = base + (in ? static_cast<size_t>(r) * p.elements + e : 0);
       copy_16(dst + r * S::quads, p.grad_mixed + at, in);
-      if (packed_states == 0) {
-        copy_16(dst + (Rows + r) * S::quads, p.states + at, in);
-      } else {  // rows of packed_states / 2 + elements - packed_states floats
-        const float* row =
-            p.states + (static_cast<size_t>(bh) * p.blocks + (in ? r : 0)) * packed_state_row;
-        if (e < packed_states) {
-          copy_8(dst + (Rows + r) * S::quads, reinterpret_cast<const __nv_bfloat16*>(row) + e, in);
-        } else {
-          copy_16(dst + (Rows + r) * S::quads,
-                  row + packed_states / 2 + (in ? e - packed_states : 0), in);
-        }
-      }
+      copy_16(dst + (Rows + r) * S::quads, p.states + at, in);
     }
     asm volatile("cp.async.commit_group;\n" ::);
   };
@@ -175,7 +147,7 @@ __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackw
     for (int a = 0; a < 4; ++a) own[a] = x[(row0 + a) * S::quads + q];
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-      const float4 yj = state_quad(y[(col0 + j) * S::quads + q], e < packed_states);
+      const float4 yj = y[(col0 + j) * S::quads + q];
 #pragma unroll
       for (int a = 0; a < 4; ++a) dm[a][j] = dot4(own[a], yj, dm[a][j]);
     }
@@ -262,8 +234,7 @@ cudaError_t block_mix_backward(const BlockMixBackward& p, cudaStream_t stream) {
   if (p.grad_mixed == nullptr || p.states == nullptr || p.mixing == nullptr ||
       p.grad_states == nullptr || p.grad_mixing == nullptr || p.batch_heads <= 0 ||
       !block_mix_backward_supported(p.blocks, p.elements) || p.packed_matrix < 0 ||
-      p.packed_matrix % 8 != 0 || p.packed_matrix > p.elements || p.packed_states_matrix < 0 ||
-      p.packed_states_matrix % 8 != 0 || p.packed_states_matrix > p.elements)
+      p.packed_matrix % 8 != 0 || p.packed_matrix > p.elements)
     return cudaErrorInvalidValue;
   return p.blocks <= 16 ? launch<16>(p, stream) : launch<32>(p, stream);
 }

@@ -28,9 +28,6 @@ struct BlockMixBackward {
   // of 8) in bf16, the rest fp32, states of packed_matrix / 2 + elements - packed_matrix floats
   // (what block_state_mix writes with the same setting).
   int64_t packed_matrix = 0;
-  // > 0: `states` is a packed set the same way (block_linear_attention.h, packed_states); dS' stays
-  // fp32 and `elements` the logical count.
-  int64_t packed_states_matrix = 0;
 };
 
 // Whether the fused pass takes these sizes (otherwise: block_state_mix + block_pair_products).

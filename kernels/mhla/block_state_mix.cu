@@ -41,20 +41,8 @@ __global__ void __launch_bounds__(kThreads, MinCtas) state_mix_kernel(BlockState
   const float4* in = reinterpret_cast<const float4*>(p.in) + base;
   float4* out = reinterpret_cast<float4*>(p.out) + base;
   // A packed row: element 4c of the matrix part as four bf16 (8 bytes), of the rest as a float4.
-  const int64_t e = 4 * c, matrix = p.packed_matrix, in_matrix = p.packed_in_matrix;
+  const int64_t e = 4 * c, matrix = p.packed_matrix;
   const int64_t packed_row = matrix / 2 + p.elements - matrix;
-  const int64_t packed_in_row = in_matrix / 2 + p.elements - in_matrix;
-  auto load = [&](int j) {
-    if (in_matrix == 0) return __ldg(in + static_cast<size_t>(j) * quads);
-    const float* row = p.in + (static_cast<size_t>(blockIdx.y) * p.blocks + j) * packed_in_row;
-    if (e >= in_matrix)
-      return __ldg(reinterpret_cast<const float4*>(row + in_matrix / 2 + e - in_matrix));
-    const uint2 bits =
-        __ldg(reinterpret_cast<const uint2*>(reinterpret_cast<const __nv_bfloat16*>(row) + e));
-    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.x));
-    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.y));
-    return make_float4(lo.x, lo.y, hi.x, hi.y);
-  };
   auto store = [&](int i, float4 v) {
     if (matrix == 0) {
       out[static_cast<size_t>(i) * quads] = v;
@@ -79,7 +67,8 @@ __global__ void __launch_bounds__(kThreads, MinCtas) state_mix_kernel(BlockState
       float4 x[Batch];
 #pragma unroll
       for (int u = 0; u < Batch; ++u) {
-        x[u] = j0 + u < j_end ? load(j0 + u) : make_float4(0.f, 0.f, 0.f, 0.f);
+        x[u] = j0 + u < j_end ? __ldg(in + static_cast<size_t>(j0 + u) * quads)
+                              : make_float4(0.f, 0.f, 0.f, 0.f);
       }
 #pragma unroll
       for (int u = 0; u < Batch; ++u) {
@@ -106,8 +95,7 @@ cudaError_t block_state_mix(const BlockStateMix& p, cudaStream_t stream) {
   if (p.in == nullptr || p.weights == nullptr || p.out == nullptr || p.batch_heads <= 0 ||
       p.batch_heads > 65535 || p.blocks < 1 || p.blocks > kMaxMixBlocks || p.elements <= 0 ||
       p.elements % 4 != 0 || p.packed_matrix < 0 || p.packed_matrix % 8 != 0 ||
-      p.packed_matrix > p.elements || p.packed_in_matrix < 0 || p.packed_in_matrix % 8 != 0 ||
-      p.packed_in_matrix > p.elements)
+      p.packed_matrix > p.elements)
     return cudaErrorInvalidValue;
   static const auto kernel = [] {
     const char* value = std::getenv("MHLA_STATE_MIX");

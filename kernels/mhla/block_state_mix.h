@@ -31,9 +31,6 @@ struct BlockStateMix {
   // the first packed_matrix elements of each row (D * D, a multiple of 8) in bf16, the rest fp32,
   // rows of packed_matrix / 2 + elements - packed_matrix floats.
   int64_t packed_matrix = 0;
-  // > 0: `in` is a packed set the same way (block_linear_attention.h, packed_states): rows of
-  // packed_in_matrix / 2 + elements - packed_in_matrix floats; `elements` stays the logical count.
-  int64_t packed_in_matrix = 0;
 };
 
 constexpr int kMaxMixBlocks = 128;

@@ -340,26 +340,6 @@ __device__ __forceinline__ void write_state(
   }
 }
 
-// The warp's slice of the state into a packed state (block_linear_attention.h: D * D bf16, then
-// D fp32 z), for a state one CTA owns (no atomics).
-template <int D>
-__device__ __forceinline__ void write_packed_state(
-    const TileAccumulator (&acc)[1][StateSlices<D>::col_tiles], const TileAccumulator& extra,
-    float* state) {
-  using S = StateSlices<D>;
-  const int row_tile = S::row_tile(), group = S::group();
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  __nv_bfloat16* matrix = reinterpret_cast<__nv_bfloat16*>(state);
-#pragma unroll
-  for (int j = 0; j < S::col_tiles; ++j)
-    acc[0][j].store(matrix + row_tile * 16 * D + (group * S::col_tiles + j) * 16, D);
-  if (group == 0 && lane % 4 == 0) {  // column 0 of the extra tile: rows lane / 4 and + 8
-    const int d = row_tile * 16 + lane / 4;
-    state[D * D / 2 + d] = extra.x[0][0];
-    state[D * D / 2 + d + 8] = extra.x[0][2];
-  }
-}
-
 // A state of a packed set (block_linear_attention.h: D * D bf16, then D fp32) into shared memory:
 // the matrix rows into s (row stride D + 8), z into its fp32 array. Every load is issued before
 // any store. The CTA's threads share it; a barrier must follow.

@@ -79,17 +79,6 @@ bool packs_state_sets(const kernels::BlockLinearShape& shape, kernels::DType dty
          kernels::fragment_passes_in_use(dtype, shape.head_dim);
 }
 
-// Whether MHLA's block states S are a packed set too: the state mix and the mix backward read
-// them (S' and dS come out rounded to bf16 anyway), so the states pass writes, and the two read,
-// half the bytes. Where one CTA owns each state (one 256-token chunk per block) and the fused
-// mix backward runs; MHLA_PACKED_BLOCK_STATES=0 keeps them fp32 for A/B runs.
-bool packs_block_states(const kernels::BlockLinearShape& shape, kernels::DType dtype) {
-  static const bool enabled = environment_switch("MHLA_PACKED_BLOCK_STATES", true);
-  const int64_t d = shape.head_dim;
-  return enabled && packs_state_sets(shape, dtype) && kernels::block_states_packable(shape, dtype) &&
-         mix_backward_takes_packed_states(shape.blocks, d * d + d);
-}
-
 // One autograd function for both ops: without a mixing matrix it calls the linear-attention
 // kernels, with one the MHLA kernels. Saves q, k, v, the output, the fp32 block states and (MHLA)
 // the mixed states.
@@ -104,11 +93,8 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
     auto mixing = mixes ? mixing_in.detach().to(torch::kFloat32).contiguous() : mixing_in;
     const auto shape = shape_of(q, blocks);
     auto floats = q.options().dtype(torch::kFloat32);
-    const bool packed_states = mixes && packs_block_states(shape, kernel_dtype(dtype));
-    auto states = torch::empty(
-        {static_cast<int64_t>(packed_states ? kernels::block_linear_packed_floats(shape)
-                                            : kernels::block_linear_state_floats(shape))},
-        floats);
+    auto states =
+        torch::empty({static_cast<int64_t>(kernels::block_linear_state_floats(shape))}, floats);
     auto mixed = states;  // MHLA: replaced by the mixed states below
     auto out = torch::empty(q.sizes(), v.options().memory_format(torch::MemoryFormat::Contiguous));
     const c10::cuda::CUDAGuard on_device(q.device());  // launch on the inputs' GPU
@@ -124,16 +110,13 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
       a.mixing = mixing.data_ptr<float>();
       a.out = out.data_ptr();
       a.states = states.data_ptr<float>();
-      a.packed_states = packed_states;
       a.passes = kernels::kBlockStatesPass;
       check_launch(kernels::block_linear_forward(a, stream), "mhla forward (states)");
-      a.packed_states = false;
       a.packed_mixed = packs_state_sets(shape, a.dtype);
       const int64_t d = q.size(3);
       mixed = mix_block_states(mixing, by_block(states, q, blocks), kernels::MixPattern::dense,
-                               a.packed_mixed ? d * d : 0, packed_states ? d * d : 0)
+                               a.packed_mixed ? d * d : 0)
                   .view({-1});
-      ctx->saved_data["packed_mixed"] = a.packed_mixed;
       a.mixed = mixed.data_ptr<float>();
       a.passes = kernels::kBlockOutputPass;
       check_launch(kernels::block_linear_forward(a, stream), "mhla forward (output)");
@@ -149,7 +132,6 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
     }
     ctx->save_for_backward({q, k, v, out, mixing, states, mixed});
     ctx->saved_data["blocks"] = blocks;
-    ctx->saved_data["packed_states"] = packed_states;
     remember_input_dtypes(ctx, q_in, k_in);
     return out;
   }
@@ -161,16 +143,14 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
     auto states = saved[5], mixed = saved[6];
     const int64_t blocks = ctx->saved_data["blocks"].toInt();
     const bool mixes = mixing.numel() > 0;
-    // The forward's choices.
-    const bool packed = mixes && ctx->saved_data["packed_mixed"].toBool();
-    const bool packed_states = ctx->saved_data["packed_states"].toBool();
+    // The forward's choice (a packed mixed set is smaller than the states).
+    const bool packed = mixed.numel() < states.numel();
     auto grad_out = readable(grads[0], v.scalar_type());
     const auto shape = shape_of(q, blocks);
     auto contiguous = v.options().memory_format(torch::MemoryFormat::Contiguous);
     auto dq = torch::empty(q.sizes(), contiguous), dk = torch::empty(q.sizes(), contiguous);
     auto dv = torch::empty(q.sizes(), contiguous);
-    auto grad_mixed = torch::empty(  // fp32 whether or not the states are packed
-        {static_cast<int64_t>(kernels::block_linear_state_floats(shape))}, states.options());
+    auto grad_mixed = torch::empty_like(states);
     const c10::cuda::CUDAGuard on_device(q.device());  // launch on the inputs' GPU
     auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
     torch::Tensor dmixing;
@@ -193,9 +173,8 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
       const auto grad_mixed_blocks = by_block(grad_mixed, q, blocks);
       torch::Tensor grad_states;
       const int64_t d = q.size(3);
-      std::tie(grad_states, dmixing) =
-          mix_block_states_backward(mixing, grad_mixed_blocks, by_block(states, q, blocks),
-                                    packed ? d * d : 0, packed_states ? d * d : 0);
+      std::tie(grad_states, dmixing) = mix_block_states_backward(
+          mixing, grad_mixed_blocks, by_block(states, q, blocks), packed ? d * d : 0);
       a.grad_states = grad_states.data_ptr<float>();
       a.packed_grad_states = packed;
       a.passes = kernels::kBlockKeyPass;

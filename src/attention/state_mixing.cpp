@@ -13,14 +13,8 @@
 
 namespace mhla {
 
-bool mix_backward_takes_packed_states(int64_t blocks, int64_t elements) {
-  static const bool fused = environment_switch("MHLA_FUSED_MIX_BACKWARD", true);
-  return fused && mhla_kernels::block_mix_backward_supported(static_cast<int>(blocks), elements);
-}
-
 torch::Tensor mix_block_states(const torch::Tensor& weights, const torch::Tensor& states,
-                               mhla_kernels::MixPattern pattern, int64_t packed_matrix,
-                               int64_t packed_in_matrix) {
+                               mhla_kernels::MixPattern pattern, int64_t packed_matrix) {
   const int64_t blocks = states.size(1);
   if (states.dim() != 3 || weights.dim() != 2 || weights.size(0) != blocks ||
       weights.size(1) != blocks || states.scalar_type() != torch::kFloat32 ||
@@ -32,14 +26,7 @@ torch::Tensor mix_block_states(const torch::Tensor& weights, const torch::Tensor
         c10::toString(states.scalar_type()), c10::str(states.sizes()),
         c10::toString(weights.scalar_type()), c10::str(weights.sizes()));
   }
-  const int64_t elements = states.size(2) + packed_in_matrix / 2;  // a row's logical elements
-  if (packed_in_matrix < 0 || packed_in_matrix % 8 != 0 || packed_in_matrix > elements ||
-      (packed_in_matrix > 0 && (blocks > mhla_kernels::kMaxMixBlocks || elements % 4 != 0))) {
-    fail(
-        "block state mix: a packed input needs a matrix part of 0 to {} elements, a multiple of "
-        "8, at most {} blocks and rows of a multiple of 4; got {} of {} at {} blocks",
-        elements, mhla_kernels::kMaxMixBlocks, packed_in_matrix, elements, blocks);
-  }
+  const int64_t elements = states.size(2);
   // A matrix part of a multiple of 8 keeps packed rows and their fp32 part 16-byte aligned.
   if (packed_matrix < 0 || packed_matrix % 8 != 0 || packed_matrix > elements ||
       (packed_matrix > 0 && (blocks > mhla_kernels::kMaxMixBlocks || elements % 4 != 0))) {
@@ -58,17 +45,16 @@ torch::Tensor mix_block_states(const torch::Tensor& weights, const torch::Tensor
   auto out = packed_matrix > 0
                  ? torch::empty({in.size(0), blocks, packed_matrix / 2 + elements - packed_matrix},
                                 in.options())
-                 : torch::empty({in.size(0), blocks, elements}, in.options());
+                 : torch::empty_like(in);
   mhla_kernels::BlockStateMix a;
   a.in = in.data_ptr<float>();
   a.weights = w.data_ptr<float>();
   a.out = out.data_ptr<float>();
   a.batch_heads = static_cast<int>(in.size(0));
   a.blocks = static_cast<int>(blocks);
-  a.elements = elements;
+  a.elements = in.size(2);
   a.pattern = pattern;
   a.packed_matrix = packed_matrix;
-  a.packed_in_matrix = packed_in_matrix;
   const c10::cuda::CUDAGuard on_device(in.device());
   check_launch(mhla_kernels::block_state_mix(
                    a, c10::cuda::getCurrentCUDAStream(in.device().index()).stream()),
@@ -113,40 +99,24 @@ torch::Tensor block_pair_products(const torch::Tensor& x, const torch::Tensor& y
   return grad;
 }
 
-std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(
-    const torch::Tensor& mixing, const torch::Tensor& grad_mixed, const torch::Tensor& states,
-    int64_t packed_matrix, int64_t packed_states_matrix) {
+std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(const torch::Tensor& mixing,
+                                                                  const torch::Tensor& grad_mixed,
+                                                                  const torch::Tensor& states,
+                                                                  int64_t packed_matrix) {
   static const bool fused = environment_switch("MHLA_FUSED_MIX_BACKWARD", true);
   const int64_t blocks = states.size(1);
-  if (packed_states_matrix > 0) {
-    if (!mix_backward_takes_packed_states(blocks, grad_mixed.size(-1))) {
-      fail("block mix backward: packed states need the fused kernel (at most {} blocks, "
-           "MHLA_FUSED_MIX_BACKWARD not 0); got {} blocks",
-           mhla_kernels::kMixBackwardMaxBlocks, blocks);
-    }
-    if (packed_states_matrix % 8 != 0 || grad_mixed.dim() != 3 || states.dim() != 3 ||
-        grad_mixed.size(0) != states.size(0) || grad_mixed.size(1) != blocks ||
-        states.size(2) != packed_states_matrix / 2 + grad_mixed.size(2) - packed_states_matrix) {
-      fail("block mix backward: packed states [BH, blocks, {} / 2 + E - {}] must match d mixed "
-           "[BH, blocks, E]; got {} and {}",
-           packed_states_matrix, packed_states_matrix, c10::str(states.sizes()),
-           c10::str(grad_mixed.sizes()));
-    }
-  }
-  if (packed_states_matrix == 0 &&
-      (!fused ||
-       !mhla_kernels::block_mix_backward_supported(static_cast<int>(blocks), states.size(2)))) {
+  if (!fused ||
+      !mhla_kernels::block_mix_backward_supported(static_cast<int>(blocks), states.size(2))) {
     return {mix_block_states(mixing.t(), grad_mixed, mhla_kernels::MixPattern::dense,
                              packed_matrix),
             block_pair_products(grad_mixed, states, blocks)};
   }
-  if (packed_matrix < 0 || packed_matrix % 8 != 0 || packed_matrix > grad_mixed.size(-1)) {
+  if (packed_matrix < 0 || packed_matrix % 8 != 0 || packed_matrix > states.size(2)) {
     fail("block mix backward: a packed d states needs a matrix part of 0 to {} elements, a "
          "multiple of 8; got {}",
-         grad_mixed.size(-1), packed_matrix);
+         states.size(2), packed_matrix);
   }
-  if (grad_mixed.dim() != 3 ||
-      (packed_states_matrix == 0 && !grad_mixed.sizes().equals(states.sizes())) ||
+  if (grad_mixed.dim() != 3 || !grad_mixed.sizes().equals(states.sizes()) ||
       grad_mixed.scalar_type() != torch::kFloat32 || states.scalar_type() != torch::kFloat32 ||
       !grad_mixed.is_contiguous() || !states.is_contiguous() || !states.is_cuda() ||
       grad_mixed.device() != states.device() || mixing.dim() != 2 || mixing.size(0) != blocks ||
@@ -160,12 +130,11 @@ std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(
         c10::toString(mixing.scalar_type()), c10::str(mixing.sizes()));
   }
   auto weights = mixing.contiguous();
-  const int64_t elements = grad_mixed.size(2);  // logical, also for packed states
   auto grad_states =
       packed_matrix > 0
-          ? torch::empty({states.size(0), blocks, packed_matrix / 2 + elements - packed_matrix},
+          ? torch::empty({states.size(0), blocks, packed_matrix / 2 + states.size(2) - packed_matrix},
                          states.options())
-          : torch::empty_like(grad_mixed);
+          : torch::empty_like(states);
   auto grad_mixing = torch::zeros({blocks, blocks}, states.options());
   mhla_kernels::BlockMixBackward a;
   a.grad_mixed = grad_mixed.data_ptr<float>();
@@ -175,9 +144,8 @@ std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(
   a.grad_mixing = grad_mixing.data_ptr<float>();
   a.batch_heads = static_cast<int>(states.size(0));
   a.blocks = static_cast<int>(blocks);
-  a.elements = elements;
+  a.elements = states.size(2);
   a.packed_matrix = packed_matrix;
-  a.packed_states_matrix = packed_states_matrix;
   const c10::cuda::CUDAGuard on_device(states.device());
   check_launch(mhla_kernels::block_mix_backward(
                    a, c10::cuda::getCurrentCUDAStream(states.device().index()).stream()),

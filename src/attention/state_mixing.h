@@ -18,15 +18,9 @@ namespace mhla {
 // or on and below (upper) the diagonal, which the kernel then skips. packed_matrix > 0 returns
 // a packed set of causal prefixes instead (kernels/mhla/causal_block_linear.h): the first
 // packed_matrix elements of each row in bf16, [BH, nb, packed_matrix / 2 + E - packed_matrix].
-// packed_in_matrix > 0: `states` is such a packed set (E its logical row length; the bidirectional
-// MHLA binding's states, kernels/mhla/block_linear_attention.h packed_states).
 torch::Tensor mix_block_states(const torch::Tensor& weights, const torch::Tensor& states,
                                mhla_kernels::MixPattern pattern = mhla_kernels::MixPattern::dense,
-                               int64_t packed_matrix = 0, int64_t packed_in_matrix = 0);
-
-// Whether mix_block_states_backward takes packed states at this many blocks and logical elements
-// per state (the fused kernel, not switched off).
-bool mix_backward_takes_packed_states(int64_t blocks, int64_t elements);
+                               int64_t packed_matrix = 0);
 
 // G [rows, rows] fp32, G_ij = sum over the first dimension and the elements of x[:, i] * y[:, j],
 // for x, y [BH, nb, E] fp32 contiguous on one GPU (rows <= min(nb, 64), E a multiple of 4).
@@ -40,11 +34,11 @@ torch::Tensor block_pair_products(const torch::Tensor& x, const torch::Tensor& y
 // {d states [BH, nb, E], d mixing [nb, nb]} from d out. One fused kernel for nb <= 32
 // (kernels/mhla/block_mix_backward; MHLA_FUSED_MIX_BACKWARD=0 turns it off), else the mix by the
 // transposed matrix and the pair products. packed_matrix > 0 returns d states as a packed set,
-// as mix_block_states does. packed_states_matrix > 0: `states` is a packed set (grad_mixed
-// stays fp32 [BH, nb, E]); the fused kernel only.
-std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(
-    const torch::Tensor& mixing, const torch::Tensor& grad_mixed, const torch::Tensor& states,
-    int64_t packed_matrix = 0, int64_t packed_states_matrix = 0);
+// as mix_block_states does.
+std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(const torch::Tensor& mixing,
+                                                                  const torch::Tensor& grad_mixed,
+                                                                  const torch::Tensor& states,
+                                                                  int64_t packed_matrix = 0);
 
 }  // namespace mhla
 #endif
