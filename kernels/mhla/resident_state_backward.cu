@@ -41,8 +41,9 @@ __device__ __forceinline__ int state_offset(int f, int half) {
   return f * kSlice + ((half ^ (f >> 2)) & 1) * 8;
 }
 
-// Byte offsets of the shared-memory regions for `padded` token rows. vs, gs and the sets are
-// consecutive: after the slices they become the warps' fp32 staging strips.
+// Byte offsets of the shared-memory regions for `padded` token rows. vs and gs are consecutive:
+// after the slices they hold the warps' fp32 staging strips (exactly their size), and the sets
+// the warps' parts of dm.
 struct StateBackwardLayout {
   size_t qf, kf, vs, gs, sets, gd, rms_q, rms_k, w_hi, w_lo, w, z_mixed, dz, dw, total;
   __host__ __device__ explicit StateBackwardLayout(int padded) {
