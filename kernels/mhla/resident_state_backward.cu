@@ -1,6 +1,6 @@
 // MHLA's short-sequence backward in state form: see resident_state_backward.h. One CTA of 16 warps
-// per (batch, head). After the tiles are prepared (phi(q), phi(k), v, g in shared memory; the
-// small z terms on CUDA cores), each 16-column value slice runs three phases between barriers:
+// per (batch, head). After the tiles are prepared (phi(q), phi(k), v, g in shared memory; z and
+// z' on CUDA cores), each 16-column value slice runs three phases between barriers:
 //   A. the slice of every block state S_j and query-side gradient dS'_i (one block's 64 x 16
 //      slice per warp task; depth: the block's tokens);
 //   B. the mixing: S' = m S and dS = m^T dS' over the 16 blocks (one k16 step each, m split into
@@ -8,6 +8,8 @@
 //      owns 16-element column tiles and writes S' and dS over S and dS' in place;
 //   C. per 16-token strip (warp w owns strip w for the whole kernel): dphi(q) += g S'^T and
 //      dphi(k) += v dS^T in registers, and the slice of dv = phi(k) dS straight out.
+// After the slices each warp turns its dphi(q) rows into gd (no read of o), and the query-side
+// z terms (dz', dz and dm's z part) follow on CUDA cores before the rank-one terms and dq, dk.
 // A slice set holds one 16-column slice of the M states as a [16 blocks][64 x 16 + 8] matrix:
 // the row padding makes its block rows 16 bytes apart modulo 128 (conflict-free ldmatrix across
 // blocks), and the two 8-column halves of feature rows 4-7 modulo 8 are swapped, so the
@@ -193,35 +195,60 @@ __device__ __forceinline__ void prepare_features(T* qf, T* kf, int n, int padded
   }
 }
 
+// g = do / (den + eps) in place of do, and 1 / (den + eps) in gd for gd_from_strip at the end
+// (padding rows: zero).
 template <typename T>
-__device__ __forceinline__ void prepare_gradient(T* gs, const T* o_tile, const float* den, int n,
-                                                 int padded, float* gd) {
+__device__ __forceinline__ void prepare_gradient(T* gs, const float* den, int n, int padded,
+                                                 float* gd) {
   using R = RowPasses<T>;
-  uint4 g[R::passes], o[R::passes];
+  uint4 g[R::passes];
 #pragma unroll
   for (int i = 0; i < R::passes; ++i) {
-    if (R::row(i) < padded) {
-      g[i] = *reinterpret_cast<const uint4*>(gs + R::offset(i));
-      o[i] = *reinterpret_cast<const uint4*>(o_tile + R::offset(i));
-    }
+    if (R::row(i) < padded) g[i] = *reinterpret_cast<const uint4*>(gs + R::offset(i));
   }
 #pragma unroll
   for (int i = 0; i < R::passes; ++i) {
     const int r = R::row(i);
     if (r >= padded) continue;
     T* grad = reinterpret_cast<T*>(&g[i]);
-    const T* out = reinterpret_cast<const T*>(&o[i]);
     const float scale = r < n ? 1.f / (den[r] + kDenominatorEps) : 0.f;
-    float dot = 0.f;
 #pragma unroll
-    for (int e = 0; e < R::L::vec; ++e) {
-      dot += to_float(grad[e]) * to_float(out[e]);
-      grad[e] = from_float<T>(to_float(grad[e]) * scale);
-    }
-    dot = row_sum<R::L::lanes>(dot);
+    for (int e = 0; e < R::L::vec; ++e) grad[e] = from_float<T>(to_float(grad[e]) * scale);
     *reinterpret_cast<uint4*>(gs + R::offset(i)) = g[i];
-    if (threadIdx.x % R::L::lanes == 0) gd[r] = -dot * scale;
+    if (threadIdx.x % R::L::lanes == 0) gd[r] = scale;
   }
+}
+
+// gd_t = -(do_t . o_t) / (den_t + eps) without o: do . o = g . (phi(q) S') = phi(q) . (g S'^T),
+// and g S'^T is what the warp's dq accumulators hold after the slices. On entry gd holds
+// 1 / (den + eps) (prepare_gradient without o); the strip's rows of gd are overwritten, and the
+// lane's two rows (TileAccumulator::row(0) and row(2)) returned.
+template <typename T>
+__device__ __forceinline__ float2 gd_from_strip(const TileAccumulator (&dq)[kD / 16], const T* qf,
+                                                float* gd, int row0) {
+  const int r_lo = row0 + TileAccumulator::row(0), r_hi = row0 + TileAccumulator::row(2);
+  float dot_lo = 0.f, dot_hi = 0.f;
+#pragma unroll
+  for (int fn = 0; fn < kD / 16; ++fn) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int f = 16 * fn + TileAccumulator::col(half, 0);
+      const T* lo = qf + r_lo * kTileLd + f;
+      const T* hi = qf + r_hi * kTileLd + f;
+      dot_lo += dq[fn].x[half][0] * to_float(lo[0]) + dq[fn].x[half][1] * to_float(lo[1]);
+      dot_hi += dq[fn].x[half][2] * to_float(hi[0]) + dq[fn].x[half][3] * to_float(hi[1]);
+    }
+  }
+#pragma unroll
+  for (int offset = 1; offset < 4; offset *= 2) {  // the row's four lanes
+    dot_lo += __shfl_xor_sync(0xffffffffu, dot_lo, offset);
+    dot_hi += __shfl_xor_sync(0xffffffffu, dot_hi, offset);
+  }
+  const float2 result = make_float2(-dot_lo * gd[r_lo], -dot_hi * gd[r_hi]);
+  __syncwarp();
+  if (threadIdx.x % 4 == 0) gd[r_lo] = result.x, gd[r_hi] = result.y;
+  __syncwarp();
+  return result;
 }
 
 // cp.async groups: the copies issued so far close a group; wait until at most `Pending` groups
@@ -280,6 +307,29 @@ __device__ __forceinline__ void store_feature_gradient(const float* stage,
   }
 }
 
+// dz_j = sum_i m_ij dz'_i, and dm's z part dw_ij = dz'_i . z_j (the warps' <dS', S> parts join
+// it at the end). Reads dz' and z, writes dz and dw.
+__device__ __forceinline__ void query_normalizer_terms(const float* w, const float* dz_query,
+                                                       const float* z, int blocks, float* dz,
+                                                       float* dw) {
+  for (int e = threadIdx.x; e < blocks * kD; e += blockDim.x) {
+    const int block = e / kD, f = e % kD;
+    float spread = 0.f;
+    for (int i = 0; i < blocks; ++i) spread += w[i * blocks + block] * dz_query[i * kD + f];
+    dz[e] = spread;
+  }
+  for (int e = threadIdx.x; e < blocks * blocks; e += blockDim.x) {
+    const int i = e / blocks, j = e % blocks;
+    float dot = 0.f;
+#pragma unroll 8
+    for (int step = 0; step < kD; ++step) {
+      const int f = (step + j) % kD;  // lanes of different j read different banks
+      dot += dz_query[i * kD + f] * z[j * kD + f];
+    }
+    dw[e] = dot;
+  }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kBackwardThreads, 1)
     resident_state_backward_kernel(ResidentBlockLinearBackward p) {
@@ -305,24 +355,22 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
   float* z_mixed = reinterpret_cast<float*>(smem + layout.z_mixed);
   float* dz = reinterpret_cast<float*>(smem + layout.dz);
   float* dw = reinterpret_cast<float*>(smem + layout.dw);
-  // Only while the tiles are prepared: the forward's output and the unmixed z terms.
-  T* o_tile = set_s;
-  float* z = reinterpret_cast<float*>(smem + layout.sets + ResidentLayout<D>::tile_bytes(padded));
-  float* dz_query = z + kSetBlocks * D;
+  // z stays in dz's space until the end, where gd becomes known (dz is written last).
+  float* z = dz;
 
-  // Three copy groups, in the order the work needs them: q and k, then do and o, then v.
+  // Three copy groups, in the order the work needs them: q and k, then do, then v. The forward's
+  // output is not read: gd comes from dq at the end (gd_from_strip).
   copy_rows<T, D>(p.q, b, h, n, padded, qf);
   copy_rows<T, D>(p.k, b, h, n, padded, kf);
   close_copy_group();
   copy_rows<T, D>(p.grad_out, b, h, n, padded, gs);
-  copy_rows<T, D>(p.out, b, h, n, padded, o_tile);
   close_copy_group();
   copy_rows<T, D>(p.v, b, h, n, padded, vs);
   close_copy_group();
   for (int e = threadIdx.x; e < kSetBlocks * kSetBlocks; e += blockDim.x) {
     const int i = e / kSetBlocks, j = e % kSetBlocks;
     const float weight = i < blocks && j < blocks ? p.mixing[i * blocks + j] : 0.f;
-    if (i < blocks && j < blocks) w[i * blocks + j] = weight, dw[i * blocks + j] = 0.f;
+    if (i < blocks && j < blocks) w[i * blocks + j] = weight;
     const T high = from_float<T>(weight);
     w_hi[i * kMixLd + j] = high;
     w_lo[i * kMixLd + j] = from_float<T>(weight - to_float(high));
@@ -332,39 +380,22 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
   prepare_features<T>(qf, kf, n, padded, inv_rms_q, inv_rms_k);
   wait_copy_groups<1>();
   __syncthreads();
-  prepare_gradient<T>(gs, o_tile, p.den + static_cast<size_t>(bh) * n, n, padded, gd);
+  prepare_gradient<T>(gs, p.den + static_cast<size_t>(bh) * n, n, padded, gd);
   __syncthreads();
 
-  // The normalizer's terms, per (block, feature): z_j and dz'_i, then mixed, and their part of dm.
+  // The normalizer's key terms, per (block, feature): z_j, mixed into z'.
   for (int e = threadIdx.x; e < blocks * D; e += blockDim.x) {
     const int block = e / D, f = e % D, t0 = block * block_tokens;
-    float key_sum = 0.f, query_sum = 0.f;
-    for (int t = t0; t < t0 + block_tokens; ++t) {
-      key_sum += to_float(kf[t * ld + f]);
-      query_sum += gd[t] * to_float(qf[t * ld + f]);
-    }
-    z[e] = key_sum, dz_query[e] = query_sum;
+    float key_sum = 0.f;
+    for (int t = t0; t < t0 + block_tokens; ++t) key_sum += to_float(kf[t * ld + f]);
+    z[e] = key_sum;
   }
   __syncthreads();
   for (int e = threadIdx.x; e < blocks * D; e += blockDim.x) {
     const int block = e / D, f = e % D;
-    float mixed = 0.f, spread = 0.f;
-    for (int j = 0; j < blocks; ++j) {
-      mixed += w[block * blocks + j] * z[j * D + f];
-      spread += w[j * blocks + block] * dz_query[j * D + f];
-    }
-    z_mixed[e] = mixed, dz[e] = spread;
-  }
-  // dm's z part, dz'_i . z_j (the warps' <dS', S> parts join it at the end).
-  for (int e = threadIdx.x; e < blocks * blocks; e += blockDim.x) {
-    const int i = e / blocks, j = e % blocks;
-    float dot = 0.f;
-#pragma unroll 8
-    for (int step = 0; step < D; ++step) {
-      const int f = (step + j) % D;  // lanes of different j read different banks
-      dot += dz_query[i * D + f] * z[j * D + f];
-    }
-    dw[e] = dot;
+    float mixed = 0.f;
+    for (int j = 0; j < blocks; ++j) mixed += w[block * blocks + j] * z[j * D + f];
+    z_mixed[e] = mixed;
   }
   wait_async_copies();  // v, before phase A
   __syncthreads();
@@ -481,23 +512,53 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
 
   // The strips' raw rows for the feature backward, each loaded a step before it is used: q's
   // while the rank-one terms are added, k's while dq is written.
-  uint4 raw[kStripPasses];
-  if (owns_strip) load_raw_strip<T>(p.q, b, h, n, row0, raw);
   // dm: each warp's part of <dS', S> into the free sets region, summed with the z part below.
   float* dm_parts = reinterpret_cast<float*>(smem + layout.sets);
   dm.store(dm_parts + warp * kSetBlocks * kSetBlocks, kSetBlocks);
+  // gd from the strips' dq, then dz' = sum_t gd_t phi(q_t) per block (strip parts first), dz and
+  // dm's z part; in the sets region past the dm parts.
+  float* strip_parts = dm_parts + kStrips * kSetBlocks * kSetBlocks;  // [strip][D]
+  float* query_terms = strip_parts + kStrips * D;                     // dz' [block][D]
+  float* spread = query_terms + kSetBlocks * D;                       // dz [block][D]
+  float2 strip_gd = make_float2(0.f, 0.f);  // this lane's rows TileAccumulator::row(0), row(2)
   if (owns_strip) {
+    strip_gd = gd_from_strip<T>(dq, qf, gd, row0);
+    for (int f = lane; f < D; f += 32) {
+      float sum = 0.f;
+#pragma unroll 4
+      for (int r = row0; r < row0 + kStrip; ++r) sum += gd[r] * to_float(qf[r * ld + f]);
+      strip_parts[warp * D + f] = sum;
+    }
+  }
+  __syncthreads();
+  const int strips_per_block = block_tokens / kStrip;
+  for (int e = threadIdx.x; e < blocks * D; e += blockDim.x) {
+    const int block = e / D, f = e % D;
+    float sum = 0.f;
+    for (int strip = block * strips_per_block; strip < (block + 1) * strips_per_block; ++strip)
+      sum += strip_parts[strip * D + f];
+    query_terms[e] = sum;
+  }
+  __syncthreads();
+  query_normalizer_terms(w, query_terms, z, blocks, spread, dw);
+  __syncthreads();
+  if (owns_strip) {
+    uint4 raw[kStripPasses];
+    load_raw_strip<T>(p.q, b, h, n, row0, raw);
     // The rank-one terms: gd_t z'_i into dphi(q_t), dz_j into every dphi(k_s) of block j.
 #pragma unroll
     for (int fn = 0; fn < D / 16; ++fn) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int r = TileAccumulator::row(i), f = 16 * fn + TileAccumulator::col(half, i);
-          dq[fn].x[half][i] += gd[row0 + r] * z_mixed[strip_block * D + f];
-          dk[fn].x[half][i] += dz[strip_block * D + f];
-        }
+        const int f = strip_block * D + 16 * fn + TileAccumulator::col(half, 0);
+        const float2 z_pair = *reinterpret_cast<const float2*>(z_mixed + f);
+        const float2 dz_pair = *reinterpret_cast<const float2*>(spread + f);
+        TileAccumulator& q_tile = dq[fn];
+        q_tile.x[half][0] += strip_gd.x * z_pair.x, q_tile.x[half][1] += strip_gd.x * z_pair.y;
+        q_tile.x[half][2] += strip_gd.y * z_pair.x, q_tile.x[half][3] += strip_gd.y * z_pair.y;
+        TileAccumulator& k_tile = dk[fn];
+        k_tile.x[half][0] += dz_pair.x, k_tile.x[half][1] += dz_pair.y;
+        k_tile.x[half][2] += dz_pair.x, k_tile.x[half][3] += dz_pair.y;
       }
     }
     // Staging strips in vs and gs (exactly their size), past the dm parts.

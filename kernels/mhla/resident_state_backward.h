@@ -12,7 +12,8 @@
 // with g_t = do_t / (den_t + eps), gd_t = -(do_t . o_t) / (den_t + eps), z_j = sum of phi(k)
 // over block j, z' = m z, dz'_i = sum_t gd_t phi(q_t), dz = m^T dz'. The value dimension is cut
 // into slices of 16 columns, so one slice of all the states fits beside the four token tiles;
-// dphi(q) and dphi(k) add up over the slices in registers.
+// dphi(q) and dphi(k) add up over the slices in registers. The forward's output is not read:
+// do_t . o_t = phi(q_t) . (g_t S'^T), the S' part of dphi(q_t), so gd follows the slices.
 //
 // Takes what the resident kernels take with a mixing matrix, head dim 64 and at most 16 blocks.
 #include "mhla/resident_block_linear.h"
