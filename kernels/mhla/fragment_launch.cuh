@@ -5,6 +5,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "mhla/block_fragment_passes.h"
@@ -14,26 +16,51 @@
 namespace mhla_kernels {
 namespace fragment_rows {
 
+// Whether every CTA of the passes' grid covers one 64-token tile at most (blocks of <= 64 tokens:
+// MHLA at N = 1,024 in 16 blocks); then the states and output passes take their one-tile
+// variants, which keep no second tile buffer and cap their registers for more CTAs per SM.
+// MHLA_FRAGMENT_ONE_TILE=0 keeps the general variants (A/B runs).
+inline bool one_tile_variants(const BlockLinearShape& shape) {
+  static const bool enabled = [] {
+    const char* value = std::getenv("MHLA_FRAGMENT_ONE_TILE");
+    return value == nullptr || std::string(value) != "0";
+  }();
+  return enabled && shape.tokens / shape.blocks <= tiles::kTile;
+}
+
 // Pass<T, D> names the kernel (`kernel`, taking the pass's arguments and the chunks per block)
-// and its dynamic shared memory in bytes (`smem`).
-template <template <typename, int> class Pass, typename Args>
+// and its dynamic shared memory in bytes (`smem`); OneTile<T, D> the same for CTAs of one tile.
+template <template <typename, int> class Pass, template <typename, int> class OneTile,
+          typename Args>
 cudaError_t launch_pass(const Args& a, int chunks, cudaStream_t stream) {
   if (!fragment_passes_supported(a.dtype, a.shape.head_dim) || chunks < 1)
     return cudaErrorInvalidValue;
+  const dim3 grid(a.shape.blocks * chunks, a.shape.batch * a.shape.heads);
+  auto start = [&](auto pass) {
+    using P = decltype(pass);
+    static const cudaError_t opted = tiles::allow_smem(P::kernel, P::smem);
+    if (opted != cudaSuccess) return opted;
+    P::kernel<<<grid, kFragmentThreads, P::smem, stream>>>(a, chunks);
+    return cudaGetLastError();
+  };
+  const bool one_tile = one_tile_variants(a.shape);
   auto run = [&](auto type, auto dim) {
     using T = decltype(type);
     constexpr int D = decltype(dim)::value;
-    static const cudaError_t opted = tiles::allow_smem(Pass<T, D>::kernel, Pass<T, D>::smem);
-    if (opted != cudaSuccess) return opted;
-    const dim3 grid(a.shape.blocks * chunks, a.shape.batch * a.shape.heads);
-    Pass<T, D>::kernel<<<grid, kFragmentThreads, Pass<T, D>::smem, stream>>>(a, chunks);
-    return cudaGetLastError();
+    return one_tile ? start(OneTile<T, D>{}) : start(Pass<T, D>{});
   };
   using D32 = std::integral_constant<int, 32>;
   using D64 = std::integral_constant<int, 64>;
   const bool bf16 = a.dtype == DType::bf16;
   if (a.shape.head_dim == 64) return bf16 ? run(__nv_bfloat16{}, D64{}) : run(__half{}, D64{});
   return bf16 ? run(__nv_bfloat16{}, D32{}) : run(__half{}, D32{});
+}
+
+// A pass without a one-tile variant (the query and key passes: capped at fewer registers they
+// spill and ran slower, session 26).
+template <template <typename, int> class Pass, typename Args>
+cudaError_t launch_pass(const Args& a, int chunks, cudaStream_t stream) {
+  return launch_pass<Pass, Pass>(a, chunks, stream);
 }
 
 }  // namespace fragment_rows

@@ -31,8 +31,8 @@ constexpr size_t output_smem() {
          align128(kTile * 4);
 }
 
-template <typename T, int D>
-__global__ void __launch_bounds__(kFragmentThreads, 4)
+template <typename T, int D, int MinBlocks>
+__global__ void __launch_bounds__(kFragmentThreads, MinBlocks)
     fragment_output_kernel(BlockLinearForward p, int chunks) {
   using E = T;
   using R = RowHalves<D>;
@@ -82,7 +82,12 @@ __global__ void __launch_bounds__(kFragmentThreads, 4)
 
 template <typename T, int D>
 struct OutputPass {
-  static constexpr void (*kernel)(BlockLinearForward, int) = fragment_output_kernel<T, D>;
+  static constexpr void (*kernel)(BlockLinearForward, int) = fragment_output_kernel<T, D, 4>;
+  static constexpr size_t smem = output_smem<D>();
+};
+template <typename T, int D>
+struct OutputPassOneTile {  // more CTAs per SM for CTAs of one tile
+  static constexpr void (*kernel)(BlockLinearForward, int) = fragment_output_kernel<T, D, 6>;
   static constexpr size_t smem = output_smem<D>();
 };
 
@@ -93,7 +98,7 @@ bool fragment_passes_supported(DType dtype, int head_dim) {
 }
 
 cudaError_t fragment_output(const BlockLinearForward& a, int chunks, cudaStream_t stream) {
-  return launch_pass<OutputPass>(a, chunks, stream);
+  return launch_pass<OutputPass, OutputPassOneTile>(a, chunks, stream);
 }
 
 }  // namespace mhla_kernels

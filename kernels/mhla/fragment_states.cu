@@ -22,13 +22,15 @@ namespace {
 using namespace tiles;
 using namespace fragment_rows;
 
-template <int D>
+// Buffers: 2 double-buffers the tiles (a CTA of several tiles); 1 holds one (a CTA of one tile).
+template <int D, int Buffers>
 constexpr size_t states_smem() {
-  return 2 * align128(kTile * (D + 8) * 2) + 2 * align128(kTile * StateSlices<D>::ld_extra * 2);
+  return Buffers * align128(kTile * (D + 8) * 2) +
+         Buffers * align128(kTile * StateSlices<D>::ld_extra * 2);
 }
 
-template <typename T, int D>
-__global__ void __launch_bounds__(kFragmentThreads, 4)
+template <typename T, int D, int MinBlocks, int Buffers>
+__global__ void __launch_bounds__(kFragmentThreads, MinBlocks)
     fragment_states_kernel(BlockLinearForward p, int chunks) {
   using E = T;
   using R = RowHalves<D>;
@@ -38,7 +40,7 @@ __global__ void __launch_bounds__(kFragmentThreads, 4)
   constexpr int kValueStride = static_cast<int>(align128(kTile * S::ld_extra * 2) / 2);
   extern __shared__ __align__(128) unsigned char smem[];
   E* phi_tiles = reinterpret_cast<E*>(smem);
-  E* value_tiles = phi_tiles + 2 * kPhiStride;
+  E* value_tiles = phi_tiles + Buffers * kPhiStride;
 
   const Work w = work_of(p.shape, chunks);
   const int row = lane_row(), seg = lane_half();
@@ -55,7 +57,7 @@ __global__ void __launch_bounds__(kFragmentThreads, 4)
   for (int j = 0; j < S::col_tiles; ++j) state[0][j].zero();
   z.zero();
   int buffer = 0;
-  for (int n0 = w.begin; n0 < w.end; n0 += kTile, buffer ^= 1) {
+  for (int n0 = w.begin; n0 < w.end; n0 += kTile, buffer = (buffer + 1) % Buffers) {
     const int valid = min(kTile, w.end - n0), rows = (valid + 15) / 16 * 16;
     E* phi = phi_tiles + buffer * kPhiStride;
     E* values = value_tiles + buffer * kValueStride;
@@ -82,14 +84,19 @@ __global__ void __launch_bounds__(kFragmentThreads, 4)
 
 template <typename T, int D>
 struct StatesPass {
-  static constexpr void (*kernel)(BlockLinearForward, int) = fragment_states_kernel<T, D>;
-  static constexpr size_t smem = states_smem<D>();
+  static constexpr void (*kernel)(BlockLinearForward, int) = fragment_states_kernel<T, D, 4, 2>;
+  static constexpr size_t smem = states_smem<D, 2>();
+};
+template <typename T, int D>
+struct StatesPassOneTile {  // one tile buffer; more CTAs per SM for CTAs of one tile
+  static constexpr void (*kernel)(BlockLinearForward, int) = fragment_states_kernel<T, D, 5, 1>;
+  static constexpr size_t smem = states_smem<D, 1>();
 };
 
 }  // namespace
 
 cudaError_t fragment_states(const BlockLinearForward& a, int chunks, cudaStream_t stream) {
-  return launch_pass<StatesPass>(a, chunks, stream);
+  return launch_pass<StatesPass, StatesPassOneTile>(a, chunks, stream);
 }
 
 }  // namespace mhla_kernels

@@ -27,7 +27,8 @@ inline std::string environment_switches_set() {
         "MHLA_SHORT_CONV_GROUP", "MHLA_FUSED_ADALN", "MHLA_FUSED_MIX_BACKWARD",
         "MHLA_CAUSAL_LEAN_PASSES", "MHLA_CAUSAL_PACKED_PREFIX", "MHLA_CAUSAL_PACKED_STATES",
         "MHLA_PAIR_PRODUCTS_SHARED", "MHLA_SWEEP_AHEAD", "MHLA_FRAGMENT_PASSES",
-        "MHLA_PACKED_STATE_SETS", "MHLA_STATE_MIX", "MHLA_RESIDENT_STATE_BACKWARD"}) {
+        "MHLA_PACKED_STATE_SETS", "MHLA_STATE_MIX", "MHLA_RESIDENT_STATE_BACKWARD",
+        "MHLA_FRAGMENT_ONE_TILE"}) {
     if (const char* value = std::getenv(name)) {
       if (!out.empty()) out += ", ";
       out += std::string(name) + "=" + value;
