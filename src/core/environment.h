@@ -20,6 +20,7 @@ inline bool environment_switch(const char* name, bool default_on) {
 // says when a kernel was swapped out.
 inline std::string environment_switches_set() {
   std::string out;
+  // clang-format off
   for (const char* name :
        {"MHLA_FUSED_NORM", "MHLA_FUSED_RESIDUAL_NORM", "MHLA_LINEAR_BIAS_KERNEL", "MHLA_FUSED_CE",
         "MHLA_FUSED_QKV_ROTARY", "MHLA_FUSED_GATED_NORM", "MHLA_DECODE_VEC", "MHLA_CAUSAL_MIX_GEMM",
@@ -29,6 +30,7 @@ inline std::string environment_switches_set() {
         "MHLA_PAIR_PRODUCTS_SHARED", "MHLA_SWEEP_AHEAD", "MHLA_FRAGMENT_PASSES",
         "MHLA_PACKED_STATE_SETS", "MHLA_STATE_MIX", "MHLA_RESIDENT_STATE_BACKWARD",
         "MHLA_FRAGMENT_ONE_TILE"}) {
+    // clang-format on
     if (const char* value = std::getenv(name)) {
       if (!out.empty()) out += ", ";
       out += std::string(name) + "=" + value;
