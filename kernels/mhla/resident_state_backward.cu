@@ -28,12 +28,12 @@ using wmma_tiles::TileAccumulator;
 namespace frag = wmma_tiles::detail;
 
 constexpr int kD = 64;
-constexpr int kSlice = 16;               // value columns per slice
-constexpr int kSlices = kD / kSlice;     // 4
-constexpr int kSetBlocks = 16;           // rows of a slice set: the mixing depth, k16
-constexpr int kSetLd = kD * kSlice + 8;  // elements per block row of a slice set
-constexpr int kMixLd = 24;               // elements per row of the 16 x 16 weight tiles
-constexpr int kStrips = kBackwardWarps;  // warps, one per 16-token strip: N <= 256
+constexpr int kSlice = 16;                       // value columns per slice
+constexpr int kSlices = kD / kSlice;             // 4
+constexpr int kSetBlocks = 16;                   // rows of a slice set: the mixing depth, k16
+constexpr int kSetLd = kD * kSlice + 8;          // elements per block row of a slice set
+constexpr int kMixLd = 24;                       // elements per row of the 16 x 16 weight tiles
+constexpr int kStrips = kBackwardWarps;          // warps, one per 16-token strip: N <= 256
 constexpr int kTileLd = ResidentLayout<kD>::ld;  // token tiles' row stride (elements)
 // A warp's passes over its 16-token strip with one row per 8 lanes (dq and dk out).
 constexpr int kStripPasses = kStrip * Layout<__nv_bfloat16, kD>::lanes / 32;
@@ -156,22 +156,6 @@ struct RowPasses {
 };
 
 template <typename T>
-__device__ __forceinline__ float features_of_row(uint4& raw, bool live) {
-  using L = Layout<T, kD>;
-  T* values = reinterpret_cast<T*>(&raw);
-  float squares = 0.f;
-#pragma unroll
-  for (int e = 0; e < L::vec; ++e) squares += to_float(values[e]) * to_float(values[e]);
-  const float scale = rsqrtf(row_sum<L::lanes>(squares) / kD + kNormEps);
-#pragma unroll
-  for (int e = 0; e < L::vec; ++e) {
-    const float phi = live ? fmaxf(to_float(values[e]) * scale, 0.f) + kFeatureFloor : 0.f;
-    values[e] = from_float<T>(phi);
-  }
-  return scale;
-}
-
-template <typename T>
 __device__ __forceinline__ void prepare_features(T* qf, T* kf, int n, int padded, float* inv_rms_q,
                                                  float* inv_rms_k) {
   using R = RowPasses<T>;
@@ -187,8 +171,8 @@ __device__ __forceinline__ void prepare_features(T* qf, T* kf, int n, int padded
   for (int i = 0; i < R::passes; ++i) {
     const int r = R::row(i);
     if (r >= padded) continue;  // whole warps: padded is a multiple of 16
-    const float q_scale = features_of_row<T>(q[i], r < n),
-                k_scale = features_of_row<T>(k[i], r < n);
+    const float q_scale = features_of_piece<T, R::L::lanes>(q[i], r < n),
+                k_scale = features_of_piece<T, R::L::lanes>(k[i], r < n);
     *reinterpret_cast<uint4*>(qf + R::offset(i)) = q[i];
     *reinterpret_cast<uint4*>(kf + R::offset(i)) = k[i];
     if (threadIdx.x % R::L::lanes == 0) inv_rms_q[r] = q_scale, inv_rms_k[r] = k_scale;
@@ -210,10 +194,22 @@ __device__ __forceinline__ void prepare_gradient(T* gs, const float* den, int n,
   for (int i = 0; i < R::passes; ++i) {
     const int r = R::row(i);
     if (r >= padded) continue;
-    T* grad = reinterpret_cast<T*>(&g[i]);
     const float scale = r < n ? 1.f / (den[r] + kDenominatorEps) : 0.f;
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      // do * scale on packed pairs, scale split into high and low parts (one rounding, as in
+      // fp32). Only for bf16: a small denominator can put the scale past fp16's range.
+      using P = Pair<T>;
+      const T high = from_float<T>(scale), low = from_float<T>(scale - to_float(high));
+      const P s_hi = P(high, high), s_lo = P(low, low);
+      P* pairs = reinterpret_cast<P*>(&g[i]);
 #pragma unroll
-    for (int e = 0; e < R::L::vec; ++e) grad[e] = from_float<T>(to_float(grad[e]) * scale);
+      for (int e = 0; e < R::L::vec / 2; ++e)
+        pairs[e] = __hfma2(pairs[e], s_hi, __hmul2(pairs[e], s_lo));
+    } else {
+      T* grad = reinterpret_cast<T*>(&g[i]);
+#pragma unroll
+      for (int e = 0; e < R::L::vec; ++e) grad[e] = from_float<T>(to_float(grad[e]) * scale);
+    }
     *reinterpret_cast<uint4*>(gs + R::offset(i)) = g[i];
     if (threadIdx.x % R::L::lanes == 0) gd[r] = scale;
   }
