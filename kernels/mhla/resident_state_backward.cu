@@ -303,24 +303,40 @@ __device__ __forceinline__ void store_feature_gradient(const float* stage,
   }
 }
 
+// Two adjacent 16-bit elements as floats.
+template <typename T>
+__device__ __forceinline__ float2 load_pair(const T* at) {
+  const Pair<T> pair = *reinterpret_cast<const Pair<T>*>(at);
+  return make_float2(to_float(pair.x), to_float(pair.y));
+}
+
+__device__ __forceinline__ float2 fma2(float a, float2 x, float2 acc) {
+  return make_float2(fmaf(a, x.x, acc.x), fmaf(a, x.y, acc.y));
+}
+
 // dz_j = sum_i m_ij dz'_i, and dm's z part dw_ij = dz'_i . z_j (the warps' <dS', S> parts join
 // it at the end). Reads dz' and z, writes dz and dw.
 __device__ __forceinline__ void query_normalizer_terms(const float* w, const float* dz_query,
                                                        const float* z, int blocks, float* dz,
                                                        float* dw) {
-  for (int e = threadIdx.x; e < blocks * kD; e += blockDim.x) {
-    const int block = e / kD, f = e % kD;
-    float spread = 0.f;
-    for (int i = 0; i < blocks; ++i) spread += w[i * blocks + block] * dz_query[i * kD + f];
-    dz[e] = spread;
+  constexpr int pairs = kD / 2;  // each thread takes two adjacent features
+  for (int e = threadIdx.x; e < blocks * pairs; e += blockDim.x) {
+    const int block = e / pairs, f = 2 * (e % pairs);
+    float2 spread = make_float2(0.f, 0.f);
+    for (int i = 0; i < blocks; ++i)
+      spread = fma2(w[i * blocks + block], *reinterpret_cast<const float2*>(dz_query + i * kD + f),
+                    spread);
+    *reinterpret_cast<float2*>(dz + block * kD + f) = spread;
   }
   for (int e = threadIdx.x; e < blocks * blocks; e += blockDim.x) {
     const int i = e / blocks, j = e % blocks;
     float dot = 0.f;
-#pragma unroll 8
-    for (int step = 0; step < kD; ++step) {
-      const int f = (step + j) % kD;  // lanes of different j read different banks
-      dot += dz_query[i * kD + f] * z[j * kD + f];
+#pragma unroll 4
+    for (int step = 0; step < kD; step += 4) {
+      const int f = (step + 4 * j) % kD;  // lanes of different j read different banks
+      const float4 a = *reinterpret_cast<const float4*>(dz_query + i * kD + f);
+      const float4 c = *reinterpret_cast<const float4*>(z + j * kD + f);
+      dot += a.x * c.x + a.y * c.y + a.z * c.z + a.w * c.w;
     }
     dw[e] = dot;
   }
@@ -379,19 +395,24 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
   prepare_gradient<T>(gs, p.den + static_cast<size_t>(bh) * n, n, padded, gd);
   __syncthreads();
 
-  // The normalizer's key terms, per (block, feature): z_j, mixed into z'.
-  for (int e = threadIdx.x; e < blocks * D; e += blockDim.x) {
-    const int block = e / D, f = e % D, t0 = block * block_tokens;
-    float key_sum = 0.f;
-    for (int t = t0; t < t0 + block_tokens; ++t) key_sum += to_float(kf[t * ld + f]);
-    z[e] = key_sum;
+  // The normalizer's key terms, per (block, feature pair): z_j, mixed into z'.
+  constexpr int pairs = D / 2;
+  for (int e = threadIdx.x; e < blocks * pairs; e += blockDim.x) {
+    const int block = e / pairs, f = 2 * (e % pairs), t0 = block * block_tokens;
+    float2 key_sum = make_float2(0.f, 0.f);
+    for (int t = t0; t < t0 + block_tokens; ++t) {
+      const float2 x = load_pair(kf + t * ld + f);
+      key_sum.x += x.x, key_sum.y += x.y;
+    }
+    *reinterpret_cast<float2*>(z + block * D + f) = key_sum;
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < blocks * D; e += blockDim.x) {
-    const int block = e / D, f = e % D;
-    float mixed = 0.f;
-    for (int j = 0; j < blocks; ++j) mixed += w[block * blocks + j] * z[j * D + f];
-    z_mixed[e] = mixed;
+  for (int e = threadIdx.x; e < blocks * pairs; e += blockDim.x) {
+    const int block = e / pairs, f = 2 * (e % pairs);
+    float2 mixed = make_float2(0.f, 0.f);
+    for (int j = 0; j < blocks; ++j)
+      mixed = fma2(w[block * blocks + j], *reinterpret_cast<const float2*>(z + j * D + f), mixed);
+    *reinterpret_cast<float2*>(z_mixed + block * D + f) = mixed;
   }
   wait_async_copies();  // v, before phase A
   __syncthreads();
@@ -519,21 +540,23 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
   float2 strip_gd = make_float2(0.f, 0.f);  // this lane's rows TileAccumulator::row(0), row(2)
   if (owns_strip) {
     strip_gd = gd_from_strip<T>(dq, qf, gd, row0);
-    for (int f = lane; f < D; f += 32) {
-      float sum = 0.f;
+    static_assert(D == 64, "one feature pair per lane");
+    float2 sum = make_float2(0.f, 0.f);
 #pragma unroll 4
-      for (int r = row0; r < row0 + kStrip; ++r) sum += gd[r] * to_float(qf[r * ld + f]);
-      strip_parts[warp * D + f] = sum;
-    }
+    for (int r = row0; r < row0 + kStrip; ++r)
+      sum = fma2(gd[r], load_pair(qf + r * ld + 2 * lane), sum);
+    *reinterpret_cast<float2*>(strip_parts + warp * D + 2 * lane) = sum;
   }
   __syncthreads();
   const int strips_per_block = block_tokens / kStrip;
-  for (int e = threadIdx.x; e < blocks * D; e += blockDim.x) {
-    const int block = e / D, f = e % D;
-    float sum = 0.f;
-    for (int strip = block * strips_per_block; strip < (block + 1) * strips_per_block; ++strip)
-      sum += strip_parts[strip * D + f];
-    query_terms[e] = sum;
+  for (int e = threadIdx.x; e < blocks * pairs; e += blockDim.x) {
+    const int block = e / pairs, f = 2 * (e % pairs);
+    float2 sum = make_float2(0.f, 0.f);
+    for (int strip = block * strips_per_block; strip < (block + 1) * strips_per_block; ++strip) {
+      const float2 part = *reinterpret_cast<const float2*>(strip_parts + strip * D + f);
+      sum.x += part.x, sum.y += part.y;
+    }
+    *reinterpret_cast<float2*>(query_terms + block * D + f) = sum;
   }
   __syncthreads();
   query_normalizer_terms(w, query_terms, z, blocks, spread, dw);
