@@ -95,12 +95,22 @@ __global__ void __launch_bounds__(kForwardThreads, 2)
     // Normalized rows into this strip's own query rows (no other warp reads them), then out with
     // 16-byte row stores.
     __syncwarp();
+    {
+      // stmatrix: matrix m of each 16 x 16 tile holds rows 8 (m % 2) .. + 7 and columns
+      // 8 (m / 2) .. + 7; lane l addresses row l % 8 of matrix l / 8.
+      const int matrix = lane / 8;
+      const unsigned at =
+          shared_address(qf + (row0 + lane % 8 + 8 * (matrix % 2)) * ld + 8 * (matrix / 2));
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      T* lo = qf + (row0 + g) * ld + 8 * j + 2 * t;
-      *reinterpret_cast<uint32_t*>(lo) = pack<T>(acc[j][0] * scale_lo, acc[j][1] * scale_lo);
-      *reinterpret_cast<uint32_t*>(lo + 8 * ld) =
-          pack<T>(acc[j][2] * scale_hi, acc[j][3] * scale_hi);
+      for (int j = 0; j < D / 8; j += 2) {
+        asm volatile(
+            "stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(at + 16 * j),
+            "r"(pack<T>(acc[j][0] * scale_lo, acc[j][1] * scale_lo)),
+            "r"(pack<T>(acc[j][2] * scale_hi, acc[j][3] * scale_hi)),
+            "r"(pack<T>(acc[j + 1][0] * scale_lo, acc[j + 1][1] * scale_lo)),
+            "r"(pack<T>(acc[j + 1][2] * scale_hi, acc[j + 1][3] * scale_hi))
+            : "memory");
+      }
     }
     __syncwarp();
     constexpr int lanes = D / 8, rows_per_pass = 32 / lanes;
@@ -118,7 +128,6 @@ __global__ void __launch_bounds__(kForwardThreads, 2)
     }
   }
 }
-
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kBackwardThreads, 1)
@@ -313,7 +322,6 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
     }
   }
 }
-
 
 template <typename T, int D>
 cudaError_t forward_for(const ResidentBlockLinearForward& a, cudaStream_t stream) {

@@ -72,33 +72,33 @@ __device__ __forceinline__ void store_pair(T* at, float lo, float hi) {
   *reinterpret_cast<uint32_t*>(at) = pack<T>(lo, hi);
 }
 
+// A 16 x 16 accumulator tile to shared memory as 16-bit values with one stmatrix: matrix m (of
+// four 8 x 8) holds rows 8 (m % 2) .. + 7 and columns 8 (m / 2) .. + 7, and lane l hands in the
+// address of row l % 8 of matrix l / 8. The accumulator layout is stmatrix's fragment layout.
+template <typename T>
+__device__ __forceinline__ void store_tile_matrices(const TileAccumulator& acc, unsigned address) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(address),
+               "r"(pack<T>(acc.x[0][0], acc.x[0][1])), "r"(pack<T>(acc.x[0][2], acc.x[0][3])),
+               "r"(pack<T>(acc.x[1][0], acc.x[1][1])), "r"(pack<T>(acc.x[1][2], acc.x[1][3]))
+               : "memory");
+}
+
 // One 16 x 16 output tile whose rows are features f0 .. f0 + 15 (f0 a multiple of 16) and columns
-// a block's 16 slice columns, into that block's row of a slice set (swizzled halves). A lane's
-// rows f0 + lane / 4 and f0 + lane / 4 + 8 share the swizzle bit (f >> 2) & 1 = (lane >> 4) & 1,
-// so its offsets are fixed per lane.
+// a block's 16 slice columns, into that block's row of a slice set (swizzled halves: this lane's
+// row f = f0 + lane % 8 + 8 ((lane / 8) % 2) has swizzle bit (f >> 2) & 1 = (lane >> 2) & 1).
 template <typename T>
 __device__ __forceinline__ void store_state_tile(const TileAccumulator& acc, T* block_row, int f0) {
-  const int lane = threadIdx.x % 32, swap = (lane >> 4) & 1;
-  T* at = block_row + (f0 + lane / 4) * kSlice + 2 * (lane % 4);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-#pragma unroll
-    for (int i = 0; i < 4; i += 2)
-      store_pair<T>(at + (i / 2) * 8 * kSlice + (h ^ swap) * 8, acc.x[h][i], acc.x[h][i + 1]);
-  }
+  const int lane = threadIdx.x % 32, matrix = lane / 8;
+  const int f = f0 + lane % 8 + 8 * (matrix % 2), half = matrix / 2;
+  store_tile_matrices<T>(acc, shared_address(block_row + state_offset(f, half)));
 }
 
 // A 16 x 16 tile of a slice set (all 16 block rows, physical columns col0 ..) in place.
 template <typename T>
 __device__ __forceinline__ void store_set_tile(const TileAccumulator& acc, T* set, int col0) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-#pragma unroll
-    for (int i = 0; i < 4; i += 2) {
-      store_pair<T>(set + TileAccumulator::row(i) * kSetLd + col0 + TileAccumulator::col(h, i),
-                    acc.x[h][i], acc.x[h][i + 1]);
-    }
-  }
+  const int lane = threadIdx.x % 32, matrix = lane / 8;
+  const int row = lane % 8 + 8 * (matrix % 2);
+  store_tile_matrices<T>(acc, shared_address(set + row * kSetLd + col0 + 8 * (matrix / 2)));
 }
 
 // acc (16 x 16) += a b for a 16 x 16 A fragment and the two n8 halves of a B fragment.
