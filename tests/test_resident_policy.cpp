@@ -1,10 +1,12 @@
 // Which shapes the `cuda` backend of linear attention and MHLA sends to the resident kernels
-// (kernels/mhla/resident_block_linear.h) instead of the state kernels. A host-side decision, so
-// it is checked on every machine that builds the kernels, GPU or not; the kernels' numbers are
-// checked by the [gpu] op tests.
+// (kernels/mhla/resident_block_linear.h) instead of the state kernels, and where the state
+// kernels' fragment passes take their one-tile variants (block_fragment_passes.h; with
+// MHLA_FRAGMENT_ONE_TILE unset). Host-side decisions, so they are checked on every machine that
+// builds the kernels, GPU or not; the kernels' numbers are checked by the [gpu] op tests.
 #include "catch_compat.h"
 
 #ifdef MHLA_WITH_CUDA_KERNELS
+#include "mhla/block_fragment_passes.h"
 #include "mhla/resident_block_linear.h"
 #include "mhla/resident_state_backward.h"
 
@@ -54,5 +56,22 @@ TEST_CASE("resident kernels: which MHLA backwards run in state form", "[attentio
   CHECK_FALSE(state_form(64, 1024, 6, 64, 16));
   CHECK_FALSE(state_form(2, 100, 2, 64, 4));
   CHECK_FALSE(state_form(256, 256, 6, 64, 16, DType::f32));
+}
+
+TEST_CASE("fragment passes: where the states and output passes take their one-tile variants",
+          "[attention]") {
+  auto one_tile = [](int tokens, int blocks) {
+    return mhla_kernels::fragment_one_tile_variants({64, tokens, 6, 64, blocks});
+  };
+  // Blocks of at most one 64-token tile: MHLA at N = 1,024 in 16 blocks, shorter blocks.
+  CHECK(one_tile(1024, 16));
+  CHECK(one_tile(256, 4));
+  CHECK(one_tile(48, 1));
+  // Longer blocks walk several tiles per CTA and keep the double-buffered passes: linear
+  // attention (one block), MHLA at N >= 2,048 in 16 blocks.
+  CHECK_FALSE(one_tile(1024, 1));
+  CHECK_FALSE(one_tile(2048, 16));
+  CHECK_FALSE(one_tile(16384, 16));
+  CHECK_FALSE(one_tile(130, 2));
 }
 #endif

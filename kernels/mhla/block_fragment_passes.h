@@ -29,6 +29,12 @@ bool fragment_passes_supported(DType dtype, int head_dim);
 // input type and head dimension (supported, and not switched off by MHLA_FRAGMENT_PASSES).
 bool fragment_passes_in_use(DType dtype, int head_dim);
 
+// Whether every CTA of the passes' grid covers one 64-token tile at most (blocks of <= 64 tokens:
+// MHLA at N = 1,024 in 16 blocks); then the states and output passes take their one-tile
+// variants, which keep no second tile buffer and cap their registers for more CTAs per SM.
+// MHLA_FRAGMENT_ONE_TILE=0 keeps the general variants (A/B runs).
+bool fragment_one_tile_variants(const BlockLinearShape& shape);
+
 // Each launches its pass over `chunks` chunks per block; with more than one chunk per block the
 // states and query passes add into their state set, which must then be zero on entry.
 cudaError_t fragment_states(const BlockLinearForward& args, int chunks, cudaStream_t stream);

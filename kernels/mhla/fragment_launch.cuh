@@ -5,8 +5,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <cstdlib>
-#include <string>
 #include <type_traits>
 
 #include "mhla/block_fragment_passes.h"
@@ -15,18 +13,6 @@
 
 namespace mhla_kernels {
 namespace fragment_rows {
-
-// Whether every CTA of the passes' grid covers one 64-token tile at most (blocks of <= 64 tokens:
-// MHLA at N = 1,024 in 16 blocks); then the states and output passes take their one-tile
-// variants, which keep no second tile buffer and cap their registers for more CTAs per SM.
-// MHLA_FRAGMENT_ONE_TILE=0 keeps the general variants (A/B runs).
-inline bool one_tile_variants(const BlockLinearShape& shape) {
-  static const bool enabled = [] {
-    const char* value = std::getenv("MHLA_FRAGMENT_ONE_TILE");
-    return value == nullptr || std::string(value) != "0";
-  }();
-  return enabled && shape.tokens / shape.blocks <= tiles::kTile;
-}
 
 // Pass<T, D> names the kernel (`kernel`, taking the pass's arguments and the chunks per block)
 // and its dynamic shared memory in bytes (`smem`); OneTile<T, D> the same for CTAs of one tile.
@@ -43,7 +29,7 @@ cudaError_t launch_pass(const Args& a, int chunks, cudaStream_t stream) {
     P::kernel<<<grid, kFragmentThreads, P::smem, stream>>>(a, chunks);
     return cudaGetLastError();
   };
-  const bool one_tile = one_tile_variants(a.shape);
+  const bool one_tile = fragment_one_tile_variants(a.shape);
   auto run = [&](auto type, auto dim) {
     using T = decltype(type);
     constexpr int D = decltype(dim)::value;

@@ -8,6 +8,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "common/wmma_gemm.cuh"
 #include "mhla/block_fragment_passes.h"
 #include "mhla/block_work.cuh"
@@ -95,6 +98,14 @@ struct OutputPassOneTile {  // more CTAs per SM for CTAs of one tile
 
 bool fragment_passes_supported(DType dtype, int head_dim) {
   return (dtype == DType::bf16 || dtype == DType::f16) && (head_dim == 32 || head_dim == 64);
+}
+
+bool fragment_one_tile_variants(const BlockLinearShape& shape) {
+  static const bool enabled = [] {
+    const char* value = std::getenv("MHLA_FRAGMENT_ONE_TILE");
+    return value == nullptr || std::string(value) != "0";
+  }();
+  return enabled && shape.blocks >= 1 && shape.tokens / shape.blocks <= tiles::kTile;
 }
 
 cudaError_t fragment_output(const BlockLinearForward& a, int chunks, cudaStream_t stream) {

@@ -217,7 +217,7 @@ __device__ __forceinline__ void prepare_gradient(T* gs, const float* den, int n,
 
 // gd_t = -(do_t . o_t) / (den_t + eps) without o: do . o = g . (phi(q) S') = phi(q) . (g S'^T),
 // and g S'^T is what the warp's dq accumulators hold after the slices. On entry gd holds
-// 1 / (den + eps) (prepare_gradient without o); the strip's rows of gd are overwritten, and the
+// 1 / (den + eps) (prepare_gradient); the strip's rows of gd are overwritten, and the
 // lane's two rows (TileAccumulator::row(0) and row(2)) returned.
 template <typename T>
 __device__ __forceinline__ float2 gd_from_strip(const TileAccumulator (&dq)[kD / 16], const T* qf,
