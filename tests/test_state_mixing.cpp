@@ -191,9 +191,10 @@ TEST_CASE("attention: fused block mix backward against float64", "[attention][gp
   }
   // d states as a packed set (the bidirectional MHLA binding's bf16 path): the matrix part is
   // the fp32 result rounded to bf16 (round to nearest: within half a bf16 ulp, at most 2^-8 of
-  // the value; plus the fp32 sum's own error), the rest fp32; dm is unchanged. 4,160 = 64 x 64 + 64 and 1,056 = 32 x 32 + 32 floats.
-  for (const Case& c : {Case{3, 16, 4160}, Case{400, 16, 4160}, Case{33, 16, 1056},
-                        Case{9, 24, 1056}}) {
+  // the value; plus the fp32 sum's own error), the rest fp32; dm is unchanged. 4,160 = 64 x 64 + 64
+  // and 1,056 = 32 x 32 + 32 floats.
+  for (const Case& c :
+       {Case{3, 16, 4160}, Case{400, 16, 4160}, Case{33, 16, 1056}, Case{9, 24, 1056}}) {
     const int64_t matrix = c.elements == 4160 ? 4096 : 1024;
     INFO("packed: BH=" << c.batch_heads << " blocks=" << c.blocks << " E=" << c.elements);
     auto grad_mixed = torch::randn({c.batch_heads, c.blocks, c.elements}, cuda);
@@ -203,34 +204,130 @@ TEST_CASE("attention: fused block mix backward against float64", "[attention][gp
     auto [packed, grad_mixing] = mix_block_states_backward(mixing, grad_mixed, states, matrix);
     REQUIRE(packed.sizes() ==
             torch::IntArrayRef({c.batch_heads, c.blocks, matrix / 2 + c.elements - matrix}));
-    auto expected = torch::einsum("ij,bie->bje",
-                                  {mixing.to(torch::kFloat64), grad_mixed.to(torch::kFloat64)});
-    auto matrix_part = packed.narrow(2, 0, matrix / 2)
-                           .contiguous()
-                           .view(torch::kBFloat16)
-                           .to(torch::kFloat64);
+    auto expected =
+        torch::einsum("ij,bie->bje", {mixing.to(torch::kFloat64), grad_mixed.to(torch::kFloat64)});
+    auto matrix_part =
+        packed.narrow(2, 0, matrix / 2).contiguous().view(torch::kBFloat16).to(torch::kFloat64);
     auto rest = packed.narrow(2, matrix / 2, c.elements - matrix);
     auto expected_matrix = expected.narrow(2, 0, matrix);
     CHECK(((matrix_part - expected_matrix).abs() <=
-           expected_matrix.abs() * std::ldexp(1.0, -8) +
-               1e-6 * expected_matrix.abs().max())
+           expected_matrix.abs() * std::ldexp(1.0, -8) + 1e-6 * expected_matrix.abs().max())
               .all()
               .item<bool>());
     CHECK(test::relative_error(rest, expected.narrow(2, matrix, c.elements - matrix)) < 1e-5);
     CHECK(test::relative_error(grad_mixing,
                                torch::einsum("bie,bje->ij", {grad_mixed.to(torch::kFloat64),
-                                                             states.to(torch::kFloat64)})) <
-          1e-5);
+                                                             states.to(torch::kFloat64)})) < 1e-5);
   }
   auto x = torch::randn({2, 4, 8}, cuda);
   auto m = torch::rand({4, 4}, cuda);
-  CHECK(test::contains(test::error_of([&] { mix_block_states_backward(m, x, x, 4); }),
-                       "a packed d states needs a matrix part of 0 to 8 elements, a multiple of 8"));
+  CHECK(
+      test::contains(test::error_of([&] { mix_block_states_backward(m, x, x, 4); }),
+                     "a packed d states needs a matrix part of 0 to 8 elements, a multiple of 8"));
   CHECK(test::contains(
       test::error_of([&] { mix_block_states_backward(m, x.to(torch::kFloat64), x); }),
       "block mix backward: d mixed and states must be contiguous fp32"));
   CHECK(test::contains(test::error_of([&] { mix_block_states_backward(m.narrow(0, 0, 2), x, x); }),
                        "block mix backward"));
+#else
+  WARN("built without the CUDA kernels: skipped");
+#endif
+}
+
+#ifdef MHLA_WITH_CUDA_KERNELS
+namespace {
+
+// A packed set of fp32 states [BH, nb, E]: the first `matrix` elements of each row as bf16 (two
+// per float), the rest fp32; and the fp32 values such a set holds.
+torch::Tensor packed_set(const torch::Tensor& x, int64_t matrix) {
+  const int64_t e = x.size(2);
+  return torch::cat({x.narrow(2, 0, matrix).to(torch::kBFloat16).contiguous().view(torch::kFloat32),
+                     x.narrow(2, matrix, e - matrix)},
+                    2)
+      .contiguous();
+}
+torch::Tensor held_by_set(const torch::Tensor& x, int64_t matrix) {
+  const int64_t e = x.size(2);
+  return torch::cat({x.narrow(2, 0, matrix).to(torch::kBFloat16).to(torch::kFloat32),
+                     x.narrow(2, matrix, e - matrix)},
+                    2);
+}
+
+// A packed result against its float64 reference [BH, nb, E]: the matrix part within half a bf16
+// ulp of the value (2^-8 relative, plus the fp32 sum's own error), the rest fp32 at 1e-5.
+void check_packed_result(const torch::Tensor& packed, const torch::Tensor& expected,
+                         int64_t matrix) {
+  const int64_t e = expected.size(2);
+  REQUIRE(packed.sizes() ==
+          torch::IntArrayRef({expected.size(0), expected.size(1), matrix / 2 + e - matrix}));
+  auto got_matrix =
+      packed.narrow(2, 0, matrix / 2).contiguous().view(torch::kBFloat16).to(torch::kFloat64);
+  auto expected_matrix = expected.narrow(2, 0, matrix);
+  CHECK(((got_matrix - expected_matrix).abs() <=
+         expected_matrix.abs() * std::ldexp(1.0, -8) + 1e-6 * expected_matrix.abs().max())
+            .all()
+            .item<bool>());
+  CHECK(test::relative_error(packed.narrow(2, matrix / 2, e - matrix),
+                             expected.narrow(2, matrix, e - matrix)) < 1e-5);
+}
+
+}  // namespace
+#endif
+
+// The bidirectional MHLA binding at one chunk per block keeps S and dS' as packed sets (bf16
+// matrices, fp32 z): the mix reads packed S (16-byte loads of eight bf16) and writes packed S';
+// the mix backward reads packed dS' and S (the fused kernel, 16- and 32-row items, more items
+// than CTAs; the mix plus pair products past 32 blocks). Each is compared in float64 with the
+// values the sets hold, so the only new error is the outputs' rounding to bf16.
+TEST_CASE("attention: block state mix and its backward on packed block states",
+          "[attention][gpu]") {
+#ifdef MHLA_WITH_CUDA_KERNELS
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device: skipped");
+    return;
+  }
+  torch::manual_seed(34);
+  using mhla_kernels::MixPattern;
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
+  struct Case {
+    int64_t batch_heads, blocks, d;
+  };
+  for (const Case& c : {Case{5, 16, 64}, Case{400, 16, 64}, Case{3, 5, 64}, Case{9, 24, 32},
+                        Case{33, 16, 32}, Case{4, 40, 32}, Case{2, 1, 64}}) {
+    const int64_t matrix = c.d * c.d, elements = matrix + c.d;
+    INFO("BH=" << c.batch_heads << " blocks=" << c.blocks << " D=" << c.d);
+    auto states = torch::randn({c.batch_heads, c.blocks, elements}, cuda);
+    auto grad_mixed = torch::randn({c.batch_heads, c.blocks, elements}, cuda);
+    auto mixing = torch::rand({c.blocks, c.blocks}, cuda);
+    auto held_states = held_by_set(states, matrix).to(torch::kFloat64);
+    auto held_grad = held_by_set(grad_mixed, matrix).to(torch::kFloat64);
+    // The mix: packed in, packed out.
+    auto mixed =
+        mix_block_states(mixing, packed_set(states, matrix), MixPattern::dense, matrix, true);
+    check_packed_result(mixed, torch::matmul(mixing.to(torch::kFloat64), held_states), matrix);
+    // The backward: packed dS' and S in, packed dS out, dm fp32.
+    auto [grad_states, grad_mixing] = mix_block_states_backward(
+        mixing, packed_set(grad_mixed, matrix), packed_set(states, matrix), matrix, true);
+    check_packed_result(
+        grad_states, torch::einsum("ij,bie->bje", {mixing.to(torch::kFloat64), held_grad}), matrix);
+    CHECK(test::relative_error(grad_mixing,
+                               torch::einsum("bie,bje->ij", {held_grad, held_states})) < 1e-5);
+  }
+  // The lower pattern (what the causal binding's prefix mix promises) reads packed input too.
+  auto states = torch::randn({3, 20, 1056}, cuda);
+  auto weights = torch::rand({20, 20}, cuda).tril(-1);
+  check_packed_result(
+      mix_block_states(weights, packed_set(states, 1024), MixPattern::lower, 1024, true),
+      torch::matmul(weights.to(torch::kFloat64), held_by_set(states, 1024).to(torch::kFloat64)),
+      1024);
+  auto packed = packed_set(states, 1024);
+  CHECK(test::contains(
+      test::error_of([&] { mix_block_states(weights, packed, MixPattern::dense, 0, true); }),
+      "block state mix: a packed input needs a packed output of the same matrix part"));
+  auto m = torch::rand({20, 20}, cuda);
+  CHECK(
+      test::contains(test::error_of([&] { mix_block_states_backward(m, packed, packed, 0, true); }),
+                     "multiple of 8 (above 0 for packed inputs)"));
 #else
   WARN("built without the CUDA kernels: skipped");
 #endif

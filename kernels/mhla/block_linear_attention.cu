@@ -433,6 +433,22 @@ bool fragment_pass(const char* name) {
   return chosen.find(name) != std::string::npos;
 }
 
+// MHLA_SCALAR_STATE_ADDS=1: the fragment passes add shared states one element per atomic (A/B).
+bool scalar_state_adds() {
+  static const bool chosen = [] {
+    const char* value = std::getenv("MHLA_SCALAR_STATE_ADDS");
+    return value != nullptr && std::string(value) == "1";
+  }();
+  return chosen;
+}
+
+template <typename Args>
+Args with_state_adds(const Args& a) {
+  Args b = a;
+  b.scalar_state_adds = a.scalar_state_adds || scalar_state_adds();
+  return b;
+}
+
 }  // namespace
 
 bool fragment_passes_in_use(DType dtype, int head_dim) {
@@ -447,8 +463,8 @@ int chunks_per_block(const BlockLinearShape& s) {
   return (length + kChunk - 1) / kChunk;
 }
 
-
-// Packed state sets are read by the fragment passes of bf16 inputs only.
+// Packed state sets are read (and, by the states pass, written) by the fragment passes of bf16
+// inputs only.
 template <typename T>
 bool reads_packed(DType dtype, int head_dim, const char* pass) {
   return std::is_same_v<T, __nv_bfloat16> && fragment_pass(pass) &&
@@ -462,6 +478,9 @@ cudaError_t forward_for(const BlockLinearForward& a, cudaStream_t stream) {
                          ((a.passes & kBlockMixPass) && a.mixing != nullptr)))
     return cudaErrorInvalidValue;
   const int chunks = chunks_per_block(s);
+  if (a.packed_states && (!reads_packed<T>(a.dtype, D, "states") || chunks > 1 ||
+                          (a.passes & (kBlockMixPass | kBlockOutputPass))))
+    return cudaErrorInvalidValue;
   const dim3 grid(s.blocks * chunks, s.batch * s.heads);
   const size_t state_bytes = block_linear_state_floats(s) * sizeof(float);
   cudaError_t err = cudaSuccess;
@@ -469,7 +488,7 @@ cudaError_t forward_for(const BlockLinearForward& a, cudaStream_t stream) {
     if (chunks > 1 && (err = cudaMemsetAsync(a.states, 0, state_bytes, stream)) != cudaSuccess)
       return err;
     if (fragment_pass("states") && fragment_passes_supported(a.dtype, D)) {
-      if ((err = fragment_states(a, chunks, stream)) != cudaSuccess) return err;
+      if ((err = fragment_states(with_state_adds(a), chunks, stream)) != cudaSuccess) return err;
     } else {
       constexpr size_t states_bytes = states_smem<T, D>();
       if ((err = allow_smem(states_kernel<T, D>, states_bytes)) != cudaSuccess) return err;
@@ -480,11 +499,10 @@ cudaError_t forward_for(const BlockLinearForward& a, cudaStream_t stream) {
     if (a.mixing != nullptr) {
       const int state = Layout<T, D>::state;
       const size_t mix_bytes =
-          (static_cast<size_t>(s.blocks) * s.blocks + static_cast<size_t>(s.blocks) * kThreads) *
-          4;
+          (static_cast<size_t>(s.blocks) * s.blocks + static_cast<size_t>(s.blocks) * kThreads) * 4;
       if ((err = allow_smem(mix_kernel, mix_bytes)) != cudaSuccess) return err;
-      mix_kernel<<<dim3((state + kThreads - 1) / kThreads, s.batch * s.heads), kThreads,
-                   mix_bytes, stream>>>(a.states, a.mixing, a.mixed, s.blocks, state);
+      mix_kernel<<<dim3((state + kThreads - 1) / kThreads, s.batch * s.heads), kThreads, mix_bytes,
+                   stream>>>(a.states, a.mixing, a.mixed, s.blocks, state);
     } else if (a.mixed != a.states) {
       if ((err = cudaMemcpyAsync(a.mixed, a.states, state_bytes, cudaMemcpyDeviceToDevice,
                                  stream)) != cudaSuccess)
@@ -511,15 +529,18 @@ cudaError_t backward_for(const BlockLinearBackward& a, cudaStream_t stream) {
                                 ((a.passes & kBlockMixPass) && a.mixing != nullptr))))
     return cudaErrorInvalidValue;
   const int chunks = chunks_per_block(s);
+  if (a.packed_grad_mixed &&
+      (!reads_packed<T>(a.dtype, D, "query") || chunks > 1 || (a.passes & kBlockMixPass)))
+    return cudaErrorInvalidValue;
   const dim3 grid(s.blocks * chunks, s.batch * s.heads);
   const size_t state_bytes = block_linear_state_floats(s) * sizeof(float);
   cudaError_t err = cudaSuccess;
   if (a.passes & kBlockQueryPass) {
-    if (chunks > 1 &&
-        (err = cudaMemsetAsync(a.grad_mixed, 0, state_bytes, stream)) != cudaSuccess)
+    if (chunks > 1 && (err = cudaMemsetAsync(a.grad_mixed, 0, state_bytes, stream)) != cudaSuccess)
       return err;
     if (fragment_pass("query") && fragment_passes_supported(a.dtype, D)) {
-      if ((err = fragment_query_backward(a, chunks, stream)) != cudaSuccess) return err;
+      if ((err = fragment_query_backward(with_state_adds(a), chunks, stream)) != cudaSuccess)
+        return err;
     } else {
       constexpr size_t query_bytes = query_backward_smem<T, D>();
       if ((err = allow_smem(query_backward_kernel<T, D>, query_bytes)) != cudaSuccess) return err;
@@ -529,8 +550,8 @@ cudaError_t backward_for(const BlockLinearBackward& a, cudaStream_t stream) {
   if (a.passes & kBlockMixPass) {
     if (a.mixing != nullptr) {
       const int state = Layout<T, D>::state;
-      if ((err = cudaMemsetAsync(a.grad_mixing, 0, sizeof(float) * s.blocks * s.blocks,
-                                 stream)) != cudaSuccess)
+      if ((err = cudaMemsetAsync(a.grad_mixing, 0, sizeof(float) * s.blocks * s.blocks, stream)) !=
+          cudaSuccess)
         return err;
       const size_t mix_bytes = (static_cast<size_t>(s.blocks) * s.blocks +
                                 2 * static_cast<size_t>(s.blocks) * (kMixColumns + 1)) *
@@ -542,8 +563,8 @@ cudaError_t backward_for(const BlockLinearBackward& a, cudaStream_t stream) {
           a.grad_mixed, a.states, a.mixing, a.grad_states, a.grad_mixing, s.batch * s.heads,
           s.blocks, state);
     } else if (a.grad_states != a.grad_mixed) {
-      if ((err = cudaMemcpyAsync(a.grad_states, a.grad_mixed, state_bytes,
-                                 cudaMemcpyDeviceToDevice, stream)) != cudaSuccess)
+      if ((err = cudaMemcpyAsync(a.grad_states, a.grad_mixed, state_bytes, cudaMemcpyDeviceToDevice,
+                                 stream)) != cudaSuccess)
         return err;
     }
   }
@@ -586,6 +607,11 @@ struct BackwardPass {
 size_t block_linear_state_floats(const BlockLinearShape& s) {
   return static_cast<size_t>(s.batch) * s.heads * s.blocks *
          (static_cast<size_t>(s.head_dim) * s.head_dim + s.head_dim);
+}
+
+bool block_states_packable(const BlockLinearShape& s, DType dtype) {
+  return dtype == DType::bf16 && fragment_pass("states") && fragment_pass("query") &&
+         fragment_passes_supported(dtype, s.head_dim) && s.blocks >= 1 && chunks_per_block(s) == 1;
 }
 
 size_t block_linear_packed_floats(const BlockLinearShape& s) {

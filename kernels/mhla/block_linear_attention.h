@@ -34,9 +34,13 @@ struct BlockLinearShape {
 size_t block_linear_state_floats(const BlockLinearShape& shape);
 // Floats of a packed set: per state D * D bf16 then D fp32, B * H * M * (D*D / 2 + D).
 size_t block_linear_packed_floats(const BlockLinearShape& shape);
+// Whether the states pass can write (and the query pass its dS') a packed set of states: bf16
+// inputs on the fragment passes, one 256-token chunk per block.
+bool block_states_packable(const BlockLinearShape& shape, DType dtype);
 
-// Pass selection (bitmasks): a caller that mixes the states itself (the MHLA binding, by its state-mix kernel) runs
-// the states and output passes (forward) or the query and key passes (backward) around its own.
+// Pass selection (bitmasks): a caller that mixes the states itself (the MHLA binding, by its
+// state-mix kernel) runs the states and output passes (forward) or the query and key passes
+// (backward) around its own.
 constexpr unsigned kBlockStatesPass = 1, kBlockMixPass = 2, kBlockOutputPass = 4;
 constexpr unsigned kBlockQueryPass = 1, kBlockKeyPass = 4;  // backward; mixing as above
 constexpr unsigned kBlockAllPasses = 7;
@@ -54,6 +58,14 @@ struct BlockLinearForward {
   // The passes round S' to bf16 anyway, so the output is the same; bf16 inputs whose passes
   // all run on fragments only (block_fragment_passes.h: fragment_passes_in_use).
   bool packed_mixed = false;
+  // states is a packed set the same way, for a caller that mixes the states itself (passes
+  // without kBlockMixPass): bf16 inputs whose states pass runs on fragments, one chunk per block
+  // (one CTA owns each state; block_states_packable). Its mixing (block_state_mix) and the mixing
+  // backward (block_mix_backward) read the packed set.
+  bool packed_states = false;
+  // Chunks sharing a state add into it one element per atomic instead of four (fragment passes;
+  // set from MHLA_SCALAR_STATE_ADDS=1 by block_linear_forward, for A/B runs).
+  bool scalar_state_adds = false;
 };
 
 struct BlockLinearBackward {
@@ -67,11 +79,15 @@ struct BlockLinearBackward {
   void* grad_q = nullptr;  // [B, N, H, D] contiguous each
   void* grad_k = nullptr;
   void* grad_v = nullptr;
-  float* grad_mixing = nullptr;  // [M, M] fp32, overwritten (summed over batch and heads)
-  float* grad_mixed = nullptr;   // workspace, state_floats
-  float* grad_states = nullptr;  // workspace, state_floats (may equal grad_mixed without mixing)
+  float* grad_mixing = nullptr;     // [M, M] fp32, overwritten (summed over batch and heads)
+  float* grad_mixed = nullptr;      // workspace, state_floats
+  float* grad_states = nullptr;     // workspace, state_floats (may equal grad_mixed without mixing)
   bool packed_mixed = false;        // as in BlockLinearForward
   bool packed_grad_states = false;  // grad_states packed the same way (the key pass reads it)
+  // The query pass writes grad_mixed (dS') as a packed set: same conditions as packed_states
+  // (one CTA owns each state), for the mixing backward that reads S and dS' packed.
+  bool packed_grad_mixed = false;
+  bool scalar_state_adds = false;  // as in BlockLinearForward
 };
 
 // Return cudaSuccess or the first launch error; a shape the kernels do not cover returns

@@ -35,7 +35,7 @@ struct MixShape {
   static_assert(kThreads % roles == 0 && (quads % 32 == 0 || quads == 16), "whole warps per role");
 };
 
-__device__ __forceinline__ void copy_16(float4* dst, const float* src, bool in) {
+__device__ __forceinline__ void copy_16(void* dst, const void* src, bool in) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   // src-size 0 fills the 16 bytes with zeros (padding rows, elements past the end).
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src),
@@ -49,11 +49,22 @@ __device__ __forceinline__ void fma4(float4& acc, float w, const float4& x) {
   acc.w = fmaf(w, x.w, acc.w);
 }
 
+// Four bf16 (8 bytes of a packed set's matrix part in shared memory) as four floats.
+__device__ __forceinline__ float4 bf16_quad(const __nv_bfloat16* at) {
+  const uint2 bits = *reinterpret_cast<const uint2*>(at);
+  return make_float4(__uint_as_float(bits.x << 16), __uint_as_float(bits.x & 0xffff0000u),
+                     __uint_as_float(bits.y << 16), __uint_as_float(bits.y & 0xffff0000u));
+}
+
 __device__ __forceinline__ float dot4(const float4& a, const float4& b, float acc) {
   return fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, fmaf(a.x, b.x, acc))));
 }
 
-template <int Rows>
+// Packed: dS' and S are packed sets (block_linear_attention.h: the matrix part bf16, the rest
+// fp32) whose matrix part is a whole number of items. An item of the matrix part then copies
+// bf16 rows (half the bytes, 16-byte copies of eight elements) into the first half of its stage;
+// items of the fp32 rest copy as the fp32 layout does.
+template <int Rows, bool Packed>
 __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackward p) {
   using S = MixShape<Rows>;
   extern __shared__ __align__(16) float4 stages[];  // [S::stages][2][Rows][quads]
@@ -68,18 +79,43 @@ __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackw
   }
   const int64_t columns = (p.elements + S::columns - 1) / S::columns;
   const int64_t items = static_cast<int64_t>(p.batch_heads) * columns;
+  const int64_t matrix = Packed ? p.packed_inputs_matrix : 0;
+  // A state's row in floats, and where element e (>= matrix) of state (bh, r) starts.
+  const int64_t row_floats = matrix / 2 + p.elements - matrix;
+  auto fp32_at = [&](int64_t bh, int r, int64_t e) {
+    return (static_cast<size_t>(bh) * p.blocks + r) * row_floats + matrix / 2 + (e - matrix);
+  };
   // Thread t copies rows role, role + roles, ... of its quad, of dS' and of S.
   auto issue = [&](int64_t item, int stage) {
-    const int64_t bh = item / columns, e = (item % columns) * S::columns + 4 * q;
-    const size_t base = static_cast<size_t>(bh) * p.blocks * p.elements;
-    float4* dst = stages + stage * S::stage_quads + q;
+    const int64_t bh = item / columns, e0 = (item % columns) * S::columns;
+    if (Packed && e0 < matrix) {  // bf16 rows: [dS' rows][S rows] of S::columns elements
+      constexpr int kPiecesPerRow = S::columns / 8, kPieces = 2 * Rows * kPiecesPerRow;
+      static_assert(kPieces % kThreads == 0, "whole pieces per thread");
+      char* dst = reinterpret_cast<char*>(stages + stage * S::stage_quads);
 #pragma unroll
-    for (int u = 0; u < Rows / S::roles; ++u) {
-      const int r = role + S::roles * u;
-      const bool in = r < p.blocks && e < p.elements;
-      const size_t at = base + (in ? static_cast<size_t>(r) * p.elements + e : 0);
-      copy_16(dst + r * S::quads, p.grad_mixed + at, in);
-      copy_16(dst + (Rows + r) * S::quads, p.states + at, in);
+      for (int u = 0; u < kPieces / kThreads; ++u) {
+        const int piece = t + kThreads * u;
+        const int tensor = piece / (Rows * kPiecesPerRow);
+        const int r = (piece / kPiecesPerRow) % Rows, column = piece % kPiecesPerRow;
+        const bool in = r < p.blocks;
+        const float* rows = tensor == 0 ? p.grad_mixed : p.states;
+        const __nv_bfloat16* src =
+            reinterpret_cast<const __nv_bfloat16*>(
+                rows + (static_cast<size_t>(bh) * p.blocks + (in ? r : 0)) * row_floats) +
+            e0 + 8 * column;
+        copy_16(dst + 16 * piece, src, in);
+      }
+    } else {
+      const int64_t e = e0 + 4 * q;
+      float4* dst = stages + stage * S::stage_quads + q;
+#pragma unroll
+      for (int u = 0; u < Rows / S::roles; ++u) {
+        const int r = role + S::roles * u;
+        const bool in = r < p.blocks && e < p.elements;
+        const size_t at = in ? fp32_at(bh, r, e) : 0;
+        copy_16(dst + r * S::quads, p.grad_mixed + at, in);
+        copy_16(dst + (Rows + r) * S::quads, p.states + at, in);
+      }
     }
     asm volatile("cp.async.commit_group;\n" ::);
   };
@@ -108,11 +144,18 @@ __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackw
     const float4* x = stages + stage * S::stage_quads;  // dS' rows
     const float4* y = x + Rows * S::quads;              // S rows
     const int64_t bh = item / columns, e = (item % columns) * S::columns + 4 * q;
+    // Row i of dS' (tensor 0) or S (1) at this thread's quad, from either stage layout.
+    const bool bf16_item = Packed && e < matrix;  // the same for every thread of the item
+    const __nv_bfloat16* packed_rows = reinterpret_cast<const __nv_bfloat16*>(x) + 4 * q;
+    auto quad = [&](int tensor, int i) {
+      if (bf16_item) return bf16_quad(packed_rows + (tensor * Rows + i) * S::columns);
+      return (tensor == 0 ? x : y)[i * S::quads + q];
+    };
     // dS_j for this thread's rows j: sum over i of m_ij dS'_i.
     float4 out[S::out_rows] = {};
 #pragma unroll 4
     for (int i = 0; i < Rows; ++i) {
-      const float4 xi = x[i * S::quads + q];
+      const float4 xi = quad(0, i);
 #pragma unroll
       for (int a = 0; a < S::out_rows; ++a) fma4(out[a], weights[i][out0 + a], xi);
     }
@@ -144,10 +187,10 @@ __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackw
     // dm_ij += dS'_i . S_j over this thread's corner.
     float4 own[4];
 #pragma unroll
-    for (int a = 0; a < 4; ++a) own[a] = x[(row0 + a) * S::quads + q];
+    for (int a = 0; a < 4; ++a) own[a] = quad(0, row0 + a);
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-      const float4 yj = y[(col0 + j) * S::quads + q];
+      const float4 yj = quad(1, col0 + j);
 #pragma unroll
       for (int a = 0; a < 4; ++a) dm[a][j] = dot4(own[a], yj, dm[a][j]);
     }
@@ -206,21 +249,23 @@ __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackw
   }
 }
 
-template <int Rows>
+template <int Rows, bool Packed>
 cudaError_t launch(const BlockMixBackward& p, cudaStream_t stream) {
   using S = MixShape<Rows>;
-  cudaError_t err = cudaFuncSetAttribute(
-      mix_backward_kernel<Rows>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::shared_bytes);
+  constexpr auto kernel = mix_backward_kernel<Rows, Packed>;
+  if (Packed && p.packed_inputs_matrix % S::columns != 0) return cudaErrorInvalidValue;
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::shared_bytes);
   if (err != cudaSuccess) return err;
   int per_sm = 0;
-  if ((err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-           &per_sm, mix_backward_kernel<Rows>, kThreads, S::shared_bytes)) != cudaSuccess)
+  if ((err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads,
+                                                           S::shared_bytes)) != cudaSuccess)
     return err;
   const int64_t items =
       static_cast<int64_t>(p.batch_heads) * ((p.elements + S::columns - 1) / S::columns);
   const int ctas = static_cast<int>(
       std::min<int64_t>(items, static_cast<int64_t>(std::max(per_sm, 1)) * multiprocessors()));
-  mix_backward_kernel<Rows><<<ctas, kThreads, S::shared_bytes, stream>>>(p);
+  kernel<<<ctas, kThreads, S::shared_bytes, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -234,9 +279,12 @@ cudaError_t block_mix_backward(const BlockMixBackward& p, cudaStream_t stream) {
   if (p.grad_mixed == nullptr || p.states == nullptr || p.mixing == nullptr ||
       p.grad_states == nullptr || p.grad_mixing == nullptr || p.batch_heads <= 0 ||
       !block_mix_backward_supported(p.blocks, p.elements) || p.packed_matrix < 0 ||
-      p.packed_matrix % 8 != 0 || p.packed_matrix > p.elements)
+      p.packed_matrix % 8 != 0 || p.packed_matrix > p.elements || p.packed_inputs_matrix < 0 ||
+      (p.packed_inputs_matrix > 0 && p.packed_inputs_matrix != p.packed_matrix))
     return cudaErrorInvalidValue;
-  return p.blocks <= 16 ? launch<16>(p, stream) : launch<32>(p, stream);
+  if (p.packed_inputs_matrix > 0)
+    return p.blocks <= 16 ? launch<16, true>(p, stream) : launch<32, true>(p, stream);
+  return p.blocks <= 16 ? launch<16, false>(p, stream) : launch<32, false>(p, stream);
 }
 
 }  // namespace mhla_kernels

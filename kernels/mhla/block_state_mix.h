@@ -31,6 +31,9 @@ struct BlockStateMix {
   // the first packed_matrix elements of each row (D * D, a multiple of 8) in bf16, the rest fp32,
   // rows of packed_matrix / 2 + elements - packed_matrix floats.
   int64_t packed_matrix = 0;
+  // `in` is a packed set the same way (packed_matrix > 0 required): the bidirectional MHLA
+  // binding's block states at one chunk per block (block_linear_attention.h, packed_states).
+  bool packed_in = false;
 };
 
 constexpr int kMaxMixBlocks = 128;

@@ -134,7 +134,12 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
     // 3. dS' += phi(Q)^T dnum and dz' += phi(Q)^T dden over the tile.
     accumulate_state<E, D>(dstate, dz, phi, dnum, rows);
   }
-  write_state<D>(dstate, dz, p.grad_mixed + state_index * Q::state, chunks > 1);
+  if (p.packed_grad_mixed) {  // one chunk per block (the host checks)
+    write_packed_state<D>(dstate, dz, p.grad_mixed + state_index * (D * D / 2 + D));
+  } else {
+    write_state<D>(dstate, dz, p.grad_mixed + state_index * Q::state,
+                   state_write(chunks, p.scalar_state_adds));
+  }
 }
 
 template <typename T, int D>

@@ -78,8 +78,13 @@ __global__ void __launch_bounds__(kFragmentThreads, MinBlocks)
     __syncthreads();                                      // phi and v of all rows are in
     accumulate_state<E, D>(state, z, phi, values, rows);  // 2.
   }
-  float* out = p.states + (static_cast<size_t>(w.bh) * p.shape.blocks + w.block) * (D * D + D);
-  write_state<D>(state, z, out, chunks > 1);
+  const size_t index = static_cast<size_t>(w.bh) * p.shape.blocks + w.block;
+  if (p.packed_states) {  // one chunk per block (the host checks)
+    write_packed_state<D>(state, z, p.states + index * (D * D / 2 + D));
+  } else {
+    write_state<D>(state, z, p.states + index * (D * D + D),
+                   state_write(chunks, p.scalar_state_adds));
+  }
 }
 
 template <typename T, int D>

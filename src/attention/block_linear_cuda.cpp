@@ -79,6 +79,16 @@ bool packs_state_sets(const kernels::BlockLinearShape& shape, kernels::DType dty
          kernels::fragment_passes_in_use(dtype, shape.head_dim);
 }
 
+// Whether MHLA's block states S and their gradients dS' are packed sets too, where one CTA owns
+// each state (blocks of at most one 256-token chunk). The states pass writes S and the query pass
+// dS' as bf16 matrices (S' and dS come out rounded to bf16 anyway); the state mix and the mix
+// backward read them: at B = 64, N = 1,024, H = 6, D = 64, M = 16 that is 150 of the 700 MB of
+// state traffic per forward and backward. MHLA_PACKED_BLOCK_STATES=0 keeps them fp32 (A/B runs).
+bool packs_block_states(const kernels::BlockLinearShape& shape, kernels::DType dtype) {
+  static const bool enabled = environment_switch("MHLA_PACKED_BLOCK_STATES", true);
+  return enabled && packs_state_sets(shape, dtype) && kernels::block_states_packable(shape, dtype);
+}
+
 // One autograd function for both ops: without a mixing matrix it calls the linear-attention
 // kernels, with one the MHLA kernels. Saves q, k, v, the output, the fp32 block states and (MHLA)
 // the mixed states.
@@ -93,8 +103,11 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
     auto mixing = mixes ? mixing_in.detach().to(torch::kFloat32).contiguous() : mixing_in;
     const auto shape = shape_of(q, blocks);
     auto floats = q.options().dtype(torch::kFloat32);
-    auto states =
-        torch::empty({static_cast<int64_t>(kernels::block_linear_state_floats(shape))}, floats);
+    const bool packed_states = mixes && packs_block_states(shape, kernel_dtype(dtype));
+    auto states = torch::empty(
+        {static_cast<int64_t>(packed_states ? kernels::block_linear_packed_floats(shape)
+                                            : kernels::block_linear_state_floats(shape))},
+        floats);
     auto mixed = states;  // MHLA: replaced by the mixed states below
     auto out = torch::empty(q.sizes(), v.options().memory_format(torch::MemoryFormat::Contiguous));
     const c10::cuda::CUDAGuard on_device(q.device());  // launch on the inputs' GPU
@@ -110,13 +123,16 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
       a.mixing = mixing.data_ptr<float>();
       a.out = out.data_ptr();
       a.states = states.data_ptr<float>();
+      a.packed_states = packed_states;
       a.passes = kernels::kBlockStatesPass;
       check_launch(kernels::block_linear_forward(a, stream), "mhla forward (states)");
+      a.packed_states = false;
       a.packed_mixed = packs_state_sets(shape, a.dtype);
       const int64_t d = q.size(3);
       mixed = mix_block_states(mixing, by_block(states, q, blocks), kernels::MixPattern::dense,
-                               a.packed_mixed ? d * d : 0)
+                               a.packed_mixed ? d * d : 0, packed_states)
                   .view({-1});
+      ctx->saved_data["packed_mixed"] = a.packed_mixed;
       a.mixed = mixed.data_ptr<float>();
       a.passes = kernels::kBlockOutputPass;
       check_launch(kernels::block_linear_forward(a, stream), "mhla forward (output)");
@@ -132,6 +148,7 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
     }
     ctx->save_for_backward({q, k, v, out, mixing, states, mixed});
     ctx->saved_data["blocks"] = blocks;
+    ctx->saved_data["packed_states"] = packed_states;
     remember_input_dtypes(ctx, q_in, k_in);
     return out;
   }
@@ -143,14 +160,15 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
     auto states = saved[5], mixed = saved[6];
     const int64_t blocks = ctx->saved_data["blocks"].toInt();
     const bool mixes = mixing.numel() > 0;
-    // The forward's choice (a packed mixed set is smaller than the states).
-    const bool packed = mixed.numel() < states.numel();
+    // The forward's choices.
+    const bool packed = mixes && ctx->saved_data["packed_mixed"].toBool();
+    const bool packed_states = ctx->saved_data["packed_states"].toBool();
     auto grad_out = readable(grads[0], v.scalar_type());
     const auto shape = shape_of(q, blocks);
     auto contiguous = v.options().memory_format(torch::MemoryFormat::Contiguous);
     auto dq = torch::empty(q.sizes(), contiguous), dk = torch::empty(q.sizes(), contiguous);
     auto dv = torch::empty(q.sizes(), contiguous);
-    auto grad_mixed = torch::empty_like(states);
+    auto grad_mixed = torch::empty_like(states);       // dS': packed where S is
     const c10::cuda::CUDAGuard on_device(q.device());  // launch on the inputs' GPU
     auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
     torch::Tensor dmixing;
@@ -168,13 +186,15 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
       a.grad_q = dq.data_ptr(), a.grad_k = dk.data_ptr(), a.grad_v = dv.data_ptr();
       a.grad_mixed = grad_mixed.data_ptr<float>();
       a.packed_mixed = packed;
+      a.packed_grad_mixed = packed_states;
       a.passes = kernels::kBlockQueryPass;
       check_launch(kernels::block_linear_backward(a, stream), "mhla backward (query pass)");
       const auto grad_mixed_blocks = by_block(grad_mixed, q, blocks);
       torch::Tensor grad_states;
       const int64_t d = q.size(3);
-      std::tie(grad_states, dmixing) = mix_block_states_backward(
-          mixing, grad_mixed_blocks, by_block(states, q, blocks), packed ? d * d : 0);
+      std::tie(grad_states, dmixing) =
+          mix_block_states_backward(mixing, grad_mixed_blocks, by_block(states, q, blocks),
+                                    packed ? d * d : 0, packed_states);
       a.grad_states = grad_states.data_ptr<float>();
       a.packed_grad_states = packed;
       a.passes = kernels::kBlockKeyPass;
@@ -449,8 +469,8 @@ bool states_beat_resident(const torch::Tensor& q, const torch::Tensor& v,
 // The resident kernels for short MHLA sequences, the state kernels otherwise (`cuda` backend;
 // family_order says how to put the cluster kernels first).
 torch::Tensor block_linear_by_family(const torch::Tensor& q, const torch::Tensor& k,
-                                              const torch::Tensor& v, const torch::Tensor& mixing,
-                                              int64_t blocks) {
+                                     const torch::Tensor& v, const torch::Tensor& mixing,
+                                     int64_t blocks) {
   for (const Family family : family_order()) {
     if (family == Family::resident && resident_takes(q, v, blocks) &&
         !states_beat_resident(q, v, mixing)) {
@@ -528,8 +548,7 @@ torch::Tensor linear_attention_cuda(const torch::Tensor& q, const torch::Tensor&
   if (args.causal) return causal_block_linear_cuda(q, k, v, torch::Tensor());
   check_inputs("linear", q, k, v, 1);
   // Autograd functions take defined tensors only: an empty one means "no mixing".
-  return block_linear_by_family(q, k, v,
-                                         torch::empty({0}, q.options().dtype(torch::kFloat32)), 1);
+  return block_linear_by_family(q, k, v, torch::empty({0}, q.options().dtype(torch::kFloat32)), 1);
 }
 
 torch::Tensor mhla_cuda(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,

@@ -14,7 +14,8 @@
 namespace mhla {
 
 torch::Tensor mix_block_states(const torch::Tensor& weights, const torch::Tensor& states,
-                               mhla_kernels::MixPattern pattern, int64_t packed_matrix) {
+                               mhla_kernels::MixPattern pattern, int64_t packed_matrix,
+                               bool packed_in) {
   const int64_t blocks = states.size(1);
   if (states.dim() != 3 || weights.dim() != 2 || weights.size(0) != blocks ||
       weights.size(1) != blocks || states.scalar_type() != torch::kFloat32 ||
@@ -26,7 +27,14 @@ torch::Tensor mix_block_states(const torch::Tensor& weights, const torch::Tensor
         c10::toString(states.scalar_type()), c10::str(states.sizes()),
         c10::toString(weights.scalar_type()), c10::str(weights.sizes()));
   }
-  const int64_t elements = states.size(2);
+  // A packed input row holds packed_matrix / 2 + E - packed_matrix floats for E elements.
+  const int64_t elements = states.size(2) + (packed_in ? packed_matrix / 2 : 0);
+  if (packed_in && packed_matrix <= 0) {
+    fail(
+        "block state mix: a packed input needs a packed output of the same matrix part; got a "
+        "matrix part of {}",
+        packed_matrix);
+  }
   // A matrix part of a multiple of 8 keeps packed rows and their fp32 part 16-byte aligned.
   if (packed_matrix < 0 || packed_matrix % 8 != 0 || packed_matrix > elements ||
       (packed_matrix > 0 && (blocks > mhla_kernels::kMaxMixBlocks || elements % 4 != 0))) {
@@ -52,9 +60,10 @@ torch::Tensor mix_block_states(const torch::Tensor& weights, const torch::Tensor
   a.out = out.data_ptr<float>();
   a.batch_heads = static_cast<int>(in.size(0));
   a.blocks = static_cast<int>(blocks);
-  a.elements = in.size(2);
+  a.elements = elements;
   a.pattern = pattern;
   a.packed_matrix = packed_matrix;
+  a.packed_in = packed_in;
   const c10::cuda::CUDAGuard on_device(in.device());
   check_launch(mhla_kernels::block_state_mix(
                    a, c10::cuda::getCurrentCUDAStream(in.device().index()).stream()),
@@ -102,19 +111,26 @@ torch::Tensor block_pair_products(const torch::Tensor& x, const torch::Tensor& y
 std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(const torch::Tensor& mixing,
                                                                   const torch::Tensor& grad_mixed,
                                                                   const torch::Tensor& states,
-                                                                  int64_t packed_matrix) {
+                                                                  int64_t packed_matrix,
+                                                                  bool packed_inputs) {
   static const bool fused = environment_switch("MHLA_FUSED_MIX_BACKWARD", true);
   const int64_t blocks = states.size(1);
-  if (!fused ||
-      !mhla_kernels::block_mix_backward_supported(static_cast<int>(blocks), states.size(2))) {
-    return {mix_block_states(mixing.t(), grad_mixed, mhla_kernels::MixPattern::dense,
-                             packed_matrix),
-            block_pair_products(grad_mixed, states, blocks)};
+  // Logical elements per state (a packed row holds packed_matrix / 2 fewer floats).
+  const int64_t elements = states.size(2) + (packed_inputs ? packed_matrix / 2 : 0);
+  if (packed_matrix < 0 || packed_matrix % 8 != 0 || packed_matrix > elements ||
+      (packed_inputs && packed_matrix == 0)) {
+    fail(
+        "block mix backward: a packed d states needs a matrix part of 0 to {} elements, a "
+        "multiple of 8 (above 0 for packed inputs); got {}",
+        elements, packed_matrix);
   }
-  if (packed_matrix < 0 || packed_matrix % 8 != 0 || packed_matrix > states.size(2)) {
-    fail("block mix backward: a packed d states needs a matrix part of 0 to {} elements, a "
-         "multiple of 8; got {}",
-         states.size(2), packed_matrix);
+  // The fused kernel takes packed inputs whose matrix part is a whole number of its items.
+  const int64_t item = blocks <= 16 ? 256 : 64;
+  if (!fused || !mhla_kernels::block_mix_backward_supported(static_cast<int>(blocks), elements) ||
+      (packed_inputs && packed_matrix % item != 0)) {
+    return {mix_block_states(mixing.t(), grad_mixed, mhla_kernels::MixPattern::dense, packed_matrix,
+                             packed_inputs),
+            block_pair_products(grad_mixed, states, blocks, packed_inputs ? packed_matrix : 0)};
   }
   if (grad_mixed.dim() != 3 || !grad_mixed.sizes().equals(states.sizes()) ||
       grad_mixed.scalar_type() != torch::kFloat32 || states.scalar_type() != torch::kFloat32 ||
@@ -132,7 +148,7 @@ std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(const torch::T
   auto weights = mixing.contiguous();
   auto grad_states =
       packed_matrix > 0
-          ? torch::empty({states.size(0), blocks, packed_matrix / 2 + states.size(2) - packed_matrix},
+          ? torch::empty({states.size(0), blocks, packed_matrix / 2 + elements - packed_matrix},
                          states.options())
           : torch::empty_like(states);
   auto grad_mixing = torch::zeros({blocks, blocks}, states.options());
@@ -144,8 +160,9 @@ std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(const torch::T
   a.grad_mixing = grad_mixing.data_ptr<float>();
   a.batch_heads = static_cast<int>(states.size(0));
   a.blocks = static_cast<int>(blocks);
-  a.elements = states.size(2);
+  a.elements = elements;
   a.packed_matrix = packed_matrix;
+  a.packed_inputs_matrix = packed_inputs ? packed_matrix : 0;
   const c10::cuda::CUDAGuard on_device(states.device());
   check_launch(mhla_kernels::block_mix_backward(
                    a, c10::cuda::getCurrentCUDAStream(states.device().index()).stream()),

@@ -18,9 +18,11 @@ namespace mhla {
 // or on and below (upper) the diagonal, which the kernel then skips. packed_matrix > 0 returns
 // a packed set of causal prefixes instead (kernels/mhla/causal_block_linear.h): the first
 // packed_matrix elements of each row in bf16, [BH, nb, packed_matrix / 2 + E - packed_matrix].
+// packed_in: `states` is such a packed set too (the bidirectional MHLA binding's block states at
+// one chunk per block, kernels/mhla/block_linear_attention.h packed_states).
 torch::Tensor mix_block_states(const torch::Tensor& weights, const torch::Tensor& states,
                                mhla_kernels::MixPattern pattern = mhla_kernels::MixPattern::dense,
-                               int64_t packed_matrix = 0);
+                               int64_t packed_matrix = 0, bool packed_in = false);
 
 // G [rows, rows] fp32, G_ij = sum over the first dimension and the elements of x[:, i] * y[:, j],
 // for x, y [BH, nb, E] fp32 contiguous on one GPU (rows <= min(nb, 64), E a multiple of 4).
@@ -34,11 +36,13 @@ torch::Tensor block_pair_products(const torch::Tensor& x, const torch::Tensor& y
 // {d states [BH, nb, E], d mixing [nb, nb]} from d out. One fused kernel for nb <= 32
 // (kernels/mhla/block_mix_backward; MHLA_FUSED_MIX_BACKWARD=0 turns it off), else the mix by the
 // transposed matrix and the pair products. packed_matrix > 0 returns d states as a packed set,
-// as mix_block_states does.
+// as mix_block_states does. packed_inputs: d out and the states are packed sets of the same
+// matrix part (packed_matrix > 0; the bidirectional MHLA binding at one chunk per block).
 std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(const torch::Tensor& mixing,
                                                                   const torch::Tensor& grad_mixed,
                                                                   const torch::Tensor& states,
-                                                                  int64_t packed_matrix = 0);
+                                                                  int64_t packed_matrix = 0,
+                                                                  bool packed_inputs = false);
 
 }  // namespace mhla
 #endif
