@@ -61,9 +61,11 @@ __device__ __forceinline__ float dot4(const float4& a, const float4& b, float ac
 }
 
 // Packed: dS' and S are packed sets (block_linear_attention.h: the matrix part bf16, the rest
-// fp32) whose matrix part is a whole number of items. An item of the matrix part then copies
-// bf16 rows (half the bytes, 16-byte copies of eight elements) into the first half of its stage;
-// items of the fp32 rest copy as the fp32 layout does.
+// fp32). An item of the matrix part covers two fp32 items' columns (2 * S::columns elements) as
+// bf16 rows, the same bytes per stage, and is computed as two halves; items of the fp32 rest
+// copy as the fp32 layout does. Call 1 of session 27 gave packed items one fp32 item's columns:
+// half the bytes in flight per CTA, and the kernel (latency-bound) took 92 against 80 us at
+// B = 64, N = 1,024, H = 6, D = 64, M = 16.
 template <int Rows, bool Packed>
 __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackward p) {
   using S = MixShape<Rows>;
@@ -77,9 +79,16 @@ __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackw
     const int i = e / Rows, j = e % Rows;
     weights[i][j] = i < p.blocks && j < p.blocks ? p.mixing[i * p.blocks + j] : 0.f;
   }
-  const int64_t columns = (p.elements + S::columns - 1) / S::columns;
+  const int64_t matrix = Packed ? p.packed_inputs_matrix : 0;  // a multiple of 2 * S::columns
+  const int64_t matrix_items = matrix / (2 * S::columns);
+  // Items per batch*head: the packed matrix part's, then the fp32 part's.
+  const int64_t columns = matrix_items + (p.elements - matrix + S::columns - 1) / S::columns;
   const int64_t items = static_cast<int64_t>(p.batch_heads) * columns;
-  const int64_t matrix = Packed ? p.packed_inputs_matrix : 0;
+  // An item's first element (the index of the item within its batch*head given).
+  auto first_element = [&](int64_t index) {
+    return index < matrix_items ? index * 2 * S::columns
+                                : matrix + (index - matrix_items) * S::columns;
+  };
   // A state's row in floats, and where element e (>= matrix) of state (bh, r) starts.
   const int64_t row_floats = matrix / 2 + p.elements - matrix;
   auto fp32_at = [&](int64_t bh, int r, int64_t e) {
@@ -87,9 +96,9 @@ __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackw
   };
   // Thread t copies rows role, role + roles, ... of its quad, of dS' and of S.
   auto issue = [&](int64_t item, int stage) {
-    const int64_t bh = item / columns, e0 = (item % columns) * S::columns;
-    if (Packed && e0 < matrix) {  // bf16 rows: [dS' rows][S rows] of S::columns elements
-      constexpr int kPiecesPerRow = S::columns / 8, kPieces = 2 * Rows * kPiecesPerRow;
+    const int64_t bh = item / columns, e0 = first_element(item % columns);
+    if (Packed && e0 < matrix) {  // bf16 rows: [dS' rows][S rows] of 2 * S::columns elements
+      constexpr int kPiecesPerRow = 2 * S::columns / 8, kPieces = 2 * Rows * kPiecesPerRow;
       static_assert(kPieces % kThreads == 0, "whole pieces per thread");
       char* dst = reinterpret_cast<char*>(stages + stage * S::stage_quads);
 #pragma unroll
@@ -143,57 +152,63 @@ __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackw
     __syncthreads();  // this item's copies (every thread's) and the weights are in
     const float4* x = stages + stage * S::stage_quads;  // dS' rows
     const float4* y = x + Rows * S::quads;              // S rows
-    const int64_t bh = item / columns, e = (item % columns) * S::columns + 4 * q;
-    // Row i of dS' (tensor 0) or S (1) at this thread's quad, from either stage layout.
-    const bool bf16_item = Packed && e < matrix;  // the same for every thread of the item
-    const __nv_bfloat16* packed_rows = reinterpret_cast<const __nv_bfloat16*>(x) + 4 * q;
-    auto quad = [&](int tensor, int i) {
-      if (bf16_item) return bf16_quad(packed_rows + (tensor * Rows + i) * S::columns);
-      return (tensor == 0 ? x : y)[i * S::quads + q];
-    };
-    // dS_j for this thread's rows j: sum over i of m_ij dS'_i.
-    float4 out[S::out_rows] = {};
+    const int64_t bh = item / columns, e0 = first_element(item % columns);
+    const bool bf16_item = Packed && e0 < matrix;  // the same for every thread of the item
+    const int halves = bf16_item ? 2 : 1;
+#pragma unroll 1
+    for (int half = 0; half < halves; ++half) {
+      const int64_t e = e0 + half * S::columns + 4 * q;
+      // Row i of dS' (tensor 0) or S (1) at this thread's quad, from either stage layout.
+      const __nv_bfloat16* packed_rows =
+          reinterpret_cast<const __nv_bfloat16*>(x) + half * S::columns + 4 * q;
+      auto quad = [&](int tensor, int i) {
+        if (bf16_item) return bf16_quad(packed_rows + (tensor * Rows + i) * 2 * S::columns);
+        return (tensor == 0 ? x : y)[i * S::quads + q];
+      };
+      // dS_j for this thread's rows j: sum over i of m_ij dS'_i.
+      float4 out[S::out_rows] = {};
 #pragma unroll 4
-    for (int i = 0; i < Rows; ++i) {
-      const float4 xi = quad(0, i);
+      for (int i = 0; i < Rows; ++i) {
+        const float4 xi = quad(0, i);
 #pragma unroll
-      for (int a = 0; a < S::out_rows; ++a) fma4(out[a], weights[i][out0 + a], xi);
-    }
-    if (e < p.elements && p.packed_matrix == 0) {
-      float* dst = p.grad_states + static_cast<size_t>(bh) * p.blocks * p.elements + e;
-#pragma unroll
-      for (int a = 0; a < S::out_rows; ++a) {
-        const int j = out0 + a;
-        if (j < p.blocks)
-          *reinterpret_cast<float4*>(dst + static_cast<size_t>(j) * p.elements) = out[a];
+        for (int a = 0; a < S::out_rows; ++a) fma4(out[a], weights[i][out0 + a], xi);
       }
-    } else if (e < p.elements) {  // packed: four bf16 (8 bytes) in the matrix part, else fp32
-      const int64_t row = p.packed_matrix / 2 + p.elements - p.packed_matrix;
+      if (e < p.elements && p.packed_matrix == 0) {
+        float* dst = p.grad_states + static_cast<size_t>(bh) * p.blocks * p.elements + e;
 #pragma unroll
-      for (int a = 0; a < S::out_rows; ++a) {
-        const int j = out0 + a;
-        if (j >= p.blocks) continue;
-        float* state = p.grad_states + (static_cast<size_t>(bh) * p.blocks + j) * row;
-        if (e < p.packed_matrix) {
-          const __nv_bfloat162 pair[2] = {__floats2bfloat162_rn(out[a].x, out[a].y),
-                                          __floats2bfloat162_rn(out[a].z, out[a].w)};
-          *reinterpret_cast<uint2*>(reinterpret_cast<__nv_bfloat16*>(state) + e) =
-              *reinterpret_cast<const uint2*>(pair);
-        } else {
-          *reinterpret_cast<float4*>(state + p.packed_matrix / 2 + e - p.packed_matrix) = out[a];
+        for (int a = 0; a < S::out_rows; ++a) {
+          const int j = out0 + a;
+          if (j < p.blocks)
+            *reinterpret_cast<float4*>(dst + static_cast<size_t>(j) * p.elements) = out[a];
+        }
+      } else if (e < p.elements) {  // packed: four bf16 (8 bytes) in the matrix part, else fp32
+        const int64_t row = p.packed_matrix / 2 + p.elements - p.packed_matrix;
+#pragma unroll
+        for (int a = 0; a < S::out_rows; ++a) {
+          const int j = out0 + a;
+          if (j >= p.blocks) continue;
+          float* state = p.grad_states + (static_cast<size_t>(bh) * p.blocks + j) * row;
+          if (e < p.packed_matrix) {
+            const __nv_bfloat162 pair[2] = {__floats2bfloat162_rn(out[a].x, out[a].y),
+                                            __floats2bfloat162_rn(out[a].z, out[a].w)};
+            *reinterpret_cast<uint2*>(reinterpret_cast<__nv_bfloat16*>(state) + e) =
+                *reinterpret_cast<const uint2*>(pair);
+          } else {
+            *reinterpret_cast<float4*>(state + p.packed_matrix / 2 + e - p.packed_matrix) = out[a];
+          }
         }
       }
-    }
-    // dm_ij += dS'_i . S_j over this thread's corner.
-    float4 own[4];
+      // dm_ij += dS'_i . S_j over this thread's corner.
+      float4 own[4];
 #pragma unroll
-    for (int a = 0; a < 4; ++a) own[a] = quad(0, row0 + a);
+      for (int a = 0; a < 4; ++a) own[a] = quad(0, row0 + a);
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const float4 yj = quad(1, col0 + j);
+      for (int j = 0; j < 16; ++j) {
+        const float4 yj = quad(1, col0 + j);
 #pragma unroll
-      for (int a = 0; a < 4; ++a) dm[a][j] = dot4(own[a], yj, dm[a][j]);
-    }
+        for (int a = 0; a < 4; ++a) dm[a][j] = dot4(own[a], yj, dm[a][j]);
+      }
+    }                 // half
     __syncthreads();  // done with this stage before the next iteration refills it
     stage = stage + 1 == S::stages ? 0 : stage + 1;
   }
@@ -253,7 +268,7 @@ template <int Rows, bool Packed>
 cudaError_t launch(const BlockMixBackward& p, cudaStream_t stream) {
   using S = MixShape<Rows>;
   constexpr auto kernel = mix_backward_kernel<Rows, Packed>;
-  if (Packed && p.packed_inputs_matrix % S::columns != 0) return cudaErrorInvalidValue;
+  if (Packed && p.packed_inputs_matrix % (2 * S::columns) != 0) return cudaErrorInvalidValue;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::shared_bytes);
   if (err != cudaSuccess) return err;
@@ -261,8 +276,10 @@ cudaError_t launch(const BlockMixBackward& p, cudaStream_t stream) {
   if ((err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads,
                                                            S::shared_bytes)) != cudaSuccess)
     return err;
+  const int64_t matrix = Packed ? p.packed_inputs_matrix : 0;
   const int64_t items =
-      static_cast<int64_t>(p.batch_heads) * ((p.elements + S::columns - 1) / S::columns);
+      static_cast<int64_t>(p.batch_heads) *
+      (matrix / (2 * S::columns) + (p.elements - matrix + S::columns - 1) / S::columns);
   const int ctas = static_cast<int>(
       std::min<int64_t>(items, static_cast<int64_t>(std::max(per_sm, 1)) * multiprocessors()));
   kernel<<<ctas, kThreads, S::shared_bytes, stream>>>(p);

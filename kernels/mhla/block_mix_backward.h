@@ -29,7 +29,7 @@ struct BlockMixBackward {
   // (what block_state_mix writes with the same setting).
   int64_t packed_matrix = 0;
   // > 0: grad_mixed and states are packed sets the same way (equal to packed_matrix, a multiple
-  // of the items' 256 (up to 16 blocks) or 64 (up to 32) elements): the bidirectional MHLA
+  // of the packed items' 512 (up to 16 blocks) or 128 (up to 32) elements): the bidirectional MHLA
   // binding at one chunk per block (block_linear_attention.h, packed_states, packed_grad_mixed).
   int64_t packed_inputs_matrix = 0;
 };
