@@ -276,9 +276,10 @@ void check_packed_result(const torch::Tensor& packed, const torch::Tensor& expec
 
 // The bidirectional MHLA binding at one chunk per block keeps S and dS' as packed sets (bf16
 // matrices, fp32 z): the mix reads packed S (16-byte loads of eight bf16) and writes packed S';
-// the mix backward reads packed dS' and S (the fused kernel, 16- and 32-row items, more items
-// than CTAs; the mix plus pair products past 32 blocks). Each is compared in float64 with the
-// values the sets hold, so the only new error is the outputs' rounding to bf16.
+// the mix backward reads packed dS' and S (up to 16 blocks: the matrix part on tensor cores, with
+// more items than CTAs, and the fp32 rest; past 16 blocks the mix plus pair products). Each is
+// compared in float64 with the values the sets hold, so the new errors are the outputs' rounding
+// to bf16 and, for dm, the tensor cores' fp32 accumulation (1e-4 instead of 1e-5).
 TEST_CASE("attention: block state mix and its backward on packed block states",
           "[attention][gpu]") {
 #ifdef MHLA_WITH_CUDA_KERNELS
@@ -311,7 +312,7 @@ TEST_CASE("attention: block state mix and its backward on packed block states",
     check_packed_result(
         grad_states, torch::einsum("ij,bie->bje", {mixing.to(torch::kFloat64), held_grad}), matrix);
     CHECK(test::relative_error(grad_mixing,
-                               torch::einsum("bie,bje->ij", {held_grad, held_states})) < 1e-5);
+                               torch::einsum("bie,bje->ij", {held_grad, held_states})) < 1e-4);
   }
   // The lower pattern (what the causal binding's prefix mix promises) reads packed input too.
   auto states = torch::randn({3, 20, 1056}, cuda);

@@ -13,6 +13,7 @@
 #include <cuda_bf16.h>
 
 #include "common/device_info.h"
+#include "common/wmma_gemm.cuh"
 #include "mhla/block_mix_backward.h"
 
 namespace mhla_kernels {
@@ -49,23 +50,13 @@ __device__ __forceinline__ void fma4(float4& acc, float w, const float4& x) {
   acc.w = fmaf(w, x.w, acc.w);
 }
 
-// Four bf16 (8 bytes of a packed set's matrix part in shared memory) as four floats.
-__device__ __forceinline__ float4 bf16_quad(const __nv_bfloat16* at) {
-  const uint2 bits = *reinterpret_cast<const uint2*>(at);
-  return make_float4(__uint_as_float(bits.x << 16), __uint_as_float(bits.x & 0xffff0000u),
-                     __uint_as_float(bits.y << 16), __uint_as_float(bits.y & 0xffff0000u));
-}
-
 __device__ __forceinline__ float dot4(const float4& a, const float4& b, float acc) {
   return fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, fmaf(a.x, b.x, acc))));
 }
 
-// Packed: dS' and S are packed sets (block_linear_attention.h: the matrix part bf16, the rest
-// fp32). An item of the matrix part covers two fp32 items' columns (2 * S::columns elements) as
-// bf16 rows, the same bytes per stage, and is computed as two halves; items of the fp32 rest
-// copy as the fp32 layout does. Call 1 of session 27 gave packed items one fp32 item's columns:
-// half the bytes in flight per CTA, and the kernel (latency-bound) took 92 against 80 us at
-// B = 64, N = 1,024, H = 6, D = 64, M = 16.
+// Packed: dS' and S are packed sets (block_linear_attention.h); this kernel then takes only
+// their fp32 rest (z), at element offset packed_inputs_matrix, and
+// packed_matrix_mix_backward_kernel below the bf16 matrix part.
 template <int Rows, bool Packed>
 __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackward p) {
   using S = MixShape<Rows>;
@@ -79,52 +70,24 @@ __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackw
     const int i = e / Rows, j = e % Rows;
     weights[i][j] = i < p.blocks && j < p.blocks ? p.mixing[i * p.blocks + j] : 0.f;
   }
-  const int64_t matrix = Packed ? p.packed_inputs_matrix : 0;  // a multiple of 2 * S::columns
-  const int64_t matrix_items = matrix / (2 * S::columns);
-  // Items per batch*head: the packed matrix part's, then the fp32 part's.
-  const int64_t columns = matrix_items + (p.elements - matrix + S::columns - 1) / S::columns;
+  const int64_t matrix = Packed ? p.packed_inputs_matrix : 0;  // elements before the first item
+  const int64_t columns = (p.elements - matrix + S::columns - 1) / S::columns;
   const int64_t items = static_cast<int64_t>(p.batch_heads) * columns;
-  // An item's first element (the index of the item within its batch*head given).
-  auto first_element = [&](int64_t index) {
-    return index < matrix_items ? index * 2 * S::columns
-                                : matrix + (index - matrix_items) * S::columns;
-  };
-  // A state's row in floats, and where element e (>= matrix) of state (bh, r) starts.
+  // A state's row in floats (packed rows hold the matrix part in matrix / 2 floats).
   const int64_t row_floats = matrix / 2 + p.elements - matrix;
-  auto fp32_at = [&](int64_t bh, int r, int64_t e) {
-    return (static_cast<size_t>(bh) * p.blocks + r) * row_floats + matrix / 2 + (e - matrix);
-  };
   // Thread t copies rows role, role + roles, ... of its quad, of dS' and of S.
   auto issue = [&](int64_t item, int stage) {
-    const int64_t bh = item / columns, e0 = first_element(item % columns);
-    if (Packed && e0 < matrix) {  // bf16 rows: [dS' rows][S rows] of 2 * S::columns elements
-      constexpr int kPiecesPerRow = 2 * S::columns / 8, kPieces = 2 * Rows * kPiecesPerRow;
-      static_assert(kPieces % kThreads == 0, "whole pieces per thread");
-      char* dst = reinterpret_cast<char*>(stages + stage * S::stage_quads);
+    const int64_t bh = item / columns, e = matrix + (item % columns) * S::columns + 4 * q;
+    float4* dst = stages + stage * S::stage_quads + q;
 #pragma unroll
-      for (int u = 0; u < kPieces / kThreads; ++u) {
-        const int piece = t + kThreads * u;
-        const int tensor = piece / (Rows * kPiecesPerRow);
-        const int r = (piece / kPiecesPerRow) % Rows, column = piece % kPiecesPerRow;
-        const bool in = r < p.blocks;
-        const float* rows = tensor == 0 ? p.grad_mixed : p.states;
-        const __nv_bfloat16* src =
-            reinterpret_cast<const __nv_bfloat16*>(
-                rows + (static_cast<size_t>(bh) * p.blocks + (in ? r : 0)) * row_floats) +
-            e0 + 8 * column;
-        copy_16(dst + 16 * piece, src, in);
-      }
-    } else {
-      const int64_t e = e0 + 4 * q;
-      float4* dst = stages + stage * S::stage_quads + q;
-#pragma unroll
-      for (int u = 0; u < Rows / S::roles; ++u) {
-        const int r = role + S::roles * u;
-        const bool in = r < p.blocks && e < p.elements;
-        const size_t at = in ? fp32_at(bh, r, e) : 0;
-        copy_16(dst + r * S::quads, p.grad_mixed + at, in);
-        copy_16(dst + (Rows + r) * S::quads, p.states + at, in);
-      }
+    for (int u = 0; u < Rows / S::roles; ++u) {
+      const int r = role + S::roles * u;
+      const bool in = r < p.blocks && e < p.elements;
+      const size_t at =
+          in ? (static_cast<size_t>(bh) * p.blocks + r) * row_floats + matrix / 2 + (e - matrix)
+             : 0;
+      copy_16(dst + r * S::quads, p.grad_mixed + at, in);
+      copy_16(dst + (Rows + r) * S::quads, p.states + at, in);
     }
     asm volatile("cp.async.commit_group;\n" ::);
   };
@@ -152,63 +115,50 @@ __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackw
     __syncthreads();  // this item's copies (every thread's) and the weights are in
     const float4* x = stages + stage * S::stage_quads;  // dS' rows
     const float4* y = x + Rows * S::quads;              // S rows
-    const int64_t bh = item / columns, e0 = first_element(item % columns);
-    const bool bf16_item = Packed && e0 < matrix;  // the same for every thread of the item
-    const int halves = bf16_item ? 2 : 1;
-#pragma unroll 1
-    for (int half = 0; half < halves; ++half) {
-      const int64_t e = e0 + half * S::columns + 4 * q;
-      // Row i of dS' (tensor 0) or S (1) at this thread's quad, from either stage layout.
-      const __nv_bfloat16* packed_rows =
-          reinterpret_cast<const __nv_bfloat16*>(x) + half * S::columns + 4 * q;
-      auto quad = [&](int tensor, int i) {
-        if (bf16_item) return bf16_quad(packed_rows + (tensor * Rows + i) * 2 * S::columns);
-        return (tensor == 0 ? x : y)[i * S::quads + q];
-      };
-      // dS_j for this thread's rows j: sum over i of m_ij dS'_i.
-      float4 out[S::out_rows] = {};
+    const int64_t bh = item / columns, e = matrix + (item % columns) * S::columns + 4 * q;
+    // dS_j for this thread's rows j: sum over i of m_ij dS'_i.
+    float4 out[S::out_rows] = {};
 #pragma unroll 4
-      for (int i = 0; i < Rows; ++i) {
-        const float4 xi = quad(0, i);
+    for (int i = 0; i < Rows; ++i) {
+      const float4 xi = x[i * S::quads + q];
 #pragma unroll
-        for (int a = 0; a < S::out_rows; ++a) fma4(out[a], weights[i][out0 + a], xi);
+      for (int a = 0; a < S::out_rows; ++a) fma4(out[a], weights[i][out0 + a], xi);
+    }
+    if (e < p.elements && p.packed_matrix == 0) {
+      float* dst = p.grad_states + static_cast<size_t>(bh) * p.blocks * p.elements + e;
+#pragma unroll
+      for (int a = 0; a < S::out_rows; ++a) {
+        const int j = out0 + a;
+        if (j < p.blocks)
+          *reinterpret_cast<float4*>(dst + static_cast<size_t>(j) * p.elements) = out[a];
       }
-      if (e < p.elements && p.packed_matrix == 0) {
-        float* dst = p.grad_states + static_cast<size_t>(bh) * p.blocks * p.elements + e;
+    } else if (e < p.elements) {  // packed: four bf16 (8 bytes) in the matrix part, else fp32
+      const int64_t row = p.packed_matrix / 2 + p.elements - p.packed_matrix;
 #pragma unroll
-        for (int a = 0; a < S::out_rows; ++a) {
-          const int j = out0 + a;
-          if (j < p.blocks)
-            *reinterpret_cast<float4*>(dst + static_cast<size_t>(j) * p.elements) = out[a];
+      for (int a = 0; a < S::out_rows; ++a) {
+        const int j = out0 + a;
+        if (j >= p.blocks) continue;
+        float* state = p.grad_states + (static_cast<size_t>(bh) * p.blocks + j) * row;
+        if (e < p.packed_matrix) {
+          const __nv_bfloat162 pair[2] = {__floats2bfloat162_rn(out[a].x, out[a].y),
+                                          __floats2bfloat162_rn(out[a].z, out[a].w)};
+          *reinterpret_cast<uint2*>(reinterpret_cast<__nv_bfloat16*>(state) + e) =
+              *reinterpret_cast<const uint2*>(pair);
+        } else {
+          *reinterpret_cast<float4*>(state + p.packed_matrix / 2 + e - p.packed_matrix) = out[a];
         }
-      } else if (e < p.elements) {  // packed: four bf16 (8 bytes) in the matrix part, else fp32
-        const int64_t row = p.packed_matrix / 2 + p.elements - p.packed_matrix;
-#pragma unroll
-        for (int a = 0; a < S::out_rows; ++a) {
-          const int j = out0 + a;
-          if (j >= p.blocks) continue;
-          float* state = p.grad_states + (static_cast<size_t>(bh) * p.blocks + j) * row;
-          if (e < p.packed_matrix) {
-            const __nv_bfloat162 pair[2] = {__floats2bfloat162_rn(out[a].x, out[a].y),
-                                            __floats2bfloat162_rn(out[a].z, out[a].w)};
-            *reinterpret_cast<uint2*>(reinterpret_cast<__nv_bfloat16*>(state) + e) =
-                *reinterpret_cast<const uint2*>(pair);
-          } else {
-            *reinterpret_cast<float4*>(state + p.packed_matrix / 2 + e - p.packed_matrix) = out[a];
-          }
-        }
       }
-      // dm_ij += dS'_i . S_j over this thread's corner.
-      float4 own[4];
+    }
+    // dm_ij += dS'_i . S_j over this thread's corner.
+    float4 own[4];
 #pragma unroll
-      for (int a = 0; a < 4; ++a) own[a] = quad(0, row0 + a);
+    for (int a = 0; a < 4; ++a) own[a] = x[(row0 + a) * S::quads + q];
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const float4 yj = quad(1, col0 + j);
+    for (int j = 0; j < 16; ++j) {
+      const float4 yj = y[(col0 + j) * S::quads + q];
 #pragma unroll
-        for (int a = 0; a < 4; ++a) dm[a][j] = dot4(own[a], yj, dm[a][j]);
-      }
-    }                 // half
+      for (int a = 0; a < 4; ++a) dm[a][j] = dot4(own[a], yj, dm[a][j]);
+    }
     __syncthreads();  // done with this stage before the next iteration refills it
     stage = stage + 1 == S::stages ? 0 : stage + 1;
   }
@@ -264,26 +214,161 @@ __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackw
   }
 }
 
-template <int Rows, bool Packed>
-cudaError_t launch(const BlockMixBackward& p, cudaStream_t stream) {
-  using S = MixShape<Rows>;
-  constexpr auto kernel = mix_backward_kernel<Rows, Packed>;
-  if (Packed && p.packed_inputs_matrix % (2 * S::columns) != 0) return cudaErrorInvalidValue;
+// The bf16 matrix part of packed dS' and S (up to 16 blocks) on tensor cores: both are bf16
+// already, so dm += dS' S^T is exact products with fp32 sums (mma.sync), and dS = m^T dS' takes
+// m as bf16 high and low parts (fp32-accurate weights). Persistent CTAs of eight warps walk items
+// of (batch*head, 512 columns); an item's 16 rows of dS' and of S are copied into a stage with
+// cp.async while the item before it is computed. Warp w owns columns [64 w, 64 w + 64) of every
+// item: four 16 x 16 output tiles of dS and a k-slice of dm (kept in one accumulator tile over
+// all its items). The fp32 version of this loop (mix_backward_kernel on packed rows, session 27
+// call 2) was bound by its instruction count: 90 against 80 us on fp32 states at B = 64,
+// N = 1,024, H = 6, D = 64, M = 16.
+namespace packed {
+
+constexpr int kRows = 16, kColumns = 512, kWarps = kThreads / 32;
+constexpr int kLd = kColumns + 8;  // bf16 per stage row: rows 16 bytes apart modulo 128
+constexpr int kStageElements = 2 * kRows * kLd;  // dS' rows, then S rows
+constexpr int kStages = 2;
+constexpr int kWeightLd = kRows + 8;
+constexpr size_t kSharedBytes = static_cast<size_t>(kStages) * kStageElements * 2;
+static_assert(kColumns == 64 * kWarps, "each warp owns 64 columns of an item");
+
+__global__ void __launch_bounds__(kThreads, 2)
+    packed_matrix_mix_backward_kernel(BlockMixBackward p) {
+  using wmma_tiles::TileAccumulator;
+  extern __shared__ __align__(16) __nv_bfloat16 stage_rows[];  // [kStages][2][kRows][kLd]
+  __shared__ __align__(16) __nv_bfloat16 weights_hi[kRows][kWeightLd], weights_lo[kRows][kWeightLd];
+  __shared__ float dm_sums[kWarps][kRows * kRows];
+  const int t = threadIdx.x, warp = t / 32;
+  for (int e = t; e < kRows * kRows; e += kThreads) {  // m = hi + lo, zero outside the matrix
+    const int i = e / kRows, j = e % kRows;
+    const float m = i < p.blocks && j < p.blocks ? p.mixing[i * p.blocks + j] : 0.f;
+    const __nv_bfloat16 hi = __float2bfloat16_rn(m);
+    weights_hi[i][j] = hi;
+    weights_lo[i][j] = __float2bfloat16_rn(m - __bfloat162float(hi));
+  }
+  const int64_t matrix = p.packed_inputs_matrix;  // a multiple of kColumns
+  const int64_t row_floats = matrix / 2 + p.elements - matrix;
+  const int64_t columns = matrix / kColumns;
+  const int64_t items = static_cast<int64_t>(p.batch_heads) * columns;
+  auto row_of = [&](const float* set, int64_t bh, int r) {
+    return reinterpret_cast<const __nv_bfloat16*>(set + (static_cast<size_t>(bh) * p.blocks + r) *
+                                                            row_floats);
+  };
+  // Thread t copies 16-byte pieces t, t + 256, ... of the item's rows (rows past `blocks` zero).
+  auto issue = [&](int64_t item, int stage) {
+    if (item < items) {
+      const int64_t bh = item / columns, e0 = (item % columns) * kColumns;
+      constexpr int kPiecesPerRow = kColumns / 8, kPieces = 2 * kRows * kPiecesPerRow;
+#pragma unroll
+      for (int u = 0; u < kPieces / kThreads; ++u) {
+        const int piece = t + kThreads * u;
+        const int row = piece / kPiecesPerRow, column = piece % kPiecesPerRow;  // row: [2][kRows]
+        const int tensor = row / kRows, r = row % kRows;
+        const bool in = r < p.blocks;
+        const __nv_bfloat16* src =
+            row_of(tensor == 0 ? p.grad_mixed : p.states, bh, in ? r : 0) + e0 + 8 * column;
+        copy_16(stage_rows + stage * kStageElements + row * kLd + 8 * column, src, in);
+      }
+    }
+    asm volatile("cp.async.commit_group;\n" ::);  // empty past the end: the group count holds
+  };
+  TileAccumulator dm;  // this warp's k-slices of dm, over all its items
+  dm.zero();
+  issue(blockIdx.x, 0);
+  int stage = 0;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    issue(item + gridDim.x, stage ^ 1);  // that stage was last read before the trailing barrier
+    asm volatile("cp.async.wait_group 1;\n" ::);
+    __syncthreads();  // this item's rows (every thread's copies) and the weights are in
+    const __nv_bfloat16* grad_rows = stage_rows + stage * kStageElements + 64 * warp;
+    const __nv_bfloat16* state_rows = grad_rows + kRows * kLd;
+    // dS = m^T dS' over this warp's 64 columns: A = m stored [i][j] (transposed), B = dS' [i][e].
+    TileAccumulator out[1][4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) out[0][c].zero();
+    wmma_tiles::mma_block<__nv_bfloat16, true, false, 1, 4>(out, &weights_hi[0][0], kWeightLd,
+                                                            grad_rows, kLd, 0, 0, kRows);
+    wmma_tiles::mma_block<__nv_bfloat16, true, false, 1, 4>(out, &weights_lo[0][0], kWeightLd,
+                                                            grad_rows, kLd, 0, 0, kRows);
+    // dm += dS' S^T over the same columns: A = dS' [i][e], B = S^T (S stored [j][e]).
+    wmma_tiles::mma_tile<__nv_bfloat16, false, true>(dm, grad_rows, kLd, state_rows, kLd, 0, 0, 64);
+    // dS rows j < blocks as bf16 pairs into the packed output.
+    const int64_t bh = item / columns, e0 = (item % columns) * kColumns + 64 * warp;
+    const int64_t out_row_floats = p.packed_matrix / 2 + p.elements - p.packed_matrix;
+#pragma unroll
+    for (int i = 0; i < 4; i += 2) {
+      const int j = TileAccumulator::row(i);
+      if (j >= p.blocks) continue;
+      __nv_bfloat16* dst =
+          reinterpret_cast<__nv_bfloat16*>(
+              p.grad_states + (static_cast<size_t>(bh) * p.blocks + j) * out_row_floats) +
+          e0;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          *reinterpret_cast<__nv_bfloat162*>(dst + 16 * c + TileAccumulator::col(h, i)) =
+              __floats2bfloat162_rn(out[0][c].x[h][i], out[0][c].x[h][i + 1]);
+        }
+      }
+    }
+    __syncthreads();  // done with this stage before the next iteration refills it
+    stage ^= 1;
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::);
+  // dm summed over the warps, then added to grad_mixing once per CTA.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      dm_sums[warp][TileAccumulator::row(i) * kRows + TileAccumulator::col(h, i)] = dm.x[h][i];
+    }
+  }
+  __syncthreads();
+  for (int e = t; e < kRows * kRows; e += kThreads) {
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum += dm_sums[w][e];
+    const int i = e / kRows, j = e % kRows;
+    if (i < p.blocks && j < p.blocks) atomicAdd(p.grad_mixing + i * p.blocks + j, sum);
+  }
+}
+
+}  // namespace packed
+
+// Persistent CTAs: as many as fit on the GPU, at most one per item.
+template <typename Kernel>
+cudaError_t launch_persistent(Kernel kernel, size_t shared_bytes, int64_t items,
+                              const BlockMixBackward& p, cudaStream_t stream) {
+  if (items <= 0) return cudaSuccess;
   cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::shared_bytes);
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes);
   if (err != cudaSuccess) return err;
   int per_sm = 0;
   if ((err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads,
-                                                           S::shared_bytes)) != cudaSuccess)
+                                                           shared_bytes)) != cudaSuccess)
     return err;
-  const int64_t matrix = Packed ? p.packed_inputs_matrix : 0;
-  const int64_t items =
-      static_cast<int64_t>(p.batch_heads) *
-      (matrix / (2 * S::columns) + (p.elements - matrix + S::columns - 1) / S::columns);
   const int ctas = static_cast<int>(
       std::min<int64_t>(items, static_cast<int64_t>(std::max(per_sm, 1)) * multiprocessors()));
-  kernel<<<ctas, kThreads, S::shared_bytes, stream>>>(p);
+  kernel<<<ctas, kThreads, shared_bytes, stream>>>(p);
   return cudaGetLastError();
+}
+
+template <int Rows, bool Packed>
+cudaError_t launch(const BlockMixBackward& p, cudaStream_t stream) {
+  using S = MixShape<Rows>;
+  const int64_t matrix = Packed ? p.packed_inputs_matrix : 0;
+  if constexpr (Packed) {
+    const cudaError_t err = launch_persistent(
+        packed::packed_matrix_mix_backward_kernel, packed::kSharedBytes,
+        static_cast<int64_t>(p.batch_heads) * (matrix / packed::kColumns), p, stream);
+    if (err != cudaSuccess) return err;
+  }
+  return launch_persistent(
+      mix_backward_kernel<Rows, Packed>, S::shared_bytes,
+      static_cast<int64_t>(p.batch_heads) * ((p.elements - matrix + S::columns - 1) / S::columns),
+      p, stream);
 }
 
 }  // namespace
@@ -292,15 +377,23 @@ bool block_mix_backward_supported(int blocks, int64_t elements) {
   return blocks >= 1 && blocks <= kMixBackwardMaxBlocks && elements > 0 && elements % 4 == 0;
 }
 
+bool block_mix_backward_takes_packed(int blocks, int64_t packed_inputs_matrix) {
+  if (packed_inputs_matrix == 0) return true;
+  return packed_inputs_matrix > 0 && blocks >= 1 && blocks <= packed::kRows &&
+         packed_inputs_matrix % packed::kColumns == 0;
+}
+
 cudaError_t block_mix_backward(const BlockMixBackward& p, cudaStream_t stream) {
   if (p.grad_mixed == nullptr || p.states == nullptr || p.mixing == nullptr ||
       p.grad_states == nullptr || p.grad_mixing == nullptr || p.batch_heads <= 0 ||
       !block_mix_backward_supported(p.blocks, p.elements) || p.packed_matrix < 0 ||
-      p.packed_matrix % 8 != 0 || p.packed_matrix > p.elements || p.packed_inputs_matrix < 0 ||
-      (p.packed_inputs_matrix > 0 && p.packed_inputs_matrix != p.packed_matrix))
+      p.packed_matrix % 8 != 0 || p.packed_matrix > p.elements ||
+      !block_mix_backward_takes_packed(p.blocks, p.packed_inputs_matrix))
     return cudaErrorInvalidValue;
-  if (p.packed_inputs_matrix > 0)
-    return p.blocks <= 16 ? launch<16, true>(p, stream) : launch<32, true>(p, stream);
+  if (p.packed_inputs_matrix > 0) {
+    if (p.packed_inputs_matrix != p.packed_matrix) return cudaErrorInvalidValue;
+    return launch<16, true>(p, stream);
+  }
   return p.blocks <= 16 ? launch<16, false>(p, stream) : launch<32, false>(p, stream);
 }
 

@@ -28,14 +28,18 @@ struct BlockMixBackward {
   // of 8) in bf16, the rest fp32, states of packed_matrix / 2 + elements - packed_matrix floats
   // (what block_state_mix writes with the same setting).
   int64_t packed_matrix = 0;
-  // > 0: grad_mixed and states are packed sets the same way (equal to packed_matrix, a multiple
-  // of the packed items' 512 (up to 16 blocks) or 128 (up to 32) elements): the bidirectional MHLA
-  // binding at one chunk per block (block_linear_attention.h, packed_states, packed_grad_mixed).
+  // > 0: grad_mixed and states are packed sets the same way (equal to packed_matrix; see
+  // block_mix_backward_takes_packed): the bidirectional MHLA binding at one chunk per block
+  // (block_linear_attention.h, packed_states, packed_grad_mixed). Their bf16 matrix part runs on
+  // tensor cores, the fp32 rest as above.
   int64_t packed_inputs_matrix = 0;
 };
 
 // Whether the fused pass takes these sizes (otherwise: block_state_mix + block_pair_products).
 bool block_mix_backward_supported(int blocks, int64_t elements);
+// Whether it takes packed inputs of this matrix part (0: fp32 inputs, always): up to 16 blocks
+// and a matrix part of a multiple of 512 elements (the tensor-core kernel's items).
+bool block_mix_backward_takes_packed(int blocks, int64_t packed_inputs_matrix);
 
 // cudaErrorInvalidValue for sizes out of range.
 cudaError_t block_mix_backward(const BlockMixBackward& args, cudaStream_t stream);

@@ -124,11 +124,9 @@ std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(const torch::T
         "multiple of 8 (above 0 for packed inputs); got {}",
         elements, packed_matrix);
   }
-  // The fused kernel takes packed inputs whose matrix part is a whole number of its packed items
-  // (two fp32 items' columns: 2 x 256 elements up to 16 blocks, 2 x 64 up to 32).
-  const int64_t item = blocks <= 16 ? 512 : 128;
   if (!fused || !mhla_kernels::block_mix_backward_supported(static_cast<int>(blocks), elements) ||
-      (packed_inputs && packed_matrix % item != 0)) {
+      !mhla_kernels::block_mix_backward_takes_packed(static_cast<int>(blocks),
+                                                     packed_inputs ? packed_matrix : 0)) {
     return {mix_block_states(mixing.t(), grad_mixed, mhla_kernels::MixPattern::dense, packed_matrix,
                              packed_inputs),
             block_pair_products(grad_mixed, states, blocks, packed_inputs ? packed_matrix : 0)};
