@@ -54,10 +54,7 @@ __device__ __forceinline__ float dot4(const float4& a, const float4& b, float ac
   return fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, fmaf(a.x, b.x, acc))));
 }
 
-// Packed: dS' and S are packed sets (block_linear_attention.h); this kernel then takes only
-// their fp32 rest (z), at element offset packed_inputs_matrix, and
-// packed_matrix_mix_backward_kernel below the bf16 matrix part.
-template <int Rows, bool Packed>
+template <int Rows>
 __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackward p) {
   using S = MixShape<Rows>;
   extern __shared__ __align__(16) float4 stages[];  // [S::stages][2][Rows][quads]
@@ -70,22 +67,18 @@ __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackw
     const int i = e / Rows, j = e % Rows;
     weights[i][j] = i < p.blocks && j < p.blocks ? p.mixing[i * p.blocks + j] : 0.f;
   }
-  const int64_t matrix = Packed ? p.packed_inputs_matrix : 0;  // elements before the first item
-  const int64_t columns = (p.elements - matrix + S::columns - 1) / S::columns;
+  const int64_t columns = (p.elements + S::columns - 1) / S::columns;
   const int64_t items = static_cast<int64_t>(p.batch_heads) * columns;
-  // A state's row in floats (packed rows hold the matrix part in matrix / 2 floats).
-  const int64_t row_floats = matrix / 2 + p.elements - matrix;
   // Thread t copies rows role, role + roles, ... of its quad, of dS' and of S.
   auto issue = [&](int64_t item, int stage) {
-    const int64_t bh = item / columns, e = matrix + (item % columns) * S::columns + 4 * q;
+    const int64_t bh = item / columns, e = (item % columns) * S::columns + 4 * q;
+    const size_t base = static_cast<size_t>(bh) * p.blocks * p.elements;
     float4* dst = stages + stage * S::stage_quads + q;
 #pragma unroll
     for (int u = 0; u < Rows / S::roles; ++u) {
       const int r = role + S::roles * u;
       const bool in = r < p.blocks && e < p.elements;
-      const size_t at =
-          in ? (static_cast<size_t>(bh) * p.blocks + r) * row_floats + matrix / 2 + (e - matrix)
-             : 0;
+      const size_t at = base + (in ? static_cast<size_t>(r) * p.elements + e : 0);
       copy_16(dst + r * S::quads, p.grad_mixed + at, in);
       copy_16(dst + (Rows + r) * S::quads, p.states + at, in);
     }
@@ -115,7 +108,7 @@ __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackw
     __syncthreads();  // this item's copies (every thread's) and the weights are in
     const float4* x = stages + stage * S::stage_quads;  // dS' rows
     const float4* y = x + Rows * S::quads;              // S rows
-    const int64_t bh = item / columns, e = matrix + (item % columns) * S::columns + 4 * q;
+    const int64_t bh = item / columns, e = (item % columns) * S::columns + 4 * q;
     // dS_j for this thread's rows j: sum over i of m_ij dS'_i.
     float4 out[S::out_rows] = {};
 #pragma unroll 4
@@ -220,9 +213,10 @@ __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackw
 // of (batch*head, 512 columns); an item's 16 rows of dS' and of S are copied into a stage with
 // cp.async while the item before it is computed. Warp w owns columns [64 w, 64 w + 64) of every
 // item: four 16 x 16 output tiles of dS and a k-slice of dm (kept in one accumulator tile over
-// all its items). The fp32 version of this loop (mix_backward_kernel on packed rows, session 27
-// call 2) was bound by its instruction count: 90 against 80 us on fp32 states at B = 64,
-// N = 1,024, H = 6, D = 64, M = 16.
+// all its items). Items of the fp32 rest (z, 64 columns each) run in the same loop on CUDA
+// cores (as a second kernel they took 11.9 us of 71, session 27 call 3). The fp32 version of
+// this loop (mix_backward_kernel on packed rows, call 2) was bound by its instruction count: 90
+// against 80 us on fp32 states at B = 64, N = 1,024, H = 6, D = 64, M = 16.
 namespace packed {
 
 constexpr int kRows = 16, kColumns = 512, kWarps = kThreads / 32;
@@ -230,6 +224,10 @@ constexpr int kLd = kColumns + 8;  // bf16 per stage row: rows 16 bytes apart mo
 constexpr int kStageElements = 2 * kRows * kLd;  // dS' rows, then S rows
 constexpr int kStages = 2;
 constexpr int kWeightLd = kRows + 8;
+// Items of the fp32 rest (z): 64 columns, fp32 rows of kRestLd floats in the stage.
+constexpr int kRestColumns = 64, kRestLd = kRestColumns + 4;
+static_assert(2 * kRows * kRestLd * 4 <= kStageElements * 2, "a rest item fits a stage");
+static_assert(kRows * kRows == kThreads, "one dm pair per thread in rest items");
 constexpr size_t kSharedBytes = static_cast<size_t>(kStages) * kStageElements * 2;
 static_assert(kColumns == 64 * kWarps, "each warp owns 64 columns of an item");
 
@@ -238,26 +236,48 @@ __global__ void __launch_bounds__(kThreads, 2)
   using wmma_tiles::TileAccumulator;
   extern __shared__ __align__(16) __nv_bfloat16 stage_rows[];  // [kStages][2][kRows][kLd]
   __shared__ __align__(16) __nv_bfloat16 weights_hi[kRows][kWeightLd], weights_lo[kRows][kWeightLd];
+  __shared__ float weights[kRows][kRows];  // fp32, for rest items
   __shared__ float dm_sums[kWarps][kRows * kRows];
   const int t = threadIdx.x, warp = t / 32;
   for (int e = t; e < kRows * kRows; e += kThreads) {  // m = hi + lo, zero outside the matrix
     const int i = e / kRows, j = e % kRows;
     const float m = i < p.blocks && j < p.blocks ? p.mixing[i * p.blocks + j] : 0.f;
+    weights[i][j] = m;
     const __nv_bfloat16 hi = __float2bfloat16_rn(m);
     weights_hi[i][j] = hi;
     weights_lo[i][j] = __float2bfloat16_rn(m - __bfloat162float(hi));
   }
   const int64_t matrix = p.packed_inputs_matrix;  // a multiple of kColumns
   const int64_t row_floats = matrix / 2 + p.elements - matrix;
-  const int64_t columns = matrix / kColumns;
+  // Items per batch*head: the matrix part's, then the rest's (fp32, on CUDA cores).
+  const int64_t matrix_items = matrix / kColumns;
+  const int64_t columns = matrix_items + (p.elements - matrix + kRestColumns - 1) / kRestColumns;
   const int64_t items = static_cast<int64_t>(p.batch_heads) * columns;
+  const int64_t out_row_floats = p.packed_matrix / 2 + p.elements - p.packed_matrix;
   auto row_of = [&](const float* set, int64_t bh, int r) {
     return reinterpret_cast<const __nv_bfloat16*>(set + (static_cast<size_t>(bh) * p.blocks + r) *
                                                             row_floats);
   };
   // Thread t copies 16-byte pieces t, t + 256, ... of the item's rows (rows past `blocks` zero).
   auto issue = [&](int64_t item, int stage) {
-    if (item < items) {
+    if (item < items && item % columns >= matrix_items) {  // rest: fp32 pieces of 4 floats
+      const int64_t bh = item / columns;
+      const int64_t e0 = matrix + (item % columns - matrix_items) * kRestColumns;
+      constexpr int kPiecesPerRow = kRestColumns / 4, kPieces = 2 * kRows * kPiecesPerRow;
+      float* rest_rows = reinterpret_cast<float*>(stage_rows + stage * kStageElements);
+#pragma unroll
+      for (int u = 0; u < kPieces / kThreads; ++u) {
+        const int piece = t + kThreads * u;
+        const int row = piece / kPiecesPerRow, column = piece % kPiecesPerRow;  // row: [2][kRows]
+        const int tensor = row / kRows, r = row % kRows;
+        const int64_t e = e0 + 4 * column;
+        const bool in = r < p.blocks && e < p.elements;
+        const float* set = tensor == 0 ? p.grad_mixed : p.states;
+        const float* src = set + (static_cast<size_t>(bh) * p.blocks + (in ? r : 0)) * row_floats +
+                           matrix / 2 + (in ? e - matrix : 0);
+        copy_16(rest_rows + row * kRestLd + 4 * column, src, in);
+      }
+    } else if (item < items) {
       const int64_t bh = item / columns, e0 = (item % columns) * kColumns;
       constexpr int kPiecesPerRow = kColumns / 8, kPieces = 2 * kRows * kPiecesPerRow;
 #pragma unroll
@@ -273,14 +293,47 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     asm volatile("cp.async.commit_group;\n" ::);  // empty past the end: the group count holds
   };
-  TileAccumulator dm;  // this warp's k-slices of dm, over all its items
+  TileAccumulator dm;  // this warp's k-slices of dm, over all its matrix items
   dm.zero();
+  float dm_rest = 0.f;  // pair (t / 16, t % 16) of dm over the rest items
   issue(blockIdx.x, 0);
   int stage = 0;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
     issue(item + gridDim.x, stage ^ 1);  // that stage was last read before the trailing barrier
     asm volatile("cp.async.wait_group 1;\n" ::);
     __syncthreads();  // this item's rows (every thread's copies) and the weights are in
+    if (item % columns >= matrix_items) {
+      // Rest: thread t forms dS at column t % 64 for rows 4 (t / 64) to + 3, and dm's pair
+      // (t / 16, t % 16) over the item's columns, all fp32.
+      const float* rest_rows = reinterpret_cast<const float*>(stage_rows + stage * kStageElements);
+      const int64_t bh = item / columns;
+      const int64_t e0 = matrix + (item % columns - matrix_items) * kRestColumns;
+      const int c = t % kRestColumns, j0 = 4 * (t / kRestColumns);
+      float out[4] = {};
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+        const float x = rest_rows[i * kRestLd + c];
+#pragma unroll
+        for (int a = 0; a < 4; ++a) out[a] = fmaf(weights[i][j0 + a], x, out[a]);
+      }
+      if (e0 + c < p.elements) {
+#pragma unroll
+        for (int a = 0; a < 4; ++a) {
+          if (j0 + a < p.blocks) {
+            p.grad_states[(static_cast<size_t>(bh) * p.blocks + j0 + a) * out_row_floats +
+                          p.packed_matrix / 2 + (e0 + c - p.packed_matrix)] = out[a];
+          }
+        }
+      }
+      const float4* grad_row = reinterpret_cast<const float4*>(rest_rows + (t / kRows) * kRestLd);
+      const float4* state_row =
+          reinterpret_cast<const float4*>(rest_rows + (kRows + t % kRows) * kRestLd);
+#pragma unroll
+      for (int k = 0; k < kRestColumns / 4; ++k) dm_rest = dot4(grad_row[k], state_row[k], dm_rest);
+      __syncthreads();  // done with this stage before the next iteration refills it
+      stage ^= 1;
+      continue;
+    }
     const __nv_bfloat16* grad_rows = stage_rows + stage * kStageElements + 64 * warp;
     const __nv_bfloat16* state_rows = grad_rows + kRows * kLd;
     // dS = m^T dS' over this warp's 64 columns: A = m stored [i][j] (transposed), B = dS' [i][e].
@@ -295,7 +348,6 @@ __global__ void __launch_bounds__(kThreads, 2)
     wmma_tiles::mma_tile<__nv_bfloat16, false, true>(dm, grad_rows, kLd, state_rows, kLd, 0, 0, 64);
     // dS rows j < blocks as bf16 pairs into the packed output.
     const int64_t bh = item / columns, e0 = (item % columns) * kColumns + 64 * warp;
-    const int64_t out_row_floats = p.packed_matrix / 2 + p.elements - p.packed_matrix;
 #pragma unroll
     for (int i = 0; i < 4; i += 2) {
       const int j = TileAccumulator::row(i);
@@ -327,7 +379,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   __syncthreads();
   for (int e = t; e < kRows * kRows; e += kThreads) {
-    float sum = 0.f;
+    float sum = e == t ? dm_rest : 0.f;  // kThreads == kRows * kRows: e == t
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) sum += dm_sums[w][e];
     const int i = e / kRows, j = e % kRows;
@@ -355,20 +407,22 @@ cudaError_t launch_persistent(Kernel kernel, size_t shared_bytes, int64_t items,
   return cudaGetLastError();
 }
 
-template <int Rows, bool Packed>
+template <int Rows>
 cudaError_t launch(const BlockMixBackward& p, cudaStream_t stream) {
   using S = MixShape<Rows>;
-  const int64_t matrix = Packed ? p.packed_inputs_matrix : 0;
-  if constexpr (Packed) {
-    const cudaError_t err = launch_persistent(
-        packed::packed_matrix_mix_backward_kernel, packed::kSharedBytes,
-        static_cast<int64_t>(p.batch_heads) * (matrix / packed::kColumns), p, stream);
-    if (err != cudaSuccess) return err;
-  }
   return launch_persistent(
-      mix_backward_kernel<Rows, Packed>, S::shared_bytes,
-      static_cast<int64_t>(p.batch_heads) * ((p.elements - matrix + S::columns - 1) / S::columns),
-      p, stream);
+      mix_backward_kernel<Rows>, S::shared_bytes,
+      static_cast<int64_t>(p.batch_heads) * ((p.elements + S::columns - 1) / S::columns), p,
+      stream);
+}
+
+// Packed inputs: the matrix part and the rest in one kernel.
+cudaError_t launch_packed(const BlockMixBackward& p, cudaStream_t stream) {
+  const int64_t matrix = p.packed_inputs_matrix;
+  const int64_t rest = (p.elements - matrix + packed::kRestColumns - 1) / packed::kRestColumns;
+  return launch_persistent(packed::packed_matrix_mix_backward_kernel, packed::kSharedBytes,
+                           static_cast<int64_t>(p.batch_heads) * (matrix / packed::kColumns + rest),
+                           p, stream);
 }
 
 }  // namespace
@@ -392,9 +446,9 @@ cudaError_t block_mix_backward(const BlockMixBackward& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   if (p.packed_inputs_matrix > 0) {
     if (p.packed_inputs_matrix != p.packed_matrix) return cudaErrorInvalidValue;
-    return launch<16, true>(p, stream);
+    return launch_packed(p, stream);
   }
-  return p.blocks <= 16 ? launch<16, false>(p, stream) : launch<32, false>(p, stream);
+  return p.blocks <= 16 ? launch<16>(p, stream) : launch<32>(p, stream);
 }
 
 }  // namespace mhla_kernels
