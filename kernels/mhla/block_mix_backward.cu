@@ -9,8 +9,6 @@
 // zero in shared memory, so they add nothing. At the end each corner is summed over its threads
 // (shuffles, then shared memory) and added to grad_mixing once per CTA.
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 
 #include <cuda_bf16.h>
 
@@ -224,23 +222,19 @@ namespace packed {
 constexpr int kRows = 16, kColumns = 512, kWarps = kThreads / 32;
 constexpr int kLd = kColumns + 8;  // bf16 per stage row: rows 16 bytes apart modulo 128
 constexpr int kStageElements = 2 * kRows * kLd;  // dS' rows, then S rows
+constexpr int kStages = 2;
 constexpr int kWeightLd = kRows + 8;
 // Items of the fp32 rest (z): 64 columns, fp32 rows of kRestLd floats in the stage.
 constexpr int kRestColumns = 64, kRestLd = kRestColumns + 4;
 static_assert(2 * kRows * kRestLd * 4 <= kStageElements * 2, "a rest item fits a stage");
 static_assert(kRows * kRows == kThreads, "one dm pair per thread in rest items");
-template <int Stages>
-constexpr size_t shared_bytes() {
-  return static_cast<size_t>(Stages) * kStageElements * 2;
-}
+constexpr size_t kSharedBytes = static_cast<size_t>(kStages) * kStageElements * 2;
 static_assert(kColumns == 64 * kWarps, "each warp owns 64 columns of an item");
 
-// Stages: items in the ring (Stages - 1 in flight while one is computed).
-template <int Stages>
 __global__ void __launch_bounds__(kThreads, 2)
     packed_matrix_mix_backward_kernel(BlockMixBackward p) {
   using wmma_tiles::TileAccumulator;
-  extern __shared__ __align__(16) __nv_bfloat16 stage_rows[];  // [Stages][2][kRows][kLd]
+  extern __shared__ __align__(16) __nv_bfloat16 stage_rows[];  // [kStages][2][kRows][kLd]
   __shared__ __align__(16) __nv_bfloat16 weights_hi[kRows][kWeightLd], weights_lo[kRows][kWeightLd];
   __shared__ float weights[kRows][kRows];  // fp32, for rest items
   __shared__ float dm_sums[kWarps][kRows * kRows];
@@ -302,12 +296,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   TileAccumulator dm;  // this warp's k-slices of dm, over all its matrix items
   dm.zero();
   float dm_rest = 0.f;  // pair (t / 16, t % 16) of dm over the rest items
-  for (int s = 0; s + 1 < Stages; ++s) issue(blockIdx.x + int64_t{s} * gridDim.x, s);
+  issue(blockIdx.x, 0);
   int stage = 0;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    // The stage before this one was last read before the previous trailing barrier.
-    issue(item + int64_t{Stages - 1} * gridDim.x, stage == 0 ? Stages - 1 : stage - 1);
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(Stages - 1));
+    issue(item + gridDim.x, stage ^ 1);  // that stage was last read before the trailing barrier
+    asm volatile("cp.async.wait_group 1;\n" ::);
     __syncthreads();  // this item's rows (every thread's copies) and the weights are in
     if (item % columns >= matrix_items) {
       // Rest: thread t forms dS at column t % 64 for rows 4 (t / 64) to + 3, and dm's pair
@@ -338,7 +331,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
       for (int k = 0; k < kRestColumns / 4; ++k) dm_rest = dot4(grad_row[k], state_row[k], dm_rest);
       __syncthreads();  // done with this stage before the next iteration refills it
-      stage = stage + 1 == Stages ? 0 : stage + 1;
+      stage ^= 1;
       continue;
     }
     const __nv_bfloat16* grad_rows = stage_rows + stage * kStageElements + 64 * warp;
@@ -373,7 +366,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
     }
     __syncthreads();  // done with this stage before the next iteration refills it
-    stage = stage + 1 == Stages ? 0 : stage + 1;
+    stage ^= 1;
   }
   asm volatile("cp.async.wait_group 0;\n" ::);
   // dm summed over the warps, then added to grad_mixing once per CTA.
@@ -427,18 +420,9 @@ cudaError_t launch(const BlockMixBackward& p, cudaStream_t stream) {
 cudaError_t launch_packed(const BlockMixBackward& p, cudaStream_t stream) {
   const int64_t matrix = p.packed_inputs_matrix;
   const int64_t rest = (p.elements - matrix + packed::kRestColumns - 1) / packed::kRestColumns;
-  const int64_t items = static_cast<int64_t>(p.batch_heads) * (matrix / packed::kColumns + rest);
-  // MHLA_MIX_BACKWARD_STAGES=2 keeps two stages per CTA (A/B runs); three by default.
-  static const bool two = [] {
-    const char* value = std::getenv("MHLA_MIX_BACKWARD_STAGES");
-    return value != nullptr && std::string(value) == "2";
-  }();
-  if (two) {
-    return launch_persistent(packed::packed_matrix_mix_backward_kernel<2>,
-                             packed::shared_bytes<2>(), items, p, stream);
-  }
-  return launch_persistent(packed::packed_matrix_mix_backward_kernel<3>, packed::shared_bytes<3>(),
-                           items, p, stream);
+  return launch_persistent(packed::packed_matrix_mix_backward_kernel, packed::kSharedBytes,
+                           static_cast<int64_t>(p.batch_heads) * (matrix / packed::kColumns + rest),
+                           p, stream);
 }
 
 }  // namespace

@@ -204,17 +204,7 @@ cudaError_t block_state_mix(const BlockStateMix& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   const size_t bytes = static_cast<size_t>(padded(p.blocks)) * padded(p.blocks) * sizeof(float);
   if (p.packed_in) {
-    // MHLA_STATE_MIX=packed_g4b16: four output blocks per pass, all sixteen inputs loaded at once
-    // (twice the bytes in flight per thread, inputs read four times, three of them from L2).
-    // (Group < Batch reads weights past the padded row in the upper pattern, which starts j at
-    // i0: that pattern keeps (8, 8).)
-    static const bool wide_batch = [] {
-      const char* value = std::getenv("MHLA_STATE_MIX");
-      return value != nullptr && std::string(value) == "packed_g4b16";
-    }();
-    const auto packed_kernel = wide_batch && p.pattern != MixPattern::upper
-                                   ? packed_state_mix_kernel<4, 4, 16>
-                                   : packed_state_mix_kernel<4, 8, 8>;
+    constexpr auto packed_kernel = packed_state_mix_kernel<4, 8, 8>;
     if (bytes > 48 * 1024) {
       const cudaError_t err = cudaFuncSetAttribute(
           packed_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
