@@ -9,6 +9,8 @@
 // zero in shared memory, so they add nothing. At the end each corner is summed over its threads
 // (shuffles, then shared memory) and added to grad_mixing once per CTA.
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include <cuda_bf16.h>
 
@@ -231,6 +233,9 @@ static_assert(kRows * kRows == kThreads, "one dm pair per thread in rest items")
 constexpr size_t kSharedBytes = static_cast<size_t>(kStages) * kStageElements * 2;
 static_assert(kColumns == 64 * kWarps, "each warp owns 64 columns of an item");
 
+// Staged: dS goes out through shared memory in 16-byte pieces (else 4-byte pairs from the
+// accumulators; MHLA_MIX_BACKWARD_STORES=direct, for A/B runs).
+template <bool Staged>
 __global__ void __launch_bounds__(kThreads, 2)
     packed_matrix_mix_backward_kernel(BlockMixBackward p) {
   using wmma_tiles::TileAccumulator;
@@ -346,22 +351,53 @@ __global__ void __launch_bounds__(kThreads, 2)
                                                             grad_rows, kLd, 0, 0, kRows);
     // dm += dS' S^T over the same columns: A = dS' [i][e], B = S^T (S stored [j][e]).
     wmma_tiles::mma_tile<__nv_bfloat16, false, true>(dm, grad_rows, kLd, state_rows, kLd, 0, 0, 64);
-    // dS rows j < blocks as bf16 pairs into the packed output.
+    // dS rows j < blocks into the packed output, as bf16.
     const int64_t bh = item / columns, e0 = (item % columns) * kColumns + 64 * warp;
+    auto out_row = [&](int j) {
+      return reinterpret_cast<__nv_bfloat16*>(
+                 p.grad_states + (static_cast<size_t>(bh) * p.blocks + j) * out_row_floats) +
+             e0;
+    };
+    if constexpr (Staged) {
+      // Through this warp's own dS' columns of the stage (only this warp reads them, and it is
+      // done with them): each lane then stores whole 16-byte pieces, eight lanes a 128-byte row
+      // segment, instead of 4-byte pairs that fill half of every 32-byte sector they touch.
+      __nv_bfloat16* staged = const_cast<__nv_bfloat16*>(grad_rows);
+      __syncwarp();
 #pragma unroll
-    for (int i = 0; i < 4; i += 2) {
-      const int j = TileAccumulator::row(i);
-      if (j >= p.blocks) continue;
-      __nv_bfloat16* dst =
-          reinterpret_cast<__nv_bfloat16*>(
-              p.grad_states + (static_cast<size_t>(bh) * p.blocks + j) * out_row_floats) +
-          e0;
+      for (int i = 0; i < 4; i += 2) {
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
+        for (int c = 0; c < 4; ++c) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          *reinterpret_cast<__nv_bfloat162*>(dst + 16 * c + TileAccumulator::col(h, i)) =
-              __floats2bfloat162_rn(out[0][c].x[h][i], out[0][c].x[h][i + 1]);
+          for (int h = 0; h < 2; ++h) {
+            *reinterpret_cast<__nv_bfloat162*>(staged + TileAccumulator::row(i) * kLd + 16 * c +
+                                               TileAccumulator::col(h, i)) =
+                __floats2bfloat162_rn(out[0][c].x[h][i], out[0][c].x[h][i + 1]);
+          }
+        }
+      }
+      __syncwarp();
+      const int lane = t % 32;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int piece = lane + 32 * u, j = piece / 8, column = piece % 8;
+        if (j < p.blocks) {
+          *reinterpret_cast<uint4*>(out_row(j) + 8 * column) =
+              *reinterpret_cast<const uint4*>(staged + j * kLd + 8 * column);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; i += 2) {
+        const int j = TileAccumulator::row(i);
+        if (j >= p.blocks) continue;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            *reinterpret_cast<__nv_bfloat162*>(out_row(j) + 16 * c + TileAccumulator::col(h, i)) =
+                __floats2bfloat162_rn(out[0][c].x[h][i], out[0][c].x[h][i + 1]);
+          }
         }
       }
     }
@@ -420,9 +456,15 @@ cudaError_t launch(const BlockMixBackward& p, cudaStream_t stream) {
 cudaError_t launch_packed(const BlockMixBackward& p, cudaStream_t stream) {
   const int64_t matrix = p.packed_inputs_matrix;
   const int64_t rest = (p.elements - matrix + packed::kRestColumns - 1) / packed::kRestColumns;
-  return launch_persistent(packed::packed_matrix_mix_backward_kernel, packed::kSharedBytes,
-                           static_cast<int64_t>(p.batch_heads) * (matrix / packed::kColumns + rest),
-                           p, stream);
+  const int64_t items = static_cast<int64_t>(p.batch_heads) * (matrix / packed::kColumns + rest);
+  static const bool direct = [] {
+    const char* value = std::getenv("MHLA_MIX_BACKWARD_STORES");
+    return value != nullptr && std::string(value) == "direct";
+  }();
+  return direct ? launch_persistent(packed::packed_matrix_mix_backward_kernel<false>,
+                                    packed::kSharedBytes, items, p, stream)
+                : launch_persistent(packed::packed_matrix_mix_backward_kernel<true>,
+                                    packed::kSharedBytes, items, p, stream);
 }
 
 }  // namespace
