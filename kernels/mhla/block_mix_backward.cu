@@ -234,7 +234,8 @@ constexpr size_t kSharedBytes = static_cast<size_t>(kStages) * kStageElements * 
 static_assert(kColumns == 64 * kWarps, "each warp owns 64 columns of an item");
 
 // Staged: dS goes out through shared memory in 16-byte pieces (else 4-byte pairs from the
-// accumulators; MHLA_MIX_BACKWARD_STORES=direct, for A/B runs).
+// accumulators; MHLA_MIX_BACKWARD_STORES=direct, for A/B runs): 42.9 against 61.3 us at the
+// shape above (session 27, call 7).
 template <bool Staged>
 __global__ void __launch_bounds__(kThreads, 2)
     packed_matrix_mix_backward_kernel(BlockMixBackward p) {
