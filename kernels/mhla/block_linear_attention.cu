@@ -463,8 +463,8 @@ int chunks_per_block(const BlockLinearShape& s) {
   return (length + kChunk - 1) / kChunk;
 }
 
-// Packed state sets are read (and, by the states pass, written) by the fragment passes of bf16
-// inputs only.
+// Packed state sets are read (and, by the states and query passes, written) by the fragment
+// passes of bf16 inputs only.
 template <typename T>
 bool reads_packed(DType dtype, int head_dim, const char* pass) {
   return std::is_same_v<T, __nv_bfloat16> && fragment_pass(pass) &&
