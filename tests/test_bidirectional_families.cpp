@@ -54,6 +54,8 @@ const FamilyShape kFamilyShapes[] = {
     {"2-token spans", 2, 2, 32, 32, 4},
     {"large magnitude", 2, 2, 512, 64, 4, 30.0},
     {"256 (batch, head) items: more than the clusters resident at once", 16, 16, 64, 32, 4},
+    {"45-token blocks, 1,024 items: partial tiles, several items per persistent CTA", 8, 8, 720,
+     64, 16},
 };
 
 struct Grads {

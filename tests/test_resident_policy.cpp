@@ -1,7 +1,7 @@
 // Which shapes the `cuda` backend of linear attention and MHLA sends to the resident kernels
 // (kernels/mhla/resident_block_linear.h) instead of the state kernels, and where the state
-// kernels' fragment passes take their one-tile variants (block_fragment_passes.h; with
-// MHLA_FRAGMENT_ONE_TILE unset). Host-side decisions, so they are checked on every machine that
+// kernels' fragment passes take their one-tile and pipelined variants (block_fragment_passes.h;
+// with MHLA_FRAGMENT_ONE_TILE and MHLA_PIPELINED_PASSES unset). Host-side decisions, so they are checked on every machine that
 // builds the kernels, GPU or not; the kernels' numbers are checked by the [gpu] op tests.
 #include "catch_compat.h"
 
@@ -73,5 +73,25 @@ TEST_CASE("fragment passes: where the states and output passes take their one-ti
   CHECK_FALSE(one_tile(2048, 16));
   CHECK_FALSE(one_tile(16384, 16));
   CHECK_FALSE(one_tile(130, 2));
+}
+
+TEST_CASE("fragment passes: where the query and key passes take their pipelined variants",
+          "[attention]") {
+  using mhla_kernels::DType;
+  auto pipelined = [](int tokens, int blocks, int head_dim = 64, DType dtype = DType::bf16,
+                      int chunks = 1) {
+    return mhla_kernels::fragment_pipelined_variants({64, tokens, 6, head_dim, blocks}, dtype,
+                                                     chunks);
+  };
+  // bf16 blocks of at most one tile (packed states exist for bf16 only), D = 32 or 64.
+  CHECK(pipelined(1024, 16));
+  CHECK(pipelined(720, 16));  // 45-token blocks: a partial tile
+  CHECK(pipelined(256, 16, 32));
+  CHECK(pipelined(64, 1));
+  CHECK_FALSE(pipelined(1024, 16, 64, DType::f16));
+  CHECK_FALSE(pipelined(1024, 16, 64, DType::f32));
+  CHECK_FALSE(pipelined(1024, 16, 128));
+  CHECK_FALSE(pipelined(2048, 16));          // 128-token blocks: two tiles per CTA
+  CHECK_FALSE(pipelined(1024, 16, 64, DType::bf16, 2));
 }
 #endif

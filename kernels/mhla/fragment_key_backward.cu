@@ -13,6 +13,7 @@
 #include "mhla/block_fragment_passes.h"
 #include "mhla/block_work.cuh"
 #include "mhla/fragment_launch.cuh"
+#include "mhla/fragment_pipeline.cuh"
 #include "mhla/fragment_rows.cuh"
 #include "mhla/state_tiles.cuh"
 #include "mhla/tiles.cuh"
@@ -110,9 +111,113 @@ struct KeyPass {
   static constexpr size_t smem = key_smem<D>();
 };
 
+// The pipelined one-tile variant (fragment_pipeline.cuh): per stage k, v and dS_j with dz_j; the
+// feature tile and the row scales outside the stages.
+template <int D>
+struct KeyStage {
+  static constexpr size_t tile = align128(kTile * kLd<D> * 2), state = align128(D * kLd<D> * 2);
+  static constexpr size_t bytes = 2 * tile + state + align128(D * 4);
+  static constexpr size_t smem = 2 * bytes + tile + align128(kTile * 4);
+};
+
+template <int D>
+__global__ void __launch_bounds__(kFragmentThreads, 3)
+    pipelined_key_backward_kernel(BlockLinearBackward p) {
+  using E = fragment_pipeline::Element;
+  using R = RowHalves<D>;
+  using Stage = KeyStage<D>;
+  constexpr int ld = kLd<D>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  auto k_of = [&](int s) { return reinterpret_cast<E*>(smem + s * Stage::bytes); };
+  auto v_of = [&](int s) { return reinterpret_cast<E*>(smem + s * Stage::bytes + Stage::tile); };
+  auto dstate_of = [&](int s) {
+    return reinterpret_cast<E*>(smem + s * Stage::bytes + 2 * Stage::tile);
+  };
+  auto dz_of = [&](int s) {
+    return reinterpret_cast<float*>(smem + s * Stage::bytes + 2 * Stage::tile + Stage::state);
+  };
+  E* phi = reinterpret_cast<E*>(smem + 2 * Stage::bytes);  // then dv
+  float* scale_rows = reinterpret_cast<float*>(smem + 2 * Stage::bytes + Stage::tile);
+
+  const int items = p.shape.batch * p.shape.heads * p.shape.blocks;
+  auto issue = [&](int item, int s) {
+    const fragment_pipeline::TileItem it = fragment_pipeline::tile_item(p.shape, item);
+    fragment_pipeline::copy_rows_async<D>(p.k, it, k_of(s), ld);
+    fragment_pipeline::copy_rows_async<D>(p.v, it, v_of(s), ld);
+    fragment_pipeline::copy_packed_state_async<D>(p.grad_states, it.state, dstate_of(s), dz_of(s));
+  };
+  const int warp = threadIdx.x / 32;
+  const int row = lane_row(), seg = lane_half();
+  E* grad_k = static_cast<E*>(p.grad_k);
+  E* grad_v = static_cast<E*>(p.grad_v);
+  const float ones[2] = {1.f, 1.f};
+  if (static_cast<int>(blockIdx.x) < items) issue(blockIdx.x, 0);
+  async_copy::commit();
+  int stage = 0;
+  for (int item = blockIdx.x; item < items; item += gridDim.x, stage ^= 1) {
+    // The other stage was last read by the previous item, which every warp has finished.
+    if (item + static_cast<int>(gridDim.x) < items) issue(item + gridDim.x, stage ^ 1);
+    async_copy::commit();
+    async_copy::wait<1>();
+    __syncthreads();  // this item's rows and state are in, from every thread's copies
+    const fragment_pipeline::TileItem it = fragment_pipeline::tile_item(p.shape, item);
+    E* k_raw = k_of(stage);  // then dk
+    const E* v_raw = v_of(stage);
+    const E* dstate = dstate_of(stage);
+    const float* dz = dz_of(stage);
+    {  // 1. Row form: phi(k) and 1/rms(k) of the lane's half row.
+      const bool live = row < it.valid;
+      uint4 raw_k[R::words];
+#pragma unroll
+      for (int u = 0; u < R::words; ++u)
+        raw_k[u] = *reinterpret_cast<const uint4*>(k_raw + row * ld + seg * R::half + u * 8);
+      const float scale = row_scale<E, D>(raw_k);
+#pragma unroll
+      for (int u = 0; u < R::words; ++u) {
+        float x[8];
+        features<E>(raw_k[u], scale, live, x);
+        *reinterpret_cast<uint4*>(phi + row * ld + seg * R::half + u * 8) = from_floats<E>(x);
+      }
+      if (seg == 0) scale_rows[row] = scale;
+    }
+    __syncwarp();
+    if (warp * 16 < it.valid) {  // 2. Products, dv, the feature backward, dk.
+      TileAccumulator dv[1][D / 16], dphi[1][D / 16];
+#pragma unroll
+      for (int j = 0; j < D / 16; ++j) {
+        dv[0][j].zero();
+        dphi[0][j].zero();
+      }
+      wmma_tiles::mma_block<E, false, false, 1, D / 16>(dv, phi, ld, dstate, ld, warp, 0, D);
+      wmma_tiles::mma_block<E, false, true, 1, D / 16>(dphi, v_raw, ld, dstate, ld, warp, 0, D);
+      __syncwarp();  // the warp's reads of phi are done: dv goes there
+      store_rows<E, D>(dv, ones, phi, ld);
+      const int r0 = accumulator_row(0), r1 = accumulator_row(1);
+      const float scale[2] = {scale_rows[r0], scale_rows[r1]};
+      feature_backward<E, D>(dphi, k_raw, k_raw, ld, scale, ones, dz);
+      __syncwarp();
+      copy_rows_out<E, D>(phi, ld, grad_v, p.shape.tokens, p.shape.heads, it.b, it.h, it.begin,
+                          it.valid);
+      copy_rows_out<E, D>(k_raw, ld, grad_k, p.shape.tokens, p.shape.heads, it.b, it.h, it.begin,
+                          it.valid);
+    }
+    __syncthreads();  // every warp is done with this stage before the next issue overwrites it
+  }
+}
+
+template <int D>
+struct PipelinedKeyPass {
+  static constexpr void (*kernel)(BlockLinearBackward) = pipelined_key_backward_kernel<D>;
+  static constexpr size_t smem = KeyStage<D>::smem;
+};
+
 }  // namespace
 
 cudaError_t fragment_key_backward(const BlockLinearBackward& a, int chunks, cudaStream_t stream) {
+  if (fragment_pipelined_variants(a.shape, a.dtype, chunks) && a.packed_grad_states) {
+    return a.shape.head_dim == 64 ? launch_pipelined<PipelinedKeyPass<64>>(a, stream)
+                                  : launch_pipelined<PipelinedKeyPass<32>>(a, stream);
+  }
   return launch_pass<KeyPass>(a, chunks, stream);
 }
 

@@ -5,7 +5,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdint>
 #include <type_traits>
+
+#include "common/device_info.h"
 
 #include "mhla/block_fragment_passes.h"
 #include "mhla/fragment_rows.cuh"
@@ -47,6 +50,26 @@ cudaError_t launch_pass(const Args& a, int chunks, cudaStream_t stream) {
 template <template <typename, int> class Pass, typename Args>
 cudaError_t launch_pass(const Args& a, int chunks, cudaStream_t stream) {
   return launch_pass<Pass, Pass>(a, chunks, stream);
+}
+
+// A pipelined one-tile pass (fragment_pipeline.cuh): Pass::kernel(args) over persistent CTAs, as
+// many as fit on the device at once (at most one per item). Pass::smem as above.
+template <class Pass, typename Args>
+cudaError_t launch_pipelined(const Args& a, cudaStream_t stream) {
+  static const int per_multiprocessor = [] {
+    int count = 0;
+    if (tiles::allow_smem(Pass::kernel, Pass::smem) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&count, Pass::kernel, kFragmentThreads,
+                                                      Pass::smem) != cudaSuccess)
+      return 0;
+    return count;
+  }();
+  if (per_multiprocessor < 1) return cudaErrorInvalidConfiguration;
+  const int64_t items = static_cast<int64_t>(a.shape.batch) * a.shape.heads * a.shape.blocks;
+  const int64_t resident = static_cast<int64_t>(per_multiprocessor) * multiprocessors();
+  const int ctas = static_cast<int>(items < resident ? items : resident);
+  Pass::kernel<<<ctas, kFragmentThreads, Pass::smem, stream>>>(a);
+  return cudaGetLastError();
 }
 
 }  // namespace fragment_rows
