@@ -24,11 +24,11 @@ TEST_CASE("cluster kernels: the shapes they take", "[attention]") {
   CHECK(takes(2, 1200, 2, 64, 2));
   CHECK(takes(2, 512, 2, 32, 1));
   CHECK(takes(1, 16, 1, 32, 16));
-  CHECK_FALSE(takes(2, 1000, 2, 64, 4));   // 1000 % 16
-  CHECK_FALSE(takes(2, 12, 2, 64, 4));     // shorter than the cluster
-  CHECK_FALSE(takes(2, 1024, 2, 64, 32));  // more blocks than CTAs
-  CHECK_FALSE(takes(2, 960, 2, 64, 3));    // 3 does not divide 16
-  CHECK_FALSE(takes(2, 1024, 2, 128, 16)); // D = 128: the states do not fit
+  CHECK_FALSE(takes(2, 1000, 2, 64, 4));    // 1000 % 16
+  CHECK_FALSE(takes(2, 12, 2, 64, 4));      // shorter than the cluster
+  CHECK_FALSE(takes(2, 1024, 2, 64, 32));   // more blocks than CTAs
+  CHECK_FALSE(takes(2, 960, 2, 64, 3));     // 3 does not divide 16
+  CHECK_FALSE(takes(2, 1024, 2, 128, 16));  // D = 128: the states do not fit
   CHECK_FALSE(takes(2, 1024, 2, 64, 16, DType::f32));
   CHECK_FALSE(takes(0, 1024, 2, 64, 16));
   CHECK_FALSE(takes(256, 1024, 256, 64, 16));  // B * H > 65535
@@ -54,8 +54,8 @@ const FamilyShape kFamilyShapes[] = {
     {"2-token spans", 2, 2, 32, 32, 4},
     {"large magnitude", 2, 2, 512, 64, 4, 30.0},
     {"256 (batch, head) items: more than the clusters resident at once", 16, 16, 64, 32, 4},
-    {"45-token blocks, 1,024 items: partial tiles, several items per persistent CTA", 8, 8, 720,
-     64, 16},
+    {"45-token blocks, 1,024 items: partial tiles, several items per persistent CTA", 8, 8, 720, 64,
+     16},
 };
 
 struct Grads {
@@ -69,9 +69,8 @@ Grads run_family(const std::string& family, const torch::Tensor& q, const torch:
     return t.to(torch::kCUDA, dtype).detach().requires_grad_(true);
   };
   auto qd = on_gpu(q), kd = on_gpu(k), vd = on_gpu(v);
-  auto md = mixing.numel() > 0
-                ? mixing.to(torch::kCUDA).detach().requires_grad_(true)
-                : torch::empty({0}, torch::TensorOptions().device(torch::kCUDA));
+  auto md = mixing.numel() > 0 ? mixing.to(torch::kCUDA).detach().requires_grad_(true)
+                               : torch::empty({0}, torch::TensorOptions().device(torch::kCUDA));
   auto out = block_linear_by_named_family(family, qd, kd, vd, md, blocks);
   out.backward(grad_out.to(torch::kCUDA, dtype));
   return {out.detach().cpu().to(torch::kFloat32), qd.grad().cpu().to(torch::kFloat32),
@@ -98,7 +97,9 @@ torch::Tensor without_row_directions(const torch::Tensor& g, const torch::Tensor
 
 }  // namespace
 
-TEST_CASE("bidirectional kernel families: each matches the float32 reference on the shapes it takes", "[attention][gpu]") {
+TEST_CASE(
+    "bidirectional kernel families: each matches the float32 reference on the shapes it takes",
+    "[attention][gpu]") {
   if (!torch::cuda::is_available()) {
     WARN("no CUDA device: skipped");
     return;
@@ -119,8 +120,7 @@ TEST_CASE("bidirectional kernel families: each matches the float32 reference on 
         auto v = (torch::randn(dims) * s.scale).to(dtype).to(torch::kFloat32);
         auto grad_out = torch::randn(dims).to(dtype).to(torch::kFloat32);
         // A mixing matrix away from uniform, so a wrong block index changes the numbers.
-        auto mixing = s.blocks > 1 ? torch::rand({s.blocks, s.blocks}) + 0.05
-                                   : torch::empty({0});
+        auto mixing = s.blocks > 1 ? torch::rand({s.blocks, s.blocks}) + 0.05 : torch::empty({0});
         const auto expected = run_reference(q, k, v, mixing, s.blocks, grad_out);
         const auto got = run_family(family, q, k, v, mixing, s.blocks, grad_out, dtype);
         CHECK(got.out.isfinite().all().item<bool>());
@@ -140,14 +140,17 @@ TEST_CASE("bidirectional kernel families: each matches the float32 reference on 
   CHECK(runs >= 2 * (3 + 8 + 8));
 }
 
-TEST_CASE("bidirectional kernel families: a family asked for a shape it does not take says so", "[attention][gpu]") {
+TEST_CASE("bidirectional kernel families: a family asked for a shape it does not take says so",
+          "[attention][gpu]") {
   if (!torch::cuda::is_available()) {
     WARN("no CUDA device: skipped");
     return;
   }
-  auto x = torch::randn({1, 64, 2, 128}, torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16));
+  auto x = torch::randn({1, 64, 2, 128},
+                        torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16));
   auto mixing = torch::ones({4, 4}, torch::TensorOptions().device(torch::kCUDA));
-  const auto message = test::error_of([&] { block_linear_by_named_family("cluster", x, x, x, mixing, 4); });
+  const auto message =
+      test::error_of([&] { block_linear_by_named_family("cluster", x, x, x, mixing, 4); });
   CHECK(test::contains(message, "the cluster kernels do not take q [1, 64, 2, 128]"));
   CHECK(test::contains(test::error_of([&] { block_linear_family_takes("tiles", x, x, 4); }),
                        "unknown bidirectional kernel family 'tiles'"));

@@ -1,8 +1,9 @@
 // Which shapes the `cuda` backend of linear attention and MHLA sends to the resident kernels
 // (kernels/mhla/resident_block_linear.h) instead of the state kernels, and where the state
 // kernels' fragment passes take their one-tile and pipelined variants (block_fragment_passes.h;
-// with MHLA_FRAGMENT_ONE_TILE and MHLA_PIPELINED_PASSES unset). Host-side decisions, so they are checked on every machine that
-// builds the kernels, GPU or not; the kernels' numbers are checked by the [gpu] op tests.
+// with MHLA_FRAGMENT_ONE_TILE and MHLA_PIPELINED_PASSES unset). Host-side decisions, so they are
+// checked on every machine that builds the kernels, GPU or not; the kernels' numbers are checked by
+// the [gpu] op tests.
 #include "catch_compat.h"
 
 #ifdef MHLA_WITH_CUDA_KERNELS
@@ -91,7 +92,7 @@ TEST_CASE("fragment passes: where the query and key passes take their pipelined 
   CHECK_FALSE(pipelined(1024, 16, 64, DType::f16));
   CHECK_FALSE(pipelined(1024, 16, 64, DType::f32));
   CHECK_FALSE(pipelined(1024, 16, 128));
-  CHECK_FALSE(pipelined(2048, 16));          // 128-token blocks: two tiles per CTA
+  CHECK_FALSE(pipelined(2048, 16));  // 128-token blocks: two tiles per CTA
   CHECK_FALSE(pipelined(1024, 16, 64, DType::bf16, 2));
 }
 #endif

@@ -17,6 +17,15 @@ __device__ __forceinline__ void copy(void* dst_shared, const void* src, bool val
                : "memory");
 }
 
+// 16 bytes from src to dst_shared through L2 only (cp.async.cg: not kept in L1, for streams read
+// once); zero-fills instead when !valid, as copy().
+__device__ __forceinline__ void copy_streaming16(void* dst_shared, const void* src, bool valid) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(dst_shared));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+
 // Closes this thread's current group of copies (an empty group is fine: it keeps the counting of
 // a pipeline uniform).
 __device__ __forceinline__ void commit() {

@@ -15,6 +15,7 @@
 #include "mhla/block_fragment_passes.h"
 #include "mhla/block_work.cuh"
 #include "mhla/fragment_launch.cuh"
+#include "mhla/fragment_pipeline.cuh"
 #include "mhla/fragment_rows.cuh"
 #include "mhla/state_tiles.cuh"
 #include "mhla/tiles.cuh"
@@ -94,6 +95,88 @@ struct OutputPassOneTile {  // more CTAs per SM for CTAs of one tile
   static constexpr size_t smem = output_smem<D>();
 };
 
+// The pipelined one-tile variant (fragment_pipeline.cuh): per stage q and S' with z'. phi(q)
+// replaces q in its own tile (the raw rows are not needed after the row form), and the output
+// rows replace phi(q), so two stages fit six CTAs per SM.
+template <int D>
+struct OutputStage {
+  static constexpr size_t tile = align128(kTile * kLd<D> * 2), state = align128(D * kLd<D> * 2);
+  static constexpr size_t bytes = tile + state + align128(D * 4);
+  static constexpr size_t smem = 2 * bytes + align128(kTile * 4);
+};
+
+template <int D>
+__global__ void __launch_bounds__(kFragmentThreads, 6)
+    pipelined_output_kernel(BlockLinearForward p) {
+  using E = fragment_pipeline::Element;
+  using R = RowHalves<D>;
+  using Stage = OutputStage<D>;
+  constexpr int ld = kLd<D>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  auto rows_of = [&](int s) { return reinterpret_cast<E*>(smem + s * Stage::bytes); };
+  auto mixed_of = [&](int s) {
+    return reinterpret_cast<E*>(smem + s * Stage::bytes + Stage::tile);
+  };
+  auto z_of = [&](int s) {
+    return reinterpret_cast<float*>(smem + s * Stage::bytes + Stage::tile + Stage::state);
+  };
+  float* inv_den = reinterpret_cast<float*>(smem + 2 * Stage::bytes);
+
+  const int items = p.shape.batch * p.shape.heads * p.shape.blocks;
+  auto issue = [&](int item, int s) {
+    const fragment_pipeline::TileItem it = fragment_pipeline::tile_item(p.shape, item);
+    fragment_pipeline::copy_rows_async<D>(p.q, it, rows_of(s), ld);
+    fragment_pipeline::copy_packed_state_async<D>(p.mixed, it.state, mixed_of(s), z_of(s));
+  };
+  const int warp = threadIdx.x / 32;
+  const int row = lane_row(), seg = lane_half();
+  E* out = static_cast<E*>(p.out);
+  if (static_cast<int>(blockIdx.x) < items) issue(blockIdx.x, 0);
+  async_copy::commit();
+  int stage = 0;
+  for (int item = blockIdx.x; item < items; item += gridDim.x, stage ^= 1) {
+    // The other stage was last read by the previous item, which every warp has finished.
+    if (item + static_cast<int>(gridDim.x) < items) issue(item + gridDim.x, stage ^ 1);
+    async_copy::commit();
+    async_copy::wait<1>();
+    __syncthreads();  // this item's rows and state are in, from every thread's copies
+    const fragment_pipeline::TileItem it = fragment_pipeline::tile_item(p.shape, item);
+    E* rows = rows_of(stage);  // q, then phi(q), then the output rows
+    const E* mixed = mixed_of(stage);
+    {  // 1. Row form: phi(q) in place, 1 / den.
+      const bool live = row < it.valid;
+      uint4 raw_q[R::words];
+#pragma unroll
+      for (int u = 0; u < R::words; ++u)
+        raw_q[u] = *reinterpret_cast<const uint4*>(rows + row * ld + seg * R::half + u * 8);
+      const float scale = row_scale<E, D>(raw_q);
+      const float den =
+          pair_sum(features_dot<E, D>(raw_q, scale, live, z_of(stage), rows + row * ld));
+      if (seg == 0) inv_den[row] = 1.f / (den + kDenominatorEps);
+    }
+    __syncwarp();
+    if (warp * 16 < it.valid) {  // 2. The product, normalized, out.
+      TileAccumulator numerator[1][D / 16];
+#pragma unroll
+      for (int j = 0; j < D / 16; ++j) numerator[0][j].zero();
+      wmma_tiles::mma_block<E, false, false, 1, D / 16>(numerator, rows, ld, mixed, ld, warp, 0, D);
+      const float factor[2] = {inv_den[accumulator_row(0)], inv_den[accumulator_row(1)]};
+      __syncwarp();  // the warp's reads of phi are done: the output rows go there
+      store_rows<E, D>(numerator, factor, rows, ld);
+      __syncwarp();
+      copy_rows_out<E, D>(rows, ld, out, p.shape.tokens, p.shape.heads, it.b, it.h, it.begin,
+                          it.valid);
+    }
+    __syncthreads();  // every warp is done with this stage before the next issue overwrites it
+  }
+}
+
+template <int D>
+struct PipelinedOutputPass {
+  static constexpr void (*kernel)(BlockLinearForward) = pipelined_output_kernel<D>;
+  static constexpr size_t smem = OutputStage<D>::smem;
+};
+
 }  // namespace
 
 bool fragment_passes_supported(DType dtype, int head_dim) {
@@ -109,6 +192,10 @@ bool fragment_one_tile_variants(const BlockLinearShape& shape) {
 }
 
 cudaError_t fragment_output(const BlockLinearForward& a, int chunks, cudaStream_t stream) {
+  if (fragment_pipelined_variants(a.shape, a.dtype, chunks) && a.packed_mixed) {
+    return a.shape.head_dim == 64 ? launch_pipelined<PipelinedOutputPass<64>>(a, stream)
+                                  : launch_pipelined<PipelinedOutputPass<32>>(a, stream);
+  }
   return launch_pass<OutputPass, OutputPassOneTile>(a, chunks, stream);
 }
 

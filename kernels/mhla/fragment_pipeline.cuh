@@ -1,14 +1,14 @@
 #pragma once
-// Pipelined one-tile variants of the backward token passes (block_fragment_passes.h): where every
-// block is at most one 64-token tile and the states are packed (bf16), persistent CTAs walk the
-// (batch*head, block) items and copy the next item's two token tiles and packed state into a
-// second stage of shared memory (cp.async) while they compute the current one.
+// Pipelined one-tile variants of the token passes (block_fragment_passes.h): where every block is
+// at most one 64-token tile and the states are packed (bf16), persistent CTAs walk the
+// (batch*head, block) items and copy the next item's token tiles and packed state into a second
+// stage of shared memory (cp.async) while they compute the current one.
 //
-// Why: with one tile per CTA the one-shot passes load, then compute, then store; at three or four
-// CTAs per SM no load is in flight while they all compute. Session 26's SASS profile at N = 1,024
-// put 22 % (query) and 28 % (key) of the stall samples on the wait for the rows' global loads, and
-// prefetching into registers instead spilled (session 26, "the query pass on pairs of blocks").
-// cp.async keeps the bytes in flight in shared memory, not registers.
+// Why: with one tile per CTA the one-shot passes load, then compute, then store; when the CTAs of
+// an SM all compute, no load is in flight. Session 26's SASS profile at N = 1,024 put 28 % of the
+// key pass's stall samples on the wait for the rows' global loads, and prefetching into registers
+// instead spilled (session 26, "the query pass on pairs of blocks"). cp.async keeps the bytes in
+// flight in shared memory, not registers.
 #include <cuda_bf16.h>
 
 #include "common/async_copy.cuh"
@@ -46,7 +46,7 @@ __device__ __forceinline__ void copy_rows_async(const TokenTensor& x, const Tile
     const bool live = r < item.valid;
     const Element* src =
         tiles::token_row<Element, D>(x, item.b, item.begin + (live ? r : 0), item.h) + word * 8;
-    async_copy::copy<16>(tile + r * ld + word * 8, src, live);
+    async_copy::copy_streaming16(tile + r * ld + word * 8, src, live);
   }
 }
 
@@ -60,11 +60,11 @@ __device__ __forceinline__ void copy_packed_state_async(const float* set, size_t
   const Element* matrix = reinterpret_cast<const Element*>(state);
   for (int c = static_cast<int>(threadIdx.x); c < D * kWordsPerRow;
        c += fragment_rows::kFragmentThreads) {
-    async_copy::copy<16>(s + (c / kWordsPerRow) * (D + 8) + (c % kWordsPerRow) * 8, matrix + c * 8,
-                         true);
+    async_copy::copy_streaming16(s + (c / kWordsPerRow) * (D + 8) + (c % kWordsPerRow) * 8,
+                                 matrix + c * 8, true);
   }
   if (threadIdx.x < kZWords)
-    async_copy::copy<16>(z + threadIdx.x * 4, state + D * D / 2 + threadIdx.x * 4, true);
+    async_copy::copy_streaming16(z + threadIdx.x * 4, state + D * D / 2 + threadIdx.x * 4, true);
 }
 
 }  // namespace fragment_pipeline

@@ -13,6 +13,7 @@
 #include "mhla/block_fragment_passes.h"
 #include "mhla/block_work.cuh"
 #include "mhla/fragment_launch.cuh"
+#include "mhla/fragment_pipeline.cuh"
 #include "mhla/fragment_rows.cuh"
 #include "mhla/tiles.cuh"
 
@@ -98,9 +99,89 @@ struct StatesPassOneTile {  // one tile buffer; more CTAs per SM for CTAs of one
   static constexpr size_t smem = states_smem<D, 1>();
 };
 
+// The pipelined one-tile variant (fragment_pipeline.cuh): per stage k and v (at the extra-column
+// row stride, the column of ones written after the copy). phi(k) replaces k in its own tile, so
+// two stages fit five CTAs per SM. The state is written packed after every item.
+template <int D>
+struct StatesStage {
+  static constexpr size_t keys = align128(kTile * (D + 8) * 2);
+  static constexpr size_t bytes = keys + align128(kTile * StateSlices<D>::ld_extra * 2);
+  static constexpr size_t smem = 2 * bytes;
+};
+
+template <int D>
+__global__ void __launch_bounds__(kFragmentThreads, 5)
+    pipelined_states_kernel(BlockLinearForward p) {
+  using E = fragment_pipeline::Element;
+  using R = RowHalves<D>;
+  using S = StateSlices<D>;
+  using Stage = StatesStage<D>;
+  constexpr int ld = D + 8;
+  extern __shared__ __align__(128) unsigned char smem[];
+  auto keys_of = [&](int s) { return reinterpret_cast<E*>(smem + s * Stage::bytes); };
+  auto values_of = [&](int s) {
+    return reinterpret_cast<E*>(smem + s * Stage::bytes + Stage::keys);
+  };
+
+  const int items = p.shape.batch * p.shape.heads * p.shape.blocks;
+  auto issue = [&](int item, int s) {
+    const fragment_pipeline::TileItem it = fragment_pipeline::tile_item(p.shape, item);
+    fragment_pipeline::copy_rows_async<D>(p.k, it, keys_of(s), ld);
+    fragment_pipeline::copy_rows_async<D>(p.v, it, values_of(s), S::ld_extra);
+  };
+  const int row = lane_row(), seg = lane_half();
+  if (static_cast<int>(blockIdx.x) < items) issue(blockIdx.x, 0);
+  async_copy::commit();
+  int stage = 0;
+  for (int item = blockIdx.x; item < items; item += gridDim.x, stage ^= 1) {
+    // The other stage was last read by the previous item, which every warp has finished.
+    if (item + static_cast<int>(gridDim.x) < items) issue(item + gridDim.x, stage ^ 1);
+    async_copy::commit();
+    async_copy::wait<1>();
+    __syncthreads();  // this item's rows are in, from every thread's copies
+    const fragment_pipeline::TileItem it = fragment_pipeline::tile_item(p.shape, item);
+    E* phi = keys_of(stage);  // k, then phi(k)
+    E* values = values_of(stage);
+    {  // 1. Row form: phi(k) in place, the column of ones.
+      const bool live = row < it.valid;
+      uint4 raw_k[R::words];
+#pragma unroll
+      for (int u = 0; u < R::words; ++u)
+        raw_k[u] = *reinterpret_cast<const uint4*>(phi + row * ld + seg * R::half + u * 8);
+      const float scale = row_scale<E, D>(raw_k);
+#pragma unroll
+      for (int u = 0; u < R::words; ++u) {
+        float x[8];
+        features<E>(raw_k[u], scale, live, x);
+        *reinterpret_cast<uint4*>(phi + row * ld + seg * R::half + u * 8) = from_floats<E>(x);
+      }
+      store_extra_column<E, D>(values, row, live ? 1.f : 0.f);
+    }
+    __syncthreads();  // phi and v of all rows are in
+    // 2. S = phi(K)^T [V, 1] over the tile, packed out.
+    TileAccumulator state[1][S::col_tiles], z;
+#pragma unroll
+    for (int j = 0; j < S::col_tiles; ++j) state[0][j].zero();
+    z.zero();
+    accumulate_state<E, D>(state, z, phi, values, (it.valid + 15) / 16 * 16);
+    write_packed_state<D>(state, z, p.states + it.state * (D * D / 2 + D));
+    __syncthreads();  // every warp is done with this stage before the next issue overwrites it
+  }
+}
+
+template <int D>
+struct PipelinedStatesPass {
+  static constexpr void (*kernel)(BlockLinearForward) = pipelined_states_kernel<D>;
+  static constexpr size_t smem = StatesStage<D>::smem;
+};
+
 }  // namespace
 
 cudaError_t fragment_states(const BlockLinearForward& a, int chunks, cudaStream_t stream) {
+  if (fragment_pipelined_variants(a.shape, a.dtype, chunks) && a.packed_states) {
+    return a.shape.head_dim == 64 ? launch_pipelined<PipelinedStatesPass<64>>(a, stream)
+                                  : launch_pipelined<PipelinedStatesPass<32>>(a, stream);
+  }
   return launch_pass<StatesPass, StatesPassOneTile>(a, chunks, stream);
 }
 
