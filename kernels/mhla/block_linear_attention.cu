@@ -442,10 +442,22 @@ bool scalar_state_adds() {
   return chosen;
 }
 
+// MHLA_PACKED_STATE_STORES=direct: the states and query passes store packed states straight
+// from the accumulators instead of through shared memory (A/B).
+bool direct_packed_stores() {
+  static const bool chosen = [] {
+    const char* value = std::getenv("MHLA_PACKED_STATE_STORES");
+    return value != nullptr && std::string(value) == "direct";
+  }();
+  return chosen;
+}
+
+// The arguments with the state-writing switches above applied.
 template <typename Args>
-Args with_state_adds(const Args& a) {
+Args with_state_writes(const Args& a) {
   Args b = a;
   b.scalar_state_adds = a.scalar_state_adds || scalar_state_adds();
+  b.direct_packed_stores = a.direct_packed_stores || direct_packed_stores();
   return b;
 }
 
@@ -488,7 +500,7 @@ cudaError_t forward_for(const BlockLinearForward& a, cudaStream_t stream) {
     if (chunks > 1 && (err = cudaMemsetAsync(a.states, 0, state_bytes, stream)) != cudaSuccess)
       return err;
     if (fragment_pass("states") && fragment_passes_supported(a.dtype, D)) {
-      if ((err = fragment_states(with_state_adds(a), chunks, stream)) != cudaSuccess) return err;
+      if ((err = fragment_states(with_state_writes(a), chunks, stream)) != cudaSuccess) return err;
     } else {
       constexpr size_t states_bytes = states_smem<T, D>();
       if ((err = allow_smem(states_kernel<T, D>, states_bytes)) != cudaSuccess) return err;
@@ -539,7 +551,7 @@ cudaError_t backward_for(const BlockLinearBackward& a, cudaStream_t stream) {
     if (chunks > 1 && (err = cudaMemsetAsync(a.grad_mixed, 0, state_bytes, stream)) != cudaSuccess)
       return err;
     if (fragment_pass("query") && fragment_passes_supported(a.dtype, D)) {
-      if ((err = fragment_query_backward(with_state_adds(a), chunks, stream)) != cudaSuccess)
+      if ((err = fragment_query_backward(with_state_writes(a), chunks, stream)) != cudaSuccess)
         return err;
     } else {
       constexpr size_t query_bytes = query_backward_smem<T, D>();

@@ -66,6 +66,9 @@ struct BlockLinearForward {
   // Chunks sharing a state add into it one element per atomic instead of four (fragment passes;
   // set from MHLA_SCALAR_STATE_ADDS=1 by block_linear_forward, for A/B runs).
   bool scalar_state_adds = false;
+  // The states pass stores a packed S straight from its accumulators instead of in 16-byte
+  // pieces through shared memory (set from MHLA_PACKED_STATE_STORES=direct, for A/B runs).
+  bool direct_packed_stores = false;
 };
 
 struct BlockLinearBackward {
@@ -87,7 +90,8 @@ struct BlockLinearBackward {
   // The query pass writes grad_mixed (dS') as a packed set: same conditions as packed_states
   // (one CTA owns each state), for the mixing backward that reads S and dS' packed.
   bool packed_grad_mixed = false;
-  bool scalar_state_adds = false;  // as in BlockLinearForward
+  bool scalar_state_adds = false;     // as in BlockLinearForward
+  bool direct_packed_stores = false;  // as in BlockLinearForward (the query pass's dS')
 };
 
 // Return cudaSuccess or the first launch error; a shape the kernels do not cover returns

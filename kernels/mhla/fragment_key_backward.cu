@@ -155,11 +155,12 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
   async_copy::commit();
   int stage = 0;
   for (int item = blockIdx.x; item < items; item += gridDim.x, stage ^= 1) {
-    // The other stage was last read by the previous item, which every warp has finished.
+    async_copy::wait<0>();
+    // This item's rows and state are in, from every thread's copies; and every warp is done
+    // with the previous item, whose stage the next item's copies now fill.
+    __syncthreads();
     if (item + static_cast<int>(gridDim.x) < items) issue(item + gridDim.x, stage ^ 1);
     async_copy::commit();
-    async_copy::wait<1>();
-    __syncthreads();  // this item's rows and state are in, from every thread's copies
     const fragment_pipeline::TileItem it = fragment_pipeline::tile_item(p.shape, item);
     E* k_raw = k_of(stage);  // then dk
     const E* v_raw = v_of(stage);
@@ -201,7 +202,6 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
       copy_rows_out<E, D>(k_raw, ld, grad_k, p.shape.tokens, p.shape.heads, it.b, it.h, it.begin,
                           it.valid);
     }
-    __syncthreads();  // every warp is done with this stage before the next issue overwrites it
   }
 }
 

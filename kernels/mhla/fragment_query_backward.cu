@@ -135,7 +135,13 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
     accumulate_state<E, D>(dstate, dz, phi, dnum, rows);
   }
   if (p.packed_grad_mixed) {  // one chunk per block (the host checks)
-    write_packed_state<D>(dstate, dz, p.grad_mixed + state_index * (D * D / 2 + D));
+    // Staged in the warp's own rows of q_raw: every warp copied its dq rows out before the
+    // last tile's barrier, and no one reads q_raw after it.
+    write_packed_state<D>(dstate, dz, p.grad_mixed + state_index * (D * D / 2 + D),
+                          p.direct_packed_stores
+                              ? nullptr
+                              : reinterpret_cast<__nv_bfloat16*>(q_raw + warp * 16 * Q::ld),
+                          Q::ld);
   } else {
     write_state<D>(dstate, dz, p.grad_mixed + state_index * Q::state,
                    state_write(chunks, p.scalar_state_adds));

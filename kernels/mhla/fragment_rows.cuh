@@ -373,17 +373,34 @@ __device__ __forceinline__ StateWrite state_write(int chunks, bool scalar_adds) 
 
 // The warp's slice of the state into a packed state (block_linear_attention.h: D * D bf16, then
 // D fp32 z), for a state one CTA owns (no atomics).
+// With `staging` (16 rows of shared memory that only this warp touches, row stride ld) the
+// matrix slice goes there first and leaves in 16-byte stores, each 32-byte sector written whole
+// by one instruction; stored straight from the accumulators, every instruction wrote eight half
+// sectors (bf16 pairs of eight rows), which L2 merges at twice the requests (session 28).
 template <int D>
 __device__ __forceinline__ void write_packed_state(
     const TileAccumulator (&acc)[1][StateSlices<D>::col_tiles], const TileAccumulator& extra,
-    float* state) {
+    float* state, __nv_bfloat16* staging = nullptr, int ld = 0) {
   using S = StateSlices<D>;
+  constexpr int kCols = S::col_tiles * 16, kWordsPerRow = kCols / 8;
   const int row_tile = S::row_tile(), group = S::group();
   const int lane = static_cast<int>(threadIdx.x % 32);
   __nv_bfloat16* matrix = reinterpret_cast<__nv_bfloat16*>(state);
+  __nv_bfloat16* slice = matrix + row_tile * 16 * D + group * kCols;
+  if (staging == nullptr) {
 #pragma unroll
-  for (int j = 0; j < S::col_tiles; ++j)
-    acc[0][j].store(matrix + row_tile * 16 * D + (group * S::col_tiles + j) * 16, D);
+    for (int j = 0; j < S::col_tiles; ++j) acc[0][j].store(slice + j * 16, D);
+  } else {
+#pragma unroll
+    for (int j = 0; j < S::col_tiles; ++j) acc[0][j].store(staging + j * 16, ld);
+    __syncwarp();
+#pragma unroll
+    for (int c = lane; c < 16 * kWordsPerRow; c += 32) {
+      const int r = c / kWordsPerRow, word = c % kWordsPerRow;
+      *reinterpret_cast<uint4*>(slice + r * D + word * 8) =
+          *reinterpret_cast<const uint4*>(staging + r * ld + word * 8);
+    }
+  }
   if (group == 0 && lane % 4 == 0) {  // column 0 of the extra tile: rows lane / 4 and + 8
     const int d = row_tile * 16 + lane / 4;
     state[D * D / 2 + d] = extra.x[0][0];

@@ -134,11 +134,12 @@ __global__ void __launch_bounds__(kFragmentThreads, MinBlocks)
   async_copy::commit();
   int stage = 0;
   for (int item = blockIdx.x; item < items; item += gridDim.x, stage ^= 1) {
-    // The other stage was last read by the previous item, which every warp has finished.
+    async_copy::wait<0>();
+    // This item's rows are in, from every thread's copies; and every warp is done
+    // with the previous item, whose stage the next item's copies now fill.
+    __syncthreads();
     if (item + static_cast<int>(gridDim.x) < items) issue(item + gridDim.x, stage ^ 1);
     async_copy::commit();
-    async_copy::wait<1>();
-    __syncthreads();  // this item's rows are in, from every thread's copies
     const fragment_pipeline::TileItem it = fragment_pipeline::tile_item(p.shape, item);
     E* phi = keys_of(stage);  // k, then phi(k)
     E* values = values_of(stage);
@@ -164,8 +165,13 @@ __global__ void __launch_bounds__(kFragmentThreads, MinBlocks)
     for (int j = 0; j < S::col_tiles; ++j) state[0][j].zero();
     z.zero();
     accumulate_state<E, D>(state, z, phi, values, (it.valid + 15) / 16 * 16);
-    write_packed_state<D>(state, z, p.states + it.state * (D * D / 2 + D));
-    __syncthreads();  // every warp is done with this stage before the next issue overwrites it
+    float* out = p.states + it.state * (D * D / 2 + D);
+    if (p.direct_packed_stores) {
+      write_packed_state<D>(state, z, out);
+    } else {
+      __syncthreads();  // every warp's reads of phi are done: each stages its slice there
+      write_packed_state<D>(state, z, out, phi + (threadIdx.x / 32) * 16 * ld, ld);
+    }
   }
 }
 
