@@ -13,10 +13,14 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "common/wmma_gemm.cuh"
 #include "mhla/block_fragment_passes.h"
 #include "mhla/block_work.cuh"
 #include "mhla/fragment_launch.cuh"
+#include "mhla/fragment_pipeline.cuh"
 #include "mhla/fragment_rows.cuh"
 #include "mhla/state_tiles.cuh"
 #include "mhla/tiles.cuh"
@@ -154,9 +158,138 @@ struct QueryPass {
   static constexpr size_t smem = query_smem<D>();
 };
 
+// The pipelined one-tile variant (fragment_pipeline.cuh): per stage q, dO (at dnum's row stride:
+// dnum = dO / den is formed in place) and S' with z'; phi(Q) and the row factors outside the
+// stages. dS' is written packed after every item.
+template <int D>
+struct QueryStage {
+  using Q = QueryLayout<D>;
+  static constexpr size_t rows = align128(kTile * Q::ld * 2), dnum = align128(kTile * Q::ldn * 2),
+                          state = align128(D * Q::ld * 2);
+  static constexpr size_t bytes = rows + dnum + state + align128(D * 4);
+  static constexpr size_t smem = 2 * bytes + rows + 2 * align128(kTile * 4);
+};
+
+template <int D>
+__global__ void __launch_bounds__(kFragmentThreads, 3)
+    pipelined_query_backward_kernel(BlockLinearBackward p) {
+  using E = fragment_pipeline::Element;
+  using Q = QueryLayout<D>;
+  using R = RowHalves<D>;
+  using Stage = QueryStage<D>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  auto q_of = [&](int s) { return reinterpret_cast<E*>(smem + s * Stage::bytes); };
+  auto dnum_of = [&](int s) { return reinterpret_cast<E*>(smem + s * Stage::bytes + Stage::rows); };
+  auto mixed_of = [&](int s) {
+    return reinterpret_cast<E*>(smem + s * Stage::bytes + Stage::rows + Stage::dnum);
+  };
+  auto z_of = [&](int s) {
+    return reinterpret_cast<float*>(smem + s * Stage::bytes + Stage::rows + Stage::dnum +
+                                    Stage::state);
+  };
+  E* phi = reinterpret_cast<E*>(smem + 2 * Stage::bytes);
+  float* inv_den_rows = reinterpret_cast<float*>(smem + 2 * Stage::bytes + Stage::rows);
+  float* scale_rows = inv_den_rows + align128(kTile * 4) / 4;
+
+  const int items = p.shape.batch * p.shape.heads * p.shape.blocks;
+  auto issue = [&](int item, int s) {
+    const fragment_pipeline::TileItem it = fragment_pipeline::tile_item(p.shape, item);
+    fragment_pipeline::copy_rows_async<D>(p.q, it, q_of(s), Q::ld);
+    fragment_pipeline::copy_rows_async<D>(p.grad_out, it, dnum_of(s), Q::ldn);
+    fragment_pipeline::copy_packed_state_async<D>(p.mixed, it.state, mixed_of(s), z_of(s));
+  };
+  const int warp = threadIdx.x / 32;
+  const int row = lane_row(), seg = lane_half();
+  E* grad_q = static_cast<E*>(p.grad_q);
+  if (static_cast<int>(blockIdx.x) < items) issue(blockIdx.x, 0);
+  async_copy::commit();
+  int stage = 0;
+  for (int item = blockIdx.x; item < items; item += gridDim.x, stage ^= 1) {
+    async_copy::wait<0>();
+    // This item's rows and state are in, from every thread's copies; and every warp is done
+    // with the previous item, whose stage the next item's copies now fill.
+    __syncthreads();
+    if (item + static_cast<int>(gridDim.x) < items) issue(item + gridDim.x, stage ^ 1);
+    async_copy::commit();
+    const fragment_pipeline::TileItem it = fragment_pipeline::tile_item(p.shape, item);
+    E* q_raw = q_of(stage);  // then dq, per warp's rows
+    E* dnum = dnum_of(stage);
+    const E* mixed = mixed_of(stage);
+    const float* z = z_of(stage);
+    {  // 1. Row form: phi(q), den, dnum = dO / den in place.
+      const bool live = row < it.valid;
+      uint4 raw_q[R::words];
+#pragma unroll
+      for (int u = 0; u < R::words; ++u)
+        raw_q[u] = *reinterpret_cast<const uint4*>(q_raw + row * Q::ld + seg * R::half + u * 8);
+      const float scale = row_scale<E, D>(raw_q);
+      float den = features_dot<E, D>(raw_q, scale, live, z, phi + row * Q::ld);
+      den = pair_sum(den);  // every lane: a shuffle under `live ?` deadlocks partial tiles
+      const float inv = live ? 1.f / (den + kDenominatorEps) : 0.f;
+#pragma unroll
+      for (int u = 0; u < R::words; ++u) {
+        uint4* word = reinterpret_cast<uint4*>(dnum + row * Q::ldn + seg * R::half + u * 8);
+        float g[8];
+        to_floats<E>(*word, g);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) g[i] *= inv;
+        *word = from_floats<E>(g);
+      }
+      if (seg == 0) {
+        inv_den_rows[row] = inv;
+        scale_rows[row] = scale;
+      }
+    }
+    __syncwarp();
+    // 2. d(phi) of the warp's rows, the feature backward, dq.
+    if (warp * 16 < it.valid) {
+      TileAccumulator dphi[1][D / 16];
+#pragma unroll
+      for (int j = 0; j < D / 16; ++j) dphi[0][j].zero();
+      wmma_tiles::mma_block<E, false, true, 1, D / 16>(dphi, dnum, Q::ldn, mixed, Q::ld, warp, 0,
+                                                       D);
+      const int r0 = accumulator_row(0), r1 = accumulator_row(1);
+      const float g_dot_o[2] = {row_dot<E, D>(dphi, phi, Q::ld, 0),
+                                row_dot<E, D>(dphi, phi, Q::ld, 1)};
+      const float dden[2] = {-g_dot_o[0] * inv_den_rows[r0], -g_dot_o[1] * inv_den_rows[r1]};
+      store_extra_columns<E, D>(dnum, dden);
+      const float scale[2] = {scale_rows[r0], scale_rows[r1]};
+      feature_backward<E, D>(dphi, q_raw, q_raw, Q::ld, scale, dden, z);
+      __syncwarp();
+      copy_rows_out<E, D>(q_raw, Q::ld, grad_q, p.shape.tokens, p.shape.heads, it.b, it.h,
+                          it.begin, it.valid);
+    }
+    __syncthreads();  // phi and dnum of all rows are in
+    // 3. dS' = phi(Q)^T dnum and dz' = phi(Q)^T dden over the tile, packed out.
+    TileAccumulator dstate[1][StateSlices<D>::col_tiles], dz;
+#pragma unroll
+    for (int j = 0; j < StateSlices<D>::col_tiles; ++j) dstate[0][j].zero();
+    dz.zero();
+    accumulate_state<E, D>(dstate, dz, phi, dnum, (it.valid + 15) / 16 * 16);
+    // Staged in the warp's own rows of q (its dq rows went out before the barrier).
+    write_packed_state<D>(dstate, dz, p.grad_mixed + it.state * (D * D / 2 + D),
+                          p.direct_packed_stores ? nullptr : q_raw + warp * 16 * Q::ld, Q::ld);
+  }
+}
+
+template <int D>
+struct PipelinedQueryPass {
+  static constexpr void (*kernel)(BlockLinearBackward) = pipelined_query_backward_kernel<D>;
+  static constexpr size_t smem = QueryStage<D>::smem;
+};
+
 }  // namespace
 
 cudaError_t fragment_query_backward(const BlockLinearBackward& a, int chunks, cudaStream_t stream) {
+  static const bool pipelined = [] {  // session 28, call 6 only
+    const char* value = std::getenv("MHLA_PIPELINED_QUERY");
+    return value != nullptr && std::string(value) == "1";
+  }();
+  if (pipelined && fragment_pipelined_variants(a.shape, a.dtype, chunks) && a.packed_mixed &&
+      a.packed_grad_mixed) {
+    return a.shape.head_dim == 64 ? launch_pipelined<PipelinedQueryPass<64>>(a, stream)
+                                  : launch_pipelined<PipelinedQueryPass<32>>(a, stream);
+  }
   return launch_pass<QueryPass>(a, chunks, stream);
 }
 
