@@ -35,10 +35,9 @@ bool fragment_passes_in_use(DType dtype, int head_dim);
 // MHLA_FRAGMENT_ONE_TILE=0 keeps the general variants (A/B runs).
 bool fragment_one_tile_variants(const BlockLinearShape& shape);
 
-// Whether the states, output and key passes take their pipelined one-tile variants
-// (fragment_pipeline.cuh): bf16 inputs, one chunk per block and blocks of at most one tile; each
-// pass also needs its packed state set. MHLA_PIPELINED_PASSES=0 keeps the one-shot CTAs (A/B).
-// The query pass has none: pipelined, it ran slower (session 28).
+// Whether the four passes take their pipelined one-tile variants (fragment_pipeline.cuh): bf16
+// inputs, one chunk per block and blocks of at most one tile; each pass also needs its packed
+// state sets. MHLA_PIPELINED_PASSES=0 keeps the one-shot CTAs (A/B runs).
 bool fragment_pipelined_variants(const BlockLinearShape& shape, DType dtype, int chunks);
 
 // Each launches its pass over `chunks` chunks per block; with more than one chunk per block the

@@ -13,9 +13,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <cstdlib>
-#include <string>
-
 #include "common/wmma_gemm.cuh"
 #include "mhla/block_fragment_passes.h"
 #include "mhla/block_work.cuh"
@@ -256,8 +253,8 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
       const float scale[2] = {scale_rows[r0], scale_rows[r1]};
       feature_backward<E, D>(dphi, q_raw, q_raw, Q::ld, scale, dden, z);
       __syncwarp();
-      copy_rows_out<E, D>(q_raw, Q::ld, grad_q, p.shape.tokens, p.shape.heads, it.b, it.h,
-                          it.begin, it.valid);
+      copy_rows_out<E, D>(q_raw, Q::ld, grad_q, p.shape.tokens, p.shape.heads, it.b, it.h, it.begin,
+                          it.valid);
     }
     __syncthreads();  // phi and dnum of all rows are in
     // 3. dS' = phi(Q)^T dnum and dz' = phi(Q)^T dden over the tile, packed out.
@@ -281,11 +278,7 @@ struct PipelinedQueryPass {
 }  // namespace
 
 cudaError_t fragment_query_backward(const BlockLinearBackward& a, int chunks, cudaStream_t stream) {
-  static const bool pipelined = [] {  // session 28, call 6 only
-    const char* value = std::getenv("MHLA_PIPELINED_QUERY");
-    return value != nullptr && std::string(value) == "1";
-  }();
-  if (pipelined && fragment_pipelined_variants(a.shape, a.dtype, chunks) && a.packed_mixed &&
+  if (fragment_pipelined_variants(a.shape, a.dtype, chunks) && a.packed_mixed &&
       a.packed_grad_mixed) {
     return a.shape.head_dim == 64 ? launch_pipelined<PipelinedQueryPass<64>>(a, stream)
                                   : launch_pipelined<PipelinedQueryPass<32>>(a, stream);
