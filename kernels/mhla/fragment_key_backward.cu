@@ -27,6 +27,36 @@ using namespace fragment_rows;
 template <int D>
 constexpr int kLd = D + 8;  // elements per row of every tile (ldmatrix without bank conflicts)
 
+// Step 2 of a tile for the warp's rows (some valid): dv = phi(K) dS and d(phi) = V dS^T on
+// mma.sync; dv out through the warp's rows of phi, the feature backward with dz added to every
+// row, dk out through its rows of k.
+template <typename E, int D>
+__device__ __forceinline__ void key_rows_out(E* phi, E* k_raw, const E* v_raw, const E* dstate,
+                                             const float* dz, const float* scale_rows,
+                                             const BlockLinearBackward& p, int b, int h, int n0,
+                                             int valid) {
+  constexpr int ld = kLd<D>;
+  const int warp = threadIdx.x / 32;
+  const float ones[2] = {1.f, 1.f};
+  TileAccumulator dv[1][D / 16], dphi[1][D / 16];
+#pragma unroll
+  for (int j = 0; j < D / 16; ++j) {
+    dv[0][j].zero();
+    dphi[0][j].zero();
+  }
+  wmma_tiles::mma_block<E, false, false, 1, D / 16>(dv, phi, ld, dstate, ld, warp, 0, D);
+  wmma_tiles::mma_block<E, false, true, 1, D / 16>(dphi, v_raw, ld, dstate, ld, warp, 0, D);
+  __syncwarp();  // the warp's reads of phi are done: dv goes there
+  store_rows<E, D>(dv, ones, phi, ld);
+  const float scale[2] = {scale_rows[accumulator_row(0)], scale_rows[accumulator_row(1)]};
+  feature_backward<E, D>(dphi, k_raw, k_raw, ld, scale, ones, dz);
+  __syncwarp();
+  copy_rows_out<E, D>(phi, ld, static_cast<E*>(p.grad_v), p.shape.tokens, p.shape.heads, b, h, n0,
+                      valid);
+  copy_rows_out<E, D>(k_raw, ld, static_cast<E*>(p.grad_k), p.shape.tokens, p.shape.heads, b, h, n0,
+                      valid);
+}
+
 template <int D>
 constexpr size_t key_smem() {
   return align128(D * kLd<D> * 2) + 3 * align128(kTile * kLd<D> * 2) + align128(D * 4) +
@@ -62,9 +92,6 @@ __global__ void __launch_bounds__(kFragmentThreads, 4)
                        p.packed_grad_states, dstate, dz);
   __syncthreads();  // the only barrier: from here on each warp touches only its own rows
 
-  T* grad_k = static_cast<T*>(p.grad_k);
-  T* grad_v = static_cast<T*>(p.grad_v);
-  const float ones[2] = {1.f, 1.f};
   for (int n0 = w.begin; n0 < w.end; n0 += kTile) {
     const int valid = min(kTile, w.end - n0);
     {  // 1. Row form.
@@ -83,24 +110,8 @@ __global__ void __launch_bounds__(kFragmentThreads, 4)
     }
     if (n0 + kTile < w.end) issue(n0 + kTile);  // in flight through step 2
     __syncwarp();
-    if (warp * 16 < valid) {  // 2. Products, dv, the feature backward, dk.
-      TileAccumulator dv[1][D / 16], dphi[1][D / 16];
-#pragma unroll
-      for (int j = 0; j < D / 16; ++j) {
-        dv[0][j].zero();
-        dphi[0][j].zero();
-      }
-      wmma_tiles::mma_block<E, false, false, 1, D / 16>(dv, phi, ld, dstate, ld, warp, 0, D);
-      wmma_tiles::mma_block<E, false, true, 1, D / 16>(dphi, v_raw, ld, dstate, ld, warp, 0, D);
-      __syncwarp();  // the warp's reads of phi are done: dv goes there
-      store_rows<E, D>(dv, ones, phi, ld);
-      const int r0 = accumulator_row(0), r1 = accumulator_row(1);
-      const float scale[2] = {scale_rows[r0], scale_rows[r1]};
-      feature_backward<E, D>(dphi, k_raw, k_raw, ld, scale, ones, dz);
-      __syncwarp();
-      copy_rows_out<T, D>(phi, ld, grad_v, p.shape.tokens, p.shape.heads, w.b, w.h, n0, valid);
-      copy_rows_out<T, D>(k_raw, ld, grad_k, p.shape.tokens, p.shape.heads, w.b, w.h, n0, valid);
-    }
+    if (warp * 16 < valid)  // 2. Products, dv, the feature backward, dk.
+      key_rows_out<E, D>(phi, k_raw, v_raw, dstate, dz, scale_rows, p, w.b, w.h, n0, valid);
     __syncwarp();  // the copies' reads are done before the next tile's rows are written
   }
 }
@@ -139,70 +150,39 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
   E* phi = reinterpret_cast<E*>(smem + 2 * Stage::bytes);  // then dv
   float* scale_rows = reinterpret_cast<float*>(smem + 2 * Stage::bytes + Stage::tile);
 
-  const int items = p.shape.batch * p.shape.heads * p.shape.blocks;
-  auto issue = [&](int item, int s) {
-    const fragment_pipeline::TileItem it = fragment_pipeline::tile_item(p.shape, item);
+  auto issue = [&](const fragment_pipeline::TileItem& it, int s) {
     fragment_pipeline::copy_rows_async<D>(p.k, it, k_of(s), ld);
     fragment_pipeline::copy_rows_async<D>(p.v, it, v_of(s), ld);
     fragment_pipeline::copy_packed_state_async<D>(p.grad_states, it.state, dstate_of(s), dz_of(s));
   };
   const int warp = threadIdx.x / 32;
   const int row = lane_row(), seg = lane_half();
-  E* grad_k = static_cast<E*>(p.grad_k);
-  E* grad_v = static_cast<E*>(p.grad_v);
-  const float ones[2] = {1.f, 1.f};
-  if (static_cast<int>(blockIdx.x) < items) issue(blockIdx.x, 0);
-  async_copy::commit();
-  int stage = 0;
-  for (int item = blockIdx.x; item < items; item += gridDim.x, stage ^= 1) {
-    async_copy::wait<0>();
-    // This item's rows and state are in, from every thread's copies; and every warp is done
-    // with the previous item, whose stage the next item's copies now fill.
-    __syncthreads();
-    if (item + static_cast<int>(gridDim.x) < items) issue(item + gridDim.x, stage ^ 1);
-    async_copy::commit();
-    const fragment_pipeline::TileItem it = fragment_pipeline::tile_item(p.shape, item);
-    E* k_raw = k_of(stage);  // then dk
-    const E* v_raw = v_of(stage);
-    const E* dstate = dstate_of(stage);
-    const float* dz = dz_of(stage);
-    {  // 1. Row form: phi(k) and 1/rms(k) of the lane's half row.
-      const bool live = row < it.valid;
-      uint4 raw_k[R::words];
+  fragment_pipeline::walk_items(
+      p.shape, issue, [&](const fragment_pipeline::TileItem& it, int stage) {
+        E* k_raw = k_of(stage);  // then dk
+        const E* v_raw = v_of(stage);
+        const E* dstate = dstate_of(stage);
+        const float* dz = dz_of(stage);
+        {  // 1. Row form: phi(k) and 1/rms(k) of the lane's half row.
+          const bool live = row < it.valid;
+          uint4 raw_k[R::words];
 #pragma unroll
-      for (int u = 0; u < R::words; ++u)
-        raw_k[u] = *reinterpret_cast<const uint4*>(k_raw + row * ld + seg * R::half + u * 8);
-      const float scale = row_scale<E, D>(raw_k);
+          for (int u = 0; u < R::words; ++u)
+            raw_k[u] = *reinterpret_cast<const uint4*>(k_raw + row * ld + seg * R::half + u * 8);
+          const float scale = row_scale<E, D>(raw_k);
 #pragma unroll
-      for (int u = 0; u < R::words; ++u) {
-        float x[8];
-        features<E>(raw_k[u], scale, live, x);
-        *reinterpret_cast<uint4*>(phi + row * ld + seg * R::half + u * 8) = from_floats<E>(x);
-      }
-      if (seg == 0) scale_rows[row] = scale;
-    }
-    __syncwarp();
-    if (warp * 16 < it.valid) {  // 2. Products, dv, the feature backward, dk.
-      TileAccumulator dv[1][D / 16], dphi[1][D / 16];
-#pragma unroll
-      for (int j = 0; j < D / 16; ++j) {
-        dv[0][j].zero();
-        dphi[0][j].zero();
-      }
-      wmma_tiles::mma_block<E, false, false, 1, D / 16>(dv, phi, ld, dstate, ld, warp, 0, D);
-      wmma_tiles::mma_block<E, false, true, 1, D / 16>(dphi, v_raw, ld, dstate, ld, warp, 0, D);
-      __syncwarp();  // the warp's reads of phi are done: dv goes there
-      store_rows<E, D>(dv, ones, phi, ld);
-      const int r0 = accumulator_row(0), r1 = accumulator_row(1);
-      const float scale[2] = {scale_rows[r0], scale_rows[r1]};
-      feature_backward<E, D>(dphi, k_raw, k_raw, ld, scale, ones, dz);
-      __syncwarp();
-      copy_rows_out<E, D>(phi, ld, grad_v, p.shape.tokens, p.shape.heads, it.b, it.h, it.begin,
-                          it.valid);
-      copy_rows_out<E, D>(k_raw, ld, grad_k, p.shape.tokens, p.shape.heads, it.b, it.h, it.begin,
-                          it.valid);
-    }
-  }
+          for (int u = 0; u < R::words; ++u) {
+            float x[8];
+            features<E>(raw_k[u], scale, live, x);
+            *reinterpret_cast<uint4*>(phi + row * ld + seg * R::half + u * 8) = from_floats<E>(x);
+          }
+          if (seg == 0) scale_rows[row] = scale;
+        }
+        __syncwarp();
+        if (warp * 16 < it.valid)  // 2. Products, dv, the feature backward, dk.
+          key_rows_out<E, D>(phi, k_raw, v_raw, dstate, dz, scale_rows, p, it.b, it.h, it.begin,
+                             it.valid);
+      });
 }
 
 template <int D>

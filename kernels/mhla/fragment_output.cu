@@ -29,6 +29,26 @@ using namespace fragment_rows;
 template <int D>
 constexpr int kLd = D + 8;
 
+// Step 2 of a tile for the warp's rows (some valid): phi(Q) S' on mma.sync, each row times its
+// 1 / den, out through the warp's rows of the phi tile.
+template <typename E, int D>
+__device__ __forceinline__ void output_rows_out(E* phi, const E* mixed, const float* inv_den,
+                                                const BlockLinearForward& p, int b, int h, int n0,
+                                                int valid) {
+  constexpr int ld = kLd<D>;
+  TileAccumulator numerator[1][D / 16];
+#pragma unroll
+  for (int j = 0; j < D / 16; ++j) numerator[0][j].zero();
+  wmma_tiles::mma_block<E, false, false, 1, D / 16>(numerator, phi, ld, mixed, ld,
+                                                    static_cast<int>(threadIdx.x / 32), 0, D);
+  const float factor[2] = {inv_den[accumulator_row(0)], inv_den[accumulator_row(1)]};
+  __syncwarp();  // the warp's reads of phi are done: the output rows go there
+  store_rows<E, D>(numerator, factor, phi, ld);
+  __syncwarp();
+  copy_rows_out<E, D>(phi, ld, static_cast<E*>(p.out), p.shape.tokens, p.shape.heads, b, h, n0,
+                      valid);
+}
+
 template <int D>
 constexpr size_t output_smem() {
   return align128(D * kLd<D> * 2) + align128(kTile * kLd<D> * 2) + align128(D * 4) +
@@ -58,7 +78,6 @@ __global__ void __launch_bounds__(kFragmentThreads, MinBlocks)
                        p.packed_mixed, mixed, z);
   __syncthreads();  // the only barrier: from here on each warp touches only its own rows
 
-  T* out = static_cast<T*>(p.out);
   for (int n0 = w.begin; n0 < w.end; n0 += kTile) {
     const int valid = min(kTile, w.end - n0);
     {  // 1. Row form.
@@ -69,17 +88,8 @@ __global__ void __launch_bounds__(kFragmentThreads, MinBlocks)
     }
     if (n0 + kTile < w.end) issue(n0 + kTile);  // in flight through step 2
     __syncwarp();
-    if (warp * 16 < valid) {  // 2. The product, normalized, out.
-      TileAccumulator numerator[1][D / 16];
-#pragma unroll
-      for (int j = 0; j < D / 16; ++j) numerator[0][j].zero();
-      wmma_tiles::mma_block<E, false, false, 1, D / 16>(numerator, phi, ld, mixed, ld, warp, 0, D);
-      const float factor[2] = {inv_den[accumulator_row(0)], inv_den[accumulator_row(1)]};
-      __syncwarp();  // the warp's reads of phi are done: the output rows go there
-      store_rows<E, D>(numerator, factor, phi, ld);
-      __syncwarp();
-      copy_rows_out<T, D>(phi, ld, out, p.shape.tokens, p.shape.heads, w.b, w.h, n0, valid);
-    }
+    if (warp * 16 < valid)  // 2. The product, normalized, out.
+      output_rows_out<E, D>(phi, mixed, inv_den, p, w.b, w.h, n0, valid);
     __syncwarp();  // the copies' reads are done before the next tile's rows are written
   }
 }
@@ -122,53 +132,31 @@ __global__ void __launch_bounds__(kFragmentThreads, 6)
   };
   float* inv_den = reinterpret_cast<float*>(smem + 2 * Stage::bytes);
 
-  const int items = p.shape.batch * p.shape.heads * p.shape.blocks;
-  auto issue = [&](int item, int s) {
-    const fragment_pipeline::TileItem it = fragment_pipeline::tile_item(p.shape, item);
+  auto issue = [&](const fragment_pipeline::TileItem& it, int s) {
     fragment_pipeline::copy_rows_async<D>(p.q, it, rows_of(s), ld);
     fragment_pipeline::copy_packed_state_async<D>(p.mixed, it.state, mixed_of(s), z_of(s));
   };
   const int warp = threadIdx.x / 32;
   const int row = lane_row(), seg = lane_half();
-  E* out = static_cast<E*>(p.out);
-  if (static_cast<int>(blockIdx.x) < items) issue(blockIdx.x, 0);
-  async_copy::commit();
-  int stage = 0;
-  for (int item = blockIdx.x; item < items; item += gridDim.x, stage ^= 1) {
-    async_copy::wait<0>();
-    // This item's rows and state are in, from every thread's copies; and every warp is done
-    // with the previous item, whose stage the next item's copies now fill.
-    __syncthreads();
-    if (item + static_cast<int>(gridDim.x) < items) issue(item + gridDim.x, stage ^ 1);
-    async_copy::commit();
-    const fragment_pipeline::TileItem it = fragment_pipeline::tile_item(p.shape, item);
-    E* rows = rows_of(stage);  // q, then phi(q), then the output rows
-    const E* mixed = mixed_of(stage);
-    {  // 1. Row form: phi(q) in place, 1 / den.
-      const bool live = row < it.valid;
-      uint4 raw_q[R::words];
+  fragment_pipeline::walk_items(
+      p.shape, issue, [&](const fragment_pipeline::TileItem& it, int stage) {
+        E* rows = rows_of(stage);  // q, then phi(q), then the output rows
+        const E* mixed = mixed_of(stage);
+        {  // 1. Row form: phi(q) in place, 1 / den.
+          const bool live = row < it.valid;
+          uint4 raw_q[R::words];
 #pragma unroll
-      for (int u = 0; u < R::words; ++u)
-        raw_q[u] = *reinterpret_cast<const uint4*>(rows + row * ld + seg * R::half + u * 8);
-      const float scale = row_scale<E, D>(raw_q);
-      const float den =
-          pair_sum(features_dot<E, D>(raw_q, scale, live, z_of(stage), rows + row * ld));
-      if (seg == 0) inv_den[row] = 1.f / (den + kDenominatorEps);
-    }
-    __syncwarp();
-    if (warp * 16 < it.valid) {  // 2. The product, normalized, out.
-      TileAccumulator numerator[1][D / 16];
-#pragma unroll
-      for (int j = 0; j < D / 16; ++j) numerator[0][j].zero();
-      wmma_tiles::mma_block<E, false, false, 1, D / 16>(numerator, rows, ld, mixed, ld, warp, 0, D);
-      const float factor[2] = {inv_den[accumulator_row(0)], inv_den[accumulator_row(1)]};
-      __syncwarp();  // the warp's reads of phi are done: the output rows go there
-      store_rows<E, D>(numerator, factor, rows, ld);
-      __syncwarp();
-      copy_rows_out<E, D>(rows, ld, out, p.shape.tokens, p.shape.heads, it.b, it.h, it.begin,
-                          it.valid);
-    }
-  }
+          for (int u = 0; u < R::words; ++u)
+            raw_q[u] = *reinterpret_cast<const uint4*>(rows + row * ld + seg * R::half + u * 8);
+          const float scale = row_scale<E, D>(raw_q);
+          const float den =
+              pair_sum(features_dot<E, D>(raw_q, scale, live, z_of(stage), rows + row * ld));
+          if (seg == 0) inv_den[row] = 1.f / (den + kDenominatorEps);
+        }
+        __syncwarp();
+        if (warp * 16 < it.valid)  // 2. The product, normalized, out.
+          output_rows_out<E, D>(rows, mixed, inv_den, p, it.b, it.h, it.begin, it.valid);
+      });
 }
 
 template <int D>

@@ -71,5 +71,26 @@ __device__ __forceinline__ void copy_packed_state_async(const float* set, size_t
     async_copy::copy_streaming16(z + threadIdx.x * 4, state + D * D / 2 + threadIdx.x * 4, true);
 }
 
+// Walks this CTA's items (blockIdx.x, then every gridDim.x-th) over two stages of shared memory:
+// issue(item, stage) starts the copies of an item's inputs into a stage, body(item, stage) runs
+// the item once they have landed. The item's one barrier also tells every warp that the previous
+// item is done, so the next item's copies may refill its stage.
+template <typename Issue, typename Body>
+__device__ __forceinline__ void walk_items(const BlockLinearShape& shape, Issue&& issue,
+                                           Body&& body) {
+  const int items = shape.batch * shape.heads * shape.blocks;
+  const int first = static_cast<int>(blockIdx.x), step = static_cast<int>(gridDim.x);
+  if (first < items) issue(tile_item(shape, first), 0);
+  async_copy::commit();
+  int stage = 0;
+  for (int item = first; item < items; item += step, stage ^= 1) {
+    async_copy::wait<0>();
+    __syncthreads();  // this item's inputs are in, from every thread's copies
+    if (item + step < items) issue(tile_item(shape, item + step), stage ^ 1);
+    async_copy::commit();
+    body(tile_item(shape, item), stage);
+  }
+}
+
 }  // namespace fragment_pipeline
 }  // namespace mhla_kernels

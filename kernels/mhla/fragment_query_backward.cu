@@ -35,6 +35,31 @@ struct QueryLayout {
   static constexpr int state = D * D + D;
 };
 
+// Step 2 of a tile for the warp's rows (some valid): d(phi) = dnum S'^T; dO . o = phi(q) . d(phi)
+// (o = phi(q) S' / den, so the forward's output is not read); dden = -(dO . o) / den into column D
+// of dnum (for step 3's dz') and into the feature backward; dq out through the warp's rows of q.
+template <typename E, int D>
+__device__ __forceinline__ void query_rows_out(E* dnum, const E* mixed, const E* phi, E* q_raw,
+                                               const float* inv_den_rows, const float* scale_rows,
+                                               const float* z, const BlockLinearBackward& p, int b,
+                                               int h, int n0, int valid) {
+  using Q = QueryLayout<D>;
+  const int warp = threadIdx.x / 32;
+  TileAccumulator dphi[1][D / 16];
+#pragma unroll
+  for (int j = 0; j < D / 16; ++j) dphi[0][j].zero();
+  wmma_tiles::mma_block<E, false, true, 1, D / 16>(dphi, dnum, Q::ldn, mixed, Q::ld, warp, 0, D);
+  const int r0 = accumulator_row(0), r1 = accumulator_row(1);
+  const float g_dot_o[2] = {row_dot<E, D>(dphi, phi, Q::ld, 0), row_dot<E, D>(dphi, phi, Q::ld, 1)};
+  const float dden[2] = {-g_dot_o[0] * inv_den_rows[r0], -g_dot_o[1] * inv_den_rows[r1]};
+  store_extra_columns<E, D>(dnum, dden);
+  const float scale[2] = {scale_rows[r0], scale_rows[r1]};
+  feature_backward<E, D>(dphi, q_raw, q_raw, Q::ld, scale, dden, z);
+  __syncwarp();
+  copy_rows_out<E, D>(q_raw, Q::ld, static_cast<E*>(p.grad_q), p.shape.tokens, p.shape.heads, b, h,
+                      n0, valid);
+}
+
 template <int D>
 constexpr size_t query_smem() {
   using Q = QueryLayout<D>;
@@ -80,7 +105,6 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
 #pragma unroll
   for (int j = 0; j < StateSlices<D>::col_tiles; ++j) dstate[0][j].zero();
   dz.zero();
-  T* grad_q = static_cast<T*>(p.grad_q);
   int buffer = 0;
   for (int n0 = w.begin; n0 < w.end; n0 += kTile, buffer ^= 1) {
     const int valid = min(kTile, w.end - n0), rows = (valid + 15) / 16 * 16;
@@ -113,24 +137,9 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
     if (n0 + kTile < w.end) issue(n0 + kTile);  // in flight through steps 2 and 3
     __syncwarp();
     // 2. d(phi) of the warp's rows, the feature backward, dq.
-    if (warp * 16 < valid) {
-      TileAccumulator dphi[1][D / 16];
-#pragma unroll
-      for (int j = 0; j < D / 16; ++j) dphi[0][j].zero();
-      wmma_tiles::mma_block<E, false, true, 1, D / 16>(dphi, dnum, Q::ldn, mixed, Q::ld, warp, 0,
-                                                       D);
-      // dO . o = phi(q) . (dnum S'^T): o is not read. dden = -(dO . o) / den goes to column D
-      // of dnum (for step 3's dz') and into the feature backward.
-      const int r0 = accumulator_row(0), r1 = accumulator_row(1);
-      const float g_dot_o[2] = {row_dot<E, D>(dphi, phi, Q::ld, 0),
-                                row_dot<E, D>(dphi, phi, Q::ld, 1)};
-      const float dden[2] = {-g_dot_o[0] * inv_den_rows[r0], -g_dot_o[1] * inv_den_rows[r1]};
-      store_extra_columns<E, D>(dnum, dden);
-      const float scale[2] = {scale_rows[r0], scale_rows[r1]};
-      feature_backward<E, D>(dphi, q_raw, q_raw, Q::ld, scale, dden, z);
-      __syncwarp();
-      copy_rows_out<T, D>(q_raw, Q::ld, grad_q, p.shape.tokens, p.shape.heads, w.b, w.h, n0, valid);
-    }
+    if (warp * 16 < valid)
+      query_rows_out<E, D>(dnum, mixed, phi, q_raw, inv_den_rows, scale_rows, z, p, w.b, w.h, n0,
+                           valid);
     __syncthreads();  // phi and dnum of all rows are in
     // 3. dS' += phi(Q)^T dnum and dz' += phi(Q)^T dden over the tile.
     accumulate_state<E, D>(dstate, dz, phi, dnum, rows);
@@ -188,85 +197,59 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
   float* inv_den_rows = reinterpret_cast<float*>(smem + 2 * Stage::bytes + Stage::rows);
   float* scale_rows = inv_den_rows + align128(kTile * 4) / 4;
 
-  const int items = p.shape.batch * p.shape.heads * p.shape.blocks;
-  auto issue = [&](int item, int s) {
-    const fragment_pipeline::TileItem it = fragment_pipeline::tile_item(p.shape, item);
+  auto issue = [&](const fragment_pipeline::TileItem& it, int s) {
     fragment_pipeline::copy_rows_async<D>(p.q, it, q_of(s), Q::ld);
     fragment_pipeline::copy_rows_async<D>(p.grad_out, it, dnum_of(s), Q::ldn);
     fragment_pipeline::copy_packed_state_async<D>(p.mixed, it.state, mixed_of(s), z_of(s));
   };
   const int warp = threadIdx.x / 32;
   const int row = lane_row(), seg = lane_half();
-  E* grad_q = static_cast<E*>(p.grad_q);
-  if (static_cast<int>(blockIdx.x) < items) issue(blockIdx.x, 0);
-  async_copy::commit();
-  int stage = 0;
-  for (int item = blockIdx.x; item < items; item += gridDim.x, stage ^= 1) {
-    async_copy::wait<0>();
-    // This item's rows and state are in, from every thread's copies; and every warp is done
-    // with the previous item, whose stage the next item's copies now fill.
-    __syncthreads();
-    if (item + static_cast<int>(gridDim.x) < items) issue(item + gridDim.x, stage ^ 1);
-    async_copy::commit();
-    const fragment_pipeline::TileItem it = fragment_pipeline::tile_item(p.shape, item);
-    E* q_raw = q_of(stage);  // then dq, per warp's rows
-    E* dnum = dnum_of(stage);
-    const E* mixed = mixed_of(stage);
-    const float* z = z_of(stage);
-    {  // 1. Row form: phi(q), den, dnum = dO / den in place.
-      const bool live = row < it.valid;
-      uint4 raw_q[R::words];
+  fragment_pipeline::walk_items(
+      p.shape, issue, [&](const fragment_pipeline::TileItem& it, int stage) {
+        E* q_raw = q_of(stage);  // then dq, per warp's rows
+        E* dnum = dnum_of(stage);
+        const E* mixed = mixed_of(stage);
+        const float* z = z_of(stage);
+        {  // 1. Row form: phi(q), den, dnum = dO / den in place.
+          const bool live = row < it.valid;
+          uint4 raw_q[R::words];
 #pragma unroll
-      for (int u = 0; u < R::words; ++u)
-        raw_q[u] = *reinterpret_cast<const uint4*>(q_raw + row * Q::ld + seg * R::half + u * 8);
-      const float scale = row_scale<E, D>(raw_q);
-      float den = features_dot<E, D>(raw_q, scale, live, z, phi + row * Q::ld);
-      den = pair_sum(den);  // every lane: a shuffle under `live ?` deadlocks partial tiles
-      const float inv = live ? 1.f / (den + kDenominatorEps) : 0.f;
+          for (int u = 0; u < R::words; ++u)
+            raw_q[u] = *reinterpret_cast<const uint4*>(q_raw + row * Q::ld + seg * R::half + u * 8);
+          const float scale = row_scale<E, D>(raw_q);
+          float den = features_dot<E, D>(raw_q, scale, live, z, phi + row * Q::ld);
+          den = pair_sum(den);  // every lane: a shuffle under `live ?` deadlocks partial tiles
+          const float inv = live ? 1.f / (den + kDenominatorEps) : 0.f;
 #pragma unroll
-      for (int u = 0; u < R::words; ++u) {
-        uint4* word = reinterpret_cast<uint4*>(dnum + row * Q::ldn + seg * R::half + u * 8);
-        float g[8];
-        to_floats<E>(*word, g);
+          for (int u = 0; u < R::words; ++u) {
+            uint4* word = reinterpret_cast<uint4*>(dnum + row * Q::ldn + seg * R::half + u * 8);
+            float g[8];
+            to_floats<E>(*word, g);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) g[i] *= inv;
-        *word = from_floats<E>(g);
-      }
-      if (seg == 0) {
-        inv_den_rows[row] = inv;
-        scale_rows[row] = scale;
-      }
-    }
-    __syncwarp();
-    // 2. d(phi) of the warp's rows, the feature backward, dq.
-    if (warp * 16 < it.valid) {
-      TileAccumulator dphi[1][D / 16];
+            for (int i = 0; i < 8; ++i) g[i] *= inv;
+            *word = from_floats<E>(g);
+          }
+          if (seg == 0) {
+            inv_den_rows[row] = inv;
+            scale_rows[row] = scale;
+          }
+        }
+        __syncwarp();
+        // 2. d(phi) of the warp's rows, the feature backward, dq.
+        if (warp * 16 < it.valid)
+          query_rows_out<E, D>(dnum, mixed, phi, q_raw, inv_den_rows, scale_rows, z, p, it.b, it.h,
+                               it.begin, it.valid);
+        __syncthreads();  // phi and dnum of all rows are in
+        // 3. dS' = phi(Q)^T dnum and dz' = phi(Q)^T dden over the tile, packed out.
+        TileAccumulator dstate[1][StateSlices<D>::col_tiles], dz;
 #pragma unroll
-      for (int j = 0; j < D / 16; ++j) dphi[0][j].zero();
-      wmma_tiles::mma_block<E, false, true, 1, D / 16>(dphi, dnum, Q::ldn, mixed, Q::ld, warp, 0,
-                                                       D);
-      const int r0 = accumulator_row(0), r1 = accumulator_row(1);
-      const float g_dot_o[2] = {row_dot<E, D>(dphi, phi, Q::ld, 0),
-                                row_dot<E, D>(dphi, phi, Q::ld, 1)};
-      const float dden[2] = {-g_dot_o[0] * inv_den_rows[r0], -g_dot_o[1] * inv_den_rows[r1]};
-      store_extra_columns<E, D>(dnum, dden);
-      const float scale[2] = {scale_rows[r0], scale_rows[r1]};
-      feature_backward<E, D>(dphi, q_raw, q_raw, Q::ld, scale, dden, z);
-      __syncwarp();
-      copy_rows_out<E, D>(q_raw, Q::ld, grad_q, p.shape.tokens, p.shape.heads, it.b, it.h, it.begin,
-                          it.valid);
-    }
-    __syncthreads();  // phi and dnum of all rows are in
-    // 3. dS' = phi(Q)^T dnum and dz' = phi(Q)^T dden over the tile, packed out.
-    TileAccumulator dstate[1][StateSlices<D>::col_tiles], dz;
-#pragma unroll
-    for (int j = 0; j < StateSlices<D>::col_tiles; ++j) dstate[0][j].zero();
-    dz.zero();
-    accumulate_state<E, D>(dstate, dz, phi, dnum, (it.valid + 15) / 16 * 16);
-    // Staged in the warp's own rows of q (its dq rows went out before the barrier).
-    write_packed_state<D>(dstate, dz, p.grad_mixed + it.state * (D * D / 2 + D),
-                          p.direct_packed_stores ? nullptr : q_raw + warp * 16 * Q::ld, Q::ld);
-  }
+        for (int j = 0; j < StateSlices<D>::col_tiles; ++j) dstate[0][j].zero();
+        dz.zero();
+        accumulate_state<E, D>(dstate, dz, phi, dnum, (it.valid + 15) / 16 * 16);
+        // Staged in the warp's own rows of q (its dq rows went out before the barrier).
+        write_packed_state<D>(dstate, dz, p.grad_mixed + it.state * (D * D / 2 + D),
+                              p.direct_packed_stores ? nullptr : q_raw + warp * 16 * Q::ld, Q::ld);
+      });
 }
 
 template <int D>

@@ -123,56 +123,45 @@ __global__ void __launch_bounds__(kFragmentThreads, MinBlocks)
     return reinterpret_cast<E*>(smem + s * Stage::bytes + Stage::keys);
   };
 
-  const int items = p.shape.batch * p.shape.heads * p.shape.blocks;
-  auto issue = [&](int item, int s) {
-    const fragment_pipeline::TileItem it = fragment_pipeline::tile_item(p.shape, item);
+  auto issue = [&](const fragment_pipeline::TileItem& it, int s) {
     fragment_pipeline::copy_rows_async<D>(p.k, it, keys_of(s), ld);
     fragment_pipeline::copy_rows_async<D>(p.v, it, values_of(s), S::ld_extra);
   };
   const int row = lane_row(), seg = lane_half();
-  if (static_cast<int>(blockIdx.x) < items) issue(blockIdx.x, 0);
-  async_copy::commit();
-  int stage = 0;
-  for (int item = blockIdx.x; item < items; item += gridDim.x, stage ^= 1) {
-    async_copy::wait<0>();
-    // This item's rows are in, from every thread's copies; and every warp is done
-    // with the previous item, whose stage the next item's copies now fill.
-    __syncthreads();
-    if (item + static_cast<int>(gridDim.x) < items) issue(item + gridDim.x, stage ^ 1);
-    async_copy::commit();
-    const fragment_pipeline::TileItem it = fragment_pipeline::tile_item(p.shape, item);
-    E* phi = keys_of(stage);  // k, then phi(k)
-    E* values = values_of(stage);
-    {  // 1. Row form: phi(k) in place, the column of ones.
-      const bool live = row < it.valid;
-      uint4 raw_k[R::words];
+  fragment_pipeline::walk_items(
+      p.shape, issue, [&](const fragment_pipeline::TileItem& it, int stage) {
+        E* phi = keys_of(stage);  // k, then phi(k)
+        E* values = values_of(stage);
+        {  // 1. Row form: phi(k) in place, the column of ones.
+          const bool live = row < it.valid;
+          uint4 raw_k[R::words];
 #pragma unroll
-      for (int u = 0; u < R::words; ++u)
-        raw_k[u] = *reinterpret_cast<const uint4*>(phi + row * ld + seg * R::half + u * 8);
-      const float scale = row_scale<E, D>(raw_k);
+          for (int u = 0; u < R::words; ++u)
+            raw_k[u] = *reinterpret_cast<const uint4*>(phi + row * ld + seg * R::half + u * 8);
+          const float scale = row_scale<E, D>(raw_k);
 #pragma unroll
-      for (int u = 0; u < R::words; ++u) {
-        float x[8];
-        features<E>(raw_k[u], scale, live, x);
-        *reinterpret_cast<uint4*>(phi + row * ld + seg * R::half + u * 8) = from_floats<E>(x);
-      }
-      store_extra_column<E, D>(values, row, live ? 1.f : 0.f);
-    }
-    __syncthreads();  // phi and v of all rows are in
-    // 2. S = phi(K)^T [V, 1] over the tile, packed out.
-    TileAccumulator state[1][S::col_tiles], z;
+          for (int u = 0; u < R::words; ++u) {
+            float x[8];
+            features<E>(raw_k[u], scale, live, x);
+            *reinterpret_cast<uint4*>(phi + row * ld + seg * R::half + u * 8) = from_floats<E>(x);
+          }
+          store_extra_column<E, D>(values, row, live ? 1.f : 0.f);
+        }
+        __syncthreads();  // phi and v of all rows are in
+        // 2. S = phi(K)^T [V, 1] over the tile, packed out.
+        TileAccumulator state[1][S::col_tiles], z;
 #pragma unroll
-    for (int j = 0; j < S::col_tiles; ++j) state[0][j].zero();
-    z.zero();
-    accumulate_state<E, D>(state, z, phi, values, (it.valid + 15) / 16 * 16);
-    float* out = p.states + it.state * (D * D / 2 + D);
-    if (p.direct_packed_stores) {
-      write_packed_state<D>(state, z, out);
-    } else {
-      __syncthreads();  // every warp's reads of phi are done: each stages its slice there
-      write_packed_state<D>(state, z, out, phi + (threadIdx.x / 32) * 16 * ld, ld);
-    }
-  }
+        for (int j = 0; j < S::col_tiles; ++j) state[0][j].zero();
+        z.zero();
+        accumulate_state<E, D>(state, z, phi, values, (it.valid + 15) / 16 * 16);
+        float* out = p.states + it.state * (D * D / 2 + D);
+        if (p.direct_packed_stores) {
+          write_packed_state<D>(state, z, out);
+        } else {
+          __syncthreads();  // every warp's reads of phi are done: each stages its slice there
+          write_packed_state<D>(state, z, out, phi + (threadIdx.x / 32) * 16 * ld, ld);
+        }
+      });
 }
 
 template <int D>
