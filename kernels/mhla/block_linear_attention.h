@@ -66,8 +66,10 @@ struct BlockLinearForward {
   // Chunks sharing a state add into it one element per atomic instead of four (fragment passes;
   // set from MHLA_SCALAR_STATE_ADDS=1 by block_linear_forward, for A/B runs).
   bool scalar_state_adds = false;
-  // The states pass stores a packed S straight from its accumulators instead of in 16-byte
-  // pieces through shared memory (set from MHLA_PACKED_STATE_STORES=direct, for A/B runs).
+  // The pipelined states pass (fragment_pipeline.cuh) stores a packed S straight from its
+  // accumulators instead of in 16-byte pieces through shared memory (set from
+  // MHLA_PACKED_STATE_STORES=direct, for A/B runs; the one-shot states pass always stores
+  // straight).
   bool direct_packed_stores = false;
 };
 
