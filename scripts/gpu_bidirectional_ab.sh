@@ -13,7 +13,9 @@
 #   4. 60-step DiT-S/2 probes at 1,024 tokens with MHLA under every setting (when
 #      data/fashion-mnist was carried and PROBES != 0).
 # AB: the settings, space-separated; each a comma-separated list of VAR=value (or "-" for none),
-# e.g. AB="MHLA_FUSED_STATE_MIX=0 MHLA_FUSED_STATE_MIX=1". Run from the repository root after
+# e.g. AB="MHLA_FUSED_STATE_MIX=0 MHLA_FUSED_STATE_MIX=1". BIN=path in a setting runs another
+# mhla binary for the bench and Nsight steps (a baseline build staged beside the new one, e.g.
+# AB="BIN=/tmp/mhla_bin/mhla_base -"). Run from the repository root after
 # `source scripts/gpu_env.sh` (carry .gpu_stage and, for the probes, data/fashion-mnist).
 # Results in $OUT/bidirectional_ab.tgz.
 set -uo pipefail
@@ -24,10 +26,16 @@ settings=(${AB:--})
 rounds=${ROUNDS:-2}
 source scripts/gpu_delta_checks.sh
 t0=$(date +%s); step() { echo "== $1 (t=$(( $(date +%s) - t0 ))s)"; }
-# Runs a command under one setting's variables.
+# Runs a command under one setting's variables; an argument @mhla stands for the setting's mhla
+# binary (its BIN, else the staged one).
 with() {
   local s=$1; shift
-  if [ "$s" = - ]; then "$@"; else (export $(echo "$s" | tr , ' '); "$@"); fi
+  (
+    [ "$s" = - ] || export $(echo "$s" | tr , ' ')
+    args=()
+    for a in "$@"; do [ "$a" = @mhla ] && args+=("${BIN:-$bin}") || args+=("$a"); done
+    "${args[@]}"
+  )
 }
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
@@ -52,7 +60,7 @@ for round in $(seq 1 "$rounds"); do
   for i in "${!settings[@]}"; do
     for op in mhla linear; do
       f="$V/vision_s${i}_r${round}_$op.jsonl"
-      with "${settings[$i]}" timeout 100 "$bin" bench attention --op $op --backend cuda \
+      with "${settings[$i]}" timeout 100 @mhla bench attention --op $op --backend cuda \
         "${vision[@]}" --blocks 16 --warmup 5 --iters 20 2>> "$V/bench.err" | grep '^{' > "$f"
       python3 -c "import json,sys; print(sys.argv[2], ' '.join('%.3f' % json.loads(l)['fwd_bwd_ms'] for l in open(sys.argv[1])))" \
         "$f" "vision [${settings[$i]}] r$round $op"
@@ -70,7 +78,7 @@ if command -v ncu > /dev/null && [ "${SKIP_NCU:-0}" != 1 ]; then
     for i in "${!settings[@]}"; do
       echo "ncu N=$n [${settings[$i]}]"
       with "${settings[$i]}" timeout 120 ncu --clock-control none --metrics \
-        gpu__time_duration.sum --csv "$bin" bench attention --op mhla --backend cuda \
+        gpu__time_duration.sum --csv @mhla bench attention --op mhla --backend cuda \
         --shape "$shape" --blocks 16 --warmup 0 --iters 1 > "$V/ncu_${n}_s$i.csv" 2> /dev/null
       python3 scripts/ncu_kernel_sums.py "$V/ncu_${n}_s$i.csv" 10
     done

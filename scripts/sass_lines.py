@@ -3,7 +3,9 @@
 scripts/gpu_sass_profile.sh) with the line table nvdisasm prints for the same kernel compiled
 here with the same flags (-lineinfo). Addresses are taken relative to the kernel's first
 instruction.
-Usage: sass_lines.py PROFILE.csv[.gz] CUBIN KERNEL-SUBSTRING [lines] [--outer]"""
+Usage: sass_lines.py PROFILE.csv[.gz] CUBIN KERNEL-SUBSTRING [lines] [--outer]
+                     [--column=NAME]   (default "Warp Stall Sampling (All Samples)"; e.g.
+                                        "Instructions Executed" for where the instructions are)"""
 import csv, gzip, re, subprocess, sys, glob, os
 
 prof, cubin, kname = sys.argv[1:4]
@@ -12,7 +14,9 @@ opener = gzip.open if prof.endswith(".gz") else open
 rows = list(csv.reader(l for l in opener(prof, "rt") if l.startswith('"')))
 start = next(i for i, r in enumerate(rows) if r and r[0] == "Address")
 head, rows = rows[start], rows[start + 1:]
-key = next(i for i, h in enumerate(head) if "Warp Stall Sampling (All" in h)
+column = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--column=")),
+              "Warp Stall Sampling (All Samples)")
+key = head.index(column)
 samples = []
 for r in rows:
     try:
@@ -48,6 +52,6 @@ for addr, s in samples:
     where = line_of.get(addr - base, "?")
     by_line[where] = by_line.get(where, 0.0) + s
     total += s
-print(f"total samples {total:.0f}, {len(line_of)} mapped offsets")
+print(f"total {column}: {total:.0f}, {len(line_of)} mapped offsets")
 for where, s in sorted(by_line.items(), key=lambda x: -x[1])[:top]:
     print(f"  {100 * s / total:5.1f}%  {where}")

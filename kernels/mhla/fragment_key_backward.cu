@@ -100,9 +100,9 @@ __global__ void __launch_bounds__(kFragmentThreads, 4)
 #pragma unroll
       for (int u = 0; u < R::words; ++u) {
         const int d0 = seg * R::half + u * 8;
-        float x[8];
-        features<E>(raw_k[u], scale, live, x);
-        *reinterpret_cast<uint4*>(phi + row * ld + d0) = from_floats<E>(x);
+        float unused[8];
+        *reinterpret_cast<uint4*>(phi + row * ld + d0) =
+            feature_word<E>(raw_k[u], scale, live, unused);
         *reinterpret_cast<uint4*>(k_raw + row * ld + d0) = raw_k[u];
         *reinterpret_cast<uint4*>(v_raw + row * ld + d0) = raw_v[u];
       }
@@ -170,12 +170,7 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
           for (int u = 0; u < R::words; ++u)
             raw_k[u] = *reinterpret_cast<const uint4*>(k_raw + row * ld + seg * R::half + u * 8);
           const float scale = row_scale<E, D>(raw_k);
-#pragma unroll
-          for (int u = 0; u < R::words; ++u) {
-            float x[8];
-            features<E>(raw_k[u], scale, live, x);
-            *reinterpret_cast<uint4*>(phi + row * ld + seg * R::half + u * 8) = from_floats<E>(x);
-          }
+          features_row<E, D>(raw_k, scale, live, phi + row * ld);
           if (seg == 0) scale_rows[row] = scale;
         }
         __syncwarp();

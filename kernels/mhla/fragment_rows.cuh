@@ -41,36 +41,52 @@ __device__ __forceinline__ int lane_half() {
   return static_cast<int>(threadIdx.x % 2);
 }
 
-template <typename E>
-__device__ __forceinline__ void to_floats(const uint4& word, float (&x)[8]) {
-  const E* e = reinterpret_cast<const E*>(&word);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) x[i] = to_float(e[i]);
-}
-
-template <typename E>
-__device__ __forceinline__ uint4 from_floats(const float (&x)[8]) {
-  uint4 word;
-  E* e = reinterpret_cast<E*>(&word);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) e[i] = from_float<E>(x[i]);
-  return word;
-}
-
+// 16-bit element pairs <-> fp32. For bf16 the widening is exact bit placement, one integer
+// instruction per element (cvt.f32.bf16 after extracting each half took two), and the narrowing
+// rounds two values per cvt.rn.bf16x2 (the same rounding as one at a time). The row forms and the
+// feature backward convert every element of a tile at least twice: in the query pass these
+// conversions were 12 % of the instructions (session 29, call 1).
 template <typename E>
 __device__ __forceinline__ void unpack_pair(unsigned bits, float& a, float& b) {
-  const E* e = reinterpret_cast<const E*>(&bits);
-  a = to_float(e[0]);
-  b = to_float(e[1]);
+  if constexpr (std::is_same_v<E, __nv_bfloat16>) {
+    a = __uint_as_float(bits << 16);
+    b = __uint_as_float(bits & 0xffff0000u);
+  } else {
+    const E* e = reinterpret_cast<const E*>(&bits);
+    a = to_float(e[0]);
+    b = to_float(e[1]);
+  }
 }
 
 template <typename E>
 __device__ __forceinline__ unsigned pack_pair(float a, float b) {
-  unsigned bits;
-  E* e = reinterpret_cast<E*>(&bits);
-  e[0] = from_float<E>(a);
-  e[1] = from_float<E>(b);
-  return bits;
+  if constexpr (std::is_same_v<E, __nv_bfloat16>) {
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<const unsigned*>(&pair);
+  } else if constexpr (std::is_same_v<E, __half>) {
+    const __half2 pair = __floats2half2_rn(a, b);
+    return *reinterpret_cast<const unsigned*>(&pair);
+  } else {
+    unsigned bits;
+    E* e = reinterpret_cast<E*>(&bits);
+    e[0] = from_float<E>(a);
+    e[1] = from_float<E>(b);
+    return bits;
+  }
+}
+
+template <typename E>
+__device__ __forceinline__ void to_floats(const uint4& word, float (&x)[8]) {
+  unpack_pair<E>(word.x, x[0], x[1]);
+  unpack_pair<E>(word.y, x[2], x[3]);
+  unpack_pair<E>(word.z, x[4], x[5]);
+  unpack_pair<E>(word.w, x[6], x[7]);
+}
+
+template <typename E>
+__device__ __forceinline__ uint4 from_floats(const float (&x)[8]) {
+  return make_uint4(pack_pair<E>(x[0], x[1]), pack_pair<E>(x[2], x[3]), pack_pair<E>(x[4], x[5]),
+                    pack_pair<E>(x[6], x[7]));
 }
 
 // This lane's half of token row `row` of x (zeros when !live), as 16-byte words.
@@ -101,16 +117,31 @@ __device__ __forceinline__ float row_scale(const uint4 (&words)[RowHalves<D>::wo
   return rsqrtf(squares / D + tiles::kNormEps);
 }
 
-// phi(x) = relu(x * scale) + floor of one word, rounded to E as the products see it; zero for
-// rows past the tile's end (padding must be zero, not the floor).
+// phi(x) = relu(x * scale) + floor of one word, rounded to E as the products see it: the word to
+// store, and its values in fp32 in phi. Zero for rows past the tile's end (padding must be zero,
+// not the floor).
 template <typename E>
-__device__ __forceinline__ void features(const uint4& word, float scale, bool live,
-                                         float (&phi)[8]) {
-  to_floats<E>(word, phi);
+__device__ __forceinline__ uint4 feature_word(const uint4& word, float scale, bool live,
+                                              float (&phi)[8]) {
+  float x[8];
+  to_floats<E>(word, x);
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    phi[i] =
-        live ? to_float(from_float<E>(fmaxf(phi[i] * scale, 0.f) + tiles::kFeatureFloor)) : 0.f;
+  for (int i = 0; i < 8; ++i) x[i] = live ? fmaxf(x[i] * scale, 0.f) + tiles::kFeatureFloor : 0.f;
+  const uint4 rounded = from_floats<E>(x);
+  to_floats<E>(rounded, phi);
+  return rounded;
+}
+
+// phi(x) of this lane's half row into the tile row at `tile_row` (its half of it).
+template <typename E, int D>
+__device__ __forceinline__ void features_row(const uint4 (&raw)[RowHalves<D>::words], float scale,
+                                             bool live, E* tile_row) {
+  using R = RowHalves<D>;
+#pragma unroll
+  for (int u = 0; u < R::words; ++u) {
+    float unused[8];
+    *reinterpret_cast<uint4*>(tile_row + lane_half() * R::half + u * 8) =
+        feature_word<E>(raw[u], scale, live, unused);
   }
 }
 
@@ -125,12 +156,11 @@ __device__ __forceinline__ float features_dot(const uint4 (&raw)[RowHalves<D>::w
   for (int u = 0; u < R::words; ++u) {
     const int d0 = lane_half() * R::half + u * 8;
     float x[8];
-    features<E>(raw[u], scale, live, x);
+    *reinterpret_cast<uint4*>(tile_row + d0) = feature_word<E>(raw[u], scale, live, x);
     const float4 z0 = *reinterpret_cast<const float4*>(z + d0);
     const float4 z1 = *reinterpret_cast<const float4*>(z + d0 + 4);
     dot += x[0] * z0.x + x[1] * z0.y + x[2] * z0.z + x[3] * z0.w + x[4] * z1.x + x[5] * z1.y +
            x[6] * z1.z + x[7] * z1.w;
-    *reinterpret_cast<uint4*>(tile_row + d0) = from_floats<E>(x);
   }
   return dot;
 }
@@ -256,19 +286,23 @@ __device__ __forceinline__ void store_rows(const TileAccumulator (&acc)[1][D / 1
 }
 
 // The warp's 16 rows of a shared tile to a contiguous [B, N, H, D] tensor at token n0 of
-// (b, h), 16 bytes per store; rows at or past `valid` (tile rows) are not written.
+// (b, h), 16 bytes per store; rows at or past `valid` (tile rows) are not written. Each lane
+// stores one 16-byte column of every (32 / words per row)-th row: one 64-bit base, fixed steps.
 template <typename T, int D>
 __device__ __forceinline__ void copy_rows_out(const T* tile, int ld, T* out, int tokens, int heads,
                                               int b, int h, int n0, int valid) {
-  constexpr int kWordsPerRow = D / 8;
+  constexpr int kWordsPerRow = D / 8, kRowsPerPass = 32 / kWordsPerRow;
   const int lane = static_cast<int>(threadIdx.x % 32);
-  const int first = static_cast<int>(threadIdx.x / 32) * 16;
+  const int row = static_cast<int>(threadIdx.x / 32) * 16 + lane / kWordsPerRow;
+  const int column = lane % kWordsPerRow * 8;
+  const int step = kRowsPerPass * heads * D;
+  T* dst = out + ((static_cast<size_t>(b) * tokens + n0 + row) * heads + h) * D + column;
 #pragma unroll
-  for (int c = lane; c < 16 * kWordsPerRow; c += 32) {
-    const int r = first + c / kWordsPerRow, x = c % kWordsPerRow;
+  for (int pass = 0; pass < 16 / kRowsPerPass; ++pass) {
+    const int r = row + pass * kRowsPerPass;
     if (r < valid) {
-      const size_t at = ((static_cast<size_t>(b) * tokens + n0 + r) * heads + h) * D + x * 8;
-      *reinterpret_cast<uint4*>(out + at) = *reinterpret_cast<const uint4*>(tile + r * ld + x * 8);
+      *reinterpret_cast<uint4*>(dst + pass * step) =
+          *reinterpret_cast<const uint4*>(tile + r * ld + column);
     }
   }
 }

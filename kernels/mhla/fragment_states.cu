@@ -68,9 +68,9 @@ __global__ void __launch_bounds__(kFragmentThreads, MinBlocks)
 #pragma unroll
       for (int u = 0; u < R::words; ++u) {
         const int d0 = seg * R::half + u * 8;
-        float x[8];
-        features<E>(raw_k[u], scale, live, x);
-        *reinterpret_cast<uint4*>(phi + row * ld + d0) = from_floats<E>(x);
+        float unused[8];
+        *reinterpret_cast<uint4*>(phi + row * ld + d0) =
+            feature_word<E>(raw_k[u], scale, live, unused);
         *reinterpret_cast<uint4*>(values + row * S::ld_extra + d0) = raw_v[u];
       }
       store_extra_column<E, D>(values, row, live ? 1.f : 0.f);
@@ -139,12 +139,7 @@ __global__ void __launch_bounds__(kFragmentThreads, MinBlocks)
           for (int u = 0; u < R::words; ++u)
             raw_k[u] = *reinterpret_cast<const uint4*>(phi + row * ld + seg * R::half + u * 8);
           const float scale = row_scale<E, D>(raw_k);
-#pragma unroll
-          for (int u = 0; u < R::words; ++u) {
-            float x[8];
-            features<E>(raw_k[u], scale, live, x);
-            *reinterpret_cast<uint4*>(phi + row * ld + seg * R::half + u * 8) = from_floats<E>(x);
-          }
+          features_row<E, D>(raw_k, scale, live, phi + row * ld);
           store_extra_column<E, D>(values, row, live ? 1.f : 0.f);
         }
         __syncthreads();  // phi and v of all rows are in
