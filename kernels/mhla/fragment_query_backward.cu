@@ -123,11 +123,8 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
       const float inv = live ? 1.f / (den + kDenominatorEps) : 0.f;
 #pragma unroll
       for (int u = 0; u < R::words; ++u) {
-        float g[8];
-        to_floats<E>(raw_g[u], g);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) g[i] *= inv;
-        *reinterpret_cast<uint4*>(dnum + row * Q::ldn + seg * R::half + u * 8) = from_floats<E>(g);
+        *reinterpret_cast<uint4*>(dnum + row * Q::ldn + seg * R::half + u * 8) =
+            scaled_word<E>(raw_g[u], inv);
       }
       if (seg == 0) {
         inv_den_rows[row] = inv;
@@ -223,11 +220,7 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
 #pragma unroll
           for (int u = 0; u < R::words; ++u) {
             uint4* word = reinterpret_cast<uint4*>(dnum + row * Q::ldn + seg * R::half + u * 8);
-            float g[8];
-            to_floats<E>(*word, g);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) g[i] *= inv;
-            *word = from_floats<E>(g);
+            *word = scaled_word<E>(*word, inv);
           }
           if (seg == 0) {
             inv_den_rows[row] = inv;
