@@ -15,8 +15,9 @@
 #include <cuda_bf16.h>
 
 #include "common/device_info.h"
-#include "common/wmma_gemm.cuh"
+#include "common/async_copy.cuh"
 #include "mhla/block_mix_backward.h"
+#include "mhla/packed_mix.cuh"
 
 namespace mhla_kernels {
 namespace {
@@ -38,13 +39,6 @@ struct MixShape {
   static_assert(kThreads % roles == 0 && (quads % 32 == 0 || quads == 16), "whole warps per role");
 };
 
-__device__ __forceinline__ void copy_16(void* dst, const void* src, bool in) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  // src-size 0 fills the 16 bytes with zeros (padding rows, elements past the end).
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src),
-               "r"(in ? 16 : 0));
-}
-
 __device__ __forceinline__ void fma4(float4& acc, float w, const float4& x) {
   acc.x = fmaf(w, x.x, acc.x);
   acc.y = fmaf(w, x.y, acc.y);
@@ -52,9 +46,7 @@ __device__ __forceinline__ void fma4(float4& acc, float w, const float4& x) {
   acc.w = fmaf(w, x.w, acc.w);
 }
 
-__device__ __forceinline__ float dot4(const float4& a, const float4& b, float acc) {
-  return fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, fmaf(a.x, b.x, acc))));
-}
+using packed_mix::dot4;  // shared with the packed kernel
 
 template <int Rows>
 __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackward p) {
@@ -81,8 +73,8 @@ __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackw
       const int r = role + S::roles * u;
       const bool in = r < p.blocks && e < p.elements;
       const size_t at = base + (in ? static_cast<size_t>(r) * p.elements + e : 0);
-      copy_16(dst + r * S::quads, p.grad_mixed + at, in);
-      copy_16(dst + (Rows + r) * S::quads, p.states + at, in);
+      async_copy::copy_streaming16(dst + r * S::quads, p.grad_mixed + at, in);
+      async_copy::copy_streaming16(dst + (Rows + r) * S::quads, p.states + at, in);
     }
     asm volatile("cp.async.commit_group;\n" ::);
   };
@@ -209,223 +201,6 @@ __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackw
   }
 }
 
-// The bf16 matrix part of packed dS' and S (up to 16 blocks) on tensor cores: both are bf16
-// already, so dm += dS' S^T is exact products with fp32 sums (mma.sync), and dS = m^T dS' takes
-// m as bf16 high and low parts (fp32-accurate weights). Persistent CTAs of eight warps walk items
-// of (batch*head, 512 columns); an item's 16 rows of dS' and of S are copied into a stage with
-// cp.async while the item before it is computed. Warp w owns columns [64 w, 64 w + 64) of every
-// item: four 16 x 16 output tiles of dS and a k-slice of dm (kept in one accumulator tile over
-// all its items). Items of the fp32 rest (z, 64 columns each) run in the same loop on CUDA
-// cores (as a second kernel they took 11.9 us of 71, session 27 call 3). The fp32 version of
-// this loop (mix_backward_kernel on packed rows, call 2) was bound by its instruction count: 90
-// against 80 us on fp32 states at B = 64, N = 1,024, H = 6, D = 64, M = 16.
-namespace packed {
-
-constexpr int kRows = 16, kColumns = 512, kWarps = kThreads / 32;
-constexpr int kLd = kColumns + 8;  // bf16 per stage row: rows 16 bytes apart modulo 128
-constexpr int kStageElements = 2 * kRows * kLd;  // dS' rows, then S rows
-constexpr int kStages = 2;
-constexpr int kWeightLd = kRows + 8;
-// Items of the fp32 rest (z): 64 columns, fp32 rows of kRestLd floats in the stage.
-constexpr int kRestColumns = 64, kRestLd = kRestColumns + 4;
-static_assert(2 * kRows * kRestLd * 4 <= kStageElements * 2, "a rest item fits a stage");
-static_assert(kRows * kRows == kThreads, "one dm pair per thread in rest items");
-constexpr size_t kSharedBytes = static_cast<size_t>(kStages) * kStageElements * 2;
-static_assert(kColumns == 64 * kWarps, "each warp owns 64 columns of an item");
-
-// Staged: dS goes out through shared memory in 16-byte pieces (else 4-byte pairs from the
-// accumulators; MHLA_MIX_BACKWARD_STORES=direct, for A/B runs): 42.9 against 61.3 us at the
-// shape above (session 27, call 7).
-template <bool Staged>
-__global__ void __launch_bounds__(kThreads, 2)
-    packed_matrix_mix_backward_kernel(BlockMixBackward p) {
-  using wmma_tiles::TileAccumulator;
-  extern __shared__ __align__(16) __nv_bfloat16 stage_rows[];  // [kStages][2][kRows][kLd]
-  __shared__ __align__(16) __nv_bfloat16 weights_hi[kRows][kWeightLd], weights_lo[kRows][kWeightLd];
-  __shared__ float weights[kRows][kRows];  // fp32, for rest items
-  __shared__ float dm_sums[kWarps][kRows * kRows];
-  const int t = threadIdx.x, warp = t / 32;
-  for (int e = t; e < kRows * kRows; e += kThreads) {  // m = hi + lo, zero outside the matrix
-    const int i = e / kRows, j = e % kRows;
-    const float m = i < p.blocks && j < p.blocks ? p.mixing[i * p.blocks + j] : 0.f;
-    weights[i][j] = m;
-    const __nv_bfloat16 hi = __float2bfloat16_rn(m);
-    weights_hi[i][j] = hi;
-    weights_lo[i][j] = __float2bfloat16_rn(m - __bfloat162float(hi));
-  }
-  const int64_t matrix = p.packed_inputs_matrix;  // a multiple of kColumns
-  const int64_t row_floats = matrix / 2 + p.elements - matrix;
-  // Items per batch*head: the matrix part's, then the rest's (fp32, on CUDA cores).
-  const int64_t matrix_items = matrix / kColumns;
-  const int64_t columns = matrix_items + (p.elements - matrix + kRestColumns - 1) / kRestColumns;
-  const int64_t items = static_cast<int64_t>(p.batch_heads) * columns;
-  const int64_t out_row_floats = p.packed_matrix / 2 + p.elements - p.packed_matrix;
-  auto row_of = [&](const float* set, int64_t bh, int r) {
-    return reinterpret_cast<const __nv_bfloat16*>(set + (static_cast<size_t>(bh) * p.blocks + r) *
-                                                            row_floats);
-  };
-  // Thread t copies 16-byte pieces t, t + 256, ... of the item's rows (rows past `blocks` zero).
-  auto issue = [&](int64_t item, int stage) {
-    if (item < items && item % columns >= matrix_items) {  // rest: fp32 pieces of 4 floats
-      const int64_t bh = item / columns;
-      const int64_t e0 = matrix + (item % columns - matrix_items) * kRestColumns;
-      constexpr int kPiecesPerRow = kRestColumns / 4, kPieces = 2 * kRows * kPiecesPerRow;
-      float* rest_rows = reinterpret_cast<float*>(stage_rows + stage * kStageElements);
-#pragma unroll
-      for (int u = 0; u < kPieces / kThreads; ++u) {
-        const int piece = t + kThreads * u;
-        const int row = piece / kPiecesPerRow, column = piece % kPiecesPerRow;  // row: [2][kRows]
-        const int tensor = row / kRows, r = row % kRows;
-        const int64_t e = e0 + 4 * column;
-        const bool in = r < p.blocks && e < p.elements;
-        const float* set = tensor == 0 ? p.grad_mixed : p.states;
-        const float* src = set + (static_cast<size_t>(bh) * p.blocks + (in ? r : 0)) * row_floats +
-                           matrix / 2 + (in ? e - matrix : 0);
-        copy_16(rest_rows + row * kRestLd + 4 * column, src, in);
-      }
-    } else if (item < items) {
-      const int64_t bh = item / columns, e0 = (item % columns) * kColumns;
-      constexpr int kPiecesPerRow = kColumns / 8, kPieces = 2 * kRows * kPiecesPerRow;
-#pragma unroll
-      for (int u = 0; u < kPieces / kThreads; ++u) {
-        const int piece = t + kThreads * u;
-        const int row = piece / kPiecesPerRow, column = piece % kPiecesPerRow;  // row: [2][kRows]
-        const int tensor = row / kRows, r = row % kRows;
-        const bool in = r < p.blocks;
-        const __nv_bfloat16* src =
-            row_of(tensor == 0 ? p.grad_mixed : p.states, bh, in ? r : 0) + e0 + 8 * column;
-        copy_16(stage_rows + stage * kStageElements + row * kLd + 8 * column, src, in);
-      }
-    }
-    asm volatile("cp.async.commit_group;\n" ::);  // empty past the end: the group count holds
-  };
-  TileAccumulator dm;  // this warp's k-slices of dm, over all its matrix items
-  dm.zero();
-  float dm_rest = 0.f;  // pair (t / 16, t % 16) of dm over the rest items
-  issue(blockIdx.x, 0);
-  int stage = 0;
-  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    issue(item + gridDim.x, stage ^ 1);  // that stage was last read before the trailing barrier
-    asm volatile("cp.async.wait_group 1;\n" ::);
-    __syncthreads();  // this item's rows (every thread's copies) and the weights are in
-    if (item % columns >= matrix_items) {
-      // Rest: thread t forms dS at column t % 64 for rows 4 (t / 64) to + 3, and dm's pair
-      // (t / 16, t % 16) over the item's columns, all fp32.
-      const float* rest_rows = reinterpret_cast<const float*>(stage_rows + stage * kStageElements);
-      const int64_t bh = item / columns;
-      const int64_t e0 = matrix + (item % columns - matrix_items) * kRestColumns;
-      const int c = t % kRestColumns, j0 = 4 * (t / kRestColumns);
-      float out[4] = {};
-#pragma unroll
-      for (int i = 0; i < kRows; ++i) {
-        const float x = rest_rows[i * kRestLd + c];
-#pragma unroll
-        for (int a = 0; a < 4; ++a) out[a] = fmaf(weights[i][j0 + a], x, out[a]);
-      }
-      if (e0 + c < p.elements) {
-#pragma unroll
-        for (int a = 0; a < 4; ++a) {
-          if (j0 + a < p.blocks) {
-            p.grad_states[(static_cast<size_t>(bh) * p.blocks + j0 + a) * out_row_floats +
-                          p.packed_matrix / 2 + (e0 + c - p.packed_matrix)] = out[a];
-          }
-        }
-      }
-      const float4* grad_row = reinterpret_cast<const float4*>(rest_rows + (t / kRows) * kRestLd);
-      const float4* state_row =
-          reinterpret_cast<const float4*>(rest_rows + (kRows + t % kRows) * kRestLd);
-#pragma unroll
-      for (int k = 0; k < kRestColumns / 4; ++k) dm_rest = dot4(grad_row[k], state_row[k], dm_rest);
-      __syncthreads();  // done with this stage before the next iteration refills it
-      stage ^= 1;
-      continue;
-    }
-    const __nv_bfloat16* grad_rows = stage_rows + stage * kStageElements + 64 * warp;
-    const __nv_bfloat16* state_rows = grad_rows + kRows * kLd;
-    // dS = m^T dS' over this warp's 64 columns: A = m stored [i][j] (transposed), B = dS' [i][e].
-    TileAccumulator out[1][4];
-#pragma unroll
-    for (int c = 0; c < 4; ++c) out[0][c].zero();
-    wmma_tiles::mma_block<__nv_bfloat16, true, false, 1, 4>(out, &weights_hi[0][0], kWeightLd,
-                                                            grad_rows, kLd, 0, 0, kRows);
-    wmma_tiles::mma_block<__nv_bfloat16, true, false, 1, 4>(out, &weights_lo[0][0], kWeightLd,
-                                                            grad_rows, kLd, 0, 0, kRows);
-    // dm += dS' S^T over the same columns: A = dS' [i][e], B = S^T (S stored [j][e]).
-    wmma_tiles::mma_tile<__nv_bfloat16, false, true>(dm, grad_rows, kLd, state_rows, kLd, 0, 0, 64);
-    // dS rows j < blocks into the packed output, as bf16.
-    const int64_t bh = item / columns, e0 = (item % columns) * kColumns + 64 * warp;
-    auto out_row = [&](int j) {
-      return reinterpret_cast<__nv_bfloat16*>(
-                 p.grad_states + (static_cast<size_t>(bh) * p.blocks + j) * out_row_floats) +
-             e0;
-    };
-    if constexpr (Staged) {
-      // Through this warp's own dS' columns of the stage (only this warp reads them, and it is
-      // done with them): each lane then stores whole 16-byte pieces, eight lanes a 128-byte row
-      // segment, instead of 4-byte pairs that fill half of every 32-byte sector they touch.
-      __nv_bfloat16* staged = const_cast<__nv_bfloat16*>(grad_rows);
-      __syncwarp();
-#pragma unroll
-      for (int i = 0; i < 4; i += 2) {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            *reinterpret_cast<__nv_bfloat162*>(staged + TileAccumulator::row(i) * kLd + 16 * c +
-                                               TileAccumulator::col(h, i)) =
-                __floats2bfloat162_rn(out[0][c].x[h][i], out[0][c].x[h][i + 1]);
-          }
-        }
-      }
-      __syncwarp();
-      const int lane = t % 32;
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int piece = lane + 32 * u, j = piece / 8, column = piece % 8;
-        if (j < p.blocks) {
-          *reinterpret_cast<uint4*>(out_row(j) + 8 * column) =
-              *reinterpret_cast<const uint4*>(staged + j * kLd + 8 * column);
-        }
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 4; i += 2) {
-        const int j = TileAccumulator::row(i);
-        if (j >= p.blocks) continue;
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            *reinterpret_cast<__nv_bfloat162*>(out_row(j) + 16 * c + TileAccumulator::col(h, i)) =
-                __floats2bfloat162_rn(out[0][c].x[h][i], out[0][c].x[h][i + 1]);
-          }
-        }
-      }
-    }
-    __syncthreads();  // done with this stage before the next iteration refills it
-    stage ^= 1;
-  }
-  asm volatile("cp.async.wait_group 0;\n" ::);
-  // dm summed over the warps, then added to grad_mixing once per CTA.
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      dm_sums[warp][TileAccumulator::row(i) * kRows + TileAccumulator::col(h, i)] = dm.x[h][i];
-    }
-  }
-  __syncthreads();
-  for (int e = t; e < kRows * kRows; e += kThreads) {
-    float sum = e == t ? dm_rest : 0.f;  // kThreads == kRows * kRows: e == t
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) sum += dm_sums[w][e];
-    const int i = e / kRows, j = e % kRows;
-    if (i < p.blocks && j < p.blocks) atomicAdd(p.grad_mixing + i * p.blocks + j, sum);
-  }
-}
-
-}  // namespace packed
-
 // Persistent CTAs: as many as fit on the GPU, at most one per item.
 template <typename Kernel>
 cudaError_t launch_persistent(Kernel kernel, size_t shared_bytes, int64_t items,
@@ -453,19 +228,19 @@ cudaError_t launch(const BlockMixBackward& p, cudaStream_t stream) {
       stream);
 }
 
-// Packed inputs: the matrix part and the rest in one kernel.
+// Packed inputs: the matrix part and the rest in one kernel (packed_mix.cuh).
 cudaError_t launch_packed(const BlockMixBackward& p, cudaStream_t stream) {
-  const int64_t matrix = p.packed_inputs_matrix;
-  const int64_t rest = (p.elements - matrix + packed::kRestColumns - 1) / packed::kRestColumns;
-  const int64_t items = static_cast<int64_t>(p.batch_heads) * (matrix / packed::kColumns + rest);
+  packed_mix::PackedMix args;
+  args.in = p.grad_mixed, args.states = p.states, args.mixing = p.mixing;
+  args.out = p.grad_states, args.grad_mixing = p.grad_mixing;
+  args.batch_heads = p.batch_heads, args.blocks = p.blocks;
+  args.elements = p.elements, args.matrix = p.packed_inputs_matrix;
   static const bool direct = [] {
     const char* value = std::getenv("MHLA_MIX_BACKWARD_STORES");
     return value != nullptr && std::string(value) == "direct";
   }();
-  return direct ? launch_persistent(packed::packed_matrix_mix_backward_kernel<false>,
-                                    packed::kSharedBytes, items, p, stream)
-                : launch_persistent(packed::packed_matrix_mix_backward_kernel<true>,
-                                    packed::kSharedBytes, items, p, stream);
+  return direct ? packed_mix::launch<true, false>(args, multiprocessors(), stream)
+                : packed_mix::launch<true, true>(args, multiprocessors(), stream);
 }
 
 }  // namespace
@@ -476,8 +251,8 @@ bool block_mix_backward_supported(int blocks, int64_t elements) {
 
 bool block_mix_backward_takes_packed(int blocks, int64_t packed_inputs_matrix) {
   if (packed_inputs_matrix == 0) return true;
-  return packed_inputs_matrix > 0 && blocks >= 1 && blocks <= packed::kRows &&
-         packed_inputs_matrix % packed::kColumns == 0;
+  return packed_inputs_matrix > 0 && blocks >= 1 && blocks <= packed_mix::kRows &&
+         packed_inputs_matrix % packed_mix::kColumns == 0;
 }
 
 cudaError_t block_mix_backward(const BlockMixBackward& p, cudaStream_t stream) {

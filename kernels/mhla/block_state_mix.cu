@@ -5,7 +5,9 @@
 
 #include <cuda_bf16.h>
 
+#include "common/device_info.h"
 #include "mhla/block_state_mix.h"
+#include "mhla/packed_mix.cuh"
 
 namespace mhla_kernels {
 namespace {
@@ -161,7 +163,9 @@ __device__ __forceinline__ void mix_column(const BlockStateMix& p, const float* 
   }
 }
 
-// Packed sets in and out (the bidirectional MHLA binding's S, one chunk per block): the bf16
+// Packed sets in and out (the bidirectional MHLA binding's S, one chunk per block) where the
+// tensor-core kernel (packed_mix.cuh) does not take them (more than 16 blocks, a triangular
+// pattern) or MHLA_PACKED_STATE_MIX=simt asks for this one (A/B runs): the bf16
 // matrix part read and written eight elements (16 bytes) per thread, half the bytes of the fp32
 // states; the fp32 rest (z) four per thread, in the CTAs after the matrix part's. Session 25
 // read packed states with 8-byte loads in state_mix_kernel and was slower than fp32 (91.7
@@ -203,6 +207,18 @@ cudaError_t block_state_mix(const BlockStateMix& p, cudaStream_t stream) {
       p.packed_matrix > p.elements || (p.packed_in && p.packed_matrix == 0))
     return cudaErrorInvalidValue;
   const size_t bytes = static_cast<size_t>(padded(p.blocks)) * padded(p.blocks) * sizeof(float);
+  static const bool simt_packed = [] {
+    const char* value = std::getenv("MHLA_PACKED_STATE_MIX");
+    return value != nullptr && std::string(value) == "simt";
+  }();
+  if (p.packed_in && p.pattern == MixPattern::dense && !simt_packed &&
+      packed_mix::takes(p.blocks, p.packed_matrix, p.elements)) {
+    packed_mix::PackedMix args;  // tensor cores (packed_mix.cuh)
+    args.in = p.in, args.mixing = p.weights, args.out = p.out;
+    args.batch_heads = p.batch_heads, args.blocks = p.blocks;
+    args.elements = p.elements, args.matrix = p.packed_matrix;
+    return packed_mix::launch<false>(args, multiprocessors(), stream);
+  }
   if (p.packed_in) {
     constexpr auto packed_kernel = packed_state_mix_kernel<4, 8, 8>;
     if (bytes > 48 * 1024) {
