@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/dependent_launch.cuh"
 #include "common/device_info.h"
 
 #include "mhla/block_fragment_passes.h"
@@ -53,7 +54,8 @@ cudaError_t launch_pass(const Args& a, int chunks, cudaStream_t stream) {
 }
 
 // A pipelined one-tile pass (fragment_pipeline.cuh): Pass::kernel(args) over persistent CTAs, as
-// many as fit on the device at once (at most one per item). Pass::smem as above.
+// many as fit on the device at once (at most one per item), launched as a dependent grid
+// (common/dependent_launch.cuh). Pass::smem as above.
 template <class Pass, typename Args>
 cudaError_t launch_pipelined(const Args& a, cudaStream_t stream) {
   static const int per_multiprocessor = [] {
@@ -68,8 +70,8 @@ cudaError_t launch_pipelined(const Args& a, cudaStream_t stream) {
   const int64_t items = static_cast<int64_t>(a.shape.batch) * a.shape.heads * a.shape.blocks;
   const int64_t resident = static_cast<int64_t>(per_multiprocessor) * multiprocessors();
   const int ctas = static_cast<int>(items < resident ? items : resident);
-  Pass::kernel<<<ctas, kFragmentThreads, Pass::smem, stream>>>(a);
-  return cudaGetLastError();
+  return dependent_launch::launch(Pass::kernel, dim3(ctas), dim3(kFragmentThreads), Pass::smem,
+                                  stream, a);
 }
 
 }  // namespace fragment_rows

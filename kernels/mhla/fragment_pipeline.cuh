@@ -16,6 +16,7 @@
 #include <cuda_bf16.h>
 
 #include "common/async_copy.cuh"
+#include "common/dependent_launch.cuh"
 #include "mhla/block_linear_attention.h"
 #include "mhla/fragment_rows.cuh"
 #include "mhla/tiles.cuh"
@@ -113,9 +114,13 @@ __device__ __forceinline__ void copy_packed_state_async(const float* set, size_t
 // issue(item, stage) starts the copies of an item's inputs into a stage, body(item, stage) runs
 // the item once they have landed. The item's one barrier also tells every warp that the previous
 // item is done, so the next item's copies may refill its stage.
+// The pipelined kernels are launched as dependent grids (common/dependent_launch.cuh): the walk
+// begins by waiting for the previous grid, before any global access of issue or body.
 template <typename Issue, typename Body>
 __device__ __forceinline__ void walk_items(const BlockLinearShape& shape, Issue&& issue,
                                            Body&& body) {
+  dependent_launch::wait_for_previous_grid();
+  dependent_launch::allow_next_grid();
   const int items = shape.batch * shape.heads * shape.blocks;
   const int first = static_cast<int>(blockIdx.x), step = static_cast<int>(gridDim.x);
   if (first >= items) return;

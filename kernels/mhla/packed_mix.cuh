@@ -25,17 +25,18 @@
 #include <cstdint>
 
 #include "common/async_copy.cuh"
+#include "common/dependent_launch.cuh"
 #include "common/wmma_gemm.cuh"
 
 namespace mhla_kernels {
 namespace packed_mix {
 
 struct PackedMix {
-  const float* in = nullptr;      // packed set [batch_heads, blocks, row]: S, or dS' (backward)
-  const float* states = nullptr;  // backward: S (for dm), a packed set the same way
-  const float* mixing = nullptr;  // m [blocks, blocks] row-major, on the device
-  float* out = nullptr;           // packed set: S', or dS (backward)
-  float* grad_mixing = nullptr;   // backward: dm, the products ADDED
+  const float* in = nullptr;        // packed set [batch_heads, blocks, row]: S, or dS' (backward)
+  const float* states = nullptr;    // backward: S (for dm), a packed set the same way
+  const float* mixing = nullptr;    // m [blocks, blocks] row-major, on the device
+  float* out = nullptr;             // packed set: S', or dS (backward)
+  float* grad_mixing = nullptr;     // backward: dm, the products ADDED
   int batch_heads = 0, blocks = 0;  // blocks <= kRows
   int64_t elements = 0;             // per state (matrix + rest), the rest a multiple of 4
   int64_t matrix = 0;               // bf16 elements per state: a multiple of kColumns
@@ -75,6 +76,8 @@ __global__ void __launch_bounds__(kThreads, 2) packed_mix_kernel(PackedMix p) {
   __shared__ __align__(16) __nv_bfloat16 weights_hi[kRows][kWeightLd], weights_lo[kRows][kWeightLd];
   __shared__ float weights[kRows][kRows];  // fp32, for rest items
   __shared__ float dm_sums[Backward ? kWarps : 1][kRows * kRows];
+  dependent_launch::wait_for_previous_grid();  // launched as a dependent grid: before any access
+  dependent_launch::allow_next_grid();
   const int t = threadIdx.x, warp = t / 32;
   for (int e = t; e < kRows * kRows; e += kThreads) {  // m = hi + lo, zero outside the matrix
     const int i = e / kRows, j = e % kRows;
@@ -124,7 +127,8 @@ __global__ void __launch_bounds__(kThreads, 2) packed_mix_kernel(PackedMix p) {
                 set_of(row / kRows) +
                 (static_cast<size_t>(bh) * p.blocks + (in ? r : 0)) * row_floats) +
             e0 + 8 * column;
-        async_copy::copy_streaming16(stage_rows + stage * St::elements + row * kLd + 8 * column, src, in);
+        async_copy::copy_streaming16(stage_rows + stage * St::elements + row * kLd + 8 * column,
+                                     src, in);
       }
     }
     asm volatile("cp.async.commit_group;\n" ::);  // empty past the end: the group count holds
@@ -164,8 +168,7 @@ __global__ void __launch_bounds__(kThreads, 2) packed_mix_kernel(PackedMix p) {
         }
       }
       if constexpr (Backward) {
-        const float4* grad_row =
-            reinterpret_cast<const float4*>(rest_rows + (t / kRows) * kRestLd);
+        const float4* grad_row = reinterpret_cast<const float4*>(rest_rows + (t / kRows) * kRestLd);
         const float4* state_row =
             reinterpret_cast<const float4*>(rest_rows + (kRows + t % kRows) * kRestLd);
 #pragma unroll
@@ -188,14 +191,14 @@ __global__ void __launch_bounds__(kThreads, 2) packed_mix_kernel(PackedMix p) {
                                                                 in_rows, kLd, 0, 0, kRows);
     if constexpr (Backward) {
       // dm += dS' S^T over the same columns: A = dS' [i][e], B = S^T (S stored [j][e]).
-      wmma_tiles::mma_tile<__nv_bfloat16, false, true>(dm, in_rows, kLd, in_rows + kRows * kLd,
-                                                       kLd, 0, 0, 64);
+      wmma_tiles::mma_tile<__nv_bfloat16, false, true>(dm, in_rows, kLd, in_rows + kRows * kLd, kLd,
+                                                       0, 0, 64);
     }
     // Output rows r < blocks into the packed set, as bf16.
     const int64_t bh = item / columns, e0 = (item % columns) * kColumns + 64 * warp;
     auto out_row = [&](int r) {
-      return reinterpret_cast<__nv_bfloat16*>(p.out +
-                                              (static_cast<size_t>(bh) * p.blocks + r) * row_floats) +
+      return reinterpret_cast<__nv_bfloat16*>(p.out + (static_cast<size_t>(bh) * p.blocks + r) *
+                                                          row_floats) +
              e0;
     };
     if constexpr (Staged) {
@@ -272,7 +275,8 @@ inline bool takes(int blocks, int64_t matrix, int64_t elements) {
          elements >= matrix && (elements - matrix) % 4 == 0;
 }
 
-// Persistent CTAs: as many as fit on the GPU, at most one per item.
+// Persistent CTAs: as many as fit on the GPU, at most one per item, launched as a dependent grid
+// (common/dependent_launch.cuh).
 template <bool Backward, bool Staged = true>
 cudaError_t launch(const PackedMix& p, int multiprocessors, cudaStream_t stream) {
   const int64_t rest = (p.elements - p.matrix + kRestColumns - 1) / kRestColumns;
@@ -291,8 +295,9 @@ cudaError_t launch(const PackedMix& p, int multiprocessors, cudaStream_t stream)
   }();
   if (per_sm < 1) return cudaErrorInvalidConfiguration;
   const int64_t resident = static_cast<int64_t>(per_sm) * multiprocessors;
-  kernel<<<static_cast<int>(items < resident ? items : resident), kThreads, bytes, stream>>>(p);
-  return cudaGetLastError();
+  return dependent_launch::launch(kernel,
+                                  dim3(static_cast<unsigned>(items < resident ? items : resident)),
+                                  dim3(kThreads), bytes, stream, p);
 }
 
 }  // namespace packed_mix
