@@ -180,6 +180,13 @@ __global__ void __launch_bounds__(kThreads, 2) packed_mix_kernel(PackedMix p) {
       continue;
     }
     const __nv_bfloat16* in_rows = stage_rows + stage * St::elements + 64 * warp;
+    if constexpr (Backward) {
+      // dm += dS' S^T over this warp's 64 columns: A = dS' [i][e], B = S^T (S stored [j][e]).
+      // First, so its fragments are dead before the output tiles live (after them it spilled 32
+      // bytes at 128 registers, against 20).
+      wmma_tiles::mma_tile<__nv_bfloat16, false, true>(dm, in_rows, kLd, in_rows + kRows * kLd, kLd,
+                                                       0, 0, 64);
+    }
     // out = m x (backward m^T x) over this warp's 64 columns: A = m, stored [i][j] (transposed
     // for the backward), B = the input rows [k][e].
     TileAccumulator out[1][4];
@@ -189,11 +196,6 @@ __global__ void __launch_bounds__(kThreads, 2) packed_mix_kernel(PackedMix p) {
                                                                 in_rows, kLd, 0, 0, kRows);
     wmma_tiles::mma_block<__nv_bfloat16, Backward, false, 1, 4>(out, &weights_lo[0][0], kWeightLd,
                                                                 in_rows, kLd, 0, 0, kRows);
-    if constexpr (Backward) {
-      // dm += dS' S^T over the same columns: A = dS' [i][e], B = S^T (S stored [j][e]).
-      wmma_tiles::mma_tile<__nv_bfloat16, false, true>(dm, in_rows, kLd, in_rows + kRows * kLd, kLd,
-                                                       0, 0, 64);
-    }
     // Output rows r < blocks into the packed set, as bf16.
     const int64_t bh = item / columns, e0 = (item % columns) * kColumns + 64 * warp;
     auto out_row = [&](int r) {
