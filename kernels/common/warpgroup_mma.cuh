@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "common/element_type.cuh"
 #include "common/wmma_gemm.cuh"
 
 namespace mhla_kernels {
@@ -174,17 +175,8 @@ __device__ __forceinline__ int acc_col(int i) {
   return 8 * (i / 4) + 2 * (threadIdx.x % 4) + (i % 2);
 }
 
-// The 16-bit pair (x, y) as one register (x in the low half).
-template <typename T>
-__device__ __forceinline__ unsigned pack_pair(float x, float y) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
-    return *reinterpret_cast<const unsigned*>(&v);
-  } else {
-    const __half2 v = __floats2half2_rn(x, y);
-    return *reinterpret_cast<const unsigned*>(&v);
-  }
-}
+// The 16-bit pair (x, y) as one register (x in the low half): common/element_type.cuh.
+using ::mhla_kernels::pack_pair;
 
 template <typename T, int R>
 __device__ __forceinline__ void to_a_fragments(const float (&acc)[R], unsigned (&frag)[R / 8][4]) {

@@ -41,40 +41,8 @@ __device__ __forceinline__ int lane_half() {
   return static_cast<int>(threadIdx.x % 2);
 }
 
-// 16-bit element pairs <-> fp32. For bf16 the widening is exact bit placement, one integer
-// instruction per element (cvt.f32.bf16 after extracting each half took two), and the narrowing
-// rounds two values per cvt.rn.bf16x2 (the same rounding as one at a time). The row forms and the
-// feature backward convert every element of a tile at least twice: in the query pass these
-// conversions were 12 % of the instructions (session 29, call 1).
-template <typename E>
-__device__ __forceinline__ void unpack_pair(unsigned bits, float& a, float& b) {
-  if constexpr (std::is_same_v<E, __nv_bfloat16>) {
-    a = __uint_as_float(bits << 16);
-    b = __uint_as_float(bits & 0xffff0000u);
-  } else {
-    const E* e = reinterpret_cast<const E*>(&bits);
-    a = to_float(e[0]);
-    b = to_float(e[1]);
-  }
-}
-
-template <typename E>
-__device__ __forceinline__ unsigned pack_pair(float a, float b) {
-  if constexpr (std::is_same_v<E, __nv_bfloat16>) {
-    const __nv_bfloat162 pair = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<const unsigned*>(&pair);
-  } else if constexpr (std::is_same_v<E, __half>) {
-    const __half2 pair = __floats2half2_rn(a, b);
-    return *reinterpret_cast<const unsigned*>(&pair);
-  } else {
-    unsigned bits;
-    E* e = reinterpret_cast<E*>(&bits);
-    e[0] = from_float<E>(a);
-    e[1] = from_float<E>(b);
-    return bits;
-  }
-}
-
+// 16-bit element pairs <-> fp32: unpack_pair and pack_pair (common/element_type.cuh), eight
+// elements (one 16-byte word) at a time.
 template <typename E>
 __device__ __forceinline__ void to_floats(const uint4& word, float (&x)[8]) {
   unpack_pair<E>(word.x, x[0], x[1]);

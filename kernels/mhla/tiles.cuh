@@ -60,22 +60,35 @@ __device__ __forceinline__ const T* token_row(const TokenTensor& t, int b, int n
          h * t.head_stride;
 }
 
+// One 16-byte piece of a row to fp32 and back (16-bit T: in element pairs, element_type.cuh).
 template <typename T, int D>
 __device__ __forceinline__ void load_vector(const T* p, float* x) {
   constexpr int vec = Layout<T, D>::vec;
   uint4 raw = *reinterpret_cast<const uint4*>(p);
-  const T* values = reinterpret_cast<const T*>(&raw);
+  if constexpr (sizeof(T) == 2) {
+    const unsigned* words = reinterpret_cast<const unsigned*>(&raw);
 #pragma unroll
-  for (int i = 0; i < vec; ++i) x[i] = to_float(values[i]);
+    for (int i = 0; i < vec / 2; ++i) unpack_pair<T>(words[i], x[2 * i], x[2 * i + 1]);
+  } else {
+    const T* values = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < vec; ++i) x[i] = to_float(values[i]);
+  }
 }
 
 template <typename T, int D>
 __device__ __forceinline__ void store_vector(T* p, const float* x) {
   constexpr int vec = Layout<T, D>::vec;
   uint4 raw;
-  T* values = reinterpret_cast<T*>(&raw);
+  if constexpr (sizeof(T) == 2) {
+    unsigned* words = reinterpret_cast<unsigned*>(&raw);
 #pragma unroll
-  for (int i = 0; i < vec; ++i) values[i] = from_float<T>(x[i]);
+    for (int i = 0; i < vec / 2; ++i) words[i] = pack_pair<T>(x[2 * i], x[2 * i + 1]);
+  } else {
+    T* values = reinterpret_cast<T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < vec; ++i) values[i] = from_float<T>(x[i]);
+  }
   *reinterpret_cast<uint4*>(p) = raw;
 }
 
