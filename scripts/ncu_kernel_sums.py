@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Per-kernel sums of an Nsight Compute CSV (gpu__time_duration.sum rows, as written by
 `ncu --metrics gpu__time_duration.sum --csv`): total, launches and time per launch by kernel
-name, largest first. Usage: ncu_kernel_sums.py FILE.csv [top]"""
+name, largest first. Usage: ncu_kernel_sums.py FILE.csv[.gz] [top]"""
 import csv
+import gzip
 import re
 import sys
 
-rows = list(csv.reader(l for l in open(sys.argv[1]) if l.startswith('"')))
+opener = gzip.open if sys.argv[1].endswith(".gz") else open
+rows = list(csv.reader(l for l in opener(sys.argv[1], "rt") if l.startswith('"')))
 head, rows = rows[0], rows[1:]
 n, v, u = (head.index(k) for k in ("Kernel Name", "Metric Value", "Metric Unit"))
 scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}

@@ -96,7 +96,7 @@ __device__ __forceinline__ void copy_packed_state_async(const float* set, size_t
                                                         float* z) {
   constexpr int kWordsPerRow = D / 8, kZWords = D / 4;
   constexpr int kRowsPerPass = fragment_rows::kFragmentThreads / kWordsPerRow;
-  const float* state = set + index * (D * D / 2 + D);
+  const float* state = set + index * fragment_rows::PackedState<D>::floats;
   const int row = static_cast<int>(threadIdx.x) / kWordsPerRow;
   const int column = static_cast<int>(threadIdx.x) % kWordsPerRow * 8;
   const Element* src = reinterpret_cast<const Element*>(state) + row * D + column;
@@ -107,7 +107,8 @@ __device__ __forceinline__ void copy_packed_state_async(const float* set, size_t
                                  true);
   }
   if (threadIdx.x < kZWords)
-    async_copy::copy_streaming16(z + threadIdx.x * 4, state + D * D / 2 + threadIdx.x * 4, true);
+    async_copy::copy_streaming16(z + threadIdx.x * 4,
+                                 state + fragment_rows::PackedState<D>::z + threadIdx.x * 4, true);
 }
 
 // Walks this CTA's items (blockIdx.x, then every gridDim.x-th) over two stages of shared memory:

@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
   if (p.packed_grad_mixed) {  // one chunk per block (the host checks)
     // Staged in the warp's own rows of q_raw: every warp copied its dq rows out before the
     // last tile's barrier, and no one reads q_raw after it.
-    write_packed_state<D>(dstate, dz, p.grad_mixed + state_index * (D * D / 2 + D),
+    write_packed_state<D>(dstate, dz, p.grad_mixed + state_index * PackedState<D>::floats,
                           p.direct_packed_stores
                               ? nullptr
                               : reinterpret_cast<__nv_bfloat16*>(q_raw + warp * 16 * Q::ld),
@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
         dz.zero();
         accumulate_state<E, D>(dstate, dz, phi, dnum, (it.valid + 15) / 16 * 16);
         // Staged in the warp's own rows of q (its dq rows went out before the barrier).
-        write_packed_state<D>(dstate, dz, p.grad_mixed + it.state * (D * D / 2 + D),
+        write_packed_state<D>(dstate, dz, p.grad_mixed + it.state * PackedState<D>::floats,
                               p.direct_packed_stores ? nullptr : q_raw + warp * 16 * Q::ld, Q::ld);
       });
 }

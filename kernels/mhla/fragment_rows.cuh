@@ -418,8 +418,16 @@ __device__ __forceinline__ StateWrite state_write(int chunks, bool scalar_adds) 
   return scalar_adds ? StateWrite::add_scalar : StateWrite::add_vector4;
 }
 
-// The warp's slice of the state into a packed state (block_linear_attention.h: D * D bf16, then
-// D fp32 z), for a state one CTA owns (no atomics).
+// A packed state (block_linear_attention.h, packed_states): D x D bf16, then D fp32 z; sizes in
+// floats.
+template <int D>
+struct PackedState {
+  static constexpr int z = D * D / 2;  // where z begins
+  static constexpr int floats = z + D;
+};
+
+// The warp's slice of the state into a packed state (PackedState), for a state one CTA owns (no
+// atomics).
 // With `staging` (16 rows of shared memory that only this warp touches, row stride ld) the
 // matrix slice goes there first and leaves in 16-byte stores, each 32-byte sector written whole
 // by one instruction; stored straight from the accumulators, every instruction wrote eight half
@@ -450,8 +458,8 @@ __device__ __forceinline__ void write_packed_state(
   }
   if (group == 0 && lane % 4 == 0) {  // column 0 of the extra tile: rows lane / 4 and + 8
     const int d = row_tile * 16 + lane / 4;
-    state[D * D / 2 + d] = extra.x[0][0];
-    state[D * D / 2 + d + 8] = extra.x[0][2];
+    state[PackedState<D>::z + d] = extra.x[0][0];
+    state[PackedState<D>::z + d + 8] = extra.x[0][2];
   }
 }
 
@@ -478,7 +486,7 @@ __device__ __forceinline__ void load_packed_state(const float* state, __nv_bfloa
     }
   }
   for (int e = static_cast<int>(threadIdx.x); e < D; e += kFragmentThreads)
-    z[e] = state[D * D / 2 + e];
+    z[e] = state[PackedState<D>::z + e];
 }
 
 // S (and z) of one state for a pass: from a packed set when `packed` (bf16 T only: the host
@@ -488,7 +496,7 @@ __device__ __forceinline__ void load_any_state(const float* set, size_t state_in
                                                T* s, float* z) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     if (packed) {
-      load_packed_state<D>(set + state_index * (D * D / 2 + D), s, z);
+      load_packed_state<D>(set + state_index * PackedState<D>::floats, s, z);
       return;
     }
   }

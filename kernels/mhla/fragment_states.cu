@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(kFragmentThreads, MinBlocks)
   }
   const size_t index = static_cast<size_t>(w.bh) * p.shape.blocks + w.block;
   if (p.packed_states) {  // one chunk per block (the host checks)
-    write_packed_state<D>(state, z, p.states + index * (D * D / 2 + D));
+    write_packed_state<D>(state, z, p.states + index * PackedState<D>::floats);
   } else {
     write_state<D>(state, z, p.states + index * (D * D + D),
                    state_write(chunks, p.scalar_state_adds));
@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(kFragmentThreads, MinBlocks)
         for (int j = 0; j < S::col_tiles; ++j) state[0][j].zero();
         z.zero();
         accumulate_state<E, D>(state, z, phi, values, (it.valid + 15) / 16 * 16);
-        float* out = p.states + it.state * (D * D / 2 + D);
+        float* out = p.states + it.state * PackedState<D>::floats;
         if (p.direct_packed_stores) {
           write_packed_state<D>(state, z, out);
         } else {
