@@ -19,6 +19,18 @@ __host__ __device__ constexpr int padded(int blocks) {
   return (blocks + kMaxGroup - 1) / kMaxGroup * kMaxGroup;
 }
 
+// The weights into the CTA's shared tile, padded to np x np with zeros, then a barrier; returns
+// np. Both kernels below start with it.
+__device__ __forceinline__ int load_weights(const BlockStateMix& p, float* ws) {
+  const int np = padded(p.blocks);
+  for (int e = threadIdx.x; e < np * np; e += kThreads) {
+    const int i = e / np, j = e % np;
+    ws[e] = i < p.blocks && j < p.blocks ? p.weights[i * p.blocks + j] : 0.f;
+  }
+  __syncthreads();
+  return np;
+}
+
 // Group: output blocks accumulated at once (Group float4 per thread); Batch: input blocks loaded
 // at once; MinCtas: CTAs per multiprocessor the registers are capped for. The default (8, 8) at
 // 126 registers runs four CTAs per SM and reads its inputs twice for 16 blocks, the second time
@@ -30,12 +42,7 @@ template <int MinCtas, int Group, int Batch>
 __global__ void __launch_bounds__(kThreads, MinCtas) state_mix_kernel(BlockStateMix p) {
   static_assert(kMaxGroup % Group == 0 && Group % Batch == 0, "weights tile padding");
   extern __shared__ float ws[];  // [padded][padded], zero outside the matrix
-  const int np = padded(p.blocks);
-  for (int e = threadIdx.x; e < np * np; e += kThreads) {
-    const int i = e / np, j = e % np;
-    ws[e] = i < p.blocks && j < p.blocks ? p.weights[i * p.blocks + j] : 0.f;
-  }
-  __syncthreads();
+  const int np = load_weights(p, ws);
   const int64_t quads = p.elements / 4;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (c >= quads) return;
@@ -173,12 +180,7 @@ __device__ __forceinline__ void mix_column(const BlockStateMix& p, const float* 
 template <int MinCtas, int Group, int Batch>
 __global__ void __launch_bounds__(kThreads, MinCtas) packed_state_mix_kernel(BlockStateMix p) {
   extern __shared__ float ws[];  // [padded][padded], zero outside the matrix
-  const int np = padded(p.blocks);
-  for (int e = threadIdx.x; e < np * np; e += kThreads) {
-    const int i = e / np, j = e % np;
-    ws[e] = i < p.blocks && j < p.blocks ? p.weights[i * p.blocks + j] : 0.f;
-  }
-  __syncthreads();
+  const int np = load_weights(p, ws);
   const int64_t matrix = p.packed_matrix;
   const int64_t row_floats = matrix / 2 + p.elements - matrix;  // a multiple of 4
   const size_t base = static_cast<size_t>(blockIdx.y) * p.blocks * row_floats;
