@@ -278,10 +278,10 @@ void check_packed_result(const torch::Tensor& packed, const torch::Tensor& expec
 // The bidirectional MHLA binding at one chunk per block keeps S and dS' as packed sets (bf16
 // matrices, fp32 z): the mix reads packed S and writes packed S' (up to 16 blocks: the matrix
 // part on tensor cores, as the backward; past 16 blocks 16-byte loads of eight bf16 on CUDA
-// cores); the mix backward reads packed dS' and S (up to 16 blocks: the matrix part on tensor cores, with
-// more items than CTAs, and the fp32 rest; past 16 blocks the mix plus pair products). Each is
-// compared in float64 with the values the sets hold, so the new errors are the outputs' rounding
-// to bf16 and, for dm, the tensor cores' fp32 accumulation (1e-4 instead of 1e-5).
+// cores); the mix backward reads packed dS' and S (up to 16 blocks: the matrix part on tensor
+// cores, with more items than CTAs, and the fp32 rest; past 16 blocks the mix plus pair products).
+// Each is compared in float64 with the values the sets hold, so the new errors are the outputs'
+// rounding to bf16 and, for dm, the tensor cores' fp32 accumulation (1e-4 instead of 1e-5).
 TEST_CASE("attention: block state mix and its backward on packed block states",
           "[attention][gpu]") {
 #ifdef MHLA_WITH_CUDA_KERNELS

@@ -14,8 +14,8 @@
 
 #include <cuda_bf16.h>
 
-#include "common/device_info.h"
 #include "common/async_copy.cuh"
+#include "common/device_info.h"
 #include "mhla/block_mix_backward.h"
 #include "mhla/packed_mix.cuh"
 
