@@ -166,9 +166,7 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
         {  // 1. Row form: phi(k) and 1/rms(k) of the lane's half row.
           const bool live = row < it.valid;
           uint4 raw_k[R::words];
-#pragma unroll
-          for (int u = 0; u < R::words; ++u)
-            raw_k[u] = *reinterpret_cast<const uint4*>(k_raw + row * ld + seg * R::half + u * 8);
+          read_half<E, D>(k_raw + row * ld, raw_k);
           const float scale = row_scale<E, D>(raw_k);
           features_row<E, D>(raw_k, scale, live, phi + row * ld);
           if (seg == 0) scale_rows[row] = scale;

@@ -145,9 +145,7 @@ __global__ void __launch_bounds__(kFragmentThreads, 6)
         {  // 1. Row form: phi(q) in place, 1 / den.
           const bool live = row < it.valid;
           uint4 raw_q[R::words];
-#pragma unroll
-          for (int u = 0; u < R::words; ++u)
-            raw_q[u] = *reinterpret_cast<const uint4*>(rows + row * ld + seg * R::half + u * 8);
+          read_half<E, D>(rows + row * ld, raw_q);
           const float scale = row_scale<E, D>(raw_q);
           const float den =
               pair_sum(features_dot<E, D>(raw_q, scale, live, z_of(stage), rows + row * ld));

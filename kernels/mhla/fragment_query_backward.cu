@@ -210,9 +210,7 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
         {  // 1. Row form: phi(q), den, dnum = dO / den in place.
           const bool live = row < it.valid;
           uint4 raw_q[R::words];
-#pragma unroll
-          for (int u = 0; u < R::words; ++u)
-            raw_q[u] = *reinterpret_cast<const uint4*>(q_raw + row * Q::ld + seg * R::half + u * 8);
+          read_half<E, D>(q_raw + row * Q::ld, raw_q);
           const float scale = row_scale<E, D>(raw_q);
           float den = features_dot<E, D>(raw_q, scale, live, z, phi + row * Q::ld);
           den = pair_sum(den);  // every lane: a shuffle under `live ?` deadlocks partial tiles

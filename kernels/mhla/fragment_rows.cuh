@@ -70,6 +70,16 @@ __device__ __forceinline__ void load_half(const TokenTensor& x, int b, int n, in
   for (int u = 0; u < R::words; ++u) words[u] = *reinterpret_cast<const uint4*>(at + u * 8);
 }
 
+// This lane's half of a shared tile row (the pipelined passes' row form reads its input from the
+// stage), as 16-byte words.
+template <typename E, int D>
+__device__ __forceinline__ void read_half(const E* tile_row, uint4 (&words)[RowHalves<D>::words]) {
+  using R = RowHalves<D>;
+#pragma unroll
+  for (int u = 0; u < R::words; ++u)
+    words[u] = *reinterpret_cast<const uint4*>(tile_row + lane_half() * R::half + u * 8);
+}
+
 // 1 / rms(x) of the row whose half this lane holds (both lanes of the pair get it).
 template <typename E, int D>
 __device__ __forceinline__ float row_scale(const uint4 (&words)[RowHalves<D>::words]) {

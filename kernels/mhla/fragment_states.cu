@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(kFragmentThreads, MinBlocks)
     fragment_pipeline::copy_rows_async<D>(p.k, it, keys_of(s), ld);
     fragment_pipeline::copy_rows_async<D>(p.v, it, values_of(s), S::ld_extra);
   };
-  const int row = lane_row(), seg = lane_half();
+  const int row = lane_row();
   fragment_pipeline::walk_items(
       p.shape, issue, [&](const fragment_pipeline::TileItem& it, int stage) {
         E* phi = keys_of(stage);  // k, then phi(k)
@@ -135,9 +135,7 @@ __global__ void __launch_bounds__(kFragmentThreads, MinBlocks)
         {  // 1. Row form: phi(k) in place, the column of ones.
           const bool live = row < it.valid;
           uint4 raw_k[R::words];
-#pragma unroll
-          for (int u = 0; u < R::words; ++u)
-            raw_k[u] = *reinterpret_cast<const uint4*>(phi + row * ld + seg * R::half + u * 8);
+          read_half<E, D>(phi + row * ld, raw_k);
           const float scale = row_scale<E, D>(raw_k);
           features_row<E, D>(raw_k, scale, live, phi + row * ld);
           store_extra_column<E, D>(values, row, live ? 1.f : 0.f);
