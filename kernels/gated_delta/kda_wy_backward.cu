@@ -66,7 +66,6 @@ __global__ void __launch_bounds__(kThreads) kda_wy_backward_kernel(GatedDeltaArg
   T* t_s = reinterpret_cast<T*>(raw + L::t);
   T* kk = reinterpret_cast<T*>(raw + L::kk);
   const ChunkPosition at = block_chunk(p);
-  const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
   auto tile = [&](const void* base) { return static_cast<const T*>(base) + at.tile(0, D); };
   load_token_rows<T, D, kThreads>(k_s, Ld<D>::e, p.k, p, at);
