@@ -7,7 +7,6 @@
 #ifdef MHLA_WITH_CUDA_KERNELS
 #include "attention/attention_op.h"
 #include "attention/block_linear_cuda.h"
-#include "mhla/block_linear_attention.h"
 #include "mhla/cluster_block_linear.h"
 #include "test_helpers.h"
 
@@ -155,49 +154,5 @@ TEST_CASE("bidirectional kernel families: a family asked for a shape it does not
   CHECK(test::contains(message, "the cluster kernels do not take q [1, 64, 2, 128]"));
   CHECK(test::contains(test::error_of([&] { block_linear_family_takes("tiles", x, x, 4); }),
                        "unknown bidirectional kernel family 'tiles'"));
-}
-TEST_CASE(
-    "bidirectional kernel families: the state mix as the tail of the states and query passes",
-    "[attention][gpu]") {
-  if (!torch::cuda::is_available()) {
-    WARN("no CUDA device: skipped");
-    return;
-  }
-  // 4 x 3 batch*heads of 16 64-token blocks: the last CTA of each batch*head mixes its states
-  // (forward) and runs the mix backward (backward), with the counters the forward leaves at zero.
-  const mhla_kernels::BlockLinearShape shape{4, 1024, 3, 64, 16};
-  if (!mhla_kernels::block_mix_fusable(shape, mhla_kernels::DType::bf16)) {
-    WARN("MHLA_FUSED_STATE_MIX=0 (or the pipelined passes are off): the tails are not used");
-    return;
-  }
-  torch::manual_seed(5);
-  const std::vector<int64_t> dims = {4, 1024, 3, 64};
-  auto q = torch::randn(dims).to(torch::kBFloat16).to(torch::kFloat32);
-  auto k = torch::randn(dims).to(torch::kBFloat16).to(torch::kFloat32);
-  auto v = torch::randn(dims).to(torch::kBFloat16).to(torch::kFloat32);
-  auto grad_out = torch::randn(dims).to(torch::kBFloat16).to(torch::kFloat32);
-  auto mixing = torch::rand({16, 16}) + 0.05;
-  const auto expected = run_reference(q, k, v, mixing, 16, grad_out);
-  auto on_gpu = [](const torch::Tensor& t, torch::ScalarType dtype) {
-    return t.to(torch::kCUDA, dtype).detach().requires_grad_(true);
-  };
-  auto qd = on_gpu(q, torch::kBFloat16), kd = on_gpu(k, torch::kBFloat16);
-  auto vd = on_gpu(v, torch::kBFloat16), md = on_gpu(mixing, torch::kFloat32);
-  auto out = block_linear_by_named_family("states", qd, kd, vd, md, 16);
-  CHECK(test::relative_error(out.detach().cpu().to(torch::kFloat32), expected.out) < 5e-3);
-  // Two backward passes through one forward: the second finds the counters the first left.
-  const auto g = grad_out.to(torch::kCUDA, torch::kBFloat16);
-  const auto first = torch::autograd::grad({out}, {qd, kd, vd, md}, {g}, true);
-  const auto second = torch::autograd::grad({out}, {qd, kd, vd, md}, {g}, true);
-  CHECK(test::relative_error(first[0].cpu().to(torch::kFloat32), expected.dq) < 8e-3);
-  CHECK(test::relative_error(first[1].cpu().to(torch::kFloat32), expected.dk) < 8e-3);
-  CHECK(test::relative_error(first[2].cpu().to(torch::kFloat32), expected.dv) < 8e-3);
-  CHECK(test::relative_error(without_row_directions(first[3].cpu(), mixing),
-                             without_row_directions(expected.dm, mixing)) < 2e-2);
-  for (int i = 0; i < 3; ++i) CHECK(torch::equal(first[i], second[i]));  // no atomics there
-  // dm sums per-batch*head parts with atomics, in an order that may change.
-  CHECK(test::relative_error(second[3].cpu(), first[3].cpu()) < 1e-5);
-  // A second forward on the same inputs: the same output, bit for bit.
-  CHECK(torch::equal(block_linear_by_named_family("states", qd, kd, vd, md, 16), out));
 }
 #endif

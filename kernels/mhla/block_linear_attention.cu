@@ -19,7 +19,6 @@
 #include "mhla/block_fragment_passes.h"
 #include "mhla/block_linear_attention.h"
 #include "mhla/block_work.cuh"
-#include "mhla/packed_mix.cuh"
 #include "mhla/state_tiles.cuh"
 #include "mhla/tiles.cuh"
 
@@ -494,10 +493,6 @@ cudaError_t forward_for(const BlockLinearForward& a, cudaStream_t stream) {
   if (a.packed_states && (!reads_packed<T>(a.dtype, D, "states") || chunks > 1 ||
                           (a.passes & (kBlockMixPass | kBlockOutputPass))))
     return cudaErrorInvalidValue;
-  if (a.mix_arrivals != nullptr &&
-      (!block_mix_fusable(s, a.dtype) || !a.packed_states || !a.packed_mixed ||
-       a.mixing == nullptr || a.mixed == nullptr || a.passes != kBlockStatesPass))
-    return cudaErrorInvalidValue;
   const dim3 grid(s.blocks * chunks, s.batch * s.heads);
   const size_t state_bytes = block_linear_state_floats(s) * sizeof(float);
   cudaError_t err = cudaSuccess;
@@ -548,11 +543,6 @@ cudaError_t backward_for(const BlockLinearBackward& a, cudaStream_t stream) {
   const int chunks = chunks_per_block(s);
   if (a.packed_grad_mixed &&
       (!reads_packed<T>(a.dtype, D, "query") || chunks > 1 || (a.passes & kBlockMixPass)))
-    return cudaErrorInvalidValue;
-  if (a.mix_arrivals != nullptr &&
-      (!block_mix_fusable(s, a.dtype) || !a.packed_mixed || !a.packed_grad_mixed ||
-       a.mixing == nullptr || a.states == nullptr || a.grad_states == nullptr ||
-       a.grad_mixing == nullptr || a.passes != kBlockQueryPass))
     return cudaErrorInvalidValue;
   const dim3 grid(s.blocks * chunks, s.batch * s.heads);
   const size_t state_bytes = block_linear_state_floats(s) * sizeof(float);
@@ -639,15 +629,6 @@ bool block_states_packable(const BlockLinearShape& s, DType dtype) {
 size_t block_linear_packed_floats(const BlockLinearShape& s) {
   return static_cast<size_t>(s.batch) * s.heads * s.blocks *
          (static_cast<size_t>(s.head_dim) * s.head_dim / 2 + s.head_dim);
-}
-
-bool block_mix_fusable(const BlockLinearShape& s, DType dtype) {
-  static const bool enabled = [] {
-    const char* value = std::getenv("MHLA_FUSED_STATE_MIX");
-    return value == nullptr || std::string(value) != "0";
-  }();
-  return enabled && s.head_dim == 64 && s.blocks <= packed_mix::kRows &&
-         block_states_packable(s, dtype) && fragment_pipelined_variants(s, dtype, chunks_per_block(s));
 }
 
 cudaError_t block_linear_forward(const BlockLinearForward& args, cudaStream_t stream) {

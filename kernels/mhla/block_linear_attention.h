@@ -71,10 +71,6 @@ struct BlockLinearForward {
   // MHLA_PACKED_STATE_STORES=direct, for A/B runs; the one-shot states pass always stores
   // straight).
   bool direct_packed_stores = false;
-  // The states pass also mixes (block_mix_fusable): the CTA that writes the last block state of a
-  // batch*head computes that batch*head's S'_i = sum_j m_ij S_j into `mixed` (packed, from the
-  // packed `states`, in L2). One counter per batch*head, zero on entry and zero again on exit.
-  int* mix_arrivals = nullptr;
 };
 
 struct BlockLinearBackward {
@@ -98,17 +94,7 @@ struct BlockLinearBackward {
   bool packed_grad_mixed = false;
   bool scalar_state_adds = false;     // as in BlockLinearForward
   bool direct_packed_stores = false;  // as in BlockLinearForward (the query pass's dS')
-  // The query pass also runs the mix backward (block_mix_fusable): the CTA that writes the last
-  // dS'_i of a batch*head computes dS_j = sum_i m_ij dS'_i into `grad_states` (packed) and adds
-  // dm_ij += <dS'_i, S_j> into grad_mixing, which must then be zero on entry. Counters as in
-  // BlockLinearForward::mix_arrivals.
-  int* mix_arrivals = nullptr;
 };
-
-// Whether the pipelined states and query passes take the state mix and its backward as their
-// tails (mix_arrivals above) at this shape: bf16, D = 64, packed block states, blocks of at most
-// one tile, at most 16 blocks. MHLA_FUSED_STATE_MIX=0 says no (A/B runs).
-bool block_mix_fusable(const BlockLinearShape& shape, DType dtype);
 
 // Return cudaSuccess or the first launch error; a shape the kernels do not cover returns
 // cudaErrorInvalidValue (the binding checks shapes first and reports them in words).

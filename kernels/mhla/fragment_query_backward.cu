@@ -13,14 +13,12 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "common/last_arrival.cuh"
 #include "common/wmma_gemm.cuh"
 #include "mhla/block_fragment_passes.h"
 #include "mhla/block_work.cuh"
 #include "mhla/fragment_launch.cuh"
 #include "mhla/fragment_pipeline.cuh"
 #include "mhla/fragment_rows.cuh"
-#include "mhla/packed_mix.cuh"
 #include "mhla/state_tiles.cuh"
 #include "mhla/tiles.cuh"
 
@@ -166,40 +164,14 @@ struct QueryPass {
 // The pipelined one-tile variant (fragment_pipeline.cuh): per stage q, dO (at dnum's row stride:
 // dnum = dO / den is formed in place) and S' with z'; phi(Q) and the row factors outside the
 // stages. dS' is written packed after every item.
-//
-// With mix_arrivals (D = 64), the CTA that writes a batch*head's last dS' runs the mix backward of
-// that batch*head (packed_mix.cuh): its first mix stage, the weights and the dm sums in the
-// current stage, its second from phi on (the shared memory reaches past the row factors for it).
 template <int D>
 struct QueryStage {
   using Q = QueryLayout<D>;
-  using Mix = packed_mix::MixItems<true, kFragmentThreads / 32>;
   static constexpr size_t rows = align128(kTile * Q::ld * 2), dnum = align128(kTile * Q::ldn * 2),
                           state = align128(D * Q::ld * 2);
   static constexpr size_t bytes = rows + dnum + state + align128(D * 4);
-  static constexpr bool kFusesMix = D == 64;
-  static constexpr size_t after_stages = rows + 2 * align128(kTile * 4);  // phi, row factors
-  static constexpr size_t smem =
-      2 * bytes + (kFusesMix && Mix::kStageBytes > after_stages ? Mix::kStageBytes : after_stages);
-  static constexpr size_t weights = Mix::kStageBytes, dm_sums = weights + sizeof(packed_mix::MixWeights);
-  static_assert(!kFusesMix || dm_sums + (kFragmentThreads / 32) * 256 * 4 <= bytes,
-                "the first mix stage, the weights and the dm sums fit one stage");
+  static constexpr size_t smem = 2 * bytes + rows + 2 * align128(kTile * 4);
 };
-
-// The mix backward over the packed sets of these passes: dS' (in) and S -> dS (out), dm.
-__device__ __forceinline__ packed_mix::PackedMix backward_mix(const BlockLinearBackward& p) {
-  packed_mix::PackedMix m;
-  m.in = p.grad_mixed;
-  m.states = p.states;
-  m.mixing = p.mixing;
-  m.out = p.grad_states;
-  m.grad_mixing = p.grad_mixing;
-  m.batch_heads = p.shape.batch * p.shape.heads;
-  m.blocks = p.shape.blocks;
-  m.matrix = static_cast<int64_t>(p.shape.head_dim) * p.shape.head_dim;
-  m.elements = m.matrix + p.shape.head_dim;
-  return m;
-}
 
 template <int D>
 __global__ void __launch_bounds__(kFragmentThreads, 3)
@@ -268,19 +240,6 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
         // Staged in the warp's own rows of q (its dq rows went out before the barrier).
         write_packed_state<D>(dstate, dz, p.grad_mixed + it.state * PackedState<D>::floats,
                               p.direct_packed_stores ? nullptr : q_raw + warp * 16 * Q::ld, Q::ld);
-        if constexpr (Stage::kFusesMix) {
-          const int bh = it.b * p.shape.heads + it.h;
-          if (p.mix_arrivals != nullptr &&
-              last_arrival::arrive(p.mix_arrivals + bh, p.shape.blocks)) {
-            // 4. The last dS' of bh: dS = m^T dS' and dm for all of bh's blocks.
-            auto* base = reinterpret_cast<unsigned char*>(q_raw);
-            packed_mix::mix_batch_head<true, kFragmentThreads / 32>(
-                backward_mix(p), bh, reinterpret_cast<__nv_bfloat16*>(base),
-                reinterpret_cast<__nv_bfloat16*>(phi),
-                *reinterpret_cast<packed_mix::MixWeights*>(base + Stage::weights),
-                reinterpret_cast<float*>(base + Stage::dm_sums));
-          }
-        }
       });
 }
 

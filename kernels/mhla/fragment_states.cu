@@ -9,14 +9,12 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "common/last_arrival.cuh"
 #include "common/wmma_gemm.cuh"
 #include "mhla/block_fragment_passes.h"
 #include "mhla/block_work.cuh"
 #include "mhla/fragment_launch.cuh"
 #include "mhla/fragment_pipeline.cuh"
 #include "mhla/fragment_rows.cuh"
-#include "mhla/packed_mix.cuh"
 #include "mhla/tiles.cuh"
 
 namespace mhla_kernels {
@@ -104,32 +102,12 @@ struct StatesPassOneTile {  // one tile buffer; more CTAs per SM for CTAs of one
 // The pipelined one-tile variant (fragment_pipeline.cuh): per stage k and v (at the extra-column
 // row stride, the column of ones written after the copy). phi(k) replaces k in its own tile, so
 // two stages fit five CTAs per SM. The state is written packed after every item.
-// With mix_arrivals (D = 64), the CTA that writes a batch*head's last state mixes all of its
-// states in the current stage: two mix stages and the weights (packed_mix.cuh) fit it exactly.
 template <int D>
 struct StatesStage {
   static constexpr size_t keys = align128(kTile * (D + 8) * 2);
   static constexpr size_t bytes = keys + align128(kTile * StateSlices<D>::ld_extra * 2);
   static constexpr size_t smem = 2 * bytes;
-  static constexpr bool kFusesMix = D == 64;
-  static_assert(!kFusesMix || 2 * packed_mix::MixItems<false, kFragmentThreads / 32>::kStageBytes +
-                                      sizeof(packed_mix::MixWeights) <=
-                                  bytes,
-                "the mix tail fits one stage");
 };
-
-// The forward mix over the packed sets of these passes: S (in) -> S' (out).
-__device__ __forceinline__ packed_mix::PackedMix forward_mix(const BlockLinearForward& p) {
-  packed_mix::PackedMix m;
-  m.in = p.states;
-  m.mixing = p.mixing;
-  m.out = p.mixed;
-  m.batch_heads = p.shape.batch * p.shape.heads;
-  m.blocks = p.shape.blocks;
-  m.matrix = static_cast<int64_t>(p.shape.head_dim) * p.shape.head_dim;
-  m.elements = m.matrix + p.shape.head_dim;
-  return m;
-}
 
 template <int D, int MinBlocks>
 __global__ void __launch_bounds__(kFragmentThreads, MinBlocks)
@@ -175,19 +153,6 @@ __global__ void __launch_bounds__(kFragmentThreads, MinBlocks)
         } else {
           __syncthreads();  // every warp's reads of phi are done: each stages its slice there
           write_packed_state<D>(state, z, out, phi + (threadIdx.x / 32) * 16 * ld, ld);
-        }
-        if constexpr (Stage::kFusesMix) {
-          const int bh = it.b * p.shape.heads + it.h;
-          if (p.mix_arrivals != nullptr &&
-              last_arrival::arrive(p.mix_arrivals + bh, p.shape.blocks)) {
-            // 3. The last state of bh: S' = m S for all of bh's blocks, through this stage.
-            using Mix = packed_mix::MixItems<false, kFragmentThreads / 32>;
-            auto* base = reinterpret_cast<unsigned char*>(keys_of(stage));
-            auto* stage0 = reinterpret_cast<__nv_bfloat16*>(base);
-            packed_mix::mix_batch_head<false, kFragmentThreads / 32>(
-                forward_mix(p), bh, stage0, stage0 + Mix::kStageElements,
-                *reinterpret_cast<packed_mix::MixWeights*>(base + 2 * Mix::kStageBytes), nullptr);
-          }
         }
       });
 }

@@ -90,14 +90,6 @@ bool packs_block_states(const kernels::BlockLinearShape& shape, kernels::DType d
   return enabled && packs_state_sets(shape, dtype) && kernels::block_states_packable(shape, dtype);
 }
 
-// Whether the states pass mixes and the query pass runs the mix backward as their tails
-// (kernels::block_mix_fusable): with both state sets packed. Saves the mix kernels' launches
-// and their reads of S and dS' from DRAM (the last CTA of a batch*head reads them in L2).
-bool fuses_mix(bool packed_states, bool packed_mixed, const kernels::BlockLinearShape& shape,
-               kernels::DType dtype) {
-  return packed_states && packed_mixed && kernels::block_mix_fusable(shape, dtype);
-}
-
 // One autograd function for both ops: without a mixing matrix it calls the linear-attention
 // kernels, with one the MHLA kernels. Saves q, k, v, the output, the fp32 block states and (MHLA)
 // the mixed states.
@@ -118,7 +110,6 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
                                             : kernels::block_linear_state_floats(shape))},
         floats);
     auto mixed = states;  // MHLA: replaced by the mixed states below
-    torch::Tensor arrivals;  // the fused mix's counters (zero again after each pass)
     auto out = torch::empty(q.sizes(), v.options().memory_format(torch::MemoryFormat::Contiguous));
     const c10::cuda::CUDAGuard on_device(q.device());  // launch on the inputs' GPU
     auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
@@ -135,23 +126,13 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
       a.states = states.data_ptr<float>();
       a.packed_states = packed_states;
       a.passes = kernels::kBlockStatesPass;
-      a.packed_mixed = packs_state_sets(shape, a.dtype);
-      if (fuses_mix(packed_states, a.packed_mixed, shape, a.dtype)) {
-        // The states pass mixes too: the CTA that writes a batch*head's last state mixes it.
-        arrivals = torch::zeros({shape.batch * shape.heads}, q.options().dtype(torch::kInt32));
-        mixed = torch::empty_like(states);  // packed, as S
-        a.mixed = mixed.data_ptr<float>();
-        a.mix_arrivals = arrivals.data_ptr<int>();
-        check_launch(kernels::block_linear_forward(a, stream), "mhla forward (states and mix)");
-        a.mix_arrivals = nullptr;
-      } else {
-        check_launch(kernels::block_linear_forward(a, stream), "mhla forward (states)");
-        const int64_t d = q.size(3);
-        mixed = mix_block_states(mixing, by_block(states, q, blocks), kernels::MixPattern::dense,
-                                 a.packed_mixed ? d * d : 0, packed_states)
-                    .view({-1});
-      }
+      check_launch(kernels::block_linear_forward(a, stream), "mhla forward (states)");
       a.packed_states = false;
+      a.packed_mixed = packs_state_sets(shape, a.dtype);
+      const int64_t d = q.size(3);
+      mixed = mix_block_states(mixing, by_block(states, q, blocks), kernels::MixPattern::dense,
+                               a.packed_mixed ? d * d : 0, packed_states)
+                  .view({-1});
       ctx->saved_data["packed_mixed"] = a.packed_mixed;
       a.mixed = mixed.data_ptr<float>();
       a.passes = kernels::kBlockOutputPass;
@@ -166,7 +147,7 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
       a.state = states.data_ptr<float>();
       check_launch(kernels::linear_attention_forward(a, stream), "linear attention forward");
     }
-    ctx->save_for_backward({q, k, v, out, mixing, states, mixed, arrivals});
+    ctx->save_for_backward({q, k, v, out, mixing, states, mixed});
     ctx->saved_data["blocks"] = blocks;
     ctx->saved_data["packed_states"] = packed_states;
     remember_input_dtypes(ctx, q_in, k_in);
@@ -177,7 +158,7 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
                                                torch::autograd::tensor_list grads) {
     auto saved = ctx->get_saved_variables();
     auto q = saved[0], k = saved[1], v = saved[2], out = saved[3], mixing = saved[4];
-    auto states = saved[5], mixed = saved[6], arrivals = saved[7];
+    auto states = saved[5], mixed = saved[6];
     const int64_t blocks = ctx->saved_data["blocks"].toInt();
     const bool mixes = mixing.numel() > 0;
     // The forward's choices.
@@ -208,23 +189,13 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
       a.packed_mixed = packed;
       a.packed_grad_mixed = packed_states;
       a.passes = kernels::kBlockQueryPass;
+      check_launch(kernels::block_linear_backward(a, stream), "mhla backward (query pass)");
+      const auto grad_mixed_blocks = by_block(grad_mixed, q, blocks);
       torch::Tensor grad_states;
-      if (arrivals.defined() && fuses_mix(packed_states, packed, shape, a.dtype)) {
-        // The query pass runs the mix backward too (the forward's counters are zero again).
-        grad_states = torch::empty_like(mixed);  // packed, as S'
-        dmixing = torch::zeros({blocks, blocks}, mixing.options());
-        a.grad_states = grad_states.data_ptr<float>();
-        a.grad_mixing = dmixing.data_ptr<float>();
-        a.mix_arrivals = arrivals.data_ptr<int>();
-        check_launch(kernels::block_linear_backward(a, stream), "mhla backward (query and mix)");
-        a.mix_arrivals = nullptr;
-      } else {
-        check_launch(kernels::block_linear_backward(a, stream), "mhla backward (query pass)");
-        const int64_t d = q.size(3);
-        std::tie(grad_states, dmixing) = mix_block_states_backward(
-            mixing, by_block(grad_mixed, q, blocks), by_block(states, q, blocks),
-            packed ? d * d : 0, packed_states);
-      }
+      const int64_t d = q.size(3);
+      std::tie(grad_states, dmixing) =
+          mix_block_states_backward(mixing, grad_mixed_blocks, by_block(states, q, blocks),
+                                    packed ? d * d : 0, packed_states);
       a.grad_states = grad_states.data_ptr<float>();
       a.packed_grad_states = packed;
       a.passes = kernels::kBlockKeyPass;
