@@ -112,14 +112,16 @@ __device__ __forceinline__ void copy_packed_state_async(const float* set, size_t
 }
 
 // Walks this CTA's items (blockIdx.x, then every gridDim.x-th) over two stages of shared memory:
-// issue(item, stage) starts the copies of an item's inputs into a stage, body(item, stage) runs
-// the item once they have landed. The item's one barrier also tells every warp that the previous
-// item is done, so the next item's copies may refill its stage.
+// issue(item, stage) starts the copies of an item's inputs into a stage, body(item, stage, late)
+// runs the item once they have landed. The item's one barrier also tells every warp that the
+// previous item is done, so the next item's copies may refill its stage. Inputs with a single
+// buffer: issue_late(item) copies them when the body calls late(), behind a barrier after its
+// last read of them (all of an item's copies have landed by its barrier).
 // The pipelined kernels are launched as dependent grids (common/dependent_launch.cuh): the walk
 // begins by waiting for the previous grid, before any global access of issue or body.
-template <typename Issue, typename Body>
+template <typename Issue, typename IssueLate, typename Body>
 __device__ __forceinline__ void walk_items(const BlockLinearShape& shape, Issue&& issue,
-                                           Body&& body) {
+                                           IssueLate&& issue_late, Body&& body) {
   dependent_launch::wait_for_previous_grid();
   dependent_launch::allow_next_grid();
   const int items = shape.batch * shape.heads * shape.blocks;
@@ -128,17 +130,31 @@ __device__ __forceinline__ void walk_items(const BlockLinearShape& shape, Issue&
   const ItemWalk walk(shape, step);
   TileItem current = walk.at(first);
   issue(current, 0);
+  issue_late(current);
   async_copy::commit();
   int stage = 0;
   for (int item = first; item < items; item += step, stage ^= 1) {
     async_copy::wait<0>();
     __syncthreads();  // this item's inputs are in, from every thread's copies
     const TileItem next = walk.next(current);
-    if (item + step < items) issue(next, stage ^ 1);
+    const bool more = item + step < items;
+    if (more) issue(next, stage ^ 1);
     async_copy::commit();
-    body(current, stage);
+    body(current, stage, [&] {
+      if (more) issue_late(next);
+      async_copy::commit();
+    });
     current = next;
   }
+}
+
+// As above, every input in the two stages.
+template <typename Issue, typename Body>
+__device__ __forceinline__ void walk_items(const BlockLinearShape& shape, Issue&& issue,
+                                           Body&& body) {
+  walk_items(
+      shape, issue, [](const TileItem&) {},
+      [&](const TileItem& it, int stage, auto&&) { body(it, stage); });
 }
 
 }  // namespace fragment_pipeline

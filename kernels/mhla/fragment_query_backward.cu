@@ -13,6 +13,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "common/wmma_gemm.cuh"
 #include "mhla/block_fragment_passes.h"
 #include "mhla/block_work.cuh"
@@ -38,7 +41,7 @@ struct QueryLayout {
 // Step 2 of a tile for the warp's rows (some valid): d(phi) = dnum S'^T; dO . o = phi(q) . d(phi)
 // (o = phi(q) S' / den, so the forward's output is not read); dden = -(dO . o) / den into column D
 // of dnum (for step 3's dz') and into the feature backward; dq out through the warp's rows of q.
-template <typename E, int D>
+template <typename E, int D, int Ldn = QueryLayout<D>::ldn>
 __device__ __forceinline__ void query_rows_out(E* dnum, const E* mixed, const E* phi, E* q_raw,
                                                const float* inv_den_rows, const float* scale_rows,
                                                const float* z, const BlockLinearBackward& p, int b,
@@ -48,11 +51,11 @@ __device__ __forceinline__ void query_rows_out(E* dnum, const E* mixed, const E*
   TileAccumulator dphi[1][D / 16];
 #pragma unroll
   for (int j = 0; j < D / 16; ++j) dphi[0][j].zero();
-  wmma_tiles::mma_block<E, false, true, 1, D / 16>(dphi, dnum, Q::ldn, mixed, Q::ld, warp, 0, D);
+  wmma_tiles::mma_block<E, false, true, 1, D / 16>(dphi, dnum, Ldn, mixed, Q::ld, warp, 0, D);
   const int r0 = accumulator_row(0), r1 = accumulator_row(1);
   const float g_dot_o[2] = {row_dot<E, D>(dphi, phi, Q::ld, 0), row_dot<E, D>(dphi, phi, Q::ld, 1)};
   const float dden[2] = {-g_dot_o[0] * inv_den_rows[r0], -g_dot_o[1] * inv_den_rows[r1]};
-  store_extra_columns<E, D>(dnum, dden);
+  store_extra_columns<E, D, Ldn>(dnum, dden);
   const float scale[2] = {scale_rows[r0], scale_rows[r1]};
   feature_backward<E, D>(dphi, q_raw, q_raw, Q::ld, scale, dden, z);
   __syncwarp();
@@ -161,48 +164,78 @@ struct QueryPass {
   static constexpr size_t smem = query_smem<D>();
 };
 
-// The pipelined one-tile variant (fragment_pipeline.cuh): per stage q, dO (at dnum's row stride:
-// dnum = dO / den is formed in place) and S' with z'; phi(Q) and the row factors outside the
-// stages. dS' is written packed after every item.
+// The pipelined one-tile variants (fragment_pipeline.cuh): per stage q and dO (at dnum's row
+// stride: dnum = dO / den is formed in place); phi(Q) and the row factors outside the stages.
+// dS' is written packed after every item. Two layouts:
+//  - three CTAs per SM: S' and z' in both stages, dnum with room for 16 extra columns;
+//  - four CTAs per SM (default; MHLA_QUERY_PASS_CTAS=3 for the other): one S' buffer, refilled
+//    for the next item once every warp is past step 2, and dnum at the rows' stride with dden in
+//    its column D only (the dz' product reads columns D .. D + 15, the last 8 from the next row:
+//    only its column 0 is kept). 56 KB instead of 68 KB: the pass was waiting on the chain of its
+//    steps with 12 warps per SM (73 % of the copy bandwidth at N = 1,024, the other passes 85-90 %).
 template <int D>
 struct QueryStage {
   using Q = QueryLayout<D>;
-  static constexpr size_t rows = align128(kTile * Q::ld * 2), dnum = align128(kTile * Q::ldn * 2),
+  static constexpr int kMinBlocks = 3, ldn = Q::ldn;
+  static constexpr bool kOneState = false;
+  static constexpr size_t rows = align128(kTile * Q::ld * 2), dnum = align128(kTile * ldn * 2),
                           state = align128(D * Q::ld * 2);
   static constexpr size_t bytes = rows + dnum + state + align128(D * 4);
-  static constexpr size_t smem = 2 * bytes + rows + 2 * align128(kTile * 4);
+  static constexpr size_t states_at = rows + dnum;  // in each stage
+  static constexpr size_t shared_at = 2 * bytes;    // phi, then the row factors
+  static constexpr size_t smem = shared_at + rows + 2 * align128(kTile * 4);
+};
+template <int D>
+struct QueryStageOneState {
+  using Q = QueryLayout<D>;
+  static constexpr int kMinBlocks = 4, ldn = D + 8;
+  static constexpr bool kOneState = true;
+  static constexpr size_t rows = align128(kTile * Q::ld * 2), dnum = align128(kTile * ldn * 2),
+                          state = align128(D * Q::ld * 2);
+  static constexpr size_t bytes = rows + dnum;
+  static constexpr size_t states_at = 2 * bytes;  // S', z': one buffer after the stages
+  static constexpr size_t shared_at = states_at + state + align128(D * 4);
+  static constexpr size_t smem = shared_at + rows + 2 * align128(kTile * 4);
+  static_assert(4 * (smem + 1024) <= 228 * 1024, "four CTAs per SM");
 };
 
-template <int D>
-__global__ void __launch_bounds__(kFragmentThreads, 3)
+template <int D, class Stage>
+__global__ void __launch_bounds__(kFragmentThreads, Stage::kMinBlocks)
     pipelined_query_backward_kernel(BlockLinearBackward p) {
   using E = fragment_pipeline::Element;
   using Q = QueryLayout<D>;
   using R = RowHalves<D>;
-  using Stage = QueryStage<D>;
   extern __shared__ __align__(128) unsigned char smem[];
   auto q_of = [&](int s) { return reinterpret_cast<E*>(smem + s * Stage::bytes); };
   auto dnum_of = [&](int s) { return reinterpret_cast<E*>(smem + s * Stage::bytes + Stage::rows); };
   auto mixed_of = [&](int s) {
-    return reinterpret_cast<E*>(smem + s * Stage::bytes + Stage::rows + Stage::dnum);
+    return reinterpret_cast<E*>(smem + (Stage::kOneState ? 0 : s * Stage::bytes) +
+                                Stage::states_at);
   };
   auto z_of = [&](int s) {
-    return reinterpret_cast<float*>(smem + s * Stage::bytes + Stage::rows + Stage::dnum +
-                                    Stage::state);
+    return reinterpret_cast<float*>(smem + (Stage::kOneState ? 0 : s * Stage::bytes) +
+                                    Stage::states_at + Stage::state);
   };
-  E* phi = reinterpret_cast<E*>(smem + 2 * Stage::bytes);
-  float* inv_den_rows = reinterpret_cast<float*>(smem + 2 * Stage::bytes + Stage::rows);
+  E* phi = reinterpret_cast<E*>(smem + Stage::shared_at);
+  float* inv_den_rows = reinterpret_cast<float*>(smem + Stage::shared_at + Stage::rows);
   float* scale_rows = inv_den_rows + align128(kTile * 4) / 4;
 
+  auto issue_state = [&](const fragment_pipeline::TileItem& it, int s) {
+    fragment_pipeline::copy_packed_state_async<D>(p.mixed, it.state, mixed_of(s), z_of(s));
+  };
   auto issue = [&](const fragment_pipeline::TileItem& it, int s) {
     fragment_pipeline::copy_rows_async<D>(p.q, it, q_of(s), Q::ld);
-    fragment_pipeline::copy_rows_async<D>(p.grad_out, it, dnum_of(s), Q::ldn);
-    fragment_pipeline::copy_packed_state_async<D>(p.mixed, it.state, mixed_of(s), z_of(s));
+    fragment_pipeline::copy_rows_async<D>(p.grad_out, it, dnum_of(s), Stage::ldn);
+    if constexpr (!Stage::kOneState) issue_state(it, s);
+  };
+  auto issue_late = [&](const fragment_pipeline::TileItem& it) {
+    if constexpr (Stage::kOneState) issue_state(it, 0);
   };
   const int warp = threadIdx.x / 32;
   const int row = lane_row(), seg = lane_half();
   fragment_pipeline::walk_items(
-      p.shape, issue, [&](const fragment_pipeline::TileItem& it, int stage) {
+      p.shape, issue, issue_late,
+      [&](const fragment_pipeline::TileItem& it, int stage, auto&& late) {
         E* q_raw = q_of(stage);  // then dq, per warp's rows
         E* dnum = dnum_of(stage);
         const E* mixed = mixed_of(stage);
@@ -217,7 +250,8 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
           const float inv = live ? 1.f / (den + kDenominatorEps) : 0.f;
 #pragma unroll
           for (int u = 0; u < R::words; ++u) {
-            uint4* word = reinterpret_cast<uint4*>(dnum + row * Q::ldn + seg * R::half + u * 8);
+            uint4* word =
+                reinterpret_cast<uint4*>(dnum + row * Stage::ldn + seg * R::half + u * 8);
             *word = scaled_word<E>(*word, inv);
           }
           if (seg == 0) {
@@ -228,34 +262,50 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
         __syncwarp();
         // 2. d(phi) of the warp's rows, the feature backward, dq.
         if (warp * 16 < it.valid)
-          query_rows_out<E, D>(dnum, mixed, phi, q_raw, inv_den_rows, scale_rows, z, p, it.b, it.h,
-                               it.begin, it.valid);
-        __syncthreads();  // phi and dnum of all rows are in
+          query_rows_out<E, D, Stage::ldn>(dnum, mixed, phi, q_raw, inv_den_rows, scale_rows, z, p,
+                                           it.b, it.h, it.begin, it.valid);
+        __syncthreads();  // phi and dnum of all rows are in; S' and z' are read
+        late();           // one S' buffer: the next item's
         // 3. dS' = phi(Q)^T dnum and dz' = phi(Q)^T dden over the tile, packed out.
         TileAccumulator dstate[1][StateSlices<D>::col_tiles], dz;
 #pragma unroll
         for (int j = 0; j < StateSlices<D>::col_tiles; ++j) dstate[0][j].zero();
         dz.zero();
-        accumulate_state<E, D>(dstate, dz, phi, dnum, (it.valid + 15) / 16 * 16);
+        accumulate_state<E, D, Stage::ldn>(dstate, dz, phi, dnum, (it.valid + 15) / 16 * 16);
         // Staged in the warp's own rows of q (its dq rows went out before the barrier).
         write_packed_state<D>(dstate, dz, p.grad_mixed + it.state * PackedState<D>::floats,
                               p.direct_packed_stores ? nullptr : q_raw + warp * 16 * Q::ld, Q::ld);
       });
 }
 
-template <int D>
+template <int D, template <int> class Stage>
 struct PipelinedQueryPass {
-  static constexpr void (*kernel)(BlockLinearBackward) = pipelined_query_backward_kernel<D>;
-  static constexpr size_t smem = QueryStage<D>::smem;
+  static constexpr void (*kernel)(BlockLinearBackward) =
+      pipelined_query_backward_kernel<D, Stage<D>>;
+  static constexpr size_t smem = Stage<D>::smem;
 };
+
+// The pipelined pass at four CTAs per SM unless MHLA_QUERY_PASS_CTAS=3.
+bool query_pass_one_state() {
+  static const bool on = [] {
+    const char* value = std::getenv("MHLA_QUERY_PASS_CTAS");
+    return value == nullptr || std::string(value) != "3";
+  }();
+  return on;
+}
 
 }  // namespace
 
 cudaError_t fragment_query_backward(const BlockLinearBackward& a, int chunks, cudaStream_t stream) {
   if (fragment_pipelined_variants(a.shape, a.dtype, chunks) && a.packed_mixed &&
       a.packed_grad_mixed) {
-    return a.shape.head_dim == 64 ? launch_pipelined<PipelinedQueryPass<64>>(a, stream)
-                                  : launch_pipelined<PipelinedQueryPass<32>>(a, stream);
+    if (query_pass_one_state()) {
+      return a.shape.head_dim == 64
+                 ? launch_pipelined<PipelinedQueryPass<64, QueryStageOneState>>(a, stream)
+                 : launch_pipelined<PipelinedQueryPass<32, QueryStageOneState>>(a, stream);
+    }
+    return a.shape.head_dim == 64 ? launch_pipelined<PipelinedQueryPass<64, QueryStage>>(a, stream)
+                                  : launch_pipelined<PipelinedQueryPass<32, QueryStage>>(a, stream);
   }
   return launch_pass<QueryPass>(a, chunks, stream);
 }

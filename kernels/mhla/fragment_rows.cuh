@@ -346,17 +346,19 @@ struct StateSlices {
 };
 
 // acc += phi^T X and extra += phi^T X[:, D : D + 16] over the tile's first `rows` rows (a
-// multiple of 16; rows past the valid ones zero in both tiles). phi: ld D + 8.
-template <typename E, int D>
+// multiple of 16; rows past the valid ones zero in both tiles). phi: ld D + 8; X: ld LdX (a tile
+// of ld D + 8 keeps only column D of the extra part in its rows: columns D + 8 .. D + 15 are
+// the next row's first, so only extra's column 0 means anything then).
+template <typename E, int D, int LdX = StateSlices<D>::ld_extra>
 __device__ __forceinline__ void accumulate_state(
     TileAccumulator (&acc)[1][StateSlices<D>::col_tiles], TileAccumulator& extra, const E* phi,
     const E* x, int rows) {
   using S = StateSlices<D>;
   const int row_tile = S::row_tile(), group = S::group();
-  wmma_tiles::mma_block<E, true, false, 1, S::col_tiles>(acc, phi, D + 8, x, S::ld_extra, row_tile,
+  wmma_tiles::mma_block<E, true, false, 1, S::col_tiles>(acc, phi, D + 8, x, LdX, row_tile,
                                                          group * S::col_tiles, rows);
   if (group == 0) {
-    wmma_tiles::mma_tile<E, true, false>(extra, phi, D + 8, x, S::ld_extra, row_tile, D / 16, rows);
+    wmma_tiles::mma_tile<E, true, false>(extra, phi, D + 8, x, LdX, row_tile, D / 16, rows);
   }
 }
 
@@ -526,12 +528,18 @@ __device__ __forceinline__ void store_extra_column(E* tile, int row, float extra
 // Columns D .. D + 15 of the warp's rows of an extra-column tile from accumulator form: the
 // value of row accumulator_row(r) in column D, zeros elsewhere. Each lane of a quad writes one
 // 16-byte word: lanes 0 and 1 row r = 0's two, lanes 2 and 3 row r = 1's.
-template <typename E, int D>
+// With Ld = D + 8 (a tile without room for 16 extra columns) only column D is written, by lanes
+// 0 and 2 of the quad.
+template <typename E, int D, int Ld = StateSlices<D>::ld_extra>
 __device__ __forceinline__ void store_extra_columns(E* tile, const float (&extra)[2]) {
   const int part = static_cast<int>(threadIdx.x % 4), r = part / 2, word = part % 2;
-  const float words[8] = {word == 0 ? extra[r] : 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  *reinterpret_cast<uint4*>(tile + accumulator_row(r) * StateSlices<D>::ld_extra + D + 8 * word) =
-      from_floats<E>(words);
+  if constexpr (Ld < D + 16) {
+    if (word == 0) tile[accumulator_row(r) * Ld + D] = from_float<E>(extra[r]);
+  } else {
+    const float words[8] = {word == 0 ? extra[r] : 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    *reinterpret_cast<uint4*>(tile + accumulator_row(r) * Ld + D + 8 * word) =
+        from_floats<E>(words);
+  }
 }
 
 }  // namespace fragment_rows
