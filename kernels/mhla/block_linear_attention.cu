@@ -554,6 +554,10 @@ cudaError_t backward_for(const BlockLinearBackward& a, cudaStream_t stream) {
       if ((err = fragment_query_backward(with_state_writes(a), chunks, stream)) != cudaSuccess)
         return err;
     } else {
+      if (a.zero_on_entry != nullptr &&
+          (err = cudaMemsetAsync(a.zero_on_entry, 0, sizeof(float) * a.zero_floats, stream)) !=
+              cudaSuccess)
+        return err;  // the fragment passes zero it themselves
       constexpr size_t query_bytes = query_backward_smem<T, D>();
       if ((err = allow_smem(query_backward_kernel<T, D>, query_bytes)) != cudaSuccess) return err;
       query_backward_kernel<T, D><<<grid, kThreads, query_bytes, stream>>>(a, chunks);

@@ -94,6 +94,10 @@ struct BlockLinearBackward {
   bool packed_grad_mixed = false;
   bool scalar_state_adds = false;     // as in BlockLinearForward
   bool direct_packed_stores = false;  // as in BlockLinearForward (the query pass's dS')
+  // The query pass zeroes these floats (the mix backward's dm, which that kernel adds into): a
+  // fill kernel between the two would break their dependent launch (common/dependent_launch.cuh).
+  float* zero_on_entry = nullptr;
+  int zero_floats = 0;
 };
 
 // Return cudaSuccess or the first launch error; a shape the kernels do not cover returns

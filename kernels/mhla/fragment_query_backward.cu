@@ -63,6 +63,11 @@ __device__ __forceinline__ void query_rows_out(E* dnum, const E* mixed, const E*
                       n0, valid);
 }
 
+// The floats the mix backward adds into, zeroed by one CTA (BlockLinearBackward::zero_on_entry).
+__device__ __forceinline__ void zero_on_entry(const BlockLinearBackward& p) {
+  for (int i = threadIdx.x; i < p.zero_floats; i += blockDim.x) p.zero_on_entry[i] = 0.f;
+}
+
 template <int D>
 constexpr size_t query_smem() {
   using Q = QueryLayout<D>;
@@ -91,6 +96,7 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
   const Work w = work_of(p.shape, chunks);
   const size_t state_index = static_cast<size_t>(w.bh) * p.shape.blocks + w.block;
   const int warp = threadIdx.x / 32;
+  if (blockIdx.x == 0 && blockIdx.y == 0) zero_on_entry(p);
 
   using R = RowHalves<D>;
   const int row = lane_row(), seg = lane_half();
@@ -171,7 +177,7 @@ struct QueryPass {
 //  - four CTAs per SM (default; MHLA_QUERY_PASS_CTAS=3 for the other): one S' buffer, refilled
 //    for the next item once every warp is past step 2, and dnum at the rows' stride with dden in
 //    its column D only (the dz' product reads columns D .. D + 15, the last 8 from the next row:
-//    only its column 0 is kept). 56 KB instead of 68 KB: the pass was waiting on the chain of its
+//    only its column 0 is kept). 55 KB instead of 68 KB: the pass was waiting on the chain of its
 //    steps with 12 warps per SM (73 % of the copy bandwidth at N = 1,024, the other passes 85-90 %).
 template <int D>
 struct QueryStage {
@@ -190,8 +196,10 @@ struct QueryStageOneState {
   using Q = QueryLayout<D>;
   static constexpr int kMinBlocks = 4, ldn = D + 8;
   static constexpr bool kOneState = true;
-  static constexpr size_t rows = align128(kTile * Q::ld * 2), dnum = align128(kTile * ldn * 2),
-                          state = align128(D * Q::ld * 2);
+  // dnum's last row's dz' product reads 16 bytes past it: they stay inside (racecheck saw that
+  // read meet the next buffer's copies).
+  static constexpr size_t rows = align128(kTile * Q::ld * 2),
+                          dnum = align128(kTile * ldn * 2 + 16), state = align128(D * Q::ld * 2);
   static constexpr size_t bytes = rows + dnum;
   static constexpr size_t states_at = 2 * bytes;  // S', z': one buffer after the stages
   static constexpr size_t shared_at = states_at + state + align128(D * 4);
@@ -240,6 +248,7 @@ __global__ void __launch_bounds__(kFragmentThreads, Stage::kMinBlocks)
         E* dnum = dnum_of(stage);
         const E* mixed = mixed_of(stage);
         const float* z = z_of(stage);
+        if (it.state == 0) zero_on_entry(p);  // CTA 0's first item
         {  // 1. Row form: phi(q), den, dnum = dO / den in place.
           const bool live = row < it.valid;
           uint4 raw_q[R::words];

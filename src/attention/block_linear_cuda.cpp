@@ -189,13 +189,17 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
       a.packed_mixed = packed;
       a.packed_grad_mixed = packed_states;
       a.passes = kernels::kBlockQueryPass;
+      auto zeroed_dm = torch::empty({blocks, blocks}, mixing.options());
+      a.zero_on_entry = zeroed_dm.data_ptr<float>();
+      a.zero_floats = static_cast<int>(blocks * blocks);
       check_launch(kernels::block_linear_backward(a, stream), "mhla backward (query pass)");
+      a.zero_on_entry = nullptr;
       const auto grad_mixed_blocks = by_block(grad_mixed, q, blocks);
       torch::Tensor grad_states;
       const int64_t d = q.size(3);
       std::tie(grad_states, dmixing) =
           mix_block_states_backward(mixing, grad_mixed_blocks, by_block(states, q, blocks),
-                                    packed ? d * d : 0, packed_states);
+                                    packed ? d * d : 0, packed_states, zeroed_dm);
       a.grad_states = grad_states.data_ptr<float>();
       a.packed_grad_states = packed;
       a.passes = kernels::kBlockKeyPass;
