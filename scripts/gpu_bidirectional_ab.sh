@@ -47,9 +47,10 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   for tool in memcheck racecheck; do
     for shape in "2,3,1200,64 --blocks 2" "8,6,1024,64 --blocks 16" "2,2,96,32 --blocks 4" \
       "3,2,256,64 --blocks 16" "8,8,720,64 --blocks 16"; do
+      f="$V/${tool}_$(echo "$shape" | tr -c 'A-Za-z0-9\n' _).txt"  # one file per shape
       with "$last" timeout 150 compute-sanitizer --tool $tool "$bin" bench attention --op mhla \
-        --backend cuda --shape $shape --warmup 0 --iters 1 > "$V/$tool.txt" 2>&1
-      echo "$tool ($last, $shape): $(grep 'RACECHECK SUMMARY\|ERROR SUMMARY' "$V/$tool.txt" | tail -1)"
+        --backend cuda --shape $shape --warmup 0 --iters 1 > "$f" 2>&1
+      echo "$tool ($last, $shape): $(grep 'RACECHECK SUMMARY\|ERROR SUMMARY' "$f" | tail -1)"
     done
   done
 fi
