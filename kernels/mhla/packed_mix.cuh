@@ -24,8 +24,6 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "common/async_copy.cuh"
 #include "common/dependent_launch.cuh"
@@ -48,9 +46,7 @@ struct PackedMix {
 constexpr int kThreads = 256, kWarps = kThreads / 32;
 constexpr int kRows = 16, kColumns = 512;
 constexpr int kLd = kColumns + 8;  // bf16 per stage row: rows 16 bytes apart modulo 128
-// Stages of the copy ring: the next Stages - 1 items' rows are in flight while one is computed.
-// Three (default): at two CTAs per SM, two items in flight per CTA; MHLA_MIX_STAGES=2 for A/B.
-constexpr int kMaxStages = 3;
+constexpr int kStages = 2;
 constexpr int kWeightLd = kRows + 8;
 // Items of the fp32 rest (z): 64 columns, fp32 rows of kRestLd floats in the stage.
 constexpr int kRestColumns = 64, kRestLd = kRestColumns + 4;
@@ -58,11 +54,11 @@ static_assert(kColumns == 64 * kWarps, "each warp owns 64 columns of an item");
 static_assert(kRows * kRows == kThreads, "one dm pair per thread in rest items");
 
 // Input tensors per item (backward: dS' and S) and the stage sizes that follow.
-template <bool Backward, int Stages = kMaxStages>
+template <bool Backward>
 struct Stage {
   static constexpr int tensors = Backward ? 2 : 1;
   static constexpr int elements = tensors * kRows * kLd;  // bf16
-  static constexpr size_t shared_bytes = static_cast<size_t>(Stages) * elements * 2;
+  static constexpr size_t shared_bytes = static_cast<size_t>(kStages) * elements * 2;
   static_assert(tensors * kRows * kRestLd * 4 <= elements * 2, "a rest item fits a stage");
 };
 
@@ -73,11 +69,11 @@ __device__ __forceinline__ float dot4(const float4& a, const float4& b, float ac
 // Staged: the result goes out through shared memory in 16-byte pieces (else 4-byte pairs from the
 // accumulators; MHLA_MIX_BACKWARD_STORES=direct, for A/B runs of the backward): 42.9 against
 // 61.3 us for the backward at B = 64, N = 1,024, H = 6, D = 64, M = 16 (session 27, call 7).
-template <bool Backward, bool Staged, int Stages>
+template <bool Backward, bool Staged>
 __global__ void __launch_bounds__(kThreads, 2) packed_mix_kernel(PackedMix p) {
   using wmma_tiles::TileAccumulator;
   using St = Stage<Backward>;
-  extern __shared__ __align__(16) __nv_bfloat16 stage_rows[];  // [Stages][tensors][kRows][kLd]
+  extern __shared__ __align__(16) __nv_bfloat16 stage_rows[];  // [kStages][tensors][kRows][kLd]
   __shared__ __align__(16) __nv_bfloat16 weights_hi[kRows][kWeightLd], weights_lo[kRows][kWeightLd];
   __shared__ float weights[kRows][kRows];  // fp32, for rest items
   __shared__ float dm_sums[Backward ? kWarps : 1][kRows * kRows];
@@ -141,13 +137,11 @@ __global__ void __launch_bounds__(kThreads, 2) packed_mix_kernel(PackedMix p) {
   TileAccumulator dm;  // backward: this warp's k-slices of dm, over all its matrix items
   dm.zero();
   float dm_rest = 0.f;  // backward: pair (t / 16, t % 16) of dm over the rest items
-#pragma unroll
-  for (int s = 0; s < Stages - 1; ++s) issue(blockIdx.x + s * static_cast<int64_t>(gridDim.x), s);
+  issue(blockIdx.x, 0);
   int stage = 0;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    // The stage the item before this one used: released by its trailing barrier.
-    issue(item + (Stages - 1) * static_cast<int64_t>(gridDim.x), (stage + Stages - 1) % Stages);
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(Stages - 1));
+    issue(item + gridDim.x, stage ^ 1);  // that stage was last read before the trailing barrier
+    asm volatile("cp.async.wait_group 1;\n" ::);
     __syncthreads();  // this item's rows (every thread's copies) and the weights are in
     if (item % columns >= matrix_items) {
       // Rest: thread t forms output rows 4 (t / 64) to + 3 at column t % 64 in fp32 (forward
@@ -183,7 +177,7 @@ __global__ void __launch_bounds__(kThreads, 2) packed_mix_kernel(PackedMix p) {
           dm_rest = dot4(grad_row[k], state_row[k], dm_rest);
       }
       __syncthreads();  // done with this stage before the next iteration refills it
-      stage = (stage + 1) % Stages;
+      stage ^= 1;
       continue;
     }
     const __nv_bfloat16* in_rows = stage_rows + stage * St::elements + 64 * warp;
@@ -254,7 +248,7 @@ __global__ void __launch_bounds__(kThreads, 2) packed_mix_kernel(PackedMix p) {
       }
     }
     __syncthreads();  // done with this stage before the next iteration refills it
-    stage = (stage + 1) % Stages;
+    stage ^= 1;
   }
   asm volatile("cp.async.wait_group 0;\n" ::);
   if constexpr (Backward) {
@@ -286,13 +280,13 @@ inline bool takes(int blocks, int64_t matrix, int64_t elements) {
 
 // Persistent CTAs: as many as fit on the GPU, at most one per item, launched as a dependent grid
 // (common/dependent_launch.cuh).
-template <bool Backward, bool Staged, int Stages>
-cudaError_t launch_with(const PackedMix& p, int multiprocessors, cudaStream_t stream) {
+template <bool Backward, bool Staged = true>
+cudaError_t launch(const PackedMix& p, int multiprocessors, cudaStream_t stream) {
   const int64_t rest = (p.elements - p.matrix + kRestColumns - 1) / kRestColumns;
   const int64_t items = static_cast<int64_t>(p.batch_heads) * (p.matrix / kColumns + rest);
   if (items <= 0) return cudaSuccess;
-  constexpr auto kernel = packed_mix_kernel<Backward, Staged, Stages>;
-  constexpr size_t bytes = Stage<Backward, Stages>::shared_bytes;
+  constexpr auto kernel = packed_mix_kernel<Backward, Staged>;
+  constexpr size_t bytes = Stage<Backward>::shared_bytes;
   static const int per_sm = [] {
     int count = 0;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -307,20 +301,6 @@ cudaError_t launch_with(const PackedMix& p, int multiprocessors, cudaStream_t st
   return dependent_launch::launch(kernel,
                                   dim3(static_cast<unsigned>(items < resident ? items : resident)),
                                   dim3(kThreads), bytes, stream, p);
-}
-
-inline int mix_stages() {
-  static const int stages = [] {
-    const char* value = std::getenv("MHLA_MIX_STAGES");
-    return value != nullptr && std::strcmp(value, "2") == 0 ? 2 : kMaxStages;
-  }();
-  return stages;
-}
-
-template <bool Backward, bool Staged = true>
-cudaError_t launch(const PackedMix& p, int multiprocessors, cudaStream_t stream) {
-  return mix_stages() == 2 ? launch_with<Backward, Staged, 2>(p, multiprocessors, stream)
-                           : launch_with<Backward, Staged, kMaxStages>(p, multiprocessors, stream);
 }
 
 }  // namespace packed_mix
