@@ -13,7 +13,7 @@
 #   4. 60-step DiT-S/2 probes at 1,024 tokens with MHLA under every setting (when
 #      data/fashion-mnist was carried and PROBES != 0).
 # AB: the settings, space-separated; each a comma-separated list of VAR=value (or "-" for none),
-# e.g. AB="MHLA_FUSED_STATE_MIX=0 MHLA_FUSED_STATE_MIX=1". BIN=path in a setting runs another
+# e.g. AB="MHLA_QUERY_PASS_CTAS=3 -". BIN=path in a setting runs another
 # mhla binary for the bench and Nsight steps (a baseline build staged beside the new one, e.g.
 # AB="BIN=/tmp/mhla_bin/mhla_base -"). Run from the repository root after
 # `source scripts/gpu_env.sh` (carry .gpu_stage and, for the probes, data/fashion-mnist).

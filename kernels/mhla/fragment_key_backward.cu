@@ -137,7 +137,7 @@ struct KeyStage {
   static constexpr bool kOneState = false;
   static constexpr size_t tile = align128(kTile * kLd<D> * 2), state = align128(D * kLd<D> * 2);
   static constexpr size_t bytes = 2 * tile + state + align128(D * 4);
-  static constexpr size_t states_at = 2 * tile;  // in each stage
+  static constexpr size_t states_at = 2 * tile;   // in each stage
   static constexpr size_t shared_at = 2 * bytes;  // phi, then the row scales
   static constexpr size_t smem = shared_at + tile + align128(kTile * 4);
 };

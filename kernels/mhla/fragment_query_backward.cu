@@ -178,7 +178,8 @@ struct QueryPass {
 //    for the next item once every warp is past step 2, and dnum at the rows' stride with dden in
 //    its column D only (the dz' product reads columns D .. D + 15, the last 8 from the next row:
 //    only its column 0 is kept). 55 KB instead of 68 KB: the pass was waiting on the chain of its
-//    steps with 12 warps per SM (73 % of the copy bandwidth at N = 1,024, the other passes 85-90 %).
+//    steps with 12 warps per SM (73 % of the copy bandwidth at N = 1,024; the other passes
+//    reach 85-90 %). Session 30: 81.7-82.0 -> 77.1-78.1 us per launch at that shape.
 template <int D>
 struct QueryStage {
   using Q = QueryLayout<D>;
@@ -198,8 +199,8 @@ struct QueryStageOneState {
   static constexpr bool kOneState = true;
   // dnum's last row's dz' product reads 16 bytes past it: they stay inside (racecheck saw that
   // read meet the next buffer's copies).
-  static constexpr size_t rows = align128(kTile * Q::ld * 2),
-                          dnum = align128(kTile * ldn * 2 + 16), state = align128(D * Q::ld * 2);
+  static constexpr size_t rows = align128(kTile * Q::ld * 2), dnum = align128(kTile * ldn * 2 + 16),
+                          state = align128(D * Q::ld * 2);
   static constexpr size_t bytes = rows + dnum;
   static constexpr size_t states_at = 2 * bytes;  // S', z': one buffer after the stages
   static constexpr size_t shared_at = states_at + state + align128(D * 4);
@@ -248,7 +249,8 @@ __global__ void __launch_bounds__(kFragmentThreads, Stage::kMinBlocks)
         E* dnum = dnum_of(stage);
         const E* mixed = mixed_of(stage);
         const float* z = z_of(stage);
-        if (it.state == 0) zero_on_entry(p);  // CTA 0's first item
+        // CTA 0's first item.
+        if (it.state == 0) zero_on_entry(p);
         {  // 1. Row form: phi(q), den, dnum = dO / den in place.
           const bool live = row < it.valid;
           uint4 raw_q[R::words];
@@ -259,8 +261,7 @@ __global__ void __launch_bounds__(kFragmentThreads, Stage::kMinBlocks)
           const float inv = live ? 1.f / (den + kDenominatorEps) : 0.f;
 #pragma unroll
           for (int u = 0; u < R::words; ++u) {
-            uint4* word =
-                reinterpret_cast<uint4*>(dnum + row * Stage::ldn + seg * R::half + u * 8);
+            uint4* word = reinterpret_cast<uint4*>(dnum + row * Stage::ldn + seg * R::half + u * 8);
             *word = scaled_word<E>(*word, inv);
           }
           if (seg == 0) {

@@ -108,12 +108,9 @@ torch::Tensor block_pair_products(const torch::Tensor& x, const torch::Tensor& y
   return grad;
 }
 
-std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(const torch::Tensor& mixing,
-                                                                  const torch::Tensor& grad_mixed,
-                                                                  const torch::Tensor& states,
-                                                                  int64_t packed_matrix,
-                                                                  bool packed_inputs,
-                                                                  torch::Tensor zeroed_dm) {
+std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(
+    const torch::Tensor& mixing, const torch::Tensor& grad_mixed, const torch::Tensor& states,
+    int64_t packed_matrix, bool packed_inputs, torch::Tensor zeroed_dm) {
   static const bool fused = environment_switch("MHLA_FUSED_MIX_BACKWARD", true);
   const int64_t blocks = states.size(1);
   // Logical elements per state (a packed row holds packed_matrix / 2 fewer floats).
@@ -151,13 +148,15 @@ std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(const torch::T
           ? torch::empty({states.size(0), blocks, packed_matrix / 2 + elements - packed_matrix},
                          states.options())
           : torch::empty_like(states);
-  auto grad_mixing = zeroed_dm.defined() ? zeroed_dm : torch::zeros({blocks, blocks}, states.options());
+  auto grad_mixing =
+      zeroed_dm.defined() ? zeroed_dm : torch::zeros({blocks, blocks}, states.options());
   if (!grad_mixing.sizes().equals({blocks, blocks}) ||
       grad_mixing.scalar_type() != torch::kFloat32 || !grad_mixing.is_contiguous() ||
       grad_mixing.device() != states.device()) {
-    fail("block mix backward: a zeroed d mixing must be contiguous fp32 [{}, {}] beside the states; "
-         "got {} {}",
-         blocks, blocks, c10::toString(grad_mixing.scalar_type()), c10::str(grad_mixing.sizes()));
+    fail(
+        "block mix backward: a zeroed d mixing must be contiguous fp32 [{}, {}] beside the states; "
+        "got {} {}",
+        blocks, blocks, c10::toString(grad_mixing.scalar_type()), c10::str(grad_mixing.sizes()));
   }
   mhla_kernels::BlockMixBackward a;
   a.grad_mixed = grad_mixed.data_ptr<float>();

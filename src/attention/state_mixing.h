@@ -41,12 +41,9 @@ torch::Tensor block_pair_products(const torch::Tensor& x, const torch::Tensor& y
 // zeroed_dm: an fp32 [nb, nb] tensor that an earlier kernel on the stream has zeroed (the query
 // pass does, so no fill kernel stands between it and this one); the fused kernel adds d mixing
 // into it and returns it. Undefined: a new zero tensor.
-std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(const torch::Tensor& mixing,
-                                                                  const torch::Tensor& grad_mixed,
-                                                                  const torch::Tensor& states,
-                                                                  int64_t packed_matrix = 0,
-                                                                  bool packed_inputs = false,
-                                                                  torch::Tensor zeroed_dm = {});
+std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(
+    const torch::Tensor& mixing, const torch::Tensor& grad_mixed, const torch::Tensor& states,
+    int64_t packed_matrix = 0, bool packed_inputs = false, torch::Tensor zeroed_dm = {});
 
 }  // namespace mhla
 #endif
