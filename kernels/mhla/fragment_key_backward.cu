@@ -9,9 +9,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <cstdlib>
-#include <string>
-
 #include "common/wmma_gemm.cuh"
 #include "mhla/block_fragment_passes.h"
 #include "mhla/block_work.cuh"
@@ -125,70 +122,43 @@ struct KeyPass {
   static constexpr size_t smem = key_smem<D>();
 };
 
-// The pipelined one-tile variants (fragment_pipeline.cuh): per stage k and v; the feature tile
-// and the row scales outside the stages. Two layouts:
-//  - three CTAs per SM (MHLA_KEY_PASS_CTAS=3): dS_j and dz_j in both stages;
-//  - four CTAs per SM (default): one dS buffer, refilled for the next item after a barrier at
-//    the end of each item (its copy is in flight through the next item's row form only, but a
-//    fourth CTA per SM covers that; 128 registers, 24 bytes spilled).
+// The pipelined one-tile variant (fragment_pipeline.cuh): per stage k, v and dS_j with dz_j; the
+// feature tile and the row scales outside the stages.
 template <int D>
 struct KeyStage {
-  static constexpr int kMinBlocks = 3;
-  static constexpr bool kOneState = false;
   static constexpr size_t tile = align128(kTile * kLd<D> * 2), state = align128(D * kLd<D> * 2);
   static constexpr size_t bytes = 2 * tile + state + align128(D * 4);
-  static constexpr size_t states_at = 2 * tile;   // in each stage
-  static constexpr size_t shared_at = 2 * bytes;  // phi, then the row scales
-  static constexpr size_t smem = shared_at + tile + align128(kTile * 4);
-};
-template <int D>
-struct KeyStageOneState {
-  static constexpr int kMinBlocks = 4;
-  static constexpr bool kOneState = true;
-  static constexpr size_t tile = align128(kTile * kLd<D> * 2), state = align128(D * kLd<D> * 2);
-  static constexpr size_t bytes = 2 * tile;
-  static constexpr size_t states_at = 2 * bytes;  // dS, dz: one buffer after the stages
-  static constexpr size_t shared_at = states_at + state + align128(D * 4);
-  static constexpr size_t smem = shared_at + tile + align128(kTile * 4);
-  static_assert(4 * (smem + 1024) <= 228 * 1024, "four CTAs per SM");
+  static constexpr size_t smem = 2 * bytes + tile + align128(kTile * 4);
 };
 
-template <int D, class Stage>
-__global__ void __launch_bounds__(kFragmentThreads, Stage::kMinBlocks)
+template <int D>
+__global__ void __launch_bounds__(kFragmentThreads, 3)
     pipelined_key_backward_kernel(BlockLinearBackward p) {
   using E = fragment_pipeline::Element;
   using R = RowHalves<D>;
+  using Stage = KeyStage<D>;
   constexpr int ld = kLd<D>;
   extern __shared__ __align__(128) unsigned char smem[];
   auto k_of = [&](int s) { return reinterpret_cast<E*>(smem + s * Stage::bytes); };
   auto v_of = [&](int s) { return reinterpret_cast<E*>(smem + s * Stage::bytes + Stage::tile); };
   auto dstate_of = [&](int s) {
-    return reinterpret_cast<E*>(smem + (Stage::kOneState ? 0 : s * Stage::bytes) +
-                                Stage::states_at);
+    return reinterpret_cast<E*>(smem + s * Stage::bytes + 2 * Stage::tile);
   };
   auto dz_of = [&](int s) {
-    return reinterpret_cast<float*>(smem + (Stage::kOneState ? 0 : s * Stage::bytes) +
-                                    Stage::states_at + Stage::state);
+    return reinterpret_cast<float*>(smem + s * Stage::bytes + 2 * Stage::tile + Stage::state);
   };
-  E* phi = reinterpret_cast<E*>(smem + Stage::shared_at);  // then dv
-  float* scale_rows = reinterpret_cast<float*>(smem + Stage::shared_at + Stage::tile);
+  E* phi = reinterpret_cast<E*>(smem + 2 * Stage::bytes);  // then dv
+  float* scale_rows = reinterpret_cast<float*>(smem + 2 * Stage::bytes + Stage::tile);
 
-  auto issue_state = [&](const fragment_pipeline::TileItem& it, int s) {
-    fragment_pipeline::copy_packed_state_async<D>(p.grad_states, it.state, dstate_of(s), dz_of(s));
-  };
   auto issue = [&](const fragment_pipeline::TileItem& it, int s) {
     fragment_pipeline::copy_rows_async<D>(p.k, it, k_of(s), ld);
     fragment_pipeline::copy_rows_async<D>(p.v, it, v_of(s), ld);
-    if constexpr (!Stage::kOneState) issue_state(it, s);
-  };
-  auto issue_late = [&](const fragment_pipeline::TileItem& it) {
-    if constexpr (Stage::kOneState) issue_state(it, 0);
+    fragment_pipeline::copy_packed_state_async<D>(p.grad_states, it.state, dstate_of(s), dz_of(s));
   };
   const int warp = threadIdx.x / 32;
   const int row = lane_row(), seg = lane_half();
   fragment_pipeline::walk_items(
-      p.shape, issue, issue_late,
-      [&](const fragment_pipeline::TileItem& it, int stage, auto&& late) {
+      p.shape, issue, [&](const fragment_pipeline::TileItem& it, int stage) {
         E* k_raw = k_of(stage);  // then dk
         const E* v_raw = v_of(stage);
         const E* dstate = dstate_of(stage);
@@ -205,39 +175,21 @@ __global__ void __launch_bounds__(kFragmentThreads, Stage::kMinBlocks)
         if (warp * 16 < it.valid)  // 2. Products, dv, the feature backward, dk.
           key_rows_out<E, D>(phi, k_raw, v_raw, dstate, dz, scale_rows, p, it.b, it.h, it.begin,
                              it.valid);
-        if constexpr (Stage::kOneState) {
-          __syncthreads();  // every warp is done with dS and dz
-          late();           // one dS buffer: the next item's
-        }
       });
 }
 
-template <int D, template <int> class Stage>
+template <int D>
 struct PipelinedKeyPass {
-  static constexpr void (*kernel)(BlockLinearBackward) = pipelined_key_backward_kernel<D, Stage<D>>;
-  static constexpr size_t smem = Stage<D>::smem;
+  static constexpr void (*kernel)(BlockLinearBackward) = pipelined_key_backward_kernel<D>;
+  static constexpr size_t smem = KeyStage<D>::smem;
 };
-
-// The pipelined pass at four CTAs per SM unless MHLA_KEY_PASS_CTAS=3.
-bool key_pass_one_state() {
-  static const bool on = [] {
-    const char* value = std::getenv("MHLA_KEY_PASS_CTAS");
-    return value == nullptr || std::string(value) != "3";
-  }();
-  return on;
-}
 
 }  // namespace
 
 cudaError_t fragment_key_backward(const BlockLinearBackward& a, int chunks, cudaStream_t stream) {
   if (fragment_pipelined_variants(a.shape, a.dtype, chunks) && a.packed_grad_states) {
-    if (key_pass_one_state()) {
-      return a.shape.head_dim == 64
-                 ? launch_pipelined<PipelinedKeyPass<64, KeyStageOneState>>(a, stream)
-                 : launch_pipelined<PipelinedKeyPass<32, KeyStageOneState>>(a, stream);
-    }
-    return a.shape.head_dim == 64 ? launch_pipelined<PipelinedKeyPass<64, KeyStage>>(a, stream)
-                                  : launch_pipelined<PipelinedKeyPass<32, KeyStage>>(a, stream);
+    return a.shape.head_dim == 64 ? launch_pipelined<PipelinedKeyPass<64>>(a, stream)
+                                  : launch_pipelined<PipelinedKeyPass<32>>(a, stream);
   }
   return launch_pass<KeyPass>(a, chunks, stream);
 }
