@@ -23,7 +23,11 @@
 // forward takes 27.4 us (89 %; call 5).
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
 
 #include "common/async_copy.cuh"
 #include "common/dependent_launch.cuh"
@@ -278,7 +282,8 @@ inline bool takes(int blocks, int64_t matrix, int64_t elements) {
          elements >= matrix && (elements - matrix) % 4 == 0;
 }
 
-// Persistent CTAs: as many as fit on the GPU, at most one per item, launched as a dependent grid
+// Persistent CTAs: as many as fit on the GPU (fewer where that shares a factor with the items
+// per batch*head, below), at most one per item, launched as a dependent grid
 // (common/dependent_launch.cuh).
 template <bool Backward, bool Staged = true>
 cudaError_t launch(const PackedMix& p, int multiprocessors, cudaStream_t stream) {
@@ -297,10 +302,20 @@ cudaError_t launch(const PackedMix& p, int multiprocessors, cudaStream_t stream)
     return count;
   }();
   if (per_sm < 1) return cudaErrorInvalidConfiguration;
-  const int64_t resident = static_cast<int64_t>(per_sm) * multiprocessors;
-  return dependent_launch::launch(kernel,
-                                  dim3(static_cast<unsigned>(items < resident ? items : resident)),
-                                  dim3(kThreads), bytes, stream, p);
+  // A CTA takes items c, c + grid, ... of the numbering batch*head-major, `columns` items per
+  // batch*head, the last of them a rest item of a quarter of the bytes. With a grid sharing a
+  // factor with `columns` (264 CTAs and 9 items at D = 64) a CTA meets only some column items:
+  // a third of the CTAs got a rest item every third item, the others none, and those set the
+  // kernel's end. A grid coprime with `columns` gives every CTA every column item in turn.
+  const int64_t columns = p.matrix / kColumns + rest;
+  int64_t grid = std::min(items, static_cast<int64_t>(per_sm) * multiprocessors);
+  static const bool coprime = [] {  // MHLA_MIX_GRID=resident: every resident CTA (A/B runs)
+    const char* value = std::getenv("MHLA_MIX_GRID");
+    return value == nullptr || std::strcmp(value, "resident") != 0;
+  }();
+  while (coprime && grid > 1 && grid < items && std::gcd(grid, columns) != 1) --grid;
+  return dependent_launch::launch(kernel, dim3(static_cast<unsigned>(grid)), dim3(kThreads), bytes,
+                                  stream, p);
 }
 
 }  // namespace packed_mix
