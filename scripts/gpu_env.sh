@@ -2,6 +2,9 @@
 # building there: they load that machine's torch (same version) and the staged libraries.
 torch_lib=$(python3 -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
 stage=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.gpu_stage
+# cuBLASLt (the GELU products) from the copy that machine's torch loads: pip's nvidia/cu13/lib.
+nvidia_lib=$(dirname "$(dirname "$torch_lib")")/nvidia/cu13/lib
+[ -d "$nvidia_lib" ] && torch_lib="$torch_lib:$nvidia_lib"
 export LD_LIBRARY_PATH="$torch_lib:$stage/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # Binaries staged compressed (scripts/stage_gpu.sh: .xz, older stages .gz) are unpacked outside
 # the tree once per machine (python's lzma where the machine has no xz).

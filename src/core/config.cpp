@@ -184,7 +184,9 @@ class Schema {
     integer("model.context", &m.context, 1, 1 << 20, "language models: context length in tokens");
     text("model.positions", &m.positions, {"rope", "learned"}, "",
          "language models: rotary (softmax layers) or learned absolute positions");
-    text("model.mlp", &m.mlp, {"gelu", "swiglu"}, "", "language models: MLP kind");
+    text("model.mlp", &m.mlp, {"gelu", "gelu_tanh", "swiglu"}, "",
+         "MLP kind: gelu (exact, erf), gelu_tanh (GELU's tanh form, as in DiT and GPT-2; on CUDA "
+         "fused into the matrix products), swiglu (language models)");
     boolean("model.bias", &m.bias,
             "biases in the transformer blocks' attention and MLP linear layers (false: bias-free "
             "blocks, as in LLaMA and the end-to-end PyTorch peer's GPT)");
@@ -362,6 +364,9 @@ void validate(const Config& c) {
   if (c.model.name != "gpt" && c.attention.type == "mhla" && !is_square(c.attention.blocks))
     fail("{}: attention.blocks = {} must be a square number (2-D tiles of the patch grid)",
          c.where("attention.blocks"), c.attention.blocks);
+  if (c.model.mlp == "swiglu" && c.model.name != "gpt")
+    fail("{}: model.mlp = swiglu is for language models (model.name = gpt); {} takes gelu or "
+         "gelu_tanh", c.where("model.mlp"), c.model.name);
   if (c.attention.cpe_kernel % 2 == 0)
     fail("{}: attention.cpe_kernel = {} must be odd", c.where("attention.cpe_kernel"),
          c.attention.cpe_kernel);

@@ -72,7 +72,7 @@ Deit::Deit(const Config& config) : config_(config), layout_(image_token_layout(c
   for (int64_t i = 0; i < m.depth; ++i) {
     const double rate = m.depth > 1 ? m.drop_path * static_cast<double>(i) / (m.depth - 1) : 0.0;
     blocks_.push_back(TransformerBlock(type.make_layer(spec, type), m.width, hidden, rate,
-                                       /*swiglu=*/false, m.bias));
+                                       mlp_kind(m.mlp), m.bias));
     block_list->push_back(blocks_.back());
   }
   norm_ = register_module("norm", LayerNorm(m.width));

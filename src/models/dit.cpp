@@ -39,11 +39,11 @@ torch::Tensor sincos_position_embedding(int64_t grid_h, int64_t grid_w, int64_t 
 }
 
 DitBlockImpl::DitBlockImpl(std::shared_ptr<AttentionLayerImpl> attention, int64_t dim,
-                           int64_t mlp_hidden, bool bias) {
+                           int64_t mlp_hidden, bool bias, GeluForm gelu) {
   norm1_ = register_module("norm1", plain_norm(dim));
   attention_ = register_module("attn", std::move(attention));
   norm2_ = register_module("norm2", plain_norm(dim));
-  mlp_ = register_module("mlp", Mlp(dim, mlp_hidden, bias));
+  mlp_ = register_module("mlp", Mlp(dim, mlp_hidden, bias, gelu));
   modulation_ = register_module("modulation", Linear(dim, 6 * dim));
 }
 
@@ -88,7 +88,9 @@ Dit::Dit(const Config& config) : config_(config), layout_(image_token_layout(con
   const int64_t hidden = static_cast<int64_t>(std::llround(m.width * m.mlp_ratio));
   auto block_list = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < m.depth; ++i) {
-    blocks_.push_back(DitBlock(type.make_layer(spec, type), m.width, hidden, m.bias));
+    blocks_.push_back(DitBlock(type.make_layer(spec, type), m.width, hidden, m.bias,
+                               mlp_kind(m.mlp) == MlpKind::gelu_tanh ? GeluForm::tanh
+                                                                     : GeluForm::exact));
     block_list->push_back(blocks_.back());
   }
   final_norm_ = register_module("final_norm", plain_norm(m.width));

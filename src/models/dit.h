@@ -16,7 +16,7 @@ namespace mhla {
 class DitBlockImpl : public torch::nn::Module {
  public:
   DitBlockImpl(std::shared_ptr<AttentionLayerImpl> attention, int64_t dim, int64_t mlp_hidden,
-               bool bias = true);
+               bool bias = true, GeluForm gelu = GeluForm::exact);
   // The block's six per-sample [B, dim] vectors from SiLU(condition): shift, scale and gate of
   // the attention branch, then of the MLP branch.
   std::vector<torch::Tensor> modulation(const torch::Tensor& silu_condition);

@@ -31,7 +31,8 @@ Gpt::Gpt(const Config& config) : config_(config) {
         register_module("position_embedding", torch::nn::Embedding(m.context, m.width));
   }
   auto block_list = register_module("blocks", torch::nn::ModuleList());
-  const bool swiglu = m.mlp == "swiglu";
+  const MlpKind mlp = mlp_kind(m.mlp);
+  const bool swiglu = mlp == MlpKind::swiglu;
   // SwiGLU's three matrices at 2/3 of the hidden width keep the parameter count of GELU's two.
   int64_t hidden = static_cast<int64_t>(std::llround(m.width * m.mlp_ratio));
   if (swiglu) hidden = (hidden * 2 / 3 + 63) / 64 * 64;
@@ -53,7 +54,7 @@ Gpt::Gpt(const Config& config) : config_(config) {
     spec.where = config.where("attention.backend");
     const double rate = m.depth > 1 ? m.drop_path * static_cast<double>(i) / (m.depth - 1) : 0.0;
     blocks_.push_back(
-        TransformerBlock(type.make_layer(spec, type), m.width, hidden, rate, swiglu, m.bias));
+        TransformerBlock(type.make_layer(spec, type), m.width, hidden, rate, mlp, m.bias));
     block_list->push_back(blocks_.back());
   }
   norm_ = register_module("norm", LayerNorm(m.width));

@@ -24,7 +24,8 @@ bool bias_kernel_enabled() {
   return enabled;
 }
 
-// Sums over the rows of a [rows, cols] gradient, in fp32 (fp64 for fp64 gradients).
+}  // namespace
+
 torch::Tensor column_sums(const torch::Tensor& grad) {
 #ifdef MHLA_WITH_CUDA_KERNELS
   if (grad.is_cuda() && kernel_dtype_of(grad.scalar_type())) {
@@ -50,6 +51,8 @@ torch::Tensor column_sums(const torch::Tensor& grad) {
   const auto accumulate = grad.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
   return grad.sum(0, /*keepdim=*/false, accumulate);
 }
+
+namespace {
 
 // Autocast's casts done by hand (the function's forward runs with autocast excluded, so nothing
 // is cast twice): the bf16/fp16 copies of x and W it multiplies are the ones the backward uses.

@@ -2,18 +2,26 @@
 
 #include <tuple>
 
+#include "core/error.h"
 #include "models/residual_add.h"
 #include "models/residual_norm.h"
 
 namespace mhla {
 
-MlpImpl::MlpImpl(int64_t dim, int64_t hidden, bool bias) {
+MlpKind mlp_kind(const std::string& name) {
+  if (name == "gelu") return MlpKind::gelu;
+  if (name == "gelu_tanh") return MlpKind::gelu_tanh;
+  if (name == "swiglu") return MlpKind::swiglu;
+  fail("model.mlp: unknown MLP kind '{}' (gelu, gelu_tanh, swiglu)", name);
+}
+
+MlpImpl::MlpImpl(int64_t dim, int64_t hidden, bool bias, GeluForm form) : form_(form) {
   fc1_ = register_module("fc1", Linear(torch::nn::LinearOptions(dim, hidden).bias(bias)));
   fc2_ = register_module("fc2", Linear(torch::nn::LinearOptions(hidden, dim).bias(bias)));
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  return fc2_->forward(torch::gelu(fc1_->forward(x)));
+  return gelu_mlp(x, fc1_->weight, fc1_->bias, fc2_->weight, fc2_->bias, form_);
 }
 
 SwiGluMlpImpl::SwiGluMlpImpl(int64_t dim, int64_t hidden) {
@@ -28,17 +36,18 @@ torch::Tensor SwiGluMlpImpl::forward(const torch::Tensor& x) {
 
 TransformerBlockImpl::TransformerBlockImpl(std::shared_ptr<AttentionLayerImpl> attention,
                                            int64_t dim, int64_t mlp_hidden, double drop_path_rate,
-                                           bool swiglu, bool bias)
+                                           MlpKind mlp_kind, bool bias)
     : drop_path_rate_(drop_path_rate) {
   norm1_ = register_module("norm1", LayerNorm(dim));
   attention_ = register_module("attn", std::move(attention));
   norm2_ = register_module("norm2", LayerNorm(dim));
-  if (swiglu) {
+  if (mlp_kind == MlpKind::swiglu) {
     SwiGluMlp mlp(dim, mlp_hidden);
     register_module("mlp", mlp.ptr());
     mlp_ = torch::nn::AnyModule(mlp);
   } else {
-    Mlp mlp(dim, mlp_hidden, bias);
+    Mlp mlp(dim, mlp_hidden, bias,
+            mlp_kind == MlpKind::gelu_tanh ? GeluForm::tanh : GeluForm::exact);
     register_module("mlp", mlp.ptr());
     mlp_ = torch::nn::AnyModule(mlp);
   }

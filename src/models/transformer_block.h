@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include "models/gelu_mlp.h"
 #include "models/linear.h"
 
 #include "attention/attention_layer.h"
@@ -13,13 +14,20 @@
 
 namespace mhla {
 
+// The config's `model.mlp`: GELU (exact erf form), GELU in its tanh form (fused into the matrix
+// products on CUDA: models/gelu_mlp.h), or SwiGLU.
+enum class MlpKind { gelu, gelu_tanh, swiglu };
+MlpKind mlp_kind(const std::string& name);
+
+// fc2(gelu(fc1(x))).
 class MlpImpl : public torch::nn::Module {
  public:
-  MlpImpl(int64_t dim, int64_t hidden, bool bias = true);
+  MlpImpl(int64_t dim, int64_t hidden, bool bias = true, GeluForm form = GeluForm::exact);
   torch::Tensor forward(const torch::Tensor& x);
 
  private:
   Linear fc1_{nullptr}, fc2_{nullptr};
+  GeluForm form_;
 };
 TORCH_MODULE(Mlp);
 
@@ -37,7 +45,7 @@ TORCH_MODULE(SwiGluMlp);
 class TransformerBlockImpl : public torch::nn::Module {
  public:
   TransformerBlockImpl(std::shared_ptr<AttentionLayerImpl> attention, int64_t dim,
-                       int64_t mlp_hidden, double drop_path_rate, bool swiglu = false,
+                       int64_t mlp_hidden, double drop_path_rate, MlpKind mlp = MlpKind::gelu,
                        bool bias = true);
   AttentionLayerImpl& attention() { return *attention_; }
   torch::Tensor forward(const torch::Tensor& x);
