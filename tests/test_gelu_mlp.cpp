@@ -71,12 +71,11 @@ TEST_CASE("layers: the GELU MLP on the CPU is fc2(gelu(fc1 x)) in either GELU fo
   // The module and the config key.
   Mlp mlp(16, 40, true, GeluForm::tanh);
   auto p = mlp->named_parameters();
-  CHECK(test::relative_error(mlp->forward(x.to(torch::kFloat32)).to(torch::kFloat64),
-                             mlp_formula(x, p["fc1.weight"].to(torch::kFloat64),
-                                         p["fc1.bias"].to(torch::kFloat64),
-                                         p["fc2.weight"].to(torch::kFloat64),
-                                         p["fc2.bias"].to(torch::kFloat64), GeluForm::tanh)) <
-        1e-5);
+  CHECK(test::relative_error(
+            mlp->forward(x.to(torch::kFloat32)).to(torch::kFloat64),
+            mlp_formula(x, p["fc1.weight"].to(torch::kFloat64), p["fc1.bias"].to(torch::kFloat64),
+                        p["fc2.weight"].to(torch::kFloat64), p["fc2.bias"].to(torch::kFloat64),
+                        GeluForm::tanh)) < 1e-5);
   CHECK(mlp_kind("gelu_tanh") == MlpKind::gelu_tanh);
   CHECK(test::contains(test::error_of([] { mlp_kind("relu"); }), "unknown MLP kind 'relu'"));
 }
@@ -84,14 +83,11 @@ TEST_CASE("layers: the GELU MLP on the CPU is fc2(gelu(fc1 x)) in either GELU fo
 TEST_CASE("config: model.mlp takes the GELU forms, SwiGLU only for language models", "[config]") {
   auto dit = parse_config("model:\n  name: dit\n  mlp: gelu_tanh\n", "dit.yaml", {});
   CHECK(dit.model.mlp == "gelu_tanh");
-  CHECK(test::contains(test::error_of([] {
-                         parse_config("model:\n  name: dit\n  mlp: swiglu\n", "dit.yaml", {});
-                       }),
-                       "model.mlp = swiglu is for language models"));
-  CHECK(test::contains(test::error_of([] {
-                         parse_config("model:\n  mlp: relu\n", "deit.yaml", {});
-                       }),
-                       "model.mlp"));
+  CHECK(test::contains(
+      test::error_of([] { parse_config("model:\n  name: dit\n  mlp: swiglu\n", "dit.yaml", {}); }),
+      "model.mlp = swiglu is for language models"));
+  CHECK(test::contains(
+      test::error_of([] { parse_config("model:\n  mlp: relu\n", "deit.yaml", {}); }), "model.mlp"));
 }
 
 TEST_CASE("layers: the fused GELU MLP products match float64 torch, values and gradients",
@@ -150,10 +146,9 @@ TEST_CASE("layers: the fused GELU MLP products match float64 torch, values and g
         (out.to(torch::kFloat32) * up).sum().backward();
 
         auto x64 = f64cpu(x).detach().requires_grad_(true);
-        MlpWeights w64{f64cpu(w.w1).detach().requires_grad_(true),
-                       f64cpu(w.b1).detach().requires_grad_(true),
-                       f64cpu(w.w2).detach().requires_grad_(true),
-                       f64cpu(w.b2).detach().requires_grad_(true)};
+        MlpWeights w64{
+            f64cpu(w.w1).detach().requires_grad_(true), f64cpu(w.b1).detach().requires_grad_(true),
+            f64cpu(w.w2).detach().requires_grad_(true), f64cpu(w.b2).detach().requires_grad_(true)};
         auto expected = mlp_formula(x64, w64.w1, w64.b1, w64.w2, w64.b2, GeluForm::tanh);
         (expected * f64cpu(up)).sum().backward();
 
@@ -179,8 +174,8 @@ TEST_CASE("layers: the fused GELU MLP products match float64 torch, values and g
     CHECK_FALSE(gelu_mlp_fuses(x, w.w1, w.b1, w.w2, w.b2, GeluForm::tanh));
     CHECK_FALSE(gelu_mlp_fuses(x, w.w1, w.b1, w.w2, w.b2, GeluForm::exact));
     auto out = gelu_mlp(x, w.w1, w.b1, w.w2, w.b2, GeluForm::tanh);
-    CHECK(test::relative_error(f64cpu(out), mlp_formula(f64cpu(x), f64cpu(w.w1), f64cpu(w.b1),
-                                                        f64cpu(w.w2), f64cpu(w.b2),
-                                                        GeluForm::tanh)) < 1e-5);
+    CHECK(test::relative_error(f64cpu(out),
+                               mlp_formula(f64cpu(x), f64cpu(w.w1), f64cpu(w.b1), f64cpu(w.w2),
+                                           f64cpu(w.b2), GeluForm::tanh)) < 1e-5);
   }
 }

@@ -27,25 +27,57 @@ Grid grid_for(int64_t rows, int cols, int vec) {
   return g;
 }
 
+// d/dx of 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), GELU's tanh form (as torch's
+// GeluBackward with approximate = "tanh"). The hardware tanh (relative error about 5e-4, below
+// the 4e-3 of the 16-bit result): tanhf's twenty-odd instructions made the pass compute-bound.
+__device__ __forceinline__ float fast_tanh(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ float gelu_tanh_derivative(float x) {
+  constexpr float kBeta = 0.7978845608028654f, kKappa = 0.044715f;
+  const float x2 = x * x;
+  const float t = fast_tanh(kBeta * x * (1.f + kKappa * x2));
+  return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * kBeta * (1.f + 3.f * kKappa * x2);
+}
+
+// VEC elements of row r: x's, or with Gelu the GELU backward of them (also stored).
+template <typename T, int VEC, bool Gelu>
+__device__ __forceinline__ Pack<T, VEC> load_row(const ColumnSumArgs& p, int64_t r, int col) {
+  const T* x = static_cast<const T*>(p.x);
+  const int64_t at = r * p.cols + col;
+  Pack<T, VEC> pack = *reinterpret_cast<const Pack<T, VEC>*>(x + at);
+  if constexpr (Gelu) {
+    const auto pre =
+        *reinterpret_cast<const Pack<T, VEC>*>(static_cast<const T*>(p.gelu_input) + at);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      pack.v[i] = from_float<T>(to_float(pack.v[i]) * gelu_tanh_derivative(to_float(pre.v[i])));
+    }
+    *reinterpret_cast<Pack<T, VEC>*>(static_cast<T*>(p.gelu_grad) + at) = pack;
+  }
+  return pack;
+}
+
 // grid (column tiles, slabs), 8 warps: lane = VEC adjacent columns, warps interleave the slab's
 // rows; the warps' sums meet in shared memory and one partial row per slab goes to workspace.
-template <typename T, int VEC>
+// The sums add the values as stored (rounded to T), as a sum over the stored gradient would.
+template <typename T, int VEC, bool Gelu>
 __global__ void __launch_bounds__(kWarps * 32) slab_kernel(ColumnSumArgs p, int64_t rows_per_slab) {
   __shared__ float partial[kWarps][32 * VEC];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int col = (blockIdx.x * 32 + lane) * VEC;
   const int64_t begin = static_cast<int64_t>(blockIdx.y) * rows_per_slab;
   const int64_t end = min(begin + rows_per_slab, p.rows);
-  const T* x = static_cast<const T*>(p.x);
   float sum[VEC] = {};
   if (col < p.cols) {
     int64_t r = begin + warp;
     for (; r + (kUnroll - 1) * kWarps < end; r += kUnroll * kWarps) {
       Pack<T, VEC> packs[kUnroll];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        packs[u] = *reinterpret_cast<const Pack<T, VEC>*>(x + (r + u * kWarps) * p.cols + col);
-      }
+      for (int u = 0; u < kUnroll; ++u) packs[u] = load_row<T, VEC, Gelu>(p, r + u * kWarps, col);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
@@ -53,7 +85,7 @@ __global__ void __launch_bounds__(kWarps * 32) slab_kernel(ColumnSumArgs p, int6
       }
     }
     for (; r < end; r += kWarps) {
-      const auto pack = *reinterpret_cast<const Pack<T, VEC>*>(x + r * p.cols + col);
+      const auto pack = load_row<T, VEC, Gelu>(p, r, col);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) sum[i] += to_float(pack.v[i]);
     }
@@ -80,22 +112,34 @@ __global__ void add_slabs_kernel(const float* workspace, int slabs, int cols, fl
   out[c] = total;
 }
 
+// 16-byte accesses where the columns and pointers allow (8 elements of 16 bits, 4 of fp32),
+// else 8-byte ones for 16-bit types (4 elements), else single elements.
 int vector_width(const ColumnSumArgs& a) {
   const int bytes = a.dtype == DType::f32 ? 4 : 2;
-  const bool aligned = reinterpret_cast<uintptr_t>(a.x) % (4 * bytes) == 0;
-  return a.cols % 4 == 0 && aligned ? 4 : 1;
+  auto fits = [&](int vec) {
+    bool aligned = reinterpret_cast<uintptr_t>(a.x) % (vec * bytes) == 0;
+    if (a.gelu_input != nullptr) {
+      aligned = aligned && reinterpret_cast<uintptr_t>(a.gelu_input) % (vec * bytes) == 0 &&
+                reinterpret_cast<uintptr_t>(a.gelu_grad) % (vec * bytes) == 0;
+    }
+    return a.cols % vec == 0 && aligned;
+  };
+  if (bytes == 2 && fits(8)) return 8;
+  return fits(4) ? 4 : 1;
 }
 
 }  // namespace
 
 size_t column_sum_workspace_floats(int64_t rows, int cols) {
   // Enough for either vector width (wider tiles mean fewer of them, so more slabs).
-  const int slabs = std::max(grid_for(rows, cols, 1).slabs, grid_for(rows, cols, 4).slabs);
+  const int slabs = std::max({grid_for(rows, cols, 1).slabs, grid_for(rows, cols, 4).slabs,
+                              grid_for(rows, cols, 8).slabs});
   return static_cast<size_t>(slabs) * static_cast<size_t>(cols);
 }
 
 cudaError_t column_sum(const ColumnSumArgs& a, cudaStream_t stream) {
   if (a.rows < 0 || a.cols <= 0 || !a.x || !a.out || !a.workspace) return cudaErrorInvalidValue;
+  if ((a.gelu_input == nullptr) != (a.gelu_grad == nullptr)) return cudaErrorInvalidValue;
   if (a.rows == 0) return cudaMemsetAsync(a.out, 0, sizeof(float) * a.cols, stream);
   const int vec = vector_width(a);
   const Grid g = grid_for(a.rows, a.cols, vec);
@@ -103,10 +147,18 @@ cudaError_t column_sum(const ColumnSumArgs& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(g.column_tiles), static_cast<unsigned>(g.slabs));
   cudaError_t err = with_element_type(a.dtype, [&](auto tag) {
     using T = decltype(tag);
-    if (vec == 4) {
-      slab_kernel<T, 4><<<grid, kWarps * 32, 0, stream>>>(a, g.rows_per_slab);
+    const bool gelu = a.gelu_input != nullptr;
+    if (vec == 8) {
+      if constexpr (sizeof(T) == 2) {
+        (gelu ? slab_kernel<T, 8, true>
+              : slab_kernel<T, 8, false>)<<<grid, kWarps * 32, 0, stream>>>(a, g.rows_per_slab);
+      }
+    } else if (vec == 4) {
+      (gelu ? slab_kernel<T, 4, true> : slab_kernel<T, 4, false>)<<<grid, kWarps * 32, 0, stream>>>(
+          a, g.rows_per_slab);
     } else {
-      slab_kernel<T, 1><<<grid, kWarps * 32, 0, stream>>>(a, g.rows_per_slab);
+      (gelu ? slab_kernel<T, 1, true> : slab_kernel<T, 1, false>)<<<grid, kWarps * 32, 0, stream>>>(
+          a, g.rows_per_slab);
     }
     return cudaGetLastError();
   });

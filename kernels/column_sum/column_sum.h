@@ -4,6 +4,11 @@
 // over its outer dimension at about 0.6 TB/s on the H200; here each CTA sums a slab of rows for a
 // tile of columns (16-byte row reads), and a second small kernel adds the slabs in a fixed order
 // (deterministic, no atomics).
+//
+// With gelu_input set, the rows summed are the GELU backward (tanh form) of x instead:
+// x * gelu'(gelu_input), which also goes to gelu_grad: a GELU MLP's hidden-layer gradient and its
+// bias gradient in one pass (models/gelu_mlp.h), where torch's GELU backward writes it and the
+// bias gradient reads it again.
 #include <cstddef>
 #include <cstdint>
 
@@ -17,9 +22,11 @@ struct ColumnSumArgs {
   DType dtype = DType::bf16;
   int64_t rows = 0;
   int cols = 0;
-  const void* x = nullptr;     // [rows, cols] contiguous
-  float* out = nullptr;        // [cols]
-  float* workspace = nullptr;  // column_sum_workspace_floats(rows, cols) floats
+  const void* x = nullptr;           // [rows, cols] contiguous
+  float* out = nullptr;              // [cols]
+  float* workspace = nullptr;        // column_sum_workspace_floats(rows, cols) floats
+  const void* gelu_input = nullptr;  // [rows, cols] in dtype, or nullptr: plain column sums
+  void* gelu_grad = nullptr;         // [rows, cols] in dtype, written with gelu_input
 };
 
 size_t column_sum_workspace_floats(int64_t rows, int cols);

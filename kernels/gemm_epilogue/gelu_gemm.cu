@@ -65,16 +65,18 @@ using AlgoKey = std::tuple<int, int, int64_t, int64_t, int64_t, uint32_t, size_t
 std::mutex cache_mutex;
 std::map<AlgoKey, cublasLtMatmulAlgo_t> algo_cache;
 
-const char* status_text(cublasStatus_t status) { return cublasLtGetStatusString(status); }
+const char* status_text(cublasStatus_t status) {
+  return cublasLtGetStatusString(status);
+}
 
-#define GELU_GEMM_CHECK(call, what)                                          \
-  do {                                                                       \
-    const cublasStatus_t status_ = (call);                                   \
-    if (status_ != CUBLAS_STATUS_SUCCESS) {                                  \
-      static thread_local std::string message_;                              \
-      message_ = std::string(what) + ": " + status_text(status_);            \
-      return message_.c_str();                                               \
-    }                                                                        \
+#define GELU_GEMM_CHECK(call, what)                               \
+  do {                                                            \
+    const cublasStatus_t status_ = (call);                        \
+    if (status_ != CUBLAS_STATUS_SUCCESS) {                       \
+      static thread_local std::string message_;                   \
+      message_ = std::string(what) + ": " + status_text(status_); \
+      return message_.c_str();                                    \
+    }                                                             \
   } while (0)
 
 const char* run(const Product& p, const GeluGemmContext& context) {
@@ -112,8 +114,9 @@ const char* run(const Product& p, const GeluGemmContext& context) {
   for (const void* ptr : {p.a, p.b, static_cast<const void*>(p.d)}) {
     alignment = std::min(alignment, alignment_of(ptr));
   }
-  const AlgoKey key{static_cast<int>(p.dtype), static_cast<int>(p.epilogue), p.m, p.n, p.k,
-                    alignment, context.workspace_bytes};
+  const AlgoKey key{
+      static_cast<int>(p.dtype), static_cast<int>(p.epilogue), p.m, p.n, p.k, alignment,
+      context.workspace_bytes};
   cublasLtMatmulAlgo_t algo;
   bool cached = false;
   {
@@ -146,10 +149,10 @@ const char* run(const Product& p, const GeluGemmContext& context) {
     algo_cache.emplace(key, algo);
   }
   const float one = 1.f, zero = 0.f;
-  GELU_GEMM_CHECK(cublasLtMatmul(context.handle, s.op, &one, p.a, s.a, p.b, s.b, &zero, p.d, s.d,
-                                 p.d, s.d, &algo, context.workspace, context.workspace_bytes,
-                                 context.stream),
-                  "cublasLtMatmul");
+  GELU_GEMM_CHECK(
+      cublasLtMatmul(context.handle, s.op, &one, p.a, s.a, p.b, s.b, &zero, p.d, s.d, p.d, s.d,
+                     &algo, context.workspace, context.workspace_bytes, context.stream),
+      "cublasLtMatmul");
   return nullptr;
 }
 
@@ -186,7 +189,7 @@ const char* gelu_gemm_backward(const GeluGemmBackward& g, const GeluGemmContext&
   p.m = g.hidden, p.n = g.rows, p.k = g.out_features;
   p.transpose_a = false, p.lda = g.hidden, p.ldb = g.out_features;
   p.a = g.weight, p.b = g.grad_out, p.d = g.grad_pre;
-  p.epilogue = CUBLASLT_EPILOGUE_DGELU_BGRAD;
+  p.epilogue = g.grad_bias != nullptr ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
   p.bias = g.grad_bias;
   p.aux = g.pre, p.aux_ld = g.hidden;
   return run(p, context);

@@ -51,7 +51,7 @@ struct GeluGemmBackward {
   const void* weight = nullptr;    // W2
   const void* pre = nullptr;       // the forward's pre
   void* grad_pre = nullptr;        // d_pre
-  void* grad_bias = nullptr;       // d_b1, in dtype
+  void* grad_bias = nullptr;       // d_b1, in dtype; nullptr: d_pre only (the DGELU epilogue)
 };
 
 // The workspace cuBLASLt may use (bytes); the heuristics are asked for algorithms within it.

@@ -1,5 +1,9 @@
 #include "models/gelu_mlp.h"
 
+#include <cstdlib>
+#include <string>
+#include <utility>
+
 #include <ATen/autocast_mode.h>
 
 #include "core/environment.h"
@@ -11,6 +15,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "column_sum/column_sum.h"
 #include "core/kernel_dtype.h"
 #include "gemm_epilogue/gelu_gemm.h"
 #endif
@@ -38,6 +43,24 @@ torch::ScalarType compute_dtype(const torch::Tensor& x) {
 
 #ifdef MHLA_WITH_CUDA_KERNELS
 namespace kernels = mhla_kernels;
+
+// How the backward forms d_pre = (dy W2) gelu'(pre) and d_b1 (MHLA_FUSED_MLP_BACKWARD):
+//   kernel    dy W2 by torch, then one pass of kernels/column_sum that writes d_pre and sums it
+//             (fp32 bias gradient); the default.
+//   epilogue  cuBLASLt's DGELU epilogue on the product, then the column sums of d_pre.
+//   bgrad     cuBLASLt's DGELU_BGRAD epilogue (d_b1 in the compute dtype): on the H200 it ran as
+//             a separate generic epilogue kernel, 3 ms per layer of DiT-S at 1,024 tokens.
+enum class BackwardForm { kernel, epilogue, bgrad };
+BackwardForm backward_form() {
+  static const BackwardForm form = [] {
+    const char* value = std::getenv("MHLA_FUSED_MLP_BACKWARD");
+    if (value == nullptr || std::string(value) == "kernel") return BackwardForm::kernel;
+    if (std::string(value) == "epilogue") return BackwardForm::epilogue;
+    if (std::string(value) == "bgrad") return BackwardForm::bgrad;
+    fail("MHLA_FUSED_MLP_BACKWARD = '{}': expected kernel, epilogue or bgrad", value);
+  }();
+  return form;
+}
 
 // The cuBLASLt handle of the current stream's device and a workspace from the caching allocator
 // (kept alive by the returned tensor until the products are queued).
@@ -67,10 +90,54 @@ torch::Tensor fused_first_layer(const torch::Tensor& x2, const torch::Tensor& w1
   a.out = h.data_ptr();
   a.pre = pre.defined() ? pre.data_ptr() : nullptr;
   if (const char* error = kernels::gelu_gemm_forward(a, p.context)) {
-    fail("MLP forward (fused GELU product, {} x {} -> {}): {}", rows, a.in_features, hidden,
-         error);
+    fail("MLP forward (fused GELU product, {} x {} -> {}): {}", rows, a.in_features, hidden, error);
   }
   return h;
+}
+
+// d_pre = (dy W2) * gelu'(pre) [rows, hidden] and d_b1, its column sums, by backward_form().
+std::pair<torch::Tensor, torch::Tensor> hidden_gradients(const torch::Tensor& dy,
+                                                         const torch::Tensor& w2c,
+                                                         const torch::Tensor& pre) {
+  const int64_t rows = dy.size(0), out_features = w2c.size(0), hidden = w2c.size(1);
+  const auto form = backward_form();
+  const auto dtype = *kernel_dtype_of(dy.scalar_type());
+  auto stream = c10::cuda::getCurrentCUDAStream(dy.device().index()).stream();
+  auto grad_pre = torch::empty({rows, hidden}, dy.options());
+  if (form == BackwardForm::kernel) {
+    auto grad_hidden = dy.mm(w2c);
+    auto f32 = dy.options().dtype(torch::kFloat32);
+    auto grad_b1 = torch::empty({hidden}, f32);
+    auto workspace = torch::empty({static_cast<int64_t>(kernels::column_sum_workspace_floats(
+                                      rows, static_cast<int>(hidden)))},
+                                  f32);
+    kernels::ColumnSumArgs a;
+    a.dtype = dtype;
+    a.rows = rows, a.cols = static_cast<int>(hidden);
+    a.x = grad_hidden.data_ptr(), a.out = grad_b1.data_ptr<float>();
+    a.workspace = workspace.data_ptr<float>();
+    a.gelu_input = pre.data_ptr(), a.gelu_grad = grad_pre.data_ptr();
+    const auto err = kernels::column_sum(a, stream);
+    if (err != cudaSuccess) fail("MLP backward (GELU gradient, cuda): {}", cudaGetErrorString(err));
+    return {grad_pre, grad_b1};
+  }
+  ProductContext p(dy);
+  kernels::GeluGemmBackward a;
+  a.dtype = dtype;
+  a.rows = rows, a.out_features = out_features, a.hidden = hidden;
+  a.grad_out = dy.data_ptr(), a.weight = w2c.data_ptr(), a.pre = pre.data_ptr();
+  a.grad_pre = grad_pre.data_ptr();
+  torch::Tensor grad_b1;
+  if (form == BackwardForm::bgrad) {
+    grad_b1 = torch::empty({hidden}, dy.options());
+    a.grad_bias = grad_b1.data_ptr();
+  }
+  if (const char* error = kernels::gelu_gemm_backward(a, p.context)) {
+    fail("MLP backward (GELU-gradient product, {} x {} -> {}): {}", rows, out_features, hidden,
+         error);
+  }
+  if (form == BackwardForm::epilogue) grad_b1 = column_sums(grad_pre);
+  return {grad_pre, grad_b1};
 }
 
 // Saves x, W1, W2 in the compute dtype, pre and h. Gradients come back in the inputs' dtypes.
@@ -107,26 +174,14 @@ class FusedGeluMlpFunction : public torch::autograd::Function<FusedGeluMlpFuncti
     };
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const c10::cuda::CUDAGuard on_device(x2.device());
-    const int64_t out_features = w2c.size(0), hidden = w1c.size(0);
+    const int64_t out_features = w2c.size(0);
     const auto x_sizes = grads[0].sizes().vec();
     auto dy = grads[0].to(w2c.scalar_type()).reshape({-1, out_features}).contiguous();
     torch::Tensor dx, dw1, db1, dw2, db2;
     if (ctx->needs_input_grad(3)) dw2 = dy.t().mm(h).to(type("w2_type"));
     if (ctx->needs_input_grad(4)) db2 = column_sums(dy).to(type("b2_type"));
     if (ctx->needs_input_grad(0) || ctx->needs_input_grad(1) || ctx->needs_input_grad(2)) {
-      // d_pre = (dy W2) * gelu'(pre) and its column sums, in one product.
-      auto grad_pre = torch::empty({dy.size(0), hidden}, dy.options());
-      auto grad_b1 = torch::empty({hidden}, dy.options());
-      ProductContext p(dy);
-      kernels::GeluGemmBackward a;
-      a.dtype = *kernel_dtype_of(dy.scalar_type());
-      a.rows = dy.size(0), a.out_features = out_features, a.hidden = hidden;
-      a.grad_out = dy.data_ptr(), a.weight = w2c.data_ptr(), a.pre = pre.data_ptr();
-      a.grad_pre = grad_pre.data_ptr(), a.grad_bias = grad_b1.data_ptr();
-      if (const char* error = kernels::gelu_gemm_backward(a, p.context)) {
-        fail("MLP backward (fused GELU-gradient product, {} x {} -> {}): {}", a.rows,
-             out_features, hidden, error);
-      }
+      auto [grad_pre, grad_b1] = hidden_gradients(dy, w2c, pre);
       if (ctx->needs_input_grad(0)) {
         auto sizes = x_sizes;
         sizes.back() = w1c.size(1);

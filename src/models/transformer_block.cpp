@@ -61,8 +61,8 @@ torch::Tensor TransformerBlockImpl::forward(const torch::Tensor& x) {
 
 std::pair<torch::Tensor, torch::Tensor> TransformerBlockImpl::forward_normed(
     const torch::Tensor& x, const torch::Tensor& normed, LayerNormImpl& next_norm) {
-  auto middle = residual_add_norm(x, attention_->forward(normed), drop_path_rate_, is_training(),
-                                  *norm2_);
+  auto middle =
+      residual_add_norm(x, attention_->forward(normed), drop_path_rate_, is_training(), *norm2_);
   auto out = residual_add_norm(middle.sum, mlp_.forward<torch::Tensor>(middle.normed),
                                drop_path_rate_, is_training(), next_norm);
   return {out.sum, out.normed};
