@@ -2,8 +2,7 @@
 # The fused GELU MLP (models/gelu_mlp.h) on the GPU: its tests (under each backward form), then
 # DiT training-rate probes in one call for softmax and MHLA: the exact GELU (torch ops), the tanh
 # form fused (each backward form of $BACKWARDS, default "epilogue kernel") and the tanh form
-# through the torch ops (MHLA_FUSED_MLP=0); NO_AUTOTUNE=1 adds the epilogue form with the
-# heuristics' first algorithm (MHLA_GELU_GEMM_AUTOTUNE=0). TOKENS: "1024 256" by default. PROFILE=1 also
+# through the torch ops (MHLA_FUSED_MLP=0). TOKENS: "1024 256" by default. PROFILE=1 also
 # profiles the 1,024-token MHLA probes (summaries into $OUT). Results: $OUT.
 # Usage: source scripts/gpu_env.sh; OUT=... bash scripts/gpu_fused_mlp_ab.sh
 set -uo pipefail
@@ -33,8 +32,6 @@ for tokens in ${TOKENS:-1024 256}; do
       run "${type}${tokens}_tanh_$backward" "--set attention.type=$type --set model.mlp=gelu_tanh" \
         MHLA_FUSED_MLP_BACKWARD=$backward
     done
-    [ -z "${NO_AUTOTUNE:-}" ] || run "${type}${tokens}_tanh_epilogue_first_algo" \
-      "--set attention.type=$type --set model.mlp=gelu_tanh" MHLA_GELU_GEMM_AUTOTUNE=0
     [ -n "${SKIP_UNFUSED:-}" ] || run "${type}${tokens}_tanh_unfused" \
       "--set attention.type=$type --set model.mlp=gelu_tanh" MHLA_FUSED_MLP=0
   done
