@@ -23,8 +23,10 @@
 namespace mhla {
 namespace {
 
+#ifdef MHLA_WITH_CUDA_KERNELS
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
+namespace kernels = mhla_kernels;
 
 bool fused_mlp_enabled() {
   static const bool enabled = environment_switch("MHLA_FUSED_MLP", true);
@@ -40,9 +42,6 @@ torch::ScalarType compute_dtype(const torch::Tensor& x) {
   }
   return x.scalar_type();
 }
-
-#ifdef MHLA_WITH_CUDA_KERNELS
-namespace kernels = mhla_kernels;
 
 // How the backward forms d_pre = (dy W2) gelu'(pre) and d_b1 (MHLA_FUSED_MLP_BACKWARD):
 //   epilogue  cuBLASLt's DGELU epilogue on the product, then the fp32 column sums of d_pre;
