@@ -17,22 +17,11 @@
 // b1 [hidden], h and pre [rows, hidden]; dy [rows, out], W2 [out, hidden], d_pre [rows, hidden],
 // d_b1 [hidden]. in, hidden and out must be multiples of 8 and the pointers 16-byte aligned.
 // No LibTorch here: the caller hands in the cuBLASLt handle and a workspace.
-#include <cstddef>
 #include <cstdint>
 
-#include <cublasLt.h>
-#include <cuda_runtime.h>
-
-#include "mhla/block_linear_attention.h"  // DType
+#include "gemm_epilogue/epilogue_product.h"
 
 namespace mhla_kernels {
-
-struct GeluGemmContext {
-  cublasLtHandle_t handle = nullptr;
-  void* workspace = nullptr;
-  size_t workspace_bytes = 0;
-  cudaStream_t stream = nullptr;
-};
 
 struct GeluGemmForward {
   DType dtype = DType::bf16;
@@ -54,15 +43,12 @@ struct GeluGemmBackward {
   void* grad_bias = nullptr;       // d_b1, in dtype; nullptr: d_pre only (the DGELU epilogue)
 };
 
-// The workspace cuBLASLt may use (bytes); the heuristics are asked for algorithms within it.
-constexpr size_t kGeluGemmWorkspaceBytes = size_t{32} << 20;
-
 // Whether the products take these sizes (multiples of 8, positive).
 bool gelu_gemm_supported(int64_t rows, int64_t depth, int64_t columns);
 
 // nullptr when done; otherwise what failed, for the caller's error message (valid until this
 // thread's next call).
-const char* gelu_gemm_forward(const GeluGemmForward& args, const GeluGemmContext& context);
-const char* gelu_gemm_backward(const GeluGemmBackward& args, const GeluGemmContext& context);
+const char* gelu_gemm_forward(const GeluGemmForward& args, const EpilogueContext& context);
+const char* gelu_gemm_backward(const GeluGemmBackward& args, const EpilogueContext& context);
 
 }  // namespace mhla_kernels
