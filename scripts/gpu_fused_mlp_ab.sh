@@ -2,8 +2,7 @@
 # The fused GELU MLP (models/gelu_mlp.h) on the GPU: its tests (under each backward form), then
 # DiT training-rate probes in one call for softmax and MHLA: the exact GELU (torch ops), the tanh
 # form fused (each backward form of $BACKWARDS, default "epilogue kernel") and the tanh form
-# through the torch ops (MHLA_FUSED_MLP=0); BGRAD_AB=1 adds the tanh form with the bias
-# gradients by separate column sums (MHLA_BGRAD_EPILOGUE=0). TOKENS: "1024 256" by default. PROFILE=1 also
+# through the torch ops (MHLA_FUSED_MLP=0). TOKENS: "1024 256" by default. PROFILE=1 also
 # profiles the 1,024-token MHLA probes (summaries into $OUT). Results: $OUT.
 # Usage: source scripts/gpu_env.sh; OUT=... bash scripts/gpu_fused_mlp_ab.sh
 set -uo pipefail
@@ -12,7 +11,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 backwards=${BACKWARDS:-epilogue kernel}
 if [ -z "${SKIP_TESTS:-}" ]; then
   # The first backward form with the layers and DiT tests around the MLP, the others alone.
-  filter="*GELU MLP*,*model.mlp*,*adaLN*,layers: the linear layer*,*weight-gradient*,dit: the model on the GPU*"
+  filter="*GELU MLP*,*model.mlp*,*adaLN*,layers: the linear layer*,dit: the model on the GPU*"
   for backward in $backwards; do
     MHLA_FUSED_MLP_BACKWARD=$backward timeout 300 "$MHLA_TESTS_BIN" "$filter" \
       > "$OUT/tests_$backward.txt" 2>&1
@@ -36,8 +35,6 @@ for tokens in ${TOKENS:-1024 256}; do
       run "${type}${tokens}_tanh_$backward" "--set attention.type=$type --set model.mlp=gelu_tanh" \
         MHLA_FUSED_MLP_BACKWARD=$backward
     done
-    [ -z "${BGRAD_AB:-}" ] || run "${type}${tokens}_tanh_no_bgrad" \
-      "--set attention.type=$type --set model.mlp=gelu_tanh" MHLA_BGRAD_EPILOGUE=0
     [ -n "${SKIP_UNFUSED:-}" ] || run "${type}${tokens}_tanh_unfused" \
       "--set attention.type=$type --set model.mlp=gelu_tanh" MHLA_FUSED_MLP=0
   done

@@ -9,7 +9,6 @@
 #include "core/environment.h"
 #include "core/error.h"
 #include "models/linear.h"
-#include "models/weight_gradients.h"
 
 #ifdef MHLA_WITH_CUDA_KERNELS
 #include <ATen/cuda/CUDAContext.h>
@@ -45,8 +44,8 @@ torch::ScalarType compute_dtype(const torch::Tensor& x) {
 }
 
 // How the backward forms d_pre = (dy W2) gelu'(pre) and d_b1 (MHLA_FUSED_MLP_BACKWARD):
-//   epilogue  cuBLASLt's DGELU epilogue on the product (d_b1 then comes with dW1); the default
-//             (DiT-S at 1,024 tokens: 1.4 % more images/s than `kernel`).
+//   epilogue  cuBLASLt's DGELU epilogue on the product, then the fp32 column sums of d_pre;
+//             the default (DiT-S at 1,024 tokens: 1.4 % more images/s than `kernel`).
 //   kernel    dy W2 by torch, then one pass of kernels/column_sum that writes d_pre and sums it
 //             (fp32 bias gradient).
 //   bgrad     cuBLASLt's DGELU_BGRAD epilogue (d_b1 in the compute dtype): on the H200 it ran as
@@ -138,7 +137,7 @@ std::pair<torch::Tensor, torch::Tensor> hidden_gradients(const torch::Tensor& dy
     fail("MLP backward (GELU-gradient product, {} x {} -> {}): {}", rows, out_features, hidden,
          error);
   }
-  return {grad_pre, grad_b1};  // epilogue: d_b1 comes with dW1 (weight_gradients.h)
+  return {grad_pre, grad_b1};  // epilogue: d_b1 undefined, the caller sums d_pre
 }
 
 // Saves x, W1, W2 in the compute dtype, pre and h. Gradients come back in the inputs' dtypes.
@@ -179,22 +178,8 @@ class FusedGeluMlpFunction : public torch::autograd::Function<FusedGeluMlpFuncti
     const auto x_sizes = grads[0].sizes().vec();
     auto dy = grads[0].to(w2c.scalar_type()).reshape({-1, out_features}).contiguous();
     torch::Tensor dx, dw1, db1, dw2, db2;
-    // A layer's bias gradient comes with its weight gradient (weight_gradients.h) or alone.
-    auto layer_gradients = [&](const torch::Tensor& grad, const torch::Tensor& input,
-                               torch::Tensor bias_grad, int weight_index, torch::Tensor& dw,
-                               torch::Tensor& db) {
-      const bool want_bias = ctx->needs_input_grad(weight_index + 1);
-      if (ctx->needs_input_grad(weight_index)) {
-        auto [dw32, db32] = weight_gradients(grad, input, want_bias && !bias_grad.defined());
-        dw = dw32.to(type(weight_index == 1 ? "w1_type" : "w2_type"));
-        if (db32.defined()) bias_grad = db32;
-      }
-      if (want_bias) {
-        if (!bias_grad.defined()) bias_grad = column_sums(grad);
-        db = bias_grad.to(type(weight_index == 1 ? "b1_type" : "b2_type"));
-      }
-    };
-    layer_gradients(dy, h, torch::Tensor(), 3, dw2, db2);
+    if (ctx->needs_input_grad(3)) dw2 = dy.t().mm(h).to(type("w2_type"));
+    if (ctx->needs_input_grad(4)) db2 = column_sums(dy).to(type("b2_type"));
     if (ctx->needs_input_grad(0) || ctx->needs_input_grad(1) || ctx->needs_input_grad(2)) {
       auto [grad_pre, grad_b1] = hidden_gradients(dy, w2c, pre);
       if (ctx->needs_input_grad(0)) {
@@ -202,7 +187,11 @@ class FusedGeluMlpFunction : public torch::autograd::Function<FusedGeluMlpFuncti
         sizes.back() = w1c.size(1);
         dx = grad_pre.mm(w1c).view(sizes).to(type("x_type"));
       }
-      layer_gradients(grad_pre, x2, grad_b1, 1, dw1, db1);
+      if (ctx->needs_input_grad(1)) dw1 = grad_pre.t().mm(x2).to(type("w1_type"));
+      if (ctx->needs_input_grad(2)) {
+        if (!grad_b1.defined()) grad_b1 = column_sums(grad_pre);
+        db1 = grad_b1.to(type("b1_type"));
+      }
     }
     return {dx, dw1, db1, dw2, db2};
   }

@@ -4,7 +4,6 @@
 
 #include "core/environment.h"
 #include "core/error.h"
-#include "models/weight_gradients.h"
 
 #ifdef MHLA_WITH_CUDA_KERNELS
 #include <c10/cuda/CUDAGuard.h>
@@ -91,13 +90,8 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
     // Only the gradients autograd asks for (the first layer's input usually needs none).
     torch::Tensor dx, dw, db;
     if (ctx->needs_input_grad(0)) dx = dy.mm(wc).view(xc.sizes()).to(type("x_type"));
-    if (ctx->needs_input_grad(1)) {
-      auto [dw32, db32] = weight_gradients(dy, x2.contiguous(), ctx->needs_input_grad(2));
-      dw = dw32.to(type("w_type"));
-      if (db32.defined()) db = db32.to(type("b_type"));
-    } else if (ctx->needs_input_grad(2)) {
-      db = column_sums(dy).to(type("b_type"));
-    }
+    if (ctx->needs_input_grad(1)) dw = dy.t().mm(x2).to(type("w_type"));
+    if (ctx->needs_input_grad(2)) db = column_sums(dy).to(type("b_type"));
     return {dx, dw, db};
   }
 };
