@@ -3,7 +3,8 @@
 # DiT training-rate probes in one call for softmax and MHLA: the exact GELU (torch ops), the tanh
 # form fused (each backward form of $BACKWARDS, default "epilogue kernel") and the tanh form
 # through the torch ops (MHLA_FUSED_MLP=0). TOKENS: "1024 256" by default. PROFILE=1 also
-# profiles the 1,024-token MHLA probes (summaries into $OUT). Results: $OUT.
+# profiles the 1,024-token MHLA probes (summaries into $OUT). ROUND=N suffixes the probes' run
+# folders (a second round in one call). Results: $OUT.
 # Usage: source scripts/gpu_env.sh; OUT=... bash scripts/gpu_fused_mlp_ab.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -28,7 +29,7 @@ for tokens in ${TOKENS:-1024 256}; do
       local label=$1 settings=$2; shift 2
       local profile=()
       [ -n "${PROFILE:-}" ] && [ "$type" = mhla ] && [ "$tokens" = 1024 ] && profile=(PROFILE_STEPS=4)
-      env "$@" "${profile[@]}" timeout 240 bash "$probe" "$label $config $settings"
+      env "$@" "${profile[@]}" timeout 240 bash "$probe" "$label${ROUND:+_r$ROUND} $config $settings"
     }
     run "${type}${tokens}_gelu" "--set attention.type=$type --set model.mlp=gelu"
     for backward in $backwards; do
