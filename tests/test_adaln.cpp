@@ -222,39 +222,46 @@ TEST_CASE("dit: the model on the GPU (adaLN hinge kernels) equals the model on t
     WARN("no CUDA device: skipped");
     return;
   }
-  auto config = parse_config(
-      "", "dit.yaml",
-      {"model.name=dit", "model.image_size=16", "model.patch_size=2", "model.width=64",
-       "model.depth=3", "model.heads=2", "attention.type=softmax", "train.device=cpu"});
-  torch::manual_seed(3);
-  Dit cpu_model(config);
-  {
-    // Leave adaLN-Zero's identity start: every modulation and the final layer get weights.
-    torch::NoGradGuard no_grad;
-    for (auto& p : cpu_model.parameters()) p.add_(torch::randn_like(p) * 0.05);
-  }
-  Dit gpu_model(config);
-  {
-    torch::NoGradGuard no_grad;
-    auto from = cpu_model.parameters(), to = gpu_model.parameters();
-    for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
-  }
-  gpu_model.to(torch::kCUDA);
-  auto x = torch::randn({3, 1, 16, 16});
-  auto t = torch::tensor({3, 400, 999}, torch::kLong), y = torch::tensor({0, 4, 10}, torch::kLong);
-  auto up = torch::randn({3, 1, 16, 16});
-  // fp32 on both sides: cuDNN's convolution (the patch embedding) would otherwise use tf32.
-  const bool tf32 = at::globalContext().allowTF32CuDNN();
-  at::globalContext().setAllowTF32CuDNN(false);
-  auto cpu_out = cpu_model.denoise(x, t, y);
-  (cpu_out * up).sum().backward();
-  auto gpu_out = gpu_model.denoise(x.cuda(), t.cuda(), y.cuda());
-  (gpu_out * up.cuda()).sum().backward();
-  at::globalContext().setAllowTF32CuDNN(tf32);
-  CHECK(test::relative_error(gpu_out.cpu(), cpu_out) < 1e-4);
-  auto cpu_params = cpu_model.named_parameters();
-  for (const auto& item : gpu_model.named_parameters()) {
-    INFO(item.key());
-    CHECK(test::relative_error(item.value().grad().cpu(), cpu_params[item.key()].grad()) < 1e-3);
+  // Both GELU forms: with gelu_tanh the GPU model's MLPs run the fused cuBLASLt products (fp32
+  // here), the CPU model's the torch ops.
+  for (const char* mlp : {"gelu", "gelu_tanh"}) {
+    INFO("model.mlp = " << mlp);
+    auto config =
+        parse_config("", "dit.yaml",
+                     {"model.name=dit", "model.image_size=16", "model.patch_size=2",
+                      "model.width=64", "model.depth=3", "model.heads=2", "attention.type=softmax",
+                      "train.device=cpu", std::string("model.mlp=") + mlp});
+    torch::manual_seed(3);
+    Dit cpu_model(config);
+    {
+      // Leave adaLN-Zero's identity start: every modulation and the final layer get weights.
+      torch::NoGradGuard no_grad;
+      for (auto& p : cpu_model.parameters()) p.add_(torch::randn_like(p) * 0.05);
+    }
+    Dit gpu_model(config);
+    {
+      torch::NoGradGuard no_grad;
+      auto from = cpu_model.parameters(), to = gpu_model.parameters();
+      for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
+    }
+    gpu_model.to(torch::kCUDA);
+    auto x = torch::randn({3, 1, 16, 16});
+    auto t = torch::tensor({3, 400, 999}, torch::kLong),
+         y = torch::tensor({0, 4, 10}, torch::kLong);
+    auto up = torch::randn({3, 1, 16, 16});
+    // fp32 on both sides: cuDNN's convolution (the patch embedding) would otherwise use tf32.
+    const bool tf32 = at::globalContext().allowTF32CuDNN();
+    at::globalContext().setAllowTF32CuDNN(false);
+    auto cpu_out = cpu_model.denoise(x, t, y);
+    (cpu_out * up).sum().backward();
+    auto gpu_out = gpu_model.denoise(x.cuda(), t.cuda(), y.cuda());
+    (gpu_out * up.cuda()).sum().backward();
+    at::globalContext().setAllowTF32CuDNN(tf32);
+    CHECK(test::relative_error(gpu_out.cpu(), cpu_out) < 1e-4);
+    auto cpu_params = cpu_model.named_parameters();
+    for (const auto& item : gpu_model.named_parameters()) {
+      INFO(item.key());
+      CHECK(test::relative_error(item.value().grad().cpu(), cpu_params[item.key()].grad()) < 1e-3);
+    }
   }
 }
