@@ -4,8 +4,6 @@
 #include <string>
 #include <utility>
 
-#include <ATen/autocast_mode.h>
-
 #include "core/environment.h"
 #include "core/error.h"
 #include "models/linear.h"
@@ -31,16 +29,6 @@ namespace kernels = mhla_kernels;
 bool fused_mlp_enabled() {
   static const bool enabled = environment_switch("MHLA_FUSED_MLP", true);
   return enabled;
-}
-
-// The dtype the products run in: autocast's for floating inputs under autocast, else x's.
-torch::ScalarType compute_dtype(const torch::Tensor& x) {
-  const auto device_type = x.device().type();
-  if (at::autocast::is_autocast_enabled(device_type) && x.is_floating_point() &&
-      x.scalar_type() != torch::kFloat64) {
-    return at::autocast::get_autocast_dtype(device_type);
-  }
-  return x.scalar_type();
 }
 
 // How the backward forms d_pre = (dy W2) gelu'(pre) and d_b1 (MHLA_FUSED_MLP_BACKWARD):
@@ -146,7 +134,7 @@ class FusedGeluMlpFunction : public torch::autograd::Function<FusedGeluMlpFuncti
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& w1, const torch::Tensor& b1,
                                const torch::Tensor& w2, const torch::Tensor& b2) {
-    const auto compute = compute_dtype(x);
+    const auto compute = linear_compute_dtype(x);
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const c10::cuda::CUDAGuard on_device(x.device());
     const int64_t in = w1.size(1), hidden = w1.size(0);
@@ -207,7 +195,7 @@ bool gelu_mlp_fuses(const torch::Tensor& x, const torch::Tensor& w1, const torch
       !b2.defined() || x.dim() < 2 || !x.is_floating_point()) {
     return false;
   }
-  const auto compute = compute_dtype(x);
+  const auto compute = linear_compute_dtype(x);
   if (compute == torch::kFloat64 || !kernel_dtype_of(compute)) return false;
   const int64_t in = w1.size(1), hidden = w1.size(0), out = w2.size(0);
   return x.size(-1) == in && w2.size(1) == hidden &&
@@ -234,7 +222,7 @@ torch::Tensor gelu_mlp(const torch::Tensor& x, const torch::Tensor& w1, const to
                            w2.requires_grad() || b2.requires_grad());
     if (training) return FusedGeluMlpFunction::apply(x, w1, b1, w2, b2);
     // Inference: the GELU fused into the first product, pre not kept.
-    const auto compute = compute_dtype(x);
+    const auto compute = linear_compute_dtype(x);
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const c10::cuda::CUDAGuard on_device(x.device());
     auto x2 = x.to(compute).reshape({-1, w1.size(1)}).contiguous();

@@ -26,6 +26,15 @@ bool bias_kernel_enabled() {
 
 }  // namespace
 
+torch::ScalarType linear_compute_dtype(const torch::Tensor& x) {
+  const auto device_type = x.device().type();
+  if (at::autocast::is_autocast_enabled(device_type) && x.is_floating_point() &&
+      x.scalar_type() != torch::kFloat64) {
+    return at::autocast::get_autocast_dtype(device_type);
+  }
+  return x.scalar_type();
+}
+
 torch::Tensor column_sums(const torch::Tensor& grad) {
 #ifdef MHLA_WITH_CUDA_KERNELS
   if (grad.is_cuda() && kernel_dtype_of(grad.scalar_type())) {
@@ -60,12 +69,7 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, const torch::Tensor& bias) {
-    const auto device_type = x.device().type();
-    auto compute = x.scalar_type();
-    if (at::autocast::is_autocast_enabled(device_type) && x.is_floating_point() &&
-        x.scalar_type() != torch::kFloat64) {
-      compute = at::autocast::get_autocast_dtype(device_type);
-    }
+    const auto compute = linear_compute_dtype(x);
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     auto xc = x.to(compute), wc = weight.to(compute);
     auto out = torch::linear(xc, wc, bias.to(compute));

@@ -28,6 +28,10 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight,
 torch::Tensor linear_with_own_backward(const torch::Tensor& x, const torch::Tensor& weight,
                                        const torch::Tensor& bias);
 
+// The dtype a linear layer multiplies x in: autocast's for floating inputs under autocast (not
+// fp64), else x's own.
+torch::ScalarType linear_compute_dtype(const torch::Tensor& x);
+
 // Sums over the rows of a [rows, cols] gradient (a bias gradient), in fp32 (fp64 for fp64
 // gradients): kernels/column_sum on CUDA.
 torch::Tensor column_sums(const torch::Tensor& grad);
