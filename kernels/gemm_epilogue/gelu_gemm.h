@@ -3,15 +3,14 @@
 // so the hidden activation is never read or written by a separate elementwise pass:
 //
 //   forward   h = gelu(x W1^T + b1), and pre = x W1^T + b1 kept for the backward;
-//   backward  d_pre = (dy W2) * gelu'(pre), and d_b1 = the column sums of d_pre.
+//   backward  d_pre = (dy W2) * gelu'(pre) (DGELU), optionally with d_b1 = the column sums of
+//             d_pre (DGELU_BGRAD: in the output's dtype, cuBLASLt's rule; on the H200 cuBLASLt
+//             ran that reduction as a slow separate kernel, so the caller sums d_pre itself).
 //
 // In a DiT-S MLP at 1,024 tokens the hidden activation is [262,144, 1,536]: 805 MB in bf16, which
-// the unfused path reads or writes nine times per layer and step (the matmul's output, the GELU's
-// input and output, the GELU backward's two inputs and output, the bias gradient's input); here
-// five times. cuBLASLt's GELU is the tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x +
-// 0.044715 x^3))), so this serves `model.gelu: tanh` (tests/test_fused_mlp.cpp checks which
-// form the library computes). The bias gradient comes out in the output's dtype (cuBLASLt's rule
-// for these epilogues), accumulated in fp32 inside the product.
+// the unfused path passes through a separate GELU forward and GELU backward. cuBLASLt's GELU is
+// the tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), so this serves
+// `model.mlp: gelu_tanh` (tests/test_gelu_mlp.cpp checks which form the library computes).
 //
 // Row-major operands on raw device pointers, all contiguous: x [rows, in], W1 [hidden, in],
 // b1 [hidden], h and pre [rows, hidden]; dy [rows, out], W2 [out, hidden], d_pre [rows, hidden],

@@ -1,9 +1,9 @@
 #pragma once
 // The transformer MLP fc2(gelu(fc1(x))) with both GELU forms, and on CUDA, for the tanh form, the
 // activation fused into the matrix products (kernels/gemm_epilogue): the forward's fc1 product
-// writes gelu(pre) and pre, the backward's dy W2 product writes d_pre = (dy W2) gelu'(pre) and
-// fc1's bias gradient. What the unfused path spends on the hidden activation in separate
-// elementwise passes (GELU forward and backward, fc1's bias-gradient sum) goes away.
+// writes gelu(pre) and pre, the backward's dy W2 product writes d_pre = (dy W2) gelu'(pre); fc1's
+// bias gradient is the fp32 column sum of d_pre. The unfused path's separate GELU forward and
+// backward passes over the hidden activation go away.
 // MHLA_FUSED_MLP=0 keeps the torch ops (A/B runs); the exact (erf) form always does.
 #include <torch/torch.h>
 
