@@ -630,6 +630,10 @@ bool block_states_packable(const BlockLinearShape& s, DType dtype) {
          fragment_passes_supported(dtype, s.head_dim) && s.blocks >= 1 && chunks_per_block(s) == 1;
 }
 
+bool block_states_shared_by_chunks(const BlockLinearShape& s) {
+  return s.blocks >= 1 && chunks_per_block(s) > 1;
+}
+
 size_t block_linear_packed_floats(const BlockLinearShape& s) {
   return static_cast<size_t>(s.batch) * s.heads * s.blocks *
          (static_cast<size_t>(s.head_dim) * s.head_dim / 2 + s.head_dim);

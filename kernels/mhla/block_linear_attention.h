@@ -37,6 +37,10 @@ size_t block_linear_packed_floats(const BlockLinearShape& shape);
 // Whether the states pass can write (and the query pass its dS') a packed set of states: bf16
 // inputs on the fragment passes, one 256-token chunk per block.
 bool block_states_packable(const BlockLinearShape& shape, DType dtype);
+// Whether a block is longer than one 256-token chunk, so that several CTAs add into its state
+// (and, backward, into its dS') with atomics: results then differ in their last bits from run
+// to run.
+bool block_states_shared_by_chunks(const BlockLinearShape& shape);
 
 // Pass selection (bitmasks): a caller that mixes the states itself (the MHLA binding, by its
 // state-mix kernel) runs the states and output passes (forward) or the query and key passes

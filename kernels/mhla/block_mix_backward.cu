@@ -197,7 +197,13 @@ __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackw
   for (int e = t; e < S::roles * 64; e += kThreads) {
     const int r = e / 64, a = (e / 16) % 4, jj = e % 16;
     const int i = 4 * (r / S::halves) + a, j = 16 * (r % S::halves) + jj;
-    if (i < p.blocks && j < p.blocks) atomicAdd(p.grad_mixing + i * p.blocks + j, role_sums[e]);
+    if (i >= p.blocks || j >= p.blocks) continue;
+    if (p.grad_mixing_parts != nullptr) {
+      p.grad_mixing_parts[(static_cast<size_t>(blockIdx.x) * p.blocks + i) * p.blocks + j] =
+          role_sums[e];
+    } else {
+      atomicAdd(p.grad_mixing + i * p.blocks + j, role_sums[e]);
+    }
   }
 }
 
@@ -233,6 +239,7 @@ cudaError_t launch_packed(const BlockMixBackward& p, cudaStream_t stream) {
   packed_mix::PackedMix args;
   args.in = p.grad_mixed, args.states = p.states, args.mixing = p.mixing;
   args.out = p.grad_states, args.grad_mixing = p.grad_mixing;
+  args.grad_mixing_parts = p.grad_mixing_parts;
   args.batch_heads = p.batch_heads, args.blocks = p.blocks;
   args.elements = p.elements, args.matrix = p.packed_inputs_matrix;
   static const bool direct = [] {
@@ -253,6 +260,22 @@ bool block_mix_backward_takes_packed(int blocks, int64_t packed_inputs_matrix) {
   if (packed_inputs_matrix == 0) return true;
   return packed_inputs_matrix > 0 && blocks >= 1 && blocks <= packed_mix::kRows &&
          packed_inputs_matrix % packed_mix::kColumns == 0;
+}
+
+int64_t block_mix_backward_parts(const BlockMixBackward& p) {
+  // Every launch here is persistent with at most one CTA per item, and no SM holds more than 32
+  // CTAs.
+  int64_t items = 0;
+  if (p.packed_inputs_matrix > 0) {
+    const int64_t rest = (p.elements - p.packed_inputs_matrix + packed_mix::kRestColumns - 1) /
+                         packed_mix::kRestColumns;
+    items = static_cast<int64_t>(p.batch_heads) *
+            (p.packed_inputs_matrix / packed_mix::kColumns + rest);
+  } else {
+    const int64_t columns = p.blocks <= 16 ? MixShape<16>::columns : MixShape<32>::columns;
+    items = static_cast<int64_t>(p.batch_heads) * ((p.elements + columns - 1) / columns);
+  }
+  return std::max<int64_t>(1, std::min<int64_t>(items, 32LL * multiprocessors()));
 }
 
 cudaError_t block_mix_backward(const BlockMixBackward& p, cudaStream_t stream) {

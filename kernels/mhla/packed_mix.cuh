@@ -42,6 +42,7 @@ struct PackedMix {
   const float* mixing = nullptr;    // m [blocks, blocks] row-major, on the device
   float* out = nullptr;             // packed set: S', or dS (backward)
   float* grad_mixing = nullptr;     // backward: dm, the products ADDED
+  float* grad_mixing_parts = nullptr;  // backward, deterministic: CTA c's dm into part c instead
   int batch_heads = 0, blocks = 0;  // blocks <= kRows
   int64_t elements = 0;             // per state (matrix + rest), the rest a multiple of 4
   int64_t matrix = 0;               // bf16 elements per state: a multiple of kColumns
@@ -270,7 +271,12 @@ __global__ void __launch_bounds__(kThreads, 2) packed_mix_kernel(PackedMix p) {
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) sum += dm_sums[w][e];
       const int i = e / kRows, j = e % kRows;
-      if (i < p.blocks && j < p.blocks) atomicAdd(p.grad_mixing + i * p.blocks + j, sum);
+      if (i >= p.blocks || j >= p.blocks) continue;
+      if (p.grad_mixing_parts != nullptr) {
+        p.grad_mixing_parts[(static_cast<size_t>(blockIdx.x) * p.blocks + i) * p.blocks + j] = sum;
+      } else {
+        atomicAdd(p.grad_mixing + i * p.blocks + j, sum);
+      }
     }
   }
 }

@@ -318,7 +318,11 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
       float total = 0.f;
       for (int strip = first; strip < last; ++strip)
         total += dm_partials[strip * blocks + query_block];
-      if (total != 0.f) atomicAdd(p.grad_mixing + e, total);
+      if (p.grad_mixing_parts != nullptr) {
+        p.grad_mixing_parts[static_cast<size_t>(bh) * blocks * blocks + e] = total;
+      } else if (total != 0.f) {
+        atomicAdd(p.grad_mixing + e, total);
+      }
     }
   }
 }
@@ -339,7 +343,7 @@ template <typename T, int D>
 cudaError_t backward_for(const ResidentBlockLinearBackward& a, cudaStream_t stream) {
   const auto& s = a.shape;
   cudaError_t err = cudaSuccess;
-  if (a.mixing != nullptr &&
+  if (a.mixing != nullptr && a.grad_mixing_parts == nullptr &&
       (err = cudaMemsetAsync(a.grad_mixing, 0, sizeof(float) * s.blocks * s.blocks, stream)) !=
           cudaSuccess)
     return err;

@@ -40,6 +40,10 @@ struct ResidentBlockLinearBackward {
   void* grad_k = nullptr;
   void* grad_v = nullptr;
   float* grad_mixing = nullptr;  // [M, M] fp32, overwritten (summed over batch and heads)
+  // Deterministic mode: [B * H, M, M] fp32, each (batch, head)'s part of grad_mixing written
+  // there (every element) instead of added into grad_mixing with atomics, whose order changes
+  // from run to run; the caller sums them in a fixed order. grad_mixing is then not touched.
+  float* grad_mixing_parts = nullptr;
 };
 
 bool resident_block_linear_supported(const BlockLinearShape& shape, DType dtype);

@@ -603,15 +603,22 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
     float total = dw[e];
     for (int w = 0; w < kStrips; ++w)
       total += dm_parts[w * kSetBlocks * kSetBlocks + i * kSetBlocks + j];
-    if (total != 0.f) atomicAdd(p.grad_mixing + e, total);
+    if (p.grad_mixing_parts != nullptr) {
+      p.grad_mixing_parts[static_cast<size_t>(blockIdx.x) * blocks * blocks + e] = total;
+    } else if (total != 0.f) {
+      atomicAdd(p.grad_mixing + e, total);
+    }
   }
 }
 
 template <typename T>
 cudaError_t launch(const ResidentBlockLinearBackward& a, cudaStream_t stream) {
   const auto& s = a.shape;
-  cudaError_t err = cudaMemsetAsync(a.grad_mixing, 0, sizeof(float) * s.blocks * s.blocks, stream);
-  if (err != cudaSuccess) return err;
+  cudaError_t err = cudaSuccess;
+  if (a.grad_mixing_parts == nullptr &&
+      (err = cudaMemsetAsync(a.grad_mixing, 0, sizeof(float) * s.blocks * s.blocks, stream)) !=
+          cudaSuccess)
+    return err;
   const size_t bytes = StateBackwardLayout(padded_tokens(s)).total;
   if ((err = allow_smem(resident_state_backward_kernel<T>, bytes)) != cudaSuccess) return err;
   resident_state_backward_kernel<T><<<s.batch * s.heads, kBackwardThreads, bytes, stream>>>(a);

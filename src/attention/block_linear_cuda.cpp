@@ -13,6 +13,7 @@
 #include "attention/causal_linear.h"
 #include "attention/kernel_views.h"
 #include "attention/state_mixing.h"
+#include "core/determinism.h"
 #include "core/environment.h"
 #include "core/error.h"
 #include "core/kernel_dtype.h"
@@ -103,6 +104,12 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
     const bool mixes = mixing_in.numel() > 0;  // an empty tensor stands for "no mixing"
     auto mixing = mixes ? mixing_in.detach().to(torch::kFloat32).contiguous() : mixing_in;
     const auto shape = shape_of(q, blocks);
+    if (kernels::block_states_shared_by_chunks(shape)) {
+      require_ordered_sums(fmt::format(
+          "the {} state kernels at {} tokens per block (several 256-token chunks add into one "
+          "state)",
+          mixes ? "MHLA" : "linear-attention", shape.tokens / shape.blocks));
+    }
     auto floats = q.options().dtype(torch::kFloat32);
     const bool packed_states = mixes && packs_block_states(shape, kernel_dtype(dtype));
     auto states = torch::empty(
@@ -302,6 +309,7 @@ class DenseBlockLinearFunction : public torch::autograd::Function<DenseBlockLine
                         .squeeze(-1)
                         .permute({0, 2, 1})
                         .contiguous();  // [B, H, N]
+    if (t.mixes()) require_ordered_sums("the dense-form MHLA backward (cuda_dense)");
     DenseFormGradients d(t, blocks);
     kernels::DenseBlockLinearBackward a;
     a.shape = shape_of(t.q, blocks);
@@ -361,15 +369,22 @@ class ResidentBlockLinearFunction : public torch::autograd::Function<ResidentBlo
     a.q = view_of(t.q), a.k = view_of(t.k), a.v = view_of(t.v);
     a.out = view_of(t.out), a.grad_out = view_of(grad_out);
     a.den = t.den.data_ptr<float>();
+    // Deterministic: each (batch, head)'s part of dm, summed here in a fixed order.
+    torch::Tensor dm_parts;
     if (t.mixes()) {
       a.mixing = t.mixing.data_ptr<float>();
       a.grad_mixing = d.dmixing.data_ptr<float>();
+      if (deterministic_sums()) {
+        dm_parts = torch::empty({t.q.size(0) * t.q.size(2), blocks, blocks}, t.den.options());
+        a.grad_mixing_parts = dm_parts.data_ptr<float>();
+      }
     }
     a.grad_q = d.dq.data_ptr(), a.grad_k = d.dk.data_ptr(), a.grad_v = d.dv.data_ptr();
     const c10::cuda::CUDAGuard on_device(t.q.device());  // launch on the inputs' GPU
     auto stream = c10::cuda::getCurrentCUDAStream(t.q.device().index()).stream();
     check_launch(kernels::resident_block_linear_backward(a, stream),
                  "resident block linear backward");
+    if (dm_parts.defined()) torch::sum_out(d.dmixing, dm_parts, {0});
     const auto [q_type, k_type] = input_dtypes(ctx);
     return {d.dq.to(q_type), d.dk.to(k_type), d.dv, d.dmixing, torch::Tensor()};
   }
@@ -408,6 +423,7 @@ class ClusterBlockLinearFunction : public torch::autograd::Function<ClusterBlock
     auto contiguous = v.options().memory_format(torch::MemoryFormat::Contiguous);
     auto dq = torch::empty(q.sizes(), contiguous), dk = torch::empty(q.sizes(), contiguous);
     auto dv = torch::empty(q.sizes(), contiguous);
+    if (mixes) require_ordered_sums("the cluster-family MHLA backward");
     torch::Tensor dmixing;
     if (mixes) dmixing = torch::empty({blocks, blocks}, q.options().dtype(torch::kFloat32));
     kernels::ClusterBlockLinearBackward a;

@@ -12,6 +12,7 @@
 #include "attention/causal_linear.h"
 #include "attention/kernel_views.h"
 #include "attention/state_mixing.h"
+#include "core/determinism.h"
 #include "core/environment.h"
 #include "core/error.h"
 #include "core/kernel_dtype.h"
@@ -126,6 +127,7 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     auto q = saved[0], k = saved[1], v = saved[2], out = saved[3], mixing = saved[4];
     auto states = saved[5], prefix = saved[6];
     const bool mixes = mixing.numel() > 0;
+    if (mixes) require_ordered_sums("the causal MHLA backward's mixing gradient");
     const int64_t blocks = states.size(1), d = q.size(3);
     // As the forward pass stored them (packed sets are shorter than D * D + D floats per block).
     const bool packed_prefix = prefix.size(2) != d * d + d;

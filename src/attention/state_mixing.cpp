@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "attention/kernel_views.h"
+#include "core/determinism.h"
 #include "core/environment.h"
 #include "core/error.h"
 #include "mhla/block_mix_backward.h"
@@ -125,6 +126,9 @@ std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(
   if (!fused || !mhla_kernels::block_mix_backward_supported(static_cast<int>(blocks), elements) ||
       !mhla_kernels::block_mix_backward_takes_packed(static_cast<int>(blocks),
                                                      packed_inputs ? packed_matrix : 0)) {
+    require_ordered_sums(fmt::format(
+        "the mixing gradient's pair-products kernel ({} blocks, {} elements per state{})", blocks,
+        elements, fused ? "" : ", MHLA_FUSED_MIX_BACKWARD=0"));
     return {mix_block_states(mixing.t(), grad_mixed, mhla_kernels::MixPattern::dense, packed_matrix,
                              packed_inputs),
             block_pair_products(grad_mixed, states, blocks, packed_inputs ? packed_matrix : 0)};
@@ -159,20 +163,28 @@ std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(
         blocks, blocks, c10::toString(grad_mixing.scalar_type()), c10::str(grad_mixing.sizes()));
   }
   mhla_kernels::BlockMixBackward a;
-  a.grad_mixed = grad_mixed.data_ptr<float>();
-  a.states = states.data_ptr<float>();
-  a.mixing = weights.data_ptr<float>();
-  a.grad_states = grad_states.data_ptr<float>();
-  a.grad_mixing = grad_mixing.data_ptr<float>();
   a.batch_heads = static_cast<int>(states.size(0));
   a.blocks = static_cast<int>(blocks);
   a.elements = elements;
   a.packed_matrix = packed_matrix;
   a.packed_inputs_matrix = packed_inputs ? packed_matrix : 0;
+  // Deterministic: one part per CTA, summed here in a fixed order (core/determinism.h).
+  torch::Tensor parts;
+  if (deterministic_sums()) {
+    parts =
+        torch::zeros({mhla_kernels::block_mix_backward_parts(a), blocks, blocks}, states.options());
+    a.grad_mixing_parts = parts.data_ptr<float>();
+  }
+  a.grad_mixed = grad_mixed.data_ptr<float>();
+  a.states = states.data_ptr<float>();
+  a.mixing = weights.data_ptr<float>();
+  a.grad_states = grad_states.data_ptr<float>();
+  a.grad_mixing = grad_mixing.data_ptr<float>();
   const c10::cuda::CUDAGuard on_device(states.device());
   check_launch(mhla_kernels::block_mix_backward(
                    a, c10::cuda::getCurrentCUDAStream(states.device().index()).stream()),
                "block mix backward");
+  if (parts.defined()) grad_mixing.copy_(parts.sum(0));
   return {grad_states, grad_mixing};
 }
 

@@ -3,6 +3,7 @@
 #include "bench/timing.h"
 
 #include "attention/attention_type.h"
+#include "core/determinism.h"
 #include "core/error.h"
 
 namespace mhla {
@@ -63,6 +64,7 @@ nlohmann::json bench_attention(const AttentionBenchCase& c, const torch::Device&
           {"D", c.head_dim},
           {"blocks", type.uses_blocks ? c.blocks : 1},
           {"causal", c.causal},
+          {"deterministic", deterministic_sums()},
           {"fwd_ms", fwd_ms},
           {"fwd_bwd_ms", fwd_bwd_ms},
           {"tokens_per_s", tokens / (fwd_bwd_ms * 1e-3)},

@@ -5,6 +5,7 @@
 #include "bench/attention_bench.h"
 #include "bench/decode_bench.h"
 #include "cli/commands.h"
+#include "core/determinism.h"
 #include "core/error.h"
 
 namespace mhla {
@@ -19,6 +20,7 @@ struct BenchArgs {
   std::string dtype = "bf16";
   std::string device = "auto";
   int warmup = 3, iters = 10;
+  bool deterministic = false;
 };
 
 struct DecodeArgs {
@@ -101,6 +103,7 @@ int run_bench(const BenchArgs& args) {
   base.warmup = args.warmup;
   base.iters = args.iters;
   base.dtype = parse_dtype(args.dtype);
+  const DeterministicSumsScope deterministic(args.deterministic);
   const double bandwidth = measure_copy_bandwidth(device);
   const auto shapes = args.shapes.empty() ? std::vector<std::string>{"16,6,4096,64"} : args.shapes;
   for (const auto& backend : args.backends) {
@@ -137,6 +140,9 @@ Command add_bench_command(CLI::App& parent) {
       ->capture_default_str();
   app->add_option("--warmup", args->warmup, "untimed calls first")->capture_default_str();
   app->add_option("--iters", args->iters, "timed calls (mean reported)")->capture_default_str();
+  app->add_flag("--deterministic", args->deterministic,
+                "as with train.deterministic: ordered sums where the kernels have them, an error "
+                "where they do not");
 
   auto decode_args = std::make_shared<DecodeArgs>();
   auto* decode = bench->add_subcommand(
@@ -144,8 +150,9 @@ Command add_bench_command(CLI::App& parent) {
   decode->add_option("--op", decode_args->op, "gated_deltanet or kda")
       ->check(CLI::IsMember({"gated_deltanet", "kda"}))
       ->capture_default_str();
-  decode->add_option("--backend", decode_args->backends,
-                     "kernel (the layers' step: the GPU kernel where it runs) and/or reference")
+  decode
+      ->add_option("--backend", decode_args->backends,
+                   "kernel (the layers' step: the GPU kernel where it runs) and/or reference")
       ->check(CLI::IsMember({"kernel", "reference"}))
       ->capture_default_str();
   decode->add_option("--shape", decode_args->shapes, "B,H,D (repeatable; default 64,8,128)");

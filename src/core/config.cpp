@@ -269,6 +269,12 @@ class Schema {
             "capture the training step (forward, backward, clipping, optimizer, projection) as "
             "one CUDA graph after 3 eager steps and replay it: the host stops bounding small "
             "batches; CUDA and AdamW only, fixed batch shapes");
+    boolean("train.deterministic", &t.deterministic,
+            "the same bits on every run of the same config and seed on one GPU: MHLA's mixing "
+            "gradient summed in a fixed order instead of by atomics, cuDNN's deterministic "
+            "algorithms; GPU kernels that can only sum with atomics (causal MHLA, the dense and "
+            "cluster families, state kernels with blocks over 256 tokens) stop the run with the "
+            "reason");
 
     auto& f = c_.diffusion;
     text("diffusion.schedule", &f.schedule, {"linear", "cosine"}, "", "DDPM beta schedule");

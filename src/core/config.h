@@ -91,6 +91,7 @@ struct TrainConfig {
   double ema_decay = 0.0;  // 0: no EMA of the weights
   bool ema_warmup = true;  // decay ramps as min(decay, (1 + n) / (10 + n))
   bool cuda_graph = false;  // capture the training step as one CUDA graph and replay it
+  bool deterministic = false;  // the same bits on every run (core/determinism.h)
 };
 
 struct DiffusionConfig {

@@ -18,6 +18,7 @@ namespace fs = std::filesystem;
 
 Trainer::Trainer(const Config& config, const std::string& run_dir, bool resume)
     : config_(config),
+      deterministic_sums_(config.train.deterministic),
       run_dir_(run_dir),
       device_(resolve_device(config)),
       bf16_(uses_bf16_autocast(config, device_)),

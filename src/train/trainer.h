@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/config.h"
+#include "core/determinism.h"
 #include "models/model.h"
 #include "train/checkpoint.h"
 #include "train/ema.h"
@@ -21,10 +22,10 @@ namespace mhla {
 
 struct TrainOutcome {
   bool interrupted = false;
-  int signal = 0;                // the signal that stopped it (0 if stop_after_step did)
+  int signal = 0;  // the signal that stopped it (0 if stop_after_step did)
   int64_t steps = 0;
-  nlohmann::json final_eval;     // the last full evaluation's metrics (null if none)
-  double final_score = -1.0;     // its score (classification: accuracy)
+  nlohmann::json final_eval;  // the last full evaluation's metrics (null if none)
+  double final_score = -1.0;  // its score (classification: accuracy)
   double train_seconds = 0.0;
   std::string run_dir;
 };
@@ -51,6 +52,8 @@ class Trainer {
   torch::Tensor eager_step(const TrainBatch& batch, double lr);
 
   Config config_;
+  // train.deterministic for this trainer's lifetime (set before anything runs on the GPU).
+  DeterministicSumsScope deterministic_sums_;
   std::string run_dir_;
   torch::Device device_;
   bool bf16_;

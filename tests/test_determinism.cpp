@@ -1,0 +1,146 @@
+// train.deterministic (core/determinism.h): the switch itself, and the MHLA CUDA kernels' mixing
+// gradient summed in a fixed order, per kernel family.
+#include <ATen/Context.h>
+
+#include "attention/attention_type.h"
+#include "catch_compat.h"
+#include "core/config.h"
+#include "core/determinism.h"
+#include "test_helpers.h"
+
+using namespace mhla;
+
+TEST_CASE("config: train.deterministic turns ordered sums and cuDNN's deterministic mode on",
+          "[config]") {
+  CHECK_FALSE(parse_config("", "t.yaml", {}).train.deterministic);
+  CHECK(parse_config("", "t.yaml", {"train.deterministic=true"}).train.deterministic);
+  CHECK(test::contains(
+      test::error_of([] { parse_config("", "t.yaml", {"train.deterministic=sometimes"}); }),
+      "train.deterministic"));
+
+  auto& context = at::globalContext();
+  const bool cudnn_before = context.deterministicCuDNN();
+  const bool benchmark_before = context.benchmarkCuDNN();
+  CHECK_FALSE(deterministic_sums());
+  CHECK_NOTHROW(require_ordered_sums("an atomic kernel"));
+  {
+    DeterministicSumsScope on(true);
+    CHECK(deterministic_sums());
+    CHECK(context.deterministicCuDNN());
+    CHECK_FALSE(context.benchmarkCuDNN());
+    const auto message = test::error_of([] { require_ordered_sums("an atomic kernel"); });
+    CHECK(test::contains(message, "train.deterministic = true: an atomic kernel"));
+    CHECK(test::contains(message, "attention.backend = reference"));
+    {
+      DeterministicSumsScope nested(true);  // already on: leaving it keeps it on
+    }
+    CHECK(deterministic_sums());
+  }
+  CHECK_FALSE(deterministic_sums());
+  CHECK(context.deterministicCuDNN() == cudnn_before);
+  CHECK(context.benchmarkCuDNN() == benchmark_before);
+}
+
+namespace {
+
+struct Gradients {
+  torch::Tensor out, dq, dk, dv, dm;
+};
+
+Gradients run_op(const OpFn& fn, const torch::Tensor& q, const torch::Tensor& k,
+                 const torch::Tensor& v, const torch::Tensor& mixing, int64_t blocks,
+                 const torch::Tensor& grad_out) {
+  auto qg = q.clone().requires_grad_(true), kg = k.clone().requires_grad_(true);
+  auto vg = v.clone().requires_grad_(true), mg = mixing.clone().requires_grad_(true);
+  OpArgs args;
+  args.blocks = blocks;
+  args.mixing = mg;
+  auto out = fn(qg, kg, vg, args);
+  out.backward(grad_out);
+  return {out.detach(), qg.grad(), kg.grad(), vg.grad(), mg.grad()};
+}
+
+}  // namespace
+
+// Each shape reaches one family: the resident kernels' scores-form backward (D = 32), their
+// state-form backward (N = 256 in 16 blocks, D = 64: DeiT-T/2 and DiT-S/2), the fragment passes
+// with the packed mix backward (bf16, N = 1,024: DiT at 64 x 64) and the fp32-state mix backward
+// (fp16 inputs). In deterministic mode two runs give the same bits, and the ordered sum agrees
+// with the atomic one to fp32 rounding.
+TEST_CASE(
+    "attention: with train.deterministic MHLA's CUDA gradients are the same bits on every run",
+    "[attention][gpu]") {
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device: skipped");
+    return;
+  }
+  const auto& type = attention_registry().get("mhla");
+  const auto& fn = type.backends.at("cuda");
+  struct Case {
+    int64_t b, n, h, d, blocks;
+    torch::ScalarType dtype;
+  };
+  const std::vector<Case> cases = {{8, 64, 2, 32, 4, torch::kBFloat16},
+                                   {8, 256, 6, 64, 16, torch::kBFloat16},
+                                   {4, 1024, 6, 64, 16, torch::kBFloat16},
+                                   {4, 1024, 6, 64, 16, torch::kFloat16},
+                                   {2, 1024, 2, 64, 4, torch::kBFloat16}};
+  torch::manual_seed(41);
+  for (const auto& c : cases) {
+    INFO("B " << c.b << " N " << c.n << " H " << c.h << " D " << c.d << " M " << c.blocks << " "
+              << c10::toString(c.dtype));
+    auto options = torch::TensorOptions().device(torch::kCUDA).dtype(c.dtype);
+    auto q = torch::randn({c.b, c.n, c.h, c.d}, options);
+    auto k = torch::randn({c.b, c.n, c.h, c.d}, options);
+    auto v = torch::randn({c.b, c.n, c.h, c.d}, options);
+    auto grad_out = torch::randn({c.b, c.n, c.h, c.d}, options);
+    auto mixing =
+        torch::eye(c.blocks, torch::TensorOptions().device(torch::kCUDA)) * 0.5 +
+        torch::rand({c.blocks, c.blocks}, torch::TensorOptions().device(torch::kCUDA)) * 0.1;
+    const Gradients atomic = run_op(fn, q, k, v, mixing, c.blocks, grad_out);
+    DeterministicSumsScope deterministic(true);
+    const Gradients first = run_op(fn, q, k, v, mixing, c.blocks, grad_out);
+    const Gradients second = run_op(fn, q, k, v, mixing, c.blocks, grad_out);
+    CHECK(torch::equal(first.out, second.out));
+    CHECK(torch::equal(first.dq, second.dq));
+    CHECK(torch::equal(first.dk, second.dk));
+    CHECK(torch::equal(first.dv, second.dv));
+    CHECK(torch::equal(first.dm, second.dm));
+    // Only the mixing gradient's summation changes.
+    CHECK(torch::equal(first.out, atomic.out));
+    CHECK(torch::equal(first.dq, atomic.dq));
+    CHECK(torch::equal(first.dk, atomic.dk));
+    CHECK(torch::equal(first.dv, atomic.dv));
+    CHECK(test::relative_error(first.dm, atomic.dm) < 1e-5);
+  }
+}
+
+TEST_CASE("attention: with train.deterministic the kernels that add with atomics refuse, by name",
+          "[attention][gpu]") {
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device: skipped");
+    return;
+  }
+  auto options = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  DeterministicSumsScope deterministic(true);
+  // 512-token blocks: two chunks add into each block state.
+  auto q = torch::randn({1, 1024, 2, 64}, options);
+  OpArgs args;
+  args.blocks = 2;
+  args.mixing = torch::eye(2, torch::TensorOptions().device(torch::kCUDA));
+  const auto& mhla = attention_registry().get("mhla").backends.at("cuda");
+  auto message = test::error_of([&] { mhla(q, q, q, args); });
+  CHECK(
+      test::contains(message, "train.deterministic = true: the MHLA state kernels at 512 tokens"));
+  // Linear attention at N = 1,024 is one 1,024-token block.
+  const auto& linear = attention_registry().get("linear").backends.at("cuda");
+  OpArgs plain;
+  message = test::error_of([&] { linear(q, q, q, plain); });
+  CHECK(test::contains(message, "the linear-attention state kernels at 1024 tokens"));
+  // Causal MHLA: its backward's mixing gradient.
+  auto qc = torch::randn({1, 256, 2, 64}, options).requires_grad_(true);
+  const OpArgs causal = attention_registry().get("mhla").make_args(
+      {1, 256, 2, 64, 4, true}, torch::TensorOptions().device(torch::kCUDA));
+  message = test::error_of([&] { mhla(qc, qc, qc, causal).sum().backward(); });
+  CHECK(test::contains(message, "the causal MHLA backward's mixing gradient"));
+}
