@@ -207,47 +207,59 @@ __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackw
   }
 }
 
-// Persistent CTAs: as many as fit on the GPU, at most one per item.
+// Persistent CTAs: as many as fit on the GPU, at most one per item (0: no items; -1: the
+// kernel cannot be configured). Every CTA has an item.
 template <typename Kernel>
-cudaError_t launch_persistent(Kernel kernel, size_t shared_bytes, int64_t items,
-                              const BlockMixBackward& p, cudaStream_t stream) {
-  if (items <= 0) return cudaSuccess;
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes);
-  if (err != cudaSuccess) return err;
+int64_t persistent_ctas(Kernel kernel, size_t shared_bytes, int64_t items) {
+  if (items <= 0) return 0;
   int per_sm = 0;
-  if ((err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads,
-                                                           shared_bytes)) != cudaSuccess)
-    return err;
-  const int ctas = static_cast<int>(
-      std::min<int64_t>(items, static_cast<int64_t>(std::max(per_sm, 1)) * multiprocessors()));
-  kernel<<<ctas, kThreads, shared_bytes, stream>>>(p);
-  return cudaGetLastError();
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes) !=
+          cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, shared_bytes) !=
+          cudaSuccess)
+    return -1;
+  return std::min<int64_t>(items, static_cast<int64_t>(std::max(per_sm, 1)) * multiprocessors());
+}
+
+template <int Rows>
+int64_t ctas_for(const BlockMixBackward& p) {
+  using S = MixShape<Rows>;
+  return persistent_ctas(
+      mix_backward_kernel<Rows>, S::shared_bytes,
+      static_cast<int64_t>(p.batch_heads) * ((p.elements + S::columns - 1) / S::columns));
 }
 
 template <int Rows>
 cudaError_t launch(const BlockMixBackward& p, cudaStream_t stream) {
-  using S = MixShape<Rows>;
-  return launch_persistent(
-      mix_backward_kernel<Rows>, S::shared_bytes,
-      static_cast<int64_t>(p.batch_heads) * ((p.elements + S::columns - 1) / S::columns), p,
-      stream);
+  const int64_t ctas = ctas_for<Rows>(p);
+  if (ctas == 0) return cudaSuccess;
+  if (ctas < 0) return cudaErrorInvalidConfiguration;
+  mix_backward_kernel<Rows>
+      <<<static_cast<unsigned>(ctas), kThreads, MixShape<Rows>::shared_bytes, stream>>>(p);
+  return cudaGetLastError();
 }
 
 // Packed inputs: the matrix part and the rest in one kernel (packed_mix.cuh).
-cudaError_t launch_packed(const BlockMixBackward& p, cudaStream_t stream) {
+packed_mix::PackedMix packed_args(const BlockMixBackward& p) {
   packed_mix::PackedMix args;
   args.in = p.grad_mixed, args.states = p.states, args.mixing = p.mixing;
   args.out = p.grad_states, args.grad_mixing = p.grad_mixing;
   args.grad_mixing_parts = p.grad_mixing_parts;
   args.batch_heads = p.batch_heads, args.blocks = p.blocks;
   args.elements = p.elements, args.matrix = p.packed_inputs_matrix;
+  return args;
+}
+bool direct_stores() {
   static const bool direct = [] {
     const char* value = std::getenv("MHLA_MIX_BACKWARD_STORES");
     return value != nullptr && std::string(value) == "direct";
   }();
-  return direct ? packed_mix::launch<true, false>(args, multiprocessors(), stream)
-                : packed_mix::launch<true, true>(args, multiprocessors(), stream);
+  return direct;
+}
+cudaError_t launch_packed(const BlockMixBackward& p, cudaStream_t stream) {
+  const auto args = packed_args(p);
+  return direct_stores() ? packed_mix::launch<true, false>(args, multiprocessors(), stream)
+                         : packed_mix::launch<true, true>(args, multiprocessors(), stream);
 }
 
 }  // namespace
@@ -263,19 +275,12 @@ bool block_mix_backward_takes_packed(int blocks, int64_t packed_inputs_matrix) {
 }
 
 int64_t block_mix_backward_parts(const BlockMixBackward& p) {
-  // Every launch here is persistent with at most one CTA per item, and no SM holds more than 32
-  // CTAs.
-  int64_t items = 0;
   if (p.packed_inputs_matrix > 0) {
-    const int64_t rest = (p.elements - p.packed_inputs_matrix + packed_mix::kRestColumns - 1) /
-                         packed_mix::kRestColumns;
-    items = static_cast<int64_t>(p.batch_heads) *
-            (p.packed_inputs_matrix / packed_mix::kColumns + rest);
-  } else {
-    const int64_t columns = p.blocks <= 16 ? MixShape<16>::columns : MixShape<32>::columns;
-    items = static_cast<int64_t>(p.batch_heads) * ((p.elements + columns - 1) / columns);
+    const auto args = packed_args(p);
+    return direct_stores() ? packed_mix::grid_for<true, false>(args, multiprocessors())
+                           : packed_mix::grid_for<true, true>(args, multiprocessors());
   }
-  return std::max<int64_t>(1, std::min<int64_t>(items, 32LL * multiprocessors()));
+  return p.blocks <= 16 ? ctas_for<16>(p) : ctas_for<32>(p);
 }
 
 cudaError_t block_mix_backward(const BlockMixBackward& p, cudaStream_t stream) {

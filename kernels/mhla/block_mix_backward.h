@@ -33,14 +33,15 @@ struct BlockMixBackward {
   // (block_linear_attention.h, packed_states, packed_grad_mixed). Their bf16 matrix part runs on
   // tensor cores, the fp32 rest as above.
   int64_t packed_inputs_matrix = 0;
-  // Deterministic mode: [block_mix_backward_parts(args), blocks, blocks] fp32, zeroed by the
-  // caller. CTA c writes its sums (over its batch*heads and elements) into part c instead of
-  // adding them into grad_mixing with atomics, whose order changes from run to run; the caller
-  // sums the parts in a fixed order. grad_mixing is then not touched.
+  // Deterministic mode: [block_mix_backward_parts(args), blocks, blocks] fp32. CTA c writes its
+  // sums (over its batch*heads and elements) into part c, every element, instead of adding them
+  // into grad_mixing with atomics, whose order changes from run to run; the caller sums the
+  // parts in a fixed order. grad_mixing is then not touched.
   float* grad_mixing_parts = nullptr;
 };
 
-// How many parts a deterministic call may write (an upper bound on its CTAs).
+// How many CTAs (so parts) a call with these arguments runs: 0 with nothing to do, -1 when the
+// kernel cannot be configured on this GPU.
 int64_t block_mix_backward_parts(const BlockMixBackward& args);
 
 // Whether the fused pass takes these sizes (otherwise: block_state_mix + block_pair_products).

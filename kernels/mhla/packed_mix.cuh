@@ -37,15 +37,15 @@ namespace mhla_kernels {
 namespace packed_mix {
 
 struct PackedMix {
-  const float* in = nullptr;        // packed set [batch_heads, blocks, row]: S, or dS' (backward)
-  const float* states = nullptr;    // backward: S (for dm), a packed set the same way
-  const float* mixing = nullptr;    // m [blocks, blocks] row-major, on the device
-  float* out = nullptr;             // packed set: S', or dS (backward)
-  float* grad_mixing = nullptr;     // backward: dm, the products ADDED
+  const float* in = nullptr;      // packed set [batch_heads, blocks, row]: S, or dS' (backward)
+  const float* states = nullptr;  // backward: S (for dm), a packed set the same way
+  const float* mixing = nullptr;  // m [blocks, blocks] row-major, on the device
+  float* out = nullptr;           // packed set: S', or dS (backward)
+  float* grad_mixing = nullptr;   // backward: dm, the products ADDED
   float* grad_mixing_parts = nullptr;  // backward, deterministic: CTA c's dm into part c instead
-  int batch_heads = 0, blocks = 0;  // blocks <= kRows
-  int64_t elements = 0;             // per state (matrix + rest), the rest a multiple of 4
-  int64_t matrix = 0;               // bf16 elements per state: a multiple of kColumns
+  int batch_heads = 0, blocks = 0;     // blocks <= kRows
+  int64_t elements = 0;                // per state (matrix + rest), the rest a multiple of 4
+  int64_t matrix = 0;                  // bf16 elements per state: a multiple of kColumns
 };
 
 constexpr int kThreads = 256, kWarps = kThreads / 32;
@@ -291,11 +291,14 @@ inline bool takes(int blocks, int64_t matrix, int64_t elements) {
 // Persistent CTAs: as many as fit on the GPU (fewer where that shares a factor with the items
 // per batch*head, below), at most one per item, launched as a dependent grid
 // (common/dependent_launch.cuh).
+// The persistent grid that launch() takes: as many CTAs as fit on the GPU (fewer where that
+// shares a factor with the items per batch*head, below), at most one per item; 0 when there are
+// no items, -1 when the kernel cannot run. Every CTA has an item.
 template <bool Backward, bool Staged = true>
-cudaError_t launch(const PackedMix& p, int multiprocessors, cudaStream_t stream) {
+int64_t grid_for(const PackedMix& p, int multiprocessors) {
   const int64_t rest = (p.elements - p.matrix + kRestColumns - 1) / kRestColumns;
   const int64_t items = static_cast<int64_t>(p.batch_heads) * (p.matrix / kColumns + rest);
-  if (items <= 0) return cudaSuccess;
+  if (items <= 0) return 0;
   constexpr auto kernel = packed_mix_kernel<Backward, Staged>;
   constexpr size_t bytes = Stage<Backward>::shared_bytes;
   static const int per_sm = [] {
@@ -307,7 +310,7 @@ cudaError_t launch(const PackedMix& p, int multiprocessors, cudaStream_t stream)
       return 0;
     return count;
   }();
-  if (per_sm < 1) return cudaErrorInvalidConfiguration;
+  if (per_sm < 1) return -1;
   // A CTA takes items c, c + grid, ... of the numbering batch*head-major, `columns` items per
   // batch*head, the last of them a rest item of a quarter of the bytes. With a grid sharing a
   // factor with `columns` (264 CTAs and 9 items at D = 64) a CTA meets only some column items:
@@ -320,8 +323,18 @@ cudaError_t launch(const PackedMix& p, int multiprocessors, cudaStream_t stream)
     return value == nullptr || std::strcmp(value, "resident") != 0;
   }();
   while (coprime && grid > 1 && grid < items && std::gcd(grid, columns) != 1) --grid;
-  return dependent_launch::launch(kernel, dim3(static_cast<unsigned>(grid)), dim3(kThreads), bytes,
-                                  stream, p);
+  return grid;
+}
+
+// Launched as a dependent grid (common/dependent_launch.cuh).
+template <bool Backward, bool Staged = true>
+cudaError_t launch(const PackedMix& p, int multiprocessors, cudaStream_t stream) {
+  const int64_t grid = grid_for<Backward, Staged>(p, multiprocessors);
+  if (grid == 0) return cudaSuccess;
+  if (grid < 0) return cudaErrorInvalidConfiguration;
+  constexpr auto kernel = packed_mix_kernel<Backward, Staged>;
+  return dependent_launch::launch(kernel, dim3(static_cast<unsigned>(grid)), dim3(kThreads),
+                                  Stage<Backward>::shared_bytes, stream, p);
 }
 
 }  // namespace packed_mix

@@ -23,6 +23,7 @@
 #include "mhla/cluster_block_linear.h"
 #include "mhla/dense_block_linear.h"
 #include "mhla/resident_block_linear.h"
+#include "models/linear.h"
 
 namespace mhla {
 namespace {
@@ -204,13 +205,16 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
       const auto grad_mixed_blocks = by_block(grad_mixed, q, blocks);
       torch::Tensor grad_states;
       const int64_t d = q.size(3);
-      std::tie(grad_states, dmixing) =
-          mix_block_states_backward(mixing, grad_mixed_blocks, by_block(states, q, blocks),
-                                    packed ? d * d : 0, packed_states, zeroed_dm);
+      torch::Tensor dm_parts;  // deterministic sums: summed after the key pass
+      std::tie(grad_states, dmixing) = mix_block_states_backward(
+          mixing, grad_mixed_blocks, by_block(states, q, blocks), packed ? d * d : 0,
+          packed_states, zeroed_dm, &dm_parts);
       a.grad_states = grad_states.data_ptr<float>();
       a.packed_grad_states = packed;
       a.passes = kernels::kBlockKeyPass;
       check_launch(kernels::block_linear_backward(a, stream), "mhla backward (key pass)");
+      if (dm_parts.defined())
+        column_sums_into(dm_parts.view({dm_parts.size(0), -1}), dmixing.view({-1}));
     } else {
       kernels::LinearAttentionBackward a;
       a.batch = shape.batch, a.tokens = shape.tokens, a.heads = shape.heads,
@@ -384,7 +388,8 @@ class ResidentBlockLinearFunction : public torch::autograd::Function<ResidentBlo
     auto stream = c10::cuda::getCurrentCUDAStream(t.q.device().index()).stream();
     check_launch(kernels::resident_block_linear_backward(a, stream),
                  "resident block linear backward");
-    if (dm_parts.defined()) torch::sum_out(d.dmixing, dm_parts, {0});
+    if (dm_parts.defined())
+      column_sums_into(dm_parts.view({dm_parts.size(0), -1}), d.dmixing.view({-1}));
     const auto [q_type, k_type] = input_dtypes(ctx);
     return {d.dq.to(q_type), d.dk.to(k_type), d.dv, d.dmixing, torch::Tensor()};
   }

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "mhla/block_mix_backward.h"
 #include "mhla/block_pair_products.h"
+#include "models/linear.h"
 
 namespace mhla {
 
@@ -111,7 +112,8 @@ torch::Tensor block_pair_products(const torch::Tensor& x, const torch::Tensor& y
 
 std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(
     const torch::Tensor& mixing, const torch::Tensor& grad_mixed, const torch::Tensor& states,
-    int64_t packed_matrix, bool packed_inputs, torch::Tensor zeroed_dm) {
+    int64_t packed_matrix, bool packed_inputs, torch::Tensor zeroed_dm,
+    torch::Tensor* mixing_parts) {
   static const bool fused = environment_switch("MHLA_FUSED_MIX_BACKWARD", true);
   const int64_t blocks = states.size(1);
   // Logical elements per state (a packed row holds packed_matrix / 2 fewer floats).
@@ -168,11 +170,13 @@ std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(
   a.elements = elements;
   a.packed_matrix = packed_matrix;
   a.packed_inputs_matrix = packed_inputs ? packed_matrix : 0;
-  // Deterministic: one part per CTA, summed here in a fixed order (core/determinism.h).
+  // Deterministic: one part per CTA, summed in a fixed order (core/determinism.h) here or, when
+  // the caller asks for them, by the caller.
   torch::Tensor parts;
   if (deterministic_sums()) {
-    parts =
-        torch::zeros({mhla_kernels::block_mix_backward_parts(a), blocks, blocks}, states.options());
+    const int64_t count = mhla_kernels::block_mix_backward_parts(a);
+    if (count < 0) fail("block mix backward: the kernel cannot be configured on this GPU");
+    parts = torch::empty({count, blocks, blocks}, states.options());
     a.grad_mixing_parts = parts.data_ptr<float>();
   }
   a.grad_mixed = grad_mixed.data_ptr<float>();
@@ -184,7 +188,13 @@ std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(
   check_launch(mhla_kernels::block_mix_backward(
                    a, c10::cuda::getCurrentCUDAStream(states.device().index()).stream()),
                "block mix backward");
-  if (parts.defined()) grad_mixing.copy_(parts.sum(0));
+  if (parts.defined()) {
+    if (mixing_parts != nullptr) {
+      *mixing_parts = parts;
+    } else {
+      column_sums_into(parts.view({parts.size(0), -1}), grad_mixing.view({-1}));
+    }
+  }
   return {grad_states, grad_mixing};
 }
 

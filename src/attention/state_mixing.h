@@ -41,9 +41,14 @@ torch::Tensor block_pair_products(const torch::Tensor& x, const torch::Tensor& y
 // zeroed_dm: an fp32 [nb, nb] tensor that an earlier kernel on the stream has zeroed (the query
 // pass does, so no fill kernel stands between it and this one); the fused kernel adds d mixing
 // into it and returns it. Undefined: a new zero tensor.
+// With deterministic sums on (core/determinism.h) the fused kernel writes one part of d mixing per
+// CTA, summed in a fixed order into the returned d mixing here, or, given `mixing_parts`, handed
+// there [parts, nb, nb] for the caller to sum into it (column_sums_into, models/linear.h) after its
+// next launch, so that no reduction stands between this kernel and that one.
 std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(
     const torch::Tensor& mixing, const torch::Tensor& grad_mixed, const torch::Tensor& states,
-    int64_t packed_matrix = 0, bool packed_inputs = false, torch::Tensor zeroed_dm = {});
+    int64_t packed_matrix = 0, bool packed_inputs = false, torch::Tensor zeroed_dm = {},
+    torch::Tensor* mixing_parts = nullptr);
 
 }  // namespace mhla
 #endif

@@ -35,30 +35,45 @@ torch::ScalarType linear_compute_dtype(const torch::Tensor& x) {
   return x.scalar_type();
 }
 
-torch::Tensor column_sums(const torch::Tensor& grad) {
+void column_sums_into(const torch::Tensor& grad, const torch::Tensor& out) {
+  if (grad.dim() != 2 || out.dim() != 1 || out.size(0) != grad.size(1) || !out.is_contiguous() ||
+      out.device() != grad.device() ||
+      out.scalar_type() !=
+          (grad.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32)) {
+    fail(
+        "column sums: need a [rows, cols] input and a contiguous fp32 (fp64 for fp64) [cols] "
+        "output beside it; got {} {} into {} {}",
+        c10::toString(grad.scalar_type()), c10::str(grad.sizes()), c10::toString(out.scalar_type()),
+        c10::str(out.sizes()));
+  }
 #ifdef MHLA_WITH_CUDA_KERNELS
   if (grad.is_cuda() && kernel_dtype_of(grad.scalar_type())) {
     namespace kernels = mhla_kernels;
     c10::cuda::CUDAGuard on_device(grad.device());
     auto g = grad.contiguous();
     const int64_t rows = g.size(0), cols = g.size(1);
-    auto f32 = g.options().dtype(torch::kFloat32);
-    auto out = torch::empty({cols}, f32);
     auto workspace = torch::empty(
         {static_cast<int64_t>(kernels::column_sum_workspace_floats(rows, static_cast<int>(cols)))},
-        f32);
+        out.options());
     kernels::ColumnSumArgs a;
     a.dtype = *kernel_dtype_of(g.scalar_type());
     a.rows = rows, a.cols = static_cast<int>(cols);
     a.x = g.data_ptr(), a.out = out.data_ptr<float>(), a.workspace = workspace.data_ptr<float>();
     const auto err =
         kernels::column_sum(a, c10::cuda::getCurrentCUDAStream(g.device().index()).stream());
-    if (err != cudaSuccess) fail("linear bias gradient (cuda): {}", cudaGetErrorString(err));
-    return out;
+    if (err != cudaSuccess) fail("column sums (cuda): {}", cudaGetErrorString(err));
+    return;
   }
 #endif
+  auto target = out;  // sum_out takes a non-const reference
+  torch::sum_out(target, grad, {0}, /*keepdim=*/false, out.scalar_type());
+}
+
+torch::Tensor column_sums(const torch::Tensor& grad) {
   const auto accumulate = grad.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-  return grad.sum(0, /*keepdim=*/false, accumulate);
+  auto out = torch::empty({grad.size(1)}, grad.options().dtype(accumulate));
+  column_sums_into(grad, out);
+  return out;
 }
 
 namespace {

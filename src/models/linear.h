@@ -35,6 +35,9 @@ torch::ScalarType linear_compute_dtype(const torch::Tensor& x);
 // Sums over the rows of a [rows, cols] gradient (a bias gradient), in fp32 (fp64 for fp64
 // gradients): kernels/column_sum on CUDA.
 torch::Tensor column_sums(const torch::Tensor& grad);
+// The same into `out` (fp32 [cols], contiguous, on grad's device), in a fixed order on every
+// device: also the ordered sum of per-CTA parts (train.deterministic, core/determinism.h).
+void column_sums_into(const torch::Tensor& grad, const torch::Tensor& out);
 
 class LinearImpl : public torch::nn::LinearImpl {
  public:
