@@ -36,7 +36,7 @@ bool deterministic_sums() {
 void require_ordered_sums(const std::string& what) {
   if (!deterministic_sums()) return;
   fail(
-      "train.deterministic = true: {} sums across CTAs with floating-point atomics, whose order "
+      "train.deterministic = true: {}: sums across CTAs by floating-point atomics, whose order "
       "(and so whose last bits) changes from run to run; use attention.backend = reference for "
       "this attention type and shape, or set train.deterministic = false",
       what);
