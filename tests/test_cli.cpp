@@ -177,16 +177,21 @@ TEST_CASE("cli: train, eval, a truncated checkpoint, and an existing run name", 
   CHECK(again.exit_code != 0);
   CHECK(contains(error_line(again.output), "exists already"));
   CHECK(contains(error_line(again.output), "--resume runs/first"));
-  // A start that failed before its first save leaves a folder without a checkpoint: the error
-  // for the name says so instead of suggesting a resume that cannot work.
+  // A start whose set-up fails removes the folder it created, so the same name works once the
+  // cause is fixed.
   auto failed = test::run_mhla(
       "train tiny.yaml --set run.name=failed --set train.device=cpu --set train.cuda_graph=true",
       cwd);
   CHECK(failed.exit_code != 0);
   CHECK(contains(error_line(failed.output), "train.cuda_graph = true needs a CUDA device"));
-  auto after_failed = test::run_mhla("train tiny.yaml --set run.name=failed", cwd);
-  CHECK(after_failed.exit_code != 0);
-  CHECK(contains(error_line(after_failed.output), "holds no checkpoint to resume"));
+  CHECK(contains(error_line(failed.output), "nothing was trained; the new run folder"));
+  CHECK_FALSE(fs::exists(dir.path() / "runs" / "failed"));
+  // A folder without a checkpoint (a run stopped before its first save, or one still in its
+  // first epoch) is neither reused nor offered for a resume that cannot work.
+  fs::create_directories(dir.path() / "runs" / "unsaved" / "checkpoints");
+  auto unsaved = test::run_mhla("train tiny.yaml --set run.name=unsaved", cwd);
+  CHECK(unsaved.exit_code != 0);
+  CHECK(contains(error_line(unsaved.output), "holds no checkpoint to resume"));
   auto auto_named = test::run_mhla("train tiny.yaml --set train.epochs=1 --set data.train_limit=64", cwd);
   CHECK(auto_named.exit_code == 0);
   CHECK(fs::exists(dir.path() / "runs" / "tiny"));

@@ -1,4 +1,5 @@
 #include <filesystem>
+#include <memory>
 
 #include "cli/commands.h"
 #include "core/config.h"
@@ -53,9 +54,21 @@ int run_train(const TrainArgs& args) {
   }
   open_run_log(run_dir);
   install_stop_handlers();
-  Trainer trainer(config, run_dir, resume);
-  if (args.profile_steps > 0) trainer.profile_steps(args.profile_steps, args.profile_warmup);
-  TrainOutcome outcome = trainer.run();
+  std::unique_ptr<Trainer> trainer;
+  try {
+    trainer = std::make_unique<Trainer>(config, run_dir, resume);
+  } catch (const std::exception& e) {
+    // Set-up failed (a missing FID network, a data file, a setting the device refuses): nothing
+    // was trained. A folder this command just created holds only its config and this error, and
+    // left behind it would block the same run.name once the cause is fixed.
+    close_run_log();
+    if (resume) throw;
+    std::error_code ignored;
+    fs::remove_all(run_dir, ignored);
+    fail("{} (nothing was trained; the new run folder {} was removed)", e.what(), run_dir);
+  }
+  if (args.profile_steps > 0) trainer->profile_steps(args.profile_steps, args.profile_warmup);
+  TrainOutcome outcome = trainer->run();
   close_run_log();
   if (outcome.interrupted) return outcome.signal ? 128 + outcome.signal : 1;
   return 0;
