@@ -5,14 +5,10 @@
 #include "data/batch_loader.h"
 #include "models/dit.h"
 #include "test_helpers.h"
+#include "train/checkpoint.h"
 #include "train/run_folder.h"
 #include "train/task.h"
-#include "train/checkpoint.h"
 #include "train/trainer.h"
-
-#include <ATen/Context.h>
-#include <fstream>
-#include <nlohmann/json.hpp>
 
 using namespace mhla;
 
@@ -126,11 +122,7 @@ TEST_CASE("dit: CUDA-graph steps with the fused GELU MLP train the same weights 
     WARN("no CUDA device: skipped");
     return;
   }
-  struct DeterministicCudnn {
-    bool before = at::globalContext().deterministicCuDNN();
-    DeterministicCudnn() { at::globalContext().setDeterministicCuDNN(true); }
-    ~DeterministicCudnn() { at::globalContext().setDeterministicCuDNN(before); }
-  } deterministic_cudnn;
+  test::DeterministicCudnnScope deterministic_cudnn;
   test::TempDir dir("dit-graph");
   auto run = [&](const std::string& name, const std::string& precision, bool graph) {
     Config c = tiny_dit(
@@ -145,12 +137,7 @@ TEST_CASE("dit: CUDA-graph steps with the fused GELU MLP train the same weights 
     trainer.stop_after_step(20);  // 16 steps per epoch: eager warm-up, capture, replays, epoch end
     CHECK(trainer.run().steps == 20);
     CHECK(trainer.step_graph_captured() == graph);
-    std::vector<double> losses;
-    std::ifstream metrics(run_dir + "/metrics.jsonl");
-    for (std::string line; std::getline(metrics, line);) {
-      auto record = nlohmann::json::parse(line);
-      if (record.contains("loss")) losses.push_back(record["loss"].get<double>());
-    }
+    const auto losses = test::logged_losses(run_dir);
     return std::make_pair(model_tensors(trainer.model()), losses);
   };
   for (const std::string precision : {"fp32", "bf16"}) {

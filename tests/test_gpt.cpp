@@ -225,12 +225,7 @@ TEST_CASE("gpt: CUDA-graph steps train the same weights as eager steps", "[train
     trainer.stop_after_step(16);  // 3 eager steps, then the capture and its replays
     CHECK(trainer.run().steps == 16);
     CHECK(trainer.step_graph_captured() == graph);
-    std::vector<double> losses;
-    std::ifstream metrics(run_dir + "/metrics.jsonl");
-    for (std::string line; std::getline(metrics, line);) {
-      auto record = nlohmann::json::parse(line);
-      if (record.contains("loss")) losses.push_back(record["loss"].get<double>());
-    }
+    const auto losses = test::logged_losses(run_dir);
     return std::make_pair(model_tensors(trainer.model()), losses);
   };
   auto [eager, eager_losses] = run("eager", false);

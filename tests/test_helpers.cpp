@@ -1,5 +1,9 @@
 #include "test_helpers.h"
 
+#include <ATen/Context.h>
+
+#include <nlohmann/json.hpp>
+
 #include "core/atomic_file.h"
 #include "core/error.h"
 
@@ -44,7 +48,8 @@ ProcessResult run_mhla(const std::string& args, const std::string& cwd) {
   if (!pipe) return result;
   std::array<char, 4096> buffer{};
   size_t n;
-  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), n);
+  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
+    result.output.append(buffer.data(), n);
   const int status = ::pclose(pipe);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return result;
@@ -71,7 +76,27 @@ double relative_error(const torch::Tensor& a, const torch::Tensor& b) {
   return denominator > 0 ? numerator / denominator : numerator;
 }
 
-std::string source_dir() { return MHLA_SOURCE_DIR; }
+std::string source_dir() {
+  return MHLA_SOURCE_DIR;
+}
+
+std::vector<double> logged_losses(const std::string& run_dir) {
+  std::vector<double> losses;
+  std::ifstream metrics(run_dir + "/metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    auto record = nlohmann::json::parse(line);
+    if (record.contains("loss")) losses.push_back(record["loss"].get<double>());
+  }
+  return losses;
+}
+
+DeterministicCudnnScope::DeterministicCudnnScope()
+    : before_(at::globalContext().deterministicCuDNN()) {
+  at::globalContext().setDeterministicCuDNN(true);
+}
+DeterministicCudnnScope::~DeterministicCudnnScope() {
+  at::globalContext().setDeterministicCuDNN(before_);
+}
 
 std::string fashion_mnist_root() {
   const auto local = fs::path(MHLA_SOURCE_DIR) / "data" / "fashion-mnist";

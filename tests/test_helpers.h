@@ -5,6 +5,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -34,6 +35,22 @@ std::string shell_quote(const std::string& s);
 // The message of the mhla::Error that f throws ("" if it throws none).
 std::string error_of(const std::function<void()>& f);
 bool contains(const std::string& text, const std::string& part);
+
+// The "loss" of every record of <run_dir>/metrics.jsonl, in order.
+std::vector<double> logged_losses(const std::string& run_dir);
+
+// cuDNN's deterministic algorithms for a scope: the GPU tests that compare two training runs
+// (its weight-gradient algorithms may otherwise sum with atomics).
+class DeterministicCudnnScope {
+ public:
+  DeterministicCudnnScope();
+  ~DeterministicCudnnScope();
+  DeterministicCudnnScope(const DeterministicCudnnScope&) = delete;
+  DeterministicCudnnScope& operator=(const DeterministicCudnnScope&) = delete;
+
+ private:
+  bool before_;
+};
 
 // ||a - b|| / ||b||, in float64.
 double relative_error(const torch::Tensor& a, const torch::Tensor& b);

@@ -113,13 +113,15 @@ TEST_CASE("train: the EMA follows its update rule", "[train]") {
                              0.1 * start + 0.9 * (start + 1.0)) < 1e-6);
 }
 
-TEST_CASE("train: 20 steps straight equal 10 + resume + 10, bit for bit", "[train]") {
-  test::TempDir dir("resume");
-  // 512 images / batch 32 = 16 steps per epoch: the stop falls inside epoch 1 and the 20 steps
-  // cross an epoch boundary with its evaluation and checkpoint. The EMA (with its decay warm-up)
-  // must resume too, and evaluations every 7 steps must not disturb anything.
-  const std::vector<std::string> extra = {"train.ema_decay=0.9", "train.eval_every_steps=7"};
-  Config straight_config = tiny_config(dir.str(), "straight", extra);
+namespace {
+
+// Trains 20 steps straight and 10 + resume + 10 in two run folders under `root` with the tiny
+// config and `extra`, checks that weights, AdamW slots, EMA and generator states come out the
+// same bits, and returns the straight run's folder. 512 images / batch 32 = 16 steps per epoch:
+// the stop falls inside epoch 1 and the 20 steps cross an epoch boundary with its evaluation
+// and checkpoint.
+std::string check_resume_is_exact(const std::string& root, const std::vector<std::string>& extra) {
+  Config straight_config = tiny_config(root, "straight", extra);
   auto straight_dir = create_run_folder(straight_config);
   Trainer straight(straight_config, straight_dir, false);
   straight.stop_after_step(20);
@@ -127,7 +129,7 @@ TEST_CASE("train: 20 steps straight equal 10 + resume + 10, bit for bit", "[trai
   CHECK(a.interrupted);
   CHECK(a.steps == 20);
 
-  Config split_config = tiny_config(dir.str(), "split", extra);
+  Config split_config = tiny_config(root, "split", extra);
   auto split_dir = create_run_folder(split_config);
   {
     Trainer first(split_config, split_dir, false);
@@ -150,8 +152,20 @@ TEST_CASE("train: 20 steps straight equal 10 + resume + 10, bit for bit", "[trai
   for (const auto& [name, t] : state_a.optimizer)
     CHECK(torch::equal(t, state_b.optimizer.at(name)));
   CHECK(state_a.state.cpu_rng == state_b.state.cpu_rng);
+  CHECK(state_a.state.cuda_rng == state_b.state.cuda_rng);
   REQUIRE_FALSE(state_a.ema.empty());
   for (const auto& [name, t] : state_a.ema) CHECK(torch::equal(t, state_b.ema.at(name)));
+  return straight_dir;
+}
+
+}  // namespace
+
+TEST_CASE("train: 20 steps straight equal 10 + resume + 10, bit for bit", "[train]") {
+  test::TempDir dir("resume");
+  // The EMA (with its decay warm-up) must resume too, and evaluations every 7 steps must not
+  // disturb anything.
+  const auto straight_dir =
+      check_resume_is_exact(dir.str(), {"train.ema_decay=0.9", "train.eval_every_steps=7"});
   // Step-based evaluations at 7 and 14, the epoch-end one at 16.
   std::ifstream metrics(straight_dir + "/metrics.jsonl");
   std::vector<int64_t> eval_steps;
@@ -257,11 +271,7 @@ TEST_CASE("train: CUDA-graph steps train the same weights as eager steps", "[tra
   // atomics: run-to-run noise that AdamW turns into weight differences up to the learning rate
   // where a gradient is near zero (the resumed fp32 variant missed 3e-4 with 3.99e-4 in two of
   // three runs, session 20). Deterministic algorithms leave only the graph-vs-eager difference.
-  struct DeterministicCudnn {
-    bool before = at::globalContext().deterministicCuDNN();
-    DeterministicCudnn() { at::globalContext().setDeterministicCuDNN(true); }
-    ~DeterministicCudnn() { at::globalContext().setDeterministicCuDNN(before); }
-  } deterministic_cudnn;
+  test::DeterministicCudnnScope deterministic_cudnn;
   test::TempDir dir("graph");
   // Width 64 over 2 heads: the CUDA MHLA kernels take head dims 32, 64 and 128.
   const std::vector<std::string> common = {
@@ -282,12 +292,7 @@ TEST_CASE("train: CUDA-graph steps train the same weights as eager steps", "[tra
     trainer->stop_after_step(24);  // 16 steps per epoch
     CHECK(trainer->run().steps == 24);
     CHECK(trainer->step_graph_captured() == graph);
-    std::vector<double> losses;
-    std::ifstream metrics(run_dir + "/metrics.jsonl");
-    for (std::string line; std::getline(metrics, line);) {
-      auto record = nlohmann::json::parse(line);
-      if (record.contains("loss")) losses.push_back(record["loss"].get<double>());
-    }
+    const auto losses = test::logged_losses(run_dir);
     return std::make_pair(model_tensors(trainer->model()), losses);
   };
   struct Variant {
@@ -354,12 +359,7 @@ TEST_CASE("train: with train.deterministic two GPU runs end with the same bits",
     trainer.stop_after_step(20);
     CHECK(trainer.run().steps == 20);
     CHECK(deterministic_sums());
-    std::vector<double> losses;
-    std::ifstream metrics(run_dir + "/metrics.jsonl");
-    for (std::string line; std::getline(metrics, line);) {
-      auto record = nlohmann::json::parse(line);
-      if (record.contains("loss")) losses.push_back(record["loss"].get<double>());
-    }
+    const auto losses = test::logged_losses(run_dir);
     return std::make_pair(model_tensors(trainer.model()), losses);
   };
   auto [first, first_losses] = run("first");
@@ -383,36 +383,9 @@ TEST_CASE("train: with train.deterministic a resumed GPU run equals the straight
     return;
   }
   test::TempDir dir("deterministic_resume");
-  const std::vector<std::string> extra = {
-      "train.device=cuda",        "model.width=64",      "attention.backend=cuda",
-      "train.deterministic=true", "train.ema_decay=0.9", "train.eval_every_steps=7"};
-  Config straight_config = tiny_config(dir.str(), "straight", extra);
-  auto straight_dir = create_run_folder(straight_config);
-  Trainer straight(straight_config, straight_dir, false);
-  straight.stop_after_step(20);
-  CHECK(straight.run().steps == 20);
-  Config split_config = tiny_config(dir.str(), "split", extra);
-  auto split_dir = create_run_folder(split_config);
-  {
-    Trainer first(split_config, split_dir, false);
-    first.stop_after_step(10);
-    CHECK(first.run().steps == 10);
-  }
-  Trainer second(split_config, split_dir, true);
-  second.stop_after_step(20);
-  CHECK(second.run().steps == 20);
-  auto straight_weights = model_tensors(straight.model());
-  auto split_weights = model_tensors(second.model());
-  REQUIRE(straight_weights.size() == split_weights.size());
-  for (const auto& [name, t] : straight_weights) {
-    INFO(name);
-    CHECK(torch::equal(t, split_weights.at(name)));
-  }
-  auto state_a = read_checkpoint(straight_dir + "/checkpoints/last");
-  auto state_b = read_checkpoint(split_dir + "/checkpoints/last");
-  for (const auto& [name, t] : state_a.optimizer) CHECK(torch::equal(t, state_b.optimizer.at(name)));
-  for (const auto& [name, t] : state_a.ema) CHECK(torch::equal(t, state_b.ema.at(name)));
-  CHECK(state_a.state.cuda_rng == state_b.state.cuda_rng);
+  check_resume_is_exact(dir.str(), {"train.device=cuda", "model.width=64", "attention.backend=cuda",
+                                    "train.deterministic=true", "train.ema_decay=0.9",
+                                    "train.eval_every_steps=7"});
 }
 
 TEST_CASE("train: progress lines give durations, the rate and the time left", "[train]") {
