@@ -54,21 +54,33 @@ int run_train(const TrainArgs& args) {
   }
   open_run_log(run_dir);
   install_stop_handlers();
+  // A new run that fails before its first training step (in set-up: a missing FID network or
+  // data file, a setting the device refuses; or in that step: a kernel refused by
+  // train.deterministic) has trained nothing. The folder this command just created holds only
+  // its config and the error, and left behind it would block the same run.name once the cause
+  // is fixed: remove it. Resumed runs and runs that trained keep their folder.
+  auto remove_untrained = [&](const std::exception& e) {
+    close_run_log();
+    std::error_code ignored;
+    fs::remove_all(run_dir, ignored);
+    fail("{} (nothing was trained; the new run folder {} was removed)", e.what(), run_dir);
+  };
   std::unique_ptr<Trainer> trainer;
   try {
     trainer = std::make_unique<Trainer>(config, run_dir, resume);
   } catch (const std::exception& e) {
-    // Set-up failed (a missing FID network, a data file, a setting the device refuses): nothing
-    // was trained. A folder this command just created holds only its config and this error, and
-    // left behind it would block the same run.name once the cause is fixed.
-    close_run_log();
     if (resume) throw;
-    std::error_code ignored;
-    fs::remove_all(run_dir, ignored);
-    fail("{} (nothing was trained; the new run folder {} was removed)", e.what(), run_dir);
+    remove_untrained(e);
   }
   if (args.profile_steps > 0) trainer->profile_steps(args.profile_steps, args.profile_warmup);
-  TrainOutcome outcome = trainer->run();
+  TrainOutcome outcome;
+  try {
+    outcome = trainer->run();
+  } catch (const std::exception& e) {
+    if (resume || trainer->steps_done() > 0) throw;
+    trainer.reset();  // its loader threads and files, before the folder goes
+    remove_untrained(e);
+  }
   close_run_log();
   if (outcome.interrupted) return outcome.signal ? 128 + outcome.signal : 1;
   return 0;

@@ -42,6 +42,8 @@ class Trainer {
   Model& model() { return *model_; }
   // Whether train.cuda_graph captured the step (tests).
   bool step_graph_captured() const { return step_graph_ && step_graph_->captured(); }
+  // Optimizer steps done so far (resumed runs count from their checkpoint).
+  int64_t steps_done() const { return state_.step; }
 
  private:
   void save(const std::string& name);
