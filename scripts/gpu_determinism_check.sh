@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # train.deterministic on the GPU (core/determinism.h): its tests and the graph/DiT tests around
-# it, then MHLA forward+backward timed with and without --deterministic at the vision shapes that take it (B*N = 65,536, H = 6, D = 64, M = 16;
-# N = 16,384 has 1,024-token blocks, which refuse), ROUNDS rounds (default 2), then
-# (unless SKIP_FULL) the whole [gpu] suite. Results: $OUT.
+# it, then MHLA forward+backward timed with and without --deterministic at the vision shapes that
+# take it (B*N = 65,536, H = 6, D = 64, M = 16; N = 16,384 has 1,024-token blocks, which refuse),
+# ROUNDS rounds (default 2), then (unless SKIP_FULL) the whole [gpu] suite. Results: $OUT.
 # SKIP_TESTS=1 skips the focused tests.
 # Usage: source scripts/gpu_env.sh; OUT=... bash scripts/gpu_determinism_check.sh
 set -uo pipefail
