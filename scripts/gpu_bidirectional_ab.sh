@@ -9,7 +9,8 @@
 #      D = 64, M = 16), MHLA and linear attention, every setting, ROUNDS rounds;
 #      ../shared/bench/peers_attention.py's vision peers once;
 #   3. Nsight Compute durations per kernel of MHLA under every setting, at the shapes of
-#      NCU_SHAPES (default "64,6,1024,64": B,H,N,D);
+#      NCU_SHAPES (default "64,6,1024,64": B,H,N,D); NCU_CACHE=none keeps L2 as the kernel before
+#      left it (Nsight's default flushes it before each kernel, which hides reuse across kernels);
 #   4. 60-step DiT-S/2 probes at 1,024 tokens with MHLA under every setting (when
 #      data/fashion-mnist was carried and PROBES != 0).
 # AB: the settings, space-separated; each a comma-separated list of VAR=value (or "-" for none),
@@ -78,7 +79,7 @@ if command -v ncu > /dev/null && [ "${SKIP_NCU:-0}" != 1 ]; then
     n=$(echo "$shape" | cut -d, -f3)
     for i in "${!settings[@]}"; do
       echo "ncu N=$n [${settings[$i]}]"
-      with "${settings[$i]}" timeout 120 ncu --clock-control none --metrics \
+      with "${settings[$i]}" timeout 120 ncu --clock-control none --cache-control ${NCU_CACHE:-all} --metrics \
         gpu__time_duration.sum --csv @mhla bench attention --op mhla --backend cuda \
         --shape "$shape" --blocks 16 --warmup 0 --iters 1 > "$V/ncu_${n}_s$i.csv" 2> /dev/null
       python3 scripts/ncu_kernel_sums.py "$V/ncu_${n}_s$i.csv" 10

@@ -46,6 +46,7 @@ struct PackedMix {
   int batch_heads = 0, blocks = 0;     // blocks <= kRows
   int64_t elements = 0;                // per state (matrix + rest), the rest a multiple of 4
   int64_t matrix = 0;                  // bf16 elements per state: a multiple of kColumns
+  bool reverse = false;                // walk the items last to first (see launch())
 };
 
 constexpr int kThreads = 256, kWarps = kThreads / 32;
@@ -142,10 +143,14 @@ __global__ void __launch_bounds__(kThreads, 2) packed_mix_kernel(PackedMix p) {
   TileAccumulator dm;  // backward: this warp's k-slices of dm, over all its matrix items
   dm.zero();
   float dm_rest = 0.f;  // backward: pair (t / 16, t % 16) of dm over the rest items
-  issue(blockIdx.x, 0);
+  // The CTA's w-th item of the walk: w itself, or counted from the end; `items` (nothing) past it.
+  auto item_at = [&](int64_t w) { return w >= items ? items : p.reverse ? items - 1 - w : w; };
+  issue(item_at(blockIdx.x), 0);
   int stage = 0;
-  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    issue(item + gridDim.x, stage ^ 1);  // that stage was last read before the trailing barrier
+  for (int64_t w = blockIdx.x; w < items; w += gridDim.x) {
+    const int64_t item = item_at(w);
+    issue(item_at(w + gridDim.x),
+          stage ^ 1);  // that stage was last read before the trailing barrier
     asm volatile("cp.async.wait_group 1;\n" ::);
     __syncthreads();  // this item's rows (every thread's copies) and the weights are in
     if (item % columns >= matrix_items) {
@@ -326,12 +331,20 @@ int64_t grid_for(const PackedMix& p, int multiprocessors) {
   return grid;
 }
 
-// Launched as a dependent grid (common/dependent_launch.cuh).
+// Launched as a dependent grid (common/dependent_launch.cuh). The items are walked last to first
+// (MHLA_MIX_ORDER=forward: first to last, for A/B runs): the pass before the mix wrote its states
+// first to last, so the last of them are the ones still in L2, and the pass after it reads the
+// mix's output first to last, so the mix's last writes are its first reads.
 template <bool Backward, bool Staged = true>
-cudaError_t launch(const PackedMix& p, int multiprocessors, cudaStream_t stream) {
+cudaError_t launch(PackedMix p, int multiprocessors, cudaStream_t stream) {
   const int64_t grid = grid_for<Backward, Staged>(p, multiprocessors);
   if (grid == 0) return cudaSuccess;
   if (grid < 0) return cudaErrorInvalidConfiguration;
+  static const bool reverse = [] {
+    const char* value = std::getenv("MHLA_MIX_ORDER");
+    return value == nullptr || std::strcmp(value, "forward") != 0;
+  }();
+  p.reverse = reverse;
   constexpr auto kernel = packed_mix_kernel<Backward, Staged>;
   return dependent_launch::launch(kernel, dim3(static_cast<unsigned>(grid)), dim3(kThreads),
                                   Stage<Backward>::shared_bytes, stream, p);
