@@ -145,24 +145,27 @@ cudaError_t column_sum(const ColumnSumArgs& a, cudaStream_t stream) {
   const Grid g = grid_for(a.rows, a.cols, vec);
   if (g.column_tiles > 0x7fffffff || g.slabs > 65535) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(g.column_tiles), static_cast<unsigned>(g.slabs));
+  // One slab (at most 64 rows): its partial row is the result, written straight to out.
+  ColumnSumArgs run = a;
+  if (g.slabs == 1) run.workspace = a.out;
   cudaError_t err = with_element_type(a.dtype, [&](auto tag) {
     using T = decltype(tag);
     const bool gelu = a.gelu_input != nullptr;
     if (vec == 8) {
       if constexpr (sizeof(T) == 2) {
         (gelu ? slab_kernel<T, 8, true>
-              : slab_kernel<T, 8, false>)<<<grid, kWarps * 32, 0, stream>>>(a, g.rows_per_slab);
+              : slab_kernel<T, 8, false>)<<<grid, kWarps * 32, 0, stream>>>(run, g.rows_per_slab);
       }
     } else if (vec == 4) {
       (gelu ? slab_kernel<T, 4, true> : slab_kernel<T, 4, false>)<<<grid, kWarps * 32, 0, stream>>>(
-          a, g.rows_per_slab);
+          run, g.rows_per_slab);
     } else {
       (gelu ? slab_kernel<T, 1, true> : slab_kernel<T, 1, false>)<<<grid, kWarps * 32, 0, stream>>>(
-          a, g.rows_per_slab);
+          run, g.rows_per_slab);
     }
     return cudaGetLastError();
   });
-  if (err != cudaSuccess) return err;
+  if (err != cudaSuccess || g.slabs == 1) return err;
   add_slabs_kernel<<<(a.cols + 255) / 256, 256, 0, stream>>>(a.workspace, g.slabs, a.cols, a.out);
   return cudaGetLastError();
 }

@@ -16,6 +16,7 @@ cudaError_t linear_attention_forward(const LinearAttentionForward& a, cudaStream
   block.out = a.out;
   block.states = a.state;
   block.mixed = a.state;  // no mixing: the output pass reads S directly
+  block.chunk_parts = a.chunk_parts;
   return block_linear_forward(block, stream);
 }
 
@@ -35,6 +36,7 @@ cudaError_t linear_attention_backward(const LinearAttentionBackward& a, cudaStre
   block.grad_v = a.grad_v;
   block.grad_mixed = a.grad_state;
   block.grad_states = a.grad_state;  // dS = dS' without mixing
+  block.chunk_parts = a.chunk_parts;
   return block_linear_backward(block, stream);
 }
 

@@ -15,6 +15,9 @@ struct LinearAttentionForward {
   TokenTensor q, k, v;
   void* out = nullptr;     // [B, N, H, D] contiguous
   float* state = nullptr;  // linear_attention_state_floats(): S and z per batch and head
+  // Ordered sums over the 256-token chunks (train.deterministic): block_linear_chunk_parts_floats
+  // of the one-block shape, or nullptr for atomic adds (BlockLinearForward::chunk_parts).
+  float* chunk_parts = nullptr;
 };
 
 struct LinearAttentionBackward {
@@ -25,7 +28,8 @@ struct LinearAttentionBackward {
   void* grad_q = nullptr;
   void* grad_k = nullptr;
   void* grad_v = nullptr;
-  float* grad_state = nullptr;  // workspace, linear_attention_state_floats()
+  float* grad_state = nullptr;   // workspace, linear_attention_state_floats()
+  float* chunk_parts = nullptr;  // as in LinearAttentionForward
 };
 
 size_t linear_attention_state_floats(int batch, int heads, int head_dim);

@@ -15,6 +15,7 @@
 #include <string>
 #include <type_traits>
 
+#include "column_sum/column_sum.h"
 #include "common/device_info.h"
 #include "mhla/block_fragment_passes.h"
 #include "mhla/block_linear_attention.h"
@@ -69,8 +70,8 @@ __global__ void __launch_bounds__(kThreads, 4) states_kernel(BlockLinearForward 
     }
     accumulate_at_b<T, D>(acc, kf, vt, rows);
   }
-  float* state = p.states + (static_cast<size_t>(w.bh) * p.shape.blocks + w.block) * L::state;
-  const bool atomic = chunks > 1;
+  float* state = state_target(p.states, p.chunk_parts, p.shape, w, L::state);
+  const bool atomic = chunks > 1 && p.chunk_parts == nullptr;
   write_state<T, D>(acc, state, atomic, staging);
   if (threadIdx.x < D) {
     if (atomic)
@@ -277,13 +278,14 @@ __global__ void __launch_bounds__(kThreads, 3)
       if (live) store_vector<T, D>(grad_q + row * D + lane * L::vec, g);
     }
   }
-  const bool atomic = chunks > 1;
-  write_state<T, D>(acc, p.grad_mixed + state_offset, atomic, staging);
+  float* grad_state = state_target(p.grad_mixed, p.chunk_parts, p.shape, w, L::state);
+  const bool atomic = chunks > 1 && p.chunk_parts == nullptr;
+  write_state<T, D>(acc, grad_state, atomic, staging);
   if (threadIdx.x < D) {
     if (atomic)
-      atomicAdd(p.grad_mixed + state_offset + D * D + threadIdx.x, dz);
+      atomicAdd(grad_state + D * D + threadIdx.x, dz);
     else
-      p.grad_mixed[state_offset + D * D + threadIdx.x] = dz;
+      grad_state[D * D + threadIdx.x] = dz;
   }
 }
 
@@ -483,6 +485,21 @@ bool reads_packed(DType dtype, int head_dim, const char* pass) {
          fragment_passes_supported(dtype, head_dim);
 }
 
+// Ordered sums (BlockLinearForward::chunk_parts): the chunks' parts summed in chunk order into
+// `set`, by the column-sum kernel over the parts as a [chunks, state floats] matrix.
+cudaError_t sum_chunk_parts(const BlockLinearShape& s, int chunks, float* parts, float* set,
+                            cudaStream_t stream) {
+  if (block_linear_state_floats(s) > 0x7fffffff) return cudaErrorInvalidValue;  // int columns
+  ColumnSumArgs sum;
+  sum.dtype = DType::f32;
+  sum.rows = chunks;
+  sum.cols = static_cast<int>(block_linear_state_floats(s));
+  sum.x = parts;
+  sum.out = set;
+  sum.workspace = parts + static_cast<size_t>(chunks) * block_linear_state_floats(s);
+  return column_sum(sum, stream);
+}
+
 template <typename T, int D>
 cudaError_t forward_for(const BlockLinearForward& a, cudaStream_t stream) {
   const auto& s = a.shape;
@@ -497,7 +514,9 @@ cudaError_t forward_for(const BlockLinearForward& a, cudaStream_t stream) {
   const size_t state_bytes = block_linear_state_floats(s) * sizeof(float);
   cudaError_t err = cudaSuccess;
   if (a.passes & kBlockStatesPass) {
-    if (chunks > 1 && (err = cudaMemsetAsync(a.states, 0, state_bytes, stream)) != cudaSuccess)
+    const bool ordered = chunks > 1 && a.chunk_parts != nullptr;
+    if (chunks > 1 && !ordered &&
+        (err = cudaMemsetAsync(a.states, 0, state_bytes, stream)) != cudaSuccess)
       return err;
     if (fragment_pass("states") && fragment_passes_supported(a.dtype, D)) {
       if ((err = fragment_states(with_state_writes(a), chunks, stream)) != cudaSuccess) return err;
@@ -506,6 +525,9 @@ cudaError_t forward_for(const BlockLinearForward& a, cudaStream_t stream) {
       if ((err = allow_smem(states_kernel<T, D>, states_bytes)) != cudaSuccess) return err;
       states_kernel<T, D><<<grid, kThreads, states_bytes, stream>>>(a, chunks);
     }
+    if (ordered &&
+        (err = sum_chunk_parts(s, chunks, a.chunk_parts, a.states, stream)) != cudaSuccess)
+      return err;
   }
   if (a.passes & kBlockMixPass) {
     if (a.mixing != nullptr) {
@@ -547,8 +569,10 @@ cudaError_t backward_for(const BlockLinearBackward& a, cudaStream_t stream) {
   const dim3 grid(s.blocks * chunks, s.batch * s.heads);
   const size_t state_bytes = block_linear_state_floats(s) * sizeof(float);
   cudaError_t err = cudaSuccess;
+  const bool ordered = chunks > 1 && a.chunk_parts != nullptr;
   if (a.passes & kBlockQueryPass) {
-    if (chunks > 1 && (err = cudaMemsetAsync(a.grad_mixed, 0, state_bytes, stream)) != cudaSuccess)
+    if (chunks > 1 && !ordered &&
+        (err = cudaMemsetAsync(a.grad_mixed, 0, state_bytes, stream)) != cudaSuccess)
       return err;
     if (fragment_pass("query") && fragment_passes_supported(a.dtype, D)) {
       if ((err = fragment_query_backward(with_state_writes(a), chunks, stream)) != cudaSuccess)
@@ -562,6 +586,9 @@ cudaError_t backward_for(const BlockLinearBackward& a, cudaStream_t stream) {
       if ((err = allow_smem(query_backward_kernel<T, D>, query_bytes)) != cudaSuccess) return err;
       query_backward_kernel<T, D><<<grid, kThreads, query_bytes, stream>>>(a, chunks);
     }
+    if (ordered &&
+        (err = sum_chunk_parts(s, chunks, a.chunk_parts, a.grad_mixed, stream)) != cudaSuccess)
+      return err;
   }
   if (a.passes & kBlockMixPass) {
     if (a.mixing != nullptr) {
@@ -623,6 +650,13 @@ struct BackwardPass {
 size_t block_linear_state_floats(const BlockLinearShape& s) {
   return static_cast<size_t>(s.batch) * s.heads * s.blocks *
          (static_cast<size_t>(s.head_dim) * s.head_dim + s.head_dim);
+}
+
+size_t block_linear_chunk_parts_floats(const BlockLinearShape& s) {
+  const int chunks = s.blocks >= 1 ? chunks_per_block(s) : 1;
+  if (chunks <= 1) return 0;
+  const size_t floats = block_linear_state_floats(s);
+  return chunks * floats + column_sum_workspace_floats(chunks, static_cast<int>(floats));
 }
 
 bool block_states_packable(const BlockLinearShape& s, DType dtype) {

@@ -41,6 +41,9 @@ bool block_states_packable(const BlockLinearShape& shape, DType dtype);
 // (and, backward, into its dS') with atomics: results then differ in their last bits from run
 // to run.
 bool block_states_shared_by_chunks(const BlockLinearShape& shape);
+// Floats of the workspace for ordered state sums (chunk_parts below): one state set per chunk,
+// then the column-sum kernel's workspace; 0 where one chunk covers each block.
+size_t block_linear_chunk_parts_floats(const BlockLinearShape& shape);
 
 // Pass selection (bitmasks): a caller that mixes the states itself (the MHLA binding, by its
 // state-mix kernel) runs the states and output passes (forward) or the query and key passes
@@ -75,6 +78,11 @@ struct BlockLinearForward {
   // MHLA_PACKED_STATE_STORES=direct, for A/B runs; the one-shot states pass always stores
   // straight).
   bool direct_packed_stores = false;
+  // Ordered sums (train.deterministic, src/core/determinism.h) where chunks share a state: each
+  // chunk's CTA stores its part into set `chunk` of this workspace
+  // (block_linear_chunk_parts_floats) and the parts are summed in chunk order into `states`,
+  // instead of atomic adds whose order changes from run to run.
+  float* chunk_parts = nullptr;
 };
 
 struct BlockLinearBackward {
@@ -102,6 +110,7 @@ struct BlockLinearBackward {
   // fill kernel between the two would break their dependent launch (common/dependent_launch.cuh).
   float* zero_on_entry = nullptr;
   int zero_floats = 0;
+  float* chunk_parts = nullptr;  // as in BlockLinearForward, for dS' (grad_mixed)
 };
 
 // Return cudaSuccess or the first launch error; a shape the kernels do not cover returns

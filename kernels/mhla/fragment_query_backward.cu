@@ -159,8 +159,9 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
                               : reinterpret_cast<__nv_bfloat16*>(q_raw + warp * 16 * Q::ld),
                           Q::ld);
   } else {
-    write_state<D>(dstate, dz, p.grad_mixed + state_index * Q::state,
-                   state_write(chunks, p.scalar_state_adds));
+    write_state<D>(
+        dstate, dz, state_target(p.grad_mixed, p.chunk_parts, p.shape, w, Q::state),
+        p.chunk_parts != nullptr ? StateWrite::store : state_write(chunks, p.scalar_state_adds));
   }
 }
 

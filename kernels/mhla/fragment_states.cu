@@ -83,8 +83,9 @@ __global__ void __launch_bounds__(kFragmentThreads, MinBlocks)
   if (p.packed_states) {  // one chunk per block (the host checks)
     write_packed_state<D>(state, z, p.states + index * PackedState<D>::floats);
   } else {
-    write_state<D>(state, z, p.states + index * (D * D + D),
-                   state_write(chunks, p.scalar_state_adds));
+    write_state<D>(
+        state, z, state_target(p.states, p.chunk_parts, p.shape, w, D * D + D),
+        p.chunk_parts != nullptr ? StateWrite::store : state_write(chunks, p.scalar_state_adds));
   }
 }
 

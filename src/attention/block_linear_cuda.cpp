@@ -92,6 +92,20 @@ bool packs_block_states(const kernels::BlockLinearShape& shape, kernels::DType d
   return enabled && packs_state_sets(shape, dtype) && kernels::block_states_packable(shape, dtype);
 }
 
+// With train.deterministic, where a block spans several 256-token chunks whose CTAs would add
+// into its state (and dS') with atomics: the workspace in which each chunk stores its part, summed
+// in chunk order by the kernels (BlockLinearForward::chunk_parts). Undefined otherwise.
+torch::Tensor ordered_chunk_sums_workspace(const kernels::BlockLinearShape& shape,
+                                           const torch::Tensor& like) {
+  if (!deterministic_sums() || !kernels::block_states_shared_by_chunks(shape)) return {};
+  const auto floats = static_cast<int64_t>(kernels::block_linear_chunk_parts_floats(shape));
+  return torch::empty({floats}, like.options().dtype(torch::kFloat32));
+}
+
+float* data_or_null(const torch::Tensor& t) {
+  return t.defined() ? t.data_ptr<float>() : nullptr;
+}
+
 // One autograd function for both ops: without a mixing matrix it calls the linear-attention
 // kernels, with one the MHLA kernels. Saves q, k, v, the output, the fp32 block states and (MHLA)
 // the mixed states.
@@ -105,12 +119,7 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
     const bool mixes = mixing_in.numel() > 0;  // an empty tensor stands for "no mixing"
     auto mixing = mixes ? mixing_in.detach().to(torch::kFloat32).contiguous() : mixing_in;
     const auto shape = shape_of(q, blocks);
-    if (kernels::block_states_shared_by_chunks(shape)) {
-      require_ordered_sums(fmt::format(
-          "the {} state kernels at {} tokens per block (several 256-token chunks add into one "
-          "state)",
-          mixes ? "MHLA" : "linear-attention", shape.tokens / shape.blocks));
-    }
+    const auto chunk_parts = ordered_chunk_sums_workspace(shape, q);
     auto floats = q.options().dtype(torch::kFloat32);
     const bool packed_states = mixes && packs_block_states(shape, kernel_dtype(dtype));
     auto states = torch::empty(
@@ -133,6 +142,7 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
       a.out = out.data_ptr();
       a.states = states.data_ptr<float>();
       a.packed_states = packed_states;
+      a.chunk_parts = data_or_null(chunk_parts);
       a.passes = kernels::kBlockStatesPass;
       check_launch(kernels::block_linear_forward(a, stream), "mhla forward (states)");
       a.packed_states = false;
@@ -153,6 +163,7 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
       a.q = view_of(q), a.k = view_of(k), a.v = view_of(v);
       a.out = out.data_ptr();
       a.state = states.data_ptr<float>();
+      a.chunk_parts = data_or_null(chunk_parts);
       check_launch(kernels::linear_attention_forward(a, stream), "linear attention forward");
     }
     ctx->save_for_backward({q, k, v, out, mixing, states, mixed});
@@ -177,7 +188,8 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
     auto contiguous = v.options().memory_format(torch::MemoryFormat::Contiguous);
     auto dq = torch::empty(q.sizes(), contiguous), dk = torch::empty(q.sizes(), contiguous);
     auto dv = torch::empty(q.sizes(), contiguous);
-    auto grad_mixed = torch::empty_like(states);       // dS': packed where S is
+    auto grad_mixed = torch::empty_like(states);  // dS': packed where S is
+    const auto chunk_parts = ordered_chunk_sums_workspace(shape, q);
     const c10::cuda::CUDAGuard on_device(q.device());  // launch on the inputs' GPU
     auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
     torch::Tensor dmixing;
@@ -200,15 +212,16 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
       auto zeroed_dm = torch::empty({blocks, blocks}, mixing.options());
       a.zero_on_entry = zeroed_dm.data_ptr<float>();
       a.zero_floats = static_cast<int>(blocks * blocks);
+      a.chunk_parts = data_or_null(chunk_parts);
       check_launch(kernels::block_linear_backward(a, stream), "mhla backward (query pass)");
       a.zero_on_entry = nullptr;
       const auto grad_mixed_blocks = by_block(grad_mixed, q, blocks);
       torch::Tensor grad_states;
       const int64_t d = q.size(3);
       torch::Tensor dm_parts;  // deterministic sums: summed after the key pass
-      std::tie(grad_states, dmixing) = mix_block_states_backward(
-          mixing, grad_mixed_blocks, by_block(states, q, blocks), packed ? d * d : 0,
-          packed_states, zeroed_dm, &dm_parts);
+      std::tie(grad_states, dmixing) =
+          mix_block_states_backward(mixing, grad_mixed_blocks, by_block(states, q, blocks),
+                                    packed ? d * d : 0, packed_states, zeroed_dm, &dm_parts);
       a.grad_states = grad_states.data_ptr<float>();
       a.packed_grad_states = packed;
       a.passes = kernels::kBlockKeyPass;
@@ -225,6 +238,7 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
       a.state = states.data_ptr<float>();
       a.grad_q = dq.data_ptr(), a.grad_k = dk.data_ptr(), a.grad_v = dv.data_ptr();
       a.grad_state = grad_mixed.data_ptr<float>();
+      a.chunk_parts = data_or_null(chunk_parts);
       check_launch(kernels::linear_attention_backward(a, stream), "linear attention backward");
     }
     const auto [q_type, k_type] = input_dtypes(ctx);
