@@ -38,8 +38,8 @@ size_t block_linear_packed_floats(const BlockLinearShape& shape);
 // inputs on the fragment passes, one 256-token chunk per block.
 bool block_states_packable(const BlockLinearShape& shape, DType dtype);
 // Whether a block is longer than one 256-token chunk, so that several CTAs add into its state
-// (and, backward, into its dS') with atomics: results then differ in their last bits from run
-// to run.
+// (and, backward, into its dS') with atomics, whose results differ in their last bits from run
+// to run, unless the caller gives them chunk_parts (BlockLinearForward) to sum in order.
 bool block_states_shared_by_chunks(const BlockLinearShape& shape);
 // Floats of the workspace for ordered state sums (chunk_parts below): one state set per chunk,
 // then the column-sum kernel's workspace; 0 where one chunk covers each block.

@@ -149,8 +149,8 @@ __global__ void __launch_bounds__(kThreads, 2) packed_mix_kernel(PackedMix p) {
   int stage = 0;
   for (int64_t w = blockIdx.x; w < items; w += gridDim.x) {
     const int64_t item = item_at(w);
-    issue(item_at(w + gridDim.x),
-          stage ^ 1);  // that stage was last read before the trailing barrier
+    // The next item into the other stage, which was last read before the trailing barrier.
+    issue(item_at(w + gridDim.x), stage ^ 1);
     asm volatile("cp.async.wait_group 1;\n" ::);
     __syncthreads();  // this item's rows (every thread's copies) and the weights are in
     if (item % columns >= matrix_items) {
