@@ -3,6 +3,9 @@
 #include <ATen/Context.h>
 
 #include "attention/attention_type.h"
+#ifdef MHLA_WITH_CUDA_KERNELS
+#include "attention/block_linear_cuda.h"
+#endif
 #include "catch_compat.h"
 #include "core/config.h"
 #include "core/determinism.h"
@@ -49,11 +52,12 @@ struct Gradients {
 
 Gradients run_op(const OpFn& fn, const torch::Tensor& q, const torch::Tensor& k,
                  const torch::Tensor& v, const torch::Tensor& mixing, int64_t blocks,
-                 const torch::Tensor& grad_out) {
+                 const torch::Tensor& grad_out, bool causal = false) {
   auto qg = q.clone().requires_grad_(true), kg = k.clone().requires_grad_(true);
   auto vg = v.clone().requires_grad_(true);
   torch::Tensor mg;  // undefined: linear attention
   OpArgs args;
+  args.causal = causal;
   if (mixing.defined()) {
     mg = mixing.clone().requires_grad_(true);
     args.blocks = blocks;
@@ -176,6 +180,52 @@ TEST_CASE("attention: with train.deterministic linear attention's CUDA kernels g
   }
 }
 
+// Causal MHLA (GPT): inside the trained length the query pass stores its diagonal dm_ii parts
+// and the fused mix backward its pair-product parts, both summed in order; the general query
+// kernel (fp32 inputs) and the lean one (16-bit). Causal linear attention has no atomics.
+TEST_CASE(
+    "attention: with train.deterministic causal MHLA's and linear attention's CUDA gradients "
+    "are the same bits on every run",
+    "[attention][gpu]") {
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device: skipped");
+    return;
+  }
+  struct Case {
+    const char* op;
+    int64_t b, n, h, d, blocks;
+    torch::ScalarType dtype;
+  };
+  const std::vector<Case> cases = {{"mhla", 2, 256, 2, 64, 4, torch::kBFloat16},
+                                   {"mhla", 2, 512, 3, 64, 8, torch::kBFloat16},
+                                   {"mhla", 2, 256, 2, 32, 4, torch::kFloat16},
+                                   {"mhla", 1, 320, 2, 64, 5, torch::kFloat32},
+                                   {"linear", 2, 512, 2, 64, 1, torch::kBFloat16}};
+  torch::manual_seed(47);
+  for (const auto& c : cases) {
+    INFO(c.op << " B " << c.b << " T " << c.n << " H " << c.h << " D " << c.d << " M " << c.blocks
+              << " " << c10::toString(c.dtype));
+    const auto& type = attention_registry().get(c.op);
+    const auto& fn = type.backends.at("cuda");
+    auto options = torch::TensorOptions().device(torch::kCUDA).dtype(c.dtype);
+    auto q = torch::randn({c.b, c.n, c.h, c.d}, options);
+    auto k = torch::randn({c.b, c.n, c.h, c.d}, options);
+    auto v = torch::randn({c.b, c.n, c.h, c.d}, options);
+    auto grad_out = torch::randn({c.b, c.n, c.h, c.d}, options);
+    torch::Tensor mixing;
+    if (std::string(c.op) == "mhla") {
+      mixing = type.make_args({c.b, c.n, c.h, c.d, c.blocks, true},
+                              torch::TensorOptions().device(torch::kCUDA))
+                   .mixing.detach();
+    }
+    const Gradients atomic = run_op(fn, q, k, v, mixing, c.blocks, grad_out, true);
+    DeterministicSumsScope deterministic(true);
+    const Gradients first = run_op(fn, q, k, v, mixing, c.blocks, grad_out, true);
+    const Gradients second = run_op(fn, q, k, v, mixing, c.blocks, grad_out, true);
+    check_deterministic(first, second, atomic, false);
+  }
+}
+
 TEST_CASE("attention: with train.deterministic the kernels that add with atomics refuse, by name",
           "[attention][gpu]") {
   if (!torch::cuda::is_available()) {
@@ -185,10 +235,21 @@ TEST_CASE("attention: with train.deterministic the kernels that add with atomics
   auto options = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
   DeterministicSumsScope deterministic(true);
   const auto& mhla = attention_registry().get("mhla").backends.at("cuda");
-  // Causal MHLA: its backward's mixing gradient.
-  auto qc = torch::randn({1, 256, 2, 64}, options).requires_grad_(true);
+  // Causal MHLA past its trained length (8 blocks of 64 tokens, 4 trained): the sweeps add the
+  // sliding row's mixing gradient with atomics.
+  auto qc = torch::randn({1, 512, 2, 64}, options).requires_grad_(true);
   const OpArgs causal = attention_registry().get("mhla").make_args(
       {1, 256, 2, 64, 4, true}, torch::TensorOptions().device(torch::kCUDA));
   auto message = test::error_of([&] { mhla(qc, qc, qc, causal).sum().backward(); });
-  CHECK(test::contains(message, "the causal MHLA backward's mixing gradient"));
+  CHECK(test::contains(message,
+                       "the causal MHLA backward's mixing gradient at 8 blocks of 64 tokens "
+                       "(trained on 4"));
+#ifdef MHLA_WITH_CUDA_KERNELS
+  // The cluster family (only on request: MHLA_BIDIRECTIONAL_KERNEL=cluster).
+  auto qx = torch::randn({2, 256, 2, 64}, options).requires_grad_(true);
+  auto mixing = torch::eye(4, torch::TensorOptions().device(torch::kCUDA)).requires_grad_(true);
+  message = test::error_of(
+      [&] { block_linear_by_named_family("cluster", qx, qx, qx, mixing, 4).sum().backward(); });
+  CHECK(test::contains(message, "the cluster-family MHLA backward"));
+#endif
 }

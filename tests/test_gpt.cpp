@@ -245,3 +245,44 @@ TEST_CASE("gpt: CUDA-graph steps train the same weights as eager steps", "[train
   }
   WARN("GPT, CUDA graph vs eager after 16 steps: largest weight difference " << worst);
 }
+
+// train.deterministic for language models: two GPU runs of a GPT with causal MHLA (its CUDA
+// kernels inside the trained length: two 64-token blocks; the query pass's diagonal and the
+// mix backward's pair products summed in order), causal linear attention and softmax end with
+// the same losses and weight bits.
+TEST_CASE("gpt: with train.deterministic two GPU runs end with the same bits", "[train][gpu]") {
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device: skipped");
+    return;
+  }
+  test::TempDir dir("lm-deterministic");
+  const auto data = write_corpus(dir.path());
+  for (const char* type : {"mhla", "linear", "softmax"}) {
+    INFO("attention.type = " << type);
+    auto run = [&](const std::string& name) {
+      auto settings = data;
+      settings.insert(settings.end(), {"model.context=128", "model.width=64", "train.device=cuda",
+                                       "data.batch_size=8", "train.epochs=3", "optim.lr=2e-3",
+                                       "schedule.warmup_epochs=0", "train.log_every=1",
+                                       "train.eval_every=0", "train.deterministic=true",
+                                       "run.root=" + dir.str(), "run.name=" + name + "_" + type});
+      Config c = tiny_gpt(type, settings);
+      auto run_dir = create_run_folder(c);
+      Trainer trainer(c, run_dir, false);
+      trainer.stop_after_step(12);
+      CHECK(trainer.run().steps == 12);
+      return std::make_pair(model_tensors(trainer.model()), test::logged_losses(run_dir));
+    };
+    auto [first, first_losses] = run("first");
+    auto [second, second_losses] = run("second");
+    REQUIRE(first_losses.size() == 12);
+    CHECK(first_losses == second_losses);
+    double worst = 0;
+    for (const auto& [name, t] : first) {
+      INFO(name);
+      CHECK(torch::equal(t, second.at(name)));
+      worst = std::max(worst, (t - second.at(name)).abs().max().item<double>());
+    }
+    WARN("GPT " << type << ": two deterministic runs, largest weight difference " << worst);
+  }
+}

@@ -85,6 +85,18 @@ struct CausalWeights {
   }
 };
 
+// A query-pass CTA's (grid (blocks, batch * heads)) sum of dm_ii over its block: added into
+// grad_mixing, or stored as its part where the caller sums the parts in order
+// (CausalBlockLinearBackward::diagonal_parts).
+__device__ __forceinline__ void add_diagonal_grad(const CausalBlockLinearBackward& p,
+                                                  const CausalWeights& mix, int block, float sum) {
+  if (p.diagonal_parts != nullptr) {
+    p.diagonal_parts[static_cast<size_t>(blockIdx.y) * gridDim.x + blockIdx.x] = sum;
+  } else {
+    atomicAdd(p.grad_mixing + mix.diagonal_index(block), sum);
+  }
+}
+
 // The mixing matrix in shared memory for the prefix sweeps: row(i)[-d] is w(i, i - d), d >= 1
 // (m_{i, i-d} inside the trained length, m_{M-1, M-1-d} for the sliding rows past it).
 struct RowWeights {
@@ -535,9 +547,7 @@ struct ScoreTiles {
   }
   __device__ int token_row(int i) const { return row * 16 + Acc::row(i); }
   __device__ int token_col(int j, int h, int i) const { return (col + j) * 16 + Acc::col(h, i); }
-  __device__ bool on_mask(int j, int h, int i) const {
-    return token_col(j, h, i) <= token_row(i);
-  }
+  __device__ bool on_mask(int j, int h, int i) const { return token_col(j, h, i) <= token_row(i); }
   // Zeroes the entries above the diagonal and writes the row sums of the two tiles to
   // row_part[(w % 2) * kC + r] (lanes 4r'..4r'+3 share a row).
   __device__ void mask_and_sum_rows(float* row_part) {
@@ -884,7 +894,7 @@ __global__ void __launch_bounds__(kCausalThreads)
   if (threadIdx.x == 0 && p.mixing != nullptr) {
     float sum = 0.f;
     for (int i = 0; i < kCausalWarps; ++i) sum += warp_partial[i];
-    atomicAdd(p.grad_mixing + mix.diagonal_index(w.block), sum);
+    add_diagonal_grad(p, mix, w.block, sum);
   }
   // d(phi(q)) = dnum P^T + dden z^T (below) + g'_masked phi(K).
   gemm<T, false, true>(dnum, L::lde, prefix, L::lde, dphi, L::ldf, kC, D, D, false);
@@ -1359,7 +1369,7 @@ __global__ void __launch_bounds__(kLeanThreads, 2)
   if (threadIdx.x == 0 && p.mixing != nullptr) {
     float sum = 0.f;
     for (int i = 0; i < kLeanWarps; ++i) sum += warp_partial[i];
-    atomicAdd(p.grad_mixing + mix.diagonal_index(w.block), sum);
+    add_diagonal_grad(p, mix, w.block, sum);
   }
   __syncthreads();
   // d(phi(q)) = dnum P^T + g'_masked phi(K) (+ dden z^T in the row loop).

@@ -99,6 +99,10 @@ struct CausalBlockLinearBackward {
   // grad_states as a packed set (the layout of a packed prefix set; causal_prefix_packed): the
   // key pass reads dS only as bf16 tiles and fp32 dz. Written so by the prefix sweeps.
   bool packed_grad_states = false;
+  // Ordered sums (train.deterministic, src/core/determinism.h): the query pass stores each CTA's
+  // part of the diagonal dm_ii here, [batch * heads, blocks], instead of adding it into
+  // grad_mixing with an atomic; the caller sums the parts in a fixed order.
+  float* diagonal_parts = nullptr;
 };
 
 // cudaSuccess or the first launch error; cudaErrorInvalidValue for a shape the kernels do not take.

@@ -18,6 +18,7 @@
 #include "core/kernel_dtype.h"
 #include "mhla/block_mix_backward.h"
 #include "mhla/causal_block_linear.h"
+#include "models/linear.h"
 
 namespace mhla {
 namespace {
@@ -101,7 +102,8 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     a.packed_prefix = kernels::causal_prefix_packed(a.dtype);
     torch::Tensor prefix;
     if (gemm_mix) {
-      // Past the state-mix kernel's blocks (only with MHLA_CAUSAL_MIX_GEMM=1) cuBLAS mixes, in fp32.
+      // Past the state-mix kernel's blocks (only with MHLA_CAUSAL_MIX_GEMM=1) cuBLAS mixes, in
+      // fp32.
       if (blocks > kernels::kMaxMixBlocks) a.packed_prefix = false;
       prefix = mix_block_states(strict_weights(mixing, blocks), states, kernels::MixPattern::lower,
                                 a.packed_prefix ? d * d : 0);
@@ -127,8 +129,22 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     auto q = saved[0], k = saved[1], v = saved[2], out = saved[3], mixing = saved[4];
     auto states = saved[5], prefix = saved[6];
     const bool mixes = mixing.numel() > 0;
-    if (mixes) require_ordered_sums("the causal MHLA backward's mixing gradient");
     const int64_t blocks = states.size(1), d = q.size(3);
+    const bool by_gemm = mixes && mix_by_gemm(blocks, mixing.size(0));
+    // Ordered sums (train.deterministic): inside the trained length the mixing gradient is the
+    // query pass's diagonal parts (summed below) and the fused mix backward's pair products
+    // (which sum their own parts); past it the sweeps and the expansion's gradient add with
+    // atomics.
+    torch::Tensor diagonal_parts;
+    if (mixes && deterministic_sums()) {
+      if (!by_gemm || blocks > mixing.size(0) || blocks > kernels::kMixBackwardMaxBlocks) {
+        require_ordered_sums(fmt::format(
+            "the causal MHLA backward's mixing gradient at {} blocks of 64 tokens (trained on {}; "
+            "ordered sums need at most {} blocks, within the trained length)",
+            blocks, mixing.size(0), kernels::kMixBackwardMaxBlocks));
+      }
+      diagonal_parts = torch::empty({states.size(0), blocks}, mixing.options());
+    }
     // As the forward pass stored them (packed sets are shorter than D * D + D floats per block).
     const bool packed_prefix = prefix.size(2) != d * d + d;
     const bool packed_states = states.size(2) != d * d + d;
@@ -148,6 +164,7 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
       dmixing = torch::empty_like(mixing);
       a.mixing = mixing.data_ptr<float>();
       a.grad_mixing = dmixing.data_ptr<float>();
+      if (diagonal_parts.defined()) a.diagonal_parts = diagonal_parts.data_ptr<float>();
     }
     a.states = states.data_ptr<float>();
     a.prefix = prefix.data_ptr<float>();
@@ -162,7 +179,6 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     check_launch(kernels::causal_block_linear_backward(a, stream),
                  "causal block linear query pass");
     torch::Tensor grad_states, pairs;  // pairs: sum <dP_i, S_j> for every i, j < blocks
-    const bool by_gemm = mixes && mix_by_gemm(blocks, mixing.size(0));
     if (by_gemm && blocks <= kernels::kMixBackwardMaxBlocks) {
       // dS_j = sum_i w_ij dP_i and the pair products in one pass over the states.
       std::tie(grad_states, pairs) =
@@ -188,6 +204,11 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     if (mixes) {
       c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
       const int64_t trained = mixing.size(0);
+      if (diagonal_parts.defined()) {  // dm_ii: the parts over batch and heads, in order
+        auto diagonal = torch::empty({blocks}, mixing.options());
+        column_sums_into(diagonal_parts, diagonal);
+        dmixing.diagonal().narrow(0, 0, blocks).add_(diagonal);
+      }
       if (by_gemm && blocks > trained) {
         // dw_ij = sum <dP_i, S_j> for every j < i, mapped back to the learned matrix through the
         // policy's expansion (its autograd graph, rebuilt on a detached copy).
