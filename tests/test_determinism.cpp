@@ -226,6 +226,50 @@ TEST_CASE(
   }
 }
 
+// Softmax attention: with the switch, 16-bit CUDA inputs go through FlashAttention with its
+// ordered backward instead of SDPA's choice (whose cuDNN and flash backwards add dq in arrival
+// order). Two runs give the same bits, and both agree with SDPA to bf16 rounding.
+TEST_CASE("attention: with train.deterministic softmax attention's gradients are the same bits",
+          "[attention][gpu]") {
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device: skipped");
+    return;
+  }
+  const auto& fn = attention_registry().get("softmax").backends.at("reference");
+  struct Case {
+    int64_t b, n, h, d;
+    bool causal;
+    torch::ScalarType dtype;
+  };
+  const std::vector<Case> cases = {{8, 1024, 6, 64, false, torch::kBFloat16},
+                                   {4, 300, 2, 128, true, torch::kBFloat16},
+                                   {2, 256, 3, 32, false, torch::kFloat16}};
+  torch::manual_seed(53);
+  for (const auto& c : cases) {
+    INFO("B " << c.b << " N " << c.n << " H " << c.h << " D " << c.d << " causal " << c.causal
+              << " " << c10::toString(c.dtype));
+    auto options = torch::TensorOptions().device(torch::kCUDA).dtype(c.dtype);
+    auto q = torch::randn({c.b, c.n, c.h, c.d}, options);
+    auto k = torch::randn({c.b, c.n, c.h, c.d}, options);
+    auto v = torch::randn({c.b, c.n, c.h, c.d}, options);
+    auto grad_out = torch::randn({c.b, c.n, c.h, c.d}, options);
+    const Gradients sdpa = run_op(fn, q, k, v, {}, 1, grad_out, c.causal);
+    DeterministicSumsScope deterministic(true);
+    const Gradients first = run_op(fn, q, k, v, {}, 1, grad_out, c.causal);
+    const Gradients second = run_op(fn, q, k, v, {}, 1, grad_out, c.causal);
+    CHECK(torch::equal(first.out, second.out));
+    CHECK(torch::equal(first.dq, second.dq));
+    CHECK(torch::equal(first.dk, second.dk));
+    CHECK(torch::equal(first.dv, second.dv));
+    CHECK(test::relative_error(first.out, sdpa.out) < 1e-2);
+    CHECK(test::relative_error(first.dq, sdpa.dq) < 1e-2);
+    CHECK(test::relative_error(first.dk, sdpa.dk) < 1e-2);
+    CHECK(test::relative_error(first.dv, sdpa.dv) < 1e-2);
+    // ATen's deterministic-algorithms flag is set around the backward only.
+    CHECK_FALSE(at::globalContext().deterministicAlgorithms());
+  }
+}
+
 TEST_CASE("attention: with train.deterministic the kernels that add with atomics refuse, by name",
           "[attention][gpu]") {
   if (!torch::cuda::is_available()) {

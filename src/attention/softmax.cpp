@@ -1,5 +1,6 @@
 #include "attention/softmax.h"
 
+#include "attention/deterministic_flash_attention.h"
 #include "attention/registrations.h"
 
 namespace mhla {
@@ -7,8 +8,11 @@ namespace mhla {
 torch::Tensor softmax_attention_reference(const torch::Tensor& q, const torch::Tensor& k,
                                           const torch::Tensor& v, const OpArgs& args) {
   // SDPA takes [B, H, N, D].
-  auto out = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                              v.transpose(1, 2), /*attn_mask=*/{},
+  auto qt = q.transpose(1, 2), kt = k.transpose(1, 2), vt = v.transpose(1, 2);
+  if (deterministic_flash_takes(qt, kt, vt)) {  // train.deterministic: the ordered backward
+    return deterministic_flash_attention(qt, kt, vt, args.causal).transpose(1, 2);
+  }
+  auto out = at::scaled_dot_product_attention(qt, kt, vt, /*attn_mask=*/{},
                                               /*dropout_p=*/0.0, args.causal);
   return out.transpose(1, 2);
 }
