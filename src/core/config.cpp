@@ -270,11 +270,11 @@ class Schema {
             "one CUDA graph after 3 eager steps and replay it: the host stops bounding small "
             "batches; CUDA and AdamW only, fixed batch shapes");
     boolean("train.deterministic", &t.deterministic,
-            "the same bits on every run of the same config and seed on one GPU: MHLA's mixing "
-            "gradient summed in a fixed order instead of by atomics, cuDNN's deterministic "
-            "algorithms; GPU kernels that can only sum with atomics (causal MHLA, the dense and "
-            "cluster families, state kernels with blocks over 256 tokens) stop the run with the "
-            "reason");
+            "the same bits on every run of the same config and seed on one GPU: the MHLA and "
+            "linear-attention kernels' cross-CTA sums in a fixed order instead of by atomics, "
+            "softmax through FlashAttention's ordered backward (slower), cuDNN's deterministic "
+            "algorithms; GPU kernels that can only sum with atomics (causal MHLA past its trained "
+            "length, the dense and cluster families) stop the run with the reason");
 
     auto& f = c_.diffusion;
     text("diffusion.schedule", &f.schedule, {"linear", "cosine"}, "", "DDPM beta schedule");

@@ -3,8 +3,10 @@
 // seed gives the same bits. Floating-point atomics add in whatever order the CTAs arrive, so a
 // kernel that sums across CTAs that way changes its last bits from run to run, and training
 // amplifies those bits (bf16 rounding, AdamW near zero). With the switch on, the MHLA kernels write
-// one partial mixing gradient per CTA and the binding sums them in a fixed order; cuDNN takes its
-// deterministic algorithms; a GPU path that can only sum with atomics refuses to run, by name.
+// one partial mixing gradient per CTA (and, where chunks share a block state, one partial state
+// per chunk) and the bindings sum them in a fixed order; softmax attention takes FlashAttention's
+// ordered backward (attention/deterministic_flash_attention.h); cuDNN takes its deterministic
+// algorithms; a GPU path that can only sum with atomics refuses to run, by name.
 #include <string>
 
 namespace mhla {
