@@ -69,6 +69,17 @@ Gradients run_op(const OpFn& fn, const torch::Tensor& q, const torch::Tensor& k,
           mg.defined() ? mg.grad() : torch::Tensor()};
 }
 
+struct Inputs {
+  torch::Tensor q, k, v, grad_out;
+};
+
+// Random [B, N, H, D] q, k, v and output gradient on the GPU.
+Inputs random_inputs(int64_t b, int64_t n, int64_t h, int64_t d, torch::ScalarType dtype) {
+  auto options = torch::TensorOptions().device(torch::kCUDA).dtype(dtype);
+  return {torch::randn({b, n, h, d}, options), torch::randn({b, n, h, d}, options),
+          torch::randn({b, n, h, d}, options), torch::randn({b, n, h, d}, options)};
+}
+
 // Two deterministic runs give the same bits; against the atomic run, the tensors whose sums
 // did not change are equal and the others agree to rounding (`summed_states`: blocks longer than
 // one 256-token chunk, whose states and dS' the chunks' parts now make in a fixed order, so the
@@ -128,11 +139,7 @@ TEST_CASE(
   for (const auto& c : cases) {
     INFO("B " << c.b << " N " << c.n << " H " << c.h << " D " << c.d << " M " << c.blocks << " "
               << c10::toString(c.dtype));
-    auto options = torch::TensorOptions().device(torch::kCUDA).dtype(c.dtype);
-    auto q = torch::randn({c.b, c.n, c.h, c.d}, options);
-    auto k = torch::randn({c.b, c.n, c.h, c.d}, options);
-    auto v = torch::randn({c.b, c.n, c.h, c.d}, options);
-    auto grad_out = torch::randn({c.b, c.n, c.h, c.d}, options);
+    const auto [q, k, v, grad_out] = random_inputs(c.b, c.n, c.h, c.d, c.dtype);
     auto mixing =
         torch::eye(c.blocks, torch::TensorOptions().device(torch::kCUDA)) * 0.5 +
         torch::rand({c.blocks, c.blocks}, torch::TensorOptions().device(torch::kCUDA)) * 0.1;
@@ -167,11 +174,7 @@ TEST_CASE("attention: with train.deterministic linear attention's CUDA kernels g
   for (const auto& c : cases) {
     INFO("B " << c.b << " N " << c.n << " H " << c.h << " D " << c.d << " "
               << c10::toString(c.dtype));
-    auto options = torch::TensorOptions().device(torch::kCUDA).dtype(c.dtype);
-    auto q = torch::randn({c.b, c.n, c.h, c.d}, options);
-    auto k = torch::randn({c.b, c.n, c.h, c.d}, options);
-    auto v = torch::randn({c.b, c.n, c.h, c.d}, options);
-    auto grad_out = torch::randn({c.b, c.n, c.h, c.d}, options);
+    const auto [q, k, v, grad_out] = random_inputs(c.b, c.n, c.h, c.d, c.dtype);
     const Gradients atomic = run_op(fn, q, k, v, {}, 1, grad_out);
     DeterministicSumsScope deterministic(true);
     const Gradients first = run_op(fn, q, k, v, {}, 1, grad_out);
@@ -207,11 +210,7 @@ TEST_CASE(
               << " " << c10::toString(c.dtype));
     const auto& type = attention_registry().get(c.op);
     const auto& fn = type.backends.at("cuda");
-    auto options = torch::TensorOptions().device(torch::kCUDA).dtype(c.dtype);
-    auto q = torch::randn({c.b, c.n, c.h, c.d}, options);
-    auto k = torch::randn({c.b, c.n, c.h, c.d}, options);
-    auto v = torch::randn({c.b, c.n, c.h, c.d}, options);
-    auto grad_out = torch::randn({c.b, c.n, c.h, c.d}, options);
+    const auto [q, k, v, grad_out] = random_inputs(c.b, c.n, c.h, c.d, c.dtype);
     torch::Tensor mixing;
     if (std::string(c.op) == "mhla") {
       mixing = type.make_args({c.b, c.n, c.h, c.d, c.blocks, true},
@@ -248,11 +247,7 @@ TEST_CASE("attention: with train.deterministic softmax attention's gradients are
   for (const auto& c : cases) {
     INFO("B " << c.b << " N " << c.n << " H " << c.h << " D " << c.d << " causal " << c.causal
               << " " << c10::toString(c.dtype));
-    auto options = torch::TensorOptions().device(torch::kCUDA).dtype(c.dtype);
-    auto q = torch::randn({c.b, c.n, c.h, c.d}, options);
-    auto k = torch::randn({c.b, c.n, c.h, c.d}, options);
-    auto v = torch::randn({c.b, c.n, c.h, c.d}, options);
-    auto grad_out = torch::randn({c.b, c.n, c.h, c.d}, options);
+    const auto [q, k, v, grad_out] = random_inputs(c.b, c.n, c.h, c.d, c.dtype);
     const Gradients sdpa = run_op(fn, q, k, v, {}, 1, grad_out, c.causal);
     DeterministicSumsScope deterministic(true);
     const Gradients first = run_op(fn, q, k, v, {}, 1, grad_out, c.causal);

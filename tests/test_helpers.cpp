@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdio>
@@ -88,6 +89,22 @@ std::vector<double> logged_losses(const std::string& run_dir) {
     if (record.contains("loss")) losses.push_back(record["loss"].get<double>());
   }
   return losses;
+}
+
+BitComparison compare_bits(const std::map<std::string, torch::Tensor>& a,
+                           const std::map<std::string, torch::Tensor>& b) {
+  BitComparison result;
+  for (const auto& [name, t] : a) {
+    const auto other = b.find(name);
+    if (other == b.end()) {
+      result.differing.push_back(name);
+      continue;
+    }
+    if (!torch::equal(t, other->second)) result.differing.push_back(name);
+    result.largest_difference =
+        std::max(result.largest_difference, (t - other->second).abs().max().item<double>());
+  }
+  return result;
 }
 
 DeterministicCudnnScope::DeterministicCudnnScope()

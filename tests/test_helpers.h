@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -38,6 +39,15 @@ bool contains(const std::string& text, const std::string& part);
 
 // The "loss" of every record of <run_dir>/metrics.jsonl, in order.
 std::vector<double> logged_losses(const std::string& run_dir);
+
+// Two runs' named tensors (model_tensors) compared bit for bit: the names whose tensors differ
+// (or are missing from `b`), and the largest absolute difference over the shared names.
+struct BitComparison {
+  std::vector<std::string> differing;
+  double largest_difference = 0;
+};
+BitComparison compare_bits(const std::map<std::string, torch::Tensor>& a,
+                           const std::map<std::string, torch::Tensor>& b);
 
 // cuDNN's deterministic algorithms for a scope: the GPU tests that compare two training runs
 // (its weight-gradient algorithms may otherwise sum with atomics).
