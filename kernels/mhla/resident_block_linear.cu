@@ -33,9 +33,9 @@ __global__ void __launch_bounds__(kForwardThreads, 2)
   const bool mixes = p.mixing != nullptr;
   const BlockGeometry geometry(s, strips);
 
-  copy_rows<T, D>(p.q, b, h, n, padded, qf);
-  copy_rows<T, D>(p.k, b, h, n, padded, kf);
-  copy_rows<T, D>(p.v, b, h, n, padded, vs);
+  copy_rows<T, D, kForwardThreads>(p.q, b, h, n, padded, qf);
+  copy_rows<T, D, kForwardThreads>(p.k, b, h, n, padded, kf);
+  copy_rows<T, D, kForwardThreads>(p.v, b, h, n, padded, vs);
   if (mixes) {
     for (int e = threadIdx.x; e < s.blocks * s.blocks; e += kForwardThreads) mix[e] = p.mixing[e];
   }
@@ -163,11 +163,11 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
   T* o_tile = reinterpret_cast<T*>(out_or_stages);
   float* stages = reinterpret_cast<float*>(out_or_stages);
 
-  copy_rows<T, D>(p.q, b, h, n, padded, qf);
-  copy_rows<T, D>(p.k, b, h, n, padded, kf);
-  copy_rows<T, D>(p.v, b, h, n, padded, vs);
-  copy_rows<T, D>(p.grad_out, b, h, n, padded, gs);
-  copy_rows<T, D>(p.out, b, h, n, padded, o_tile);
+  copy_rows<T, D, kBackwardThreads>(p.q, b, h, n, padded, qf);
+  copy_rows<T, D, kBackwardThreads>(p.k, b, h, n, padded, kf);
+  copy_rows<T, D, kBackwardThreads>(p.v, b, h, n, padded, vs);
+  copy_rows<T, D, kBackwardThreads>(p.grad_out, b, h, n, padded, gs);
+  copy_rows<T, D, kBackwardThreads>(p.out, b, h, n, padded, o_tile);
   if (mixes) {
     for (int e = threadIdx.x; e < blocks * blocks; e += blockDim.x) mix[e] = p.mixing[e];
   }

@@ -372,12 +372,12 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
 
   // Three copy groups, in the order the work needs them: q and k, then do, then v. The forward's
   // output is not read: gd comes from dq at the end (gd_from_strip).
-  copy_rows<T, D>(p.q, b, h, n, padded, qf);
-  copy_rows<T, D>(p.k, b, h, n, padded, kf);
+  copy_rows<T, D, kBackwardThreads>(p.q, b, h, n, padded, qf);
+  copy_rows<T, D, kBackwardThreads>(p.k, b, h, n, padded, kf);
   close_copy_group();
-  copy_rows<T, D>(p.grad_out, b, h, n, padded, gs);
+  copy_rows<T, D, kBackwardThreads>(p.grad_out, b, h, n, padded, gs);
   close_copy_group();
-  copy_rows<T, D>(p.v, b, h, n, padded, vs);
+  copy_rows<T, D, kBackwardThreads>(p.v, b, h, n, padded, vs);
   close_copy_group();
   for (int e = threadIdx.x; e < kSetBlocks * kSetBlocks; e += blockDim.x) {
     const int i = e / kSetBlocks, j = e % kSetBlocks;

@@ -200,28 +200,46 @@ __device__ void store_strip(const float* stage, T* dst, int b, int h, int heads,
 }
 
 // Starts copying the n token rows of one (batch, head) into a padded shared tile; rows up to
-// `padded` are zero-filled. Complete after wait_async_copies() and a barrier. Each thread keeps
-// one 16-byte column of its rows (blockDim.x is a multiple of D / 8) and steps its source offset
-// and shared address: about 11 instructions per piece in the SASS, against about 45 when each
-// piece computed its row, column and 64-bit address (a fifth of the forward's instructions).
-template <typename T, int D>
-__device__ void copy_rows(const TokenTensor& src, int b, int h, int n, int padded, T* tile) {
+// `padded` are zero-filled. Complete after wait_async_copies() and a barrier. Threads is the
+// CTA's size: each thread copies one 16-byte column of every (Threads / (D / 8))-th row.
+template <typename T, int D, int Threads>
+__device__ __forceinline__ void copy_rows(const TokenTensor& src, int b, int h, int n, int padded,
+                                          T* tile) {
   constexpr int ld = ResidentLayout<D>::ld, per_row = D / 8;  // 16-byte pieces per row
-  const int rows_per_pass = static_cast<int>(blockDim.x) / per_row;
+  constexpr int rows_per_pass = Threads / per_row;
+  constexpr int passes = (max_tokens<D>() + rows_per_pass - 1) / rows_per_pass;
+  static_assert(Threads % per_row == 0, "whole rows per pass");
   const int first = static_cast<int>(threadIdx.x) / per_row;
   const int column = (static_cast<int>(threadIdx.x) % per_row) * 8;
-  // The source address advances by integer steps and becomes a pointer only for live rows.
+  // The source advances by a 64-bit step that the compiler may not fold back into a product per
+  // piece (it otherwise recomputes the whole address each time).
   uint64_t from = reinterpret_cast<uint64_t>(
       static_cast<const T*>(src.data) +
       (b * src.batch_stride + first * src.token_stride + h * src.head_stride + column));
   const uint64_t step = rows_per_pass * src.token_stride * sizeof(T);
-  unsigned to = shared_address(tile + first * ld + column);
+  const unsigned to = shared_address(tile + first * ld + column);
+  if (n == padded && first + (passes - 1) * rows_per_pass < padded) {
+    // Every piece of this thread is live (a full tile, the vision shapes): a straight run of
+    // copies, each a 64-bit step and a shared address with an immediate offset. The loop below
+    // spent about 30 instructions a piece on branches and address set-up, a tenth of the state
+    // backward's instructions, issued before anything else could start.
+#pragma unroll
+    for (int pass = 0; pass < passes; ++pass) {
+      // 16 bytes global -> shared without passing through registers; many in flight.
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                       to + static_cast<unsigned>(pass * rows_per_pass * ld * sizeof(T))),
+                   "l"(from));
+      from += step;
+      asm volatile("" : "+l"(from));
+    }
+    return;
+  }
+  unsigned at = to;
   const unsigned to_step = rows_per_pass * ld * sizeof(T);
 #pragma unroll 4
-  for (int r = first; r < padded; r += rows_per_pass, from += step, to += to_step) {
+  for (int r = first; r < padded; r += rows_per_pass, from += step, at += to_step) {
     if (r < n) {
-      // 16 bytes global -> shared without passing through registers; many in flight.
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to), "l"(from));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(at), "l"(from));
     } else {
       *reinterpret_cast<uint4*>(tile + r * ld + column) = make_uint4(0, 0, 0, 0);
     }
