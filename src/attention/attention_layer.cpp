@@ -1,6 +1,7 @@
 #include "attention/attention_layer.h"
 
 #include "attention/attention_type.h"
+#include "attention/grid_depthwise_conv.h"
 #include "attention/rotary.h"
 #include "core/environment.h"
 
@@ -18,9 +19,10 @@ AttentionLayerImpl::AttentionLayerImpl(const AttentionSpec& spec, const Attentio
   if (spec.config.cpe) {
     if (!spec.layout.is_grid()) fail("{}: attention.cpe needs a 2-D token grid", spec.where);
     const auto k = spec.config.cpe_kernel;
-    cpe_ = register_module("cpe", torch::nn::Conv2d(torch::nn::Conv2dOptions(spec.dim, spec.dim, k)
-                                                        .padding(k / 2)
-                                                        .groups(spec.dim)));
+    cpe_ = register_module(
+        "cpe",
+        torch::nn::Conv2d(
+            torch::nn::Conv2dOptions(spec.dim, spec.dim, k).padding(k / 2).groups(spec.dim)));
   }
   // A backend this build lacks is an error at build time, not mid-run.
   if (spec.config.backend != "auto" && !type.backends.count(spec.config.backend)) {
@@ -67,8 +69,10 @@ std::array<torch::Tensor, 3> AttentionLayerImpl::project_qkv(const torch::Tensor
 torch::Tensor AttentionLayerImpl::finish(const torch::Tensor& x, torch::Tensor out,
                                          const torch::Tensor& v) {
   if (cpe_) {
-    // CPE: depthwise conv of v over the 2-D patch grid, added to the attention output.
-    out = out + spec_.layout.to_tokens(cpe_->forward(spec_.layout.to_grid(v))).to(out.scalar_type());
+    // CPE: depthwise conv of v over the 2-D patch grid, added to the attention output; on the
+    // tokens where they lie (block-major), without gathering them into a raster grid and back.
+    out =
+        out + grid_depthwise_conv(v, cpe_->weight, cpe_->bias, spec_.layout).to(out.scalar_type());
   }
   if (gate_) out = out * torch::sigmoid(gate_->forward(x));
   return proj_->forward(out);

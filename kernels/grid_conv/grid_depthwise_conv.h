@@ -1,0 +1,53 @@
+#pragma once
+// The conditional position encoding (CPE) of the attention layers in one pass each way: a 3 x 3
+// depthwise convolution (zero padding 1, with bias) over the 2-D patch grid, on tokens that are
+// stored block-major (attention/token_layout.h: the grid is cut into tiles_h x tiles_w tiles, and
+// each tile's tokens are one contiguous slab). ATen has to gather the tokens into a raster grid,
+// convolve and gather them back, and each gather is a strided copy of the whole activation, both
+// ways (for MHLA's 4 x 4 tiles: four copies a layer, 10 % of a DeiT-T/2 training step).
+//
+//   out[b, t, c] = bias[c] + sum_{i, j} w[c, i, j] x[b, token(y_t + i - 1, x_t + j - 1), c]
+//   dx[b, s, c]  = sum_{i, j} w[c, i, j] dout[b, token(y_s - i + 1, x_s - j + 1), c]
+//   dw[c, i, j]  = sum_{b, t} dout[b, t, c] x[b, token(y_t + i - 1, x_t + j - 1), c]
+//   dbias[c]     = sum_{b, t} dout[b, t, c]
+// (terms whose grid position falls outside the grid are zero). The weight gradients are summed
+// per CTA, then over CTAs in a fixed order: no atomics, the same bits on every run.
+// One CTA per (image, run of 64 tokens, slice of up to 16 channel vectors); a thread owns one
+// vector of channels (16 bytes in the forward, 4 channels in the backward) and every 8th token of
+// the run, and reads each tap's row straight from global memory (a tap outside the grid reads a
+// zero row, so a token's loads are unconditional and in flight together).
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "mhla/block_linear_attention.h"  // DType
+
+namespace mhla_kernels {
+
+inline constexpr int kGridConvKernel = 3;  // the only size the kernels take
+
+struct GridConvArgs {
+  DType dtype = DType::bf16;  // x, out, dout, dx
+  int batch = 0, channels = 0;
+  int grid_h = 0, grid_w = 0, tiles_h = 1, tiles_w = 1;  // block-major token layout
+  const void* x = nullptr;  // [B, N, C]: rows of C contiguous elements, 16-byte aligned
+  int64_t x_batch_stride = 0, x_token_stride = 0;  // elements
+  const float* weight = nullptr;  // [C, 3 * 3] contiguous (the Conv2d's [C, 1, 3, 3])
+  const float* bias = nullptr;    // [C], or nullptr
+  void* out = nullptr;            // forward output [B, N, C] contiguous
+  const void* dout = nullptr;     // backward input [B, N, C] contiguous
+  void* dx = nullptr;             // backward outputs: [B, N, C] contiguous
+  float* dweight = nullptr;       // [C, 3 * 3]
+  float* dbias = nullptr;         // [C], or nullptr
+  float* workspace = nullptr;     // grid_conv_workspace_floats(args)
+};
+
+// Whether the kernels take this layout and these channels (16-byte channel vectors, tiles that
+// divide the grid, 32-bit token counts); the strides and alignment of x are the caller's check.
+bool grid_conv_supported(const GridConvArgs& args);
+size_t grid_conv_workspace_floats(const GridConvArgs& args);
+cudaError_t grid_conv_forward(const GridConvArgs& args, cudaStream_t stream);
+cudaError_t grid_conv_backward(const GridConvArgs& args, cudaStream_t stream);
+
+}  // namespace mhla_kernels
