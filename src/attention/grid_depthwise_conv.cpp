@@ -82,6 +82,10 @@ class GridConvFunction : public torch::autograd::Function<GridConvFunction> {
     const auto l = ctx->saved_data["layout"].toIntVector();
     const TokenLayout layout{l[0], l[1], l[2], l[3]};
     const bool has_bias = ctx->saved_data["bias"].toBool();
+    if (!grads[0].defined()) {  // the output took no part in the loss
+      return {torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
+              torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    }
     auto dout = grads[0].to(x.scalar_type()).contiguous();
     auto a = args_for(x, layout);
     auto dx = torch::empty({x.size(0), x.size(1), x.size(2)}, x.options());
