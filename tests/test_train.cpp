@@ -350,14 +350,16 @@ TEST_CASE("train: with train.deterministic two GPU runs end with the same bits",
     return;
   }
   test::TempDir dir("deterministic");
-  // MHLA and linear attention on their CUDA kernels, softmax on PyTorch's SDPA.
+  // MHLA and linear attention on their CUDA kernels, softmax on PyTorch's SDPA; the CPE on its
+  // grid-conv kernel (ordered weight-gradient sums) in every case.
   for (const char* type : {"mhla", "linear", "softmax"}) {
     INFO("attention.type = " << type);
     auto run = [&](const std::string& name) {
       Config c = tiny_config(dir.str(), name + "_" + type,
                              {"train.device=cuda", "model.width=64",
                               std::string("attention.type=") + type, "attention.backend=auto",
-                              "train.deterministic=true", "train.log_every=1", "optim.lr=2e-3"});
+                              "attention.cpe=true", "train.deterministic=true",
+                              "train.log_every=1", "optim.lr=2e-3"});
       auto run_dir = create_run_folder(c);
       Trainer trainer(c, run_dir, false);
       trainer.stop_after_step(20);
