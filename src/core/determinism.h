@@ -5,7 +5,8 @@
 // amplifies those bits (bf16 rounding, AdamW near zero). With the switch on, the MHLA kernels write
 // one partial mixing gradient per CTA (and, where chunks share a block state, one partial state
 // per chunk) and the bindings sum them in a fixed order; softmax attention takes FlashAttention's
-// ordered backward (attention/deterministic_flash_attention.h); cuDNN takes its deterministic
+// ordered backward (attention/deterministic_flash_attention.h); the CPE's grid-conv kernel sums
+// its weight gradient in a fixed order always; cuDNN takes its deterministic
 // algorithms; a GPU path that can only sum with atomics refuses to run, by name.
 #include <string>
 
