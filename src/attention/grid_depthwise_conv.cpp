@@ -1,7 +1,10 @@
 #include "attention/grid_depthwise_conv.h"
 
+#include <mutex>
+
 #include "core/environment.h"
 #include "core/error.h"
+#include "core/logging.h"
 
 #ifdef MHLA_WITH_CUDA_KERNELS
 #include <c10/cuda/CUDAGuard.h>
@@ -167,8 +170,18 @@ torch::Tensor grid_depthwise_conv(const torch::Tensor& x, const torch::Tensor& w
 #ifdef MHLA_WITH_CUDA_KERNELS
   static const bool enabled = environment_switch("MHLA_FUSED_GRID_CONV", true);
   check_shapes(x, weight, bias, layout);
-  if (enabled && kernel_takes(x, weight, bias, layout)) {
-    return grid_depthwise_conv_kernel(x, weight, bias, layout);
+  if (enabled && x.is_cuda()) {
+    if (kernel_takes(x, weight, bias, layout))
+      return grid_depthwise_conv_kernel(x, weight, bias, layout);
+    // Slower, not wrong: say so once, so that a run's log explains its speed.
+    static std::once_flag once;
+    std::call_once(once, [&] {
+      logger().info(
+          "attention.cpe: a {} x {} kernel on {} with C = {} runs ATen's conv2d and token gathers "
+          "(the grid-conv kernel takes kernel size {}, 16-byte channel vectors, fp32 weights)",
+          weight.size(2), weight.size(3), c10::toString(x.scalar_type()), x.size(2),
+          kernels::kGridConvKernel);
+    });
   }
 #endif
   return grid_depthwise_conv_reference(x, weight, bias, layout);
