@@ -120,12 +120,7 @@ bool kernel_takes(const torch::Tensor& x, const torch::Tensor& weight, const tor
   if (x.size(0) > INT32_MAX || x.size(2) > INT32_MAX || layout.grid_h > INT32_MAX ||
       layout.grid_w > INT32_MAX)
     return false;
-  kernels::GridConvArgs a;
-  a.dtype = *kernel_dtype_of(x.scalar_type());
-  a.batch = static_cast<int>(x.size(0)), a.channels = static_cast<int>(x.size(2));
-  a.grid_h = static_cast<int>(layout.grid_h), a.grid_w = static_cast<int>(layout.grid_w);
-  a.tiles_h = static_cast<int>(layout.tiles_h), a.tiles_w = static_cast<int>(layout.tiles_w);
-  return kernels::grid_conv_supported(a);
+  return kernels::grid_conv_supported(args_for(x, layout));
 }
 #endif
 
