@@ -125,19 +125,23 @@ TEST_CASE("layers: the fused GELU MLP products match float64 torch, values and g
     };
     // DiT-S's MLP (384 -> 1,536 -> 384) at 256 tokens, a small one with a token count that is
     // no multiple of anything, a single token, a narrower output than input.
+    // Both forms: tanh fused into the products, erf's backward in one pass with the bias sum.
     for (Shape s : {Shape{2, 256, 384, 1536, 384}, Shape{3, 37, 64, 256, 64},
                     Shape{1, 1, 32, 128, 32}, Shape{2, 19, 128, 512, 48}}) {
-      for (bool bf16 : {true, false}) {
+      for (auto [bf16, form] :
+           {std::pair{true, GeluForm::tanh}, std::pair{false, GeluForm::tanh},
+            std::pair{true, GeluForm::exact}, std::pair{false, GeluForm::exact}}) {
         INFO("B " << s.batch << " N " << s.tokens << " " << s.in << " -> " << s.hidden << " -> "
-                  << s.out << (bf16 ? ", bf16 autocast" : ", fp32"));
+                  << s.out << (bf16 ? ", bf16 autocast" : ", fp32")
+                  << (form == GeluForm::tanh ? ", tanh" : ", erf"));
         torch::manual_seed(s.tokens + s.hidden);
         auto x = torch::randn({s.batch, s.tokens, s.in}, f32).requires_grad_(true);
         auto w = random_weights(s.in, s.hidden, s.out, f32);
-        REQUIRE(gelu_mlp_fuses(x, w.w1, w.b1, w.w2, w.b2, GeluForm::tanh));
+        REQUIRE(gelu_mlp_fuses(x, w.w1, w.b1, w.w2, w.b2, form));
         torch::Tensor out;
         {
           AutocastScope autocast(cuda, bf16);
-          out = gelu_mlp(x, w.w1, w.b1, w.w2, w.b2, GeluForm::tanh);
+          out = gelu_mlp(x, w.w1, w.b1, w.w2, w.b2, form);
         }
         REQUIRE(out.grad_fn() != nullptr);
         CHECK(out.grad_fn()->name().find("FusedGeluMlpFunction") != std::string::npos);
@@ -149,7 +153,7 @@ TEST_CASE("layers: the fused GELU MLP products match float64 torch, values and g
         MlpWeights w64{
             f64cpu(w.w1).detach().requires_grad_(true), f64cpu(w.b1).detach().requires_grad_(true),
             f64cpu(w.w2).detach().requires_grad_(true), f64cpu(w.b2).detach().requires_grad_(true)};
-        auto expected = mlp_formula(x64, w64.w1, w64.b1, w64.w2, w64.b2, GeluForm::tanh);
+        auto expected = mlp_formula(x64, w64.w1, w64.b1, w64.w2, w64.b2, form);
         (expected * f64cpu(up)).sum().backward();
 
         // bf16: the products' inputs and the hidden activation are rounded to 8 bits of

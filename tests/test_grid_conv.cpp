@@ -2,7 +2,8 @@
 // float64 loop over grid positions on the CPU, and the CUDA kernels (kernels/grid_conv) against
 // the reference, values and the gradients of x, the weight and the bias, over the layouts the
 // models build (MHLA's 4 x 4 tiles, the 1 x 1 tiling of the other types, tiles that are not
-// square, runs of tokens the 64-token CTAs do not divide) and strided inputs.
+// square, grids cut into several bands of rows, one of them shorter, grids too wide for the small
+// shared-memory budget) and strided inputs.
 #include "attention/grid_depthwise_conv.h"
 #include "catch_compat.h"
 #include "test_helpers.h"
@@ -87,6 +88,8 @@ TEST_CASE("attention: the grid conv's reference is the position-by-position form
       CHECK(test::relative_error(unbiased, loop_formula(x, w, torch::Tensor(), l)) < 1e-12);
       // The default path on the CPU is the reference.
       CHECK(torch::equal(grid_depthwise_conv(x, w, bias, l), ours));
+      auto base = torch::randn({2, 48, 5}, f64);
+      CHECK(torch::equal(grid_depthwise_conv_added(base, x, w, bias, l), base + ours));
     }
   }
   const TokenLayout l{6, 8, 2, 2};
@@ -116,13 +119,16 @@ TEST_CASE("attention: the grid conv kernels equal the reference, values and grad
     int64_t batch, channels;
     TokenLayout layout;
   };
-  // DeiT-T/2 with MHLA (16 x 16 grid, 4 x 4 tiles, C = 192: two slices of 12 vectors) and the
-  // other types' 1 x 1 tiling; DiT-S's width (C = 384: three slices); tiles of 3 x 5 in a 6 x 10
-  // grid (60 tokens, one partial run); 9 x 9 in 3 x 3 tiles (81 tokens: a run of 17); C = 40 (five
-  // bf16 vectors, ten fp32 ones); a grid one token wide.
+  // DeiT-T/2 with MHLA (16 x 16 grid, 4 x 4 tiles, C = 192: three 128-byte channel chunks in
+  // 16 bits; the backward in two bands of 8 rows) and the other types' 1 x 1 tiling; DiT-S's
+  // width (C = 384); tiles of 3 x 5 in a 6 x 10 grid; 9 x 9 in 3 x 3 tiles; C = 40 (a chunk
+  // narrower than 128 bytes); a grid one token wide; 24 x 24 (backward bands of 5, 5, 5, 5 and 4
+  // rows); a grid 130 wide (three rows do not fit the small budget: the large one, 6 rows in two
+  // bands in the backward, one band of 6 rows over 48 KB in the forward).
   const std::vector<Case> cases = {{3, 192, {16, 16, 4, 4}}, {2, 192, {16, 16, 1, 1}},
                                    {2, 384, {8, 8, 2, 2}},   {2, 64, {6, 10, 2, 2}},
-                                   {3, 40, {9, 9, 3, 3}},    {2, 16, {5, 1, 1, 1}}};
+                                   {3, 40, {9, 9, 3, 3}},    {2, 16, {5, 1, 1, 1}},
+                                   {2, 64, {24, 24, 4, 4}},  {1, 32, {6, 130, 2, 2}}};
   for (const auto& c : cases) {
     for (auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kFloat16}) {
       for (bool strided : {false, true}) {
@@ -159,6 +165,48 @@ TEST_CASE("attention: the grid conv kernels equal the reference, values and grad
   }
 }
 
+TEST_CASE("attention: the grid conv kernel adds a base in its pass, values and gradients",
+          "[attention][gpu]") {
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device: skipped");
+    return;
+  }
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA);
+  const TokenLayout l{16, 16, 4, 4};
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    INFO("dtype " << dtype);
+    torch::manual_seed(11);
+    auto x0 = torch::randn({3, l.tokens(), 192}, cuda).to(dtype);
+    auto base0 = torch::randn({3, l.tokens(), 192}, cuda).to(dtype);
+    auto w0 = torch::randn({192, 1, 3, 3}, cuda) * 0.5;
+    auto b0 = torch::randn({192}, cuda);
+    auto up = torch::randn({3, l.tokens(), 192}, cuda);
+    auto x = x0.clone().requires_grad_(true), base = base0.clone().requires_grad_(true);
+    auto w = w0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+    auto out = grid_depthwise_conv_added(base, x, w, b, l);
+    CHECK(out.scalar_type() == dtype);
+    CHECK(out.grad_fn()->name().find("GridConvFunction") != std::string::npos);  // one pass
+    (out.to(torch::kFloat32) * up).sum().backward();
+    auto want = run(f64cpu(x0), f64cpu(w0), f64cpu(b0), f64cpu(up), l, false, false);
+    const double tol = dtype == torch::kFloat32 ? 1e-5 : 8e-3;
+    CHECK(test::relative_error(f64cpu(out), f64cpu(base0) + want.out) < tol);
+    // The base's gradient is the upstream gradient as the output's dtype carries it.
+    CHECK(torch::equal(base.grad(), up.to(dtype)));
+    CHECK(test::relative_error(f64cpu(x.grad()), want.dx) < tol);
+    CHECK(test::relative_error(f64cpu(w.grad()), want.dw) <
+          (dtype == torch::kFloat32 ? 1e-5 : 5e-3));
+    CHECK(test::relative_error(f64cpu(b.grad()), want.db) <
+          (dtype == torch::kFloat32 ? 1e-5 : 5e-3));
+  }
+  // A base the kernel does not write (another dtype) is added outside it, in the base's dtype.
+  auto x = torch::randn({2, l.tokens(), 64}, cuda).to(torch::kBFloat16);
+  auto base = torch::randn({2, l.tokens(), 64}, cuda);
+  auto w = torch::randn({64, 1, 3, 3}, cuda);
+  auto mixed = grid_depthwise_conv_added(base, x, w, {}, l);
+  CHECK(mixed.scalar_type() == torch::kFloat32);
+  CHECK(torch::equal(mixed, base + grid_depthwise_conv(x, w, {}, l).to(torch::kFloat32)));
+}
+
 TEST_CASE("attention: the grid conv kernel's weight gradients are the same bits on every run",
           "[attention][gpu]") {
   if (!torch::cuda::is_available()) {
@@ -185,4 +233,12 @@ TEST_CASE("attention: the grid conv kernel's weight gradients are the same bits 
   auto fused = grid_depthwise_conv(x, w5, bias, l);
   auto reference = grid_depthwise_conv_reference(x, w5, bias, l);
   CHECK(torch::equal(fused, reference));
+  // So do grids too wide for two three-row tiles in shared memory (the kernel itself refuses).
+  const TokenLayout wide{1, 400, 1, 1};
+  auto xw = torch::randn({2, wide.tokens(), 32}, cuda).to(torch::kBFloat16);
+  auto ww = torch::randn({32, 1, 3, 3}, cuda);
+  CHECK(torch::equal(grid_depthwise_conv(xw, ww, {}, wide),
+                     grid_depthwise_conv_reference(xw, ww, {}, wide)));
+  CHECK(test::contains(test::error_of([&] { grid_depthwise_conv_kernel(xw, ww, {}, wide); }),
+                       "grid depthwise conv kernel"));
 }

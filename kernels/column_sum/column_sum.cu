@@ -1,8 +1,10 @@
 #include "column_sum/column_sum.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "common/packed_access.cuh"
+#include "common/partial_sums.cuh"
 
 namespace mhla_kernels {
 namespace {
@@ -43,18 +45,31 @@ __device__ __forceinline__ float gelu_tanh_derivative(float x) {
   return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * kBeta * (1.f + 3.f * kKappa * x2);
 }
 
-// VEC elements of row r: x's, or with Gelu the GELU backward of them (also stored).
-template <typename T, int VEC, bool Gelu>
+// d/dx of x Phi(x), GELU's exact form (as torch's GeluBackward with approximate = "none"):
+// Phi(x) + x phi(x).
+__device__ __forceinline__ float gelu_erf_derivative(float x) {
+  constexpr float kSqrtHalf = 0.7071067811865476f, kInvSqrt2Pi = 0.3989422804014327f;
+  return 0.5f * (1.f + erff(x * kSqrtHalf)) + x * kInvSqrt2Pi * __expf(-0.5f * x * x);
+}
+
+// What the rows summed are: x itself, or the GELU backward x * gelu'(gelu_input) in either form.
+enum class Rows { plain, gelu_tanh, gelu_erf };
+
+// VEC elements of row r: x's, or the GELU backward of them (also stored).
+template <typename T, int VEC, Rows kRows>
 __device__ __forceinline__ Pack<T, VEC> load_row(const ColumnSumArgs& p, int64_t r, int col) {
   const T* x = static_cast<const T*>(p.x);
   const int64_t at = r * p.cols + col;
   Pack<T, VEC> pack = *reinterpret_cast<const Pack<T, VEC>*>(x + at);
-  if constexpr (Gelu) {
+  if constexpr (kRows != Rows::plain) {
     const auto pre =
         *reinterpret_cast<const Pack<T, VEC>*>(static_cast<const T*>(p.gelu_input) + at);
 #pragma unroll
     for (int i = 0; i < VEC; ++i) {
-      pack.v[i] = from_float<T>(to_float(pack.v[i]) * gelu_tanh_derivative(to_float(pre.v[i])));
+      const float u = to_float(pre.v[i]);
+      const float slope =
+          kRows == Rows::gelu_tanh ? gelu_tanh_derivative(u) : gelu_erf_derivative(u);
+      pack.v[i] = from_float<T>(to_float(pack.v[i]) * slope);
     }
     *reinterpret_cast<Pack<T, VEC>*>(static_cast<T*>(p.gelu_grad) + at) = pack;
   }
@@ -64,7 +79,7 @@ __device__ __forceinline__ Pack<T, VEC> load_row(const ColumnSumArgs& p, int64_t
 // grid (column tiles, slabs), 8 warps: lane = VEC adjacent columns, warps interleave the slab's
 // rows; the warps' sums meet in shared memory and one partial row per slab goes to workspace.
 // The sums add the values as stored (rounded to T), as a sum over the stored gradient would.
-template <typename T, int VEC, bool Gelu>
+template <typename T, int VEC, Rows kRows>
 __global__ void __launch_bounds__(kWarps * 32) slab_kernel(ColumnSumArgs p, int64_t rows_per_slab) {
   __shared__ float partial[kWarps][32 * VEC];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -77,7 +92,7 @@ __global__ void __launch_bounds__(kWarps * 32) slab_kernel(ColumnSumArgs p, int6
     for (; r + (kUnroll - 1) * kWarps < end; r += kUnroll * kWarps) {
       Pack<T, VEC> packs[kUnroll];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) packs[u] = load_row<T, VEC, Gelu>(p, r + u * kWarps, col);
+      for (int u = 0; u < kUnroll; ++u) packs[u] = load_row<T, VEC, kRows>(p, r + u * kWarps, col);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
@@ -85,7 +100,7 @@ __global__ void __launch_bounds__(kWarps * 32) slab_kernel(ColumnSumArgs p, int6
       }
     }
     for (; r < end; r += kWarps) {
-      const auto pack = load_row<T, VEC, Gelu>(p, r, col);
+      const auto pack = load_row<T, VEC, kRows>(p, r, col);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) sum[i] += to_float(pack.v[i]);
     }
@@ -102,14 +117,6 @@ __global__ void __launch_bounds__(kWarps * 32) slab_kernel(ColumnSumArgs p, int6
       p.workspace[static_cast<int64_t>(blockIdx.y) * p.cols + column] = total;
     }
   }
-}
-
-__global__ void add_slabs_kernel(const float* workspace, int slabs, int cols, float* out) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
-  float total = 0.f;
-  for (int s = 0; s < slabs; ++s) total += workspace[static_cast<int64_t>(s) * cols + c];
-  out[c] = total;
 }
 
 // 16-byte accesses where the columns and pointers allow (8 elements of 16 bits, 4 of fp32),
@@ -150,24 +157,27 @@ cudaError_t column_sum(const ColumnSumArgs& a, cudaStream_t stream) {
   if (g.slabs == 1) run.workspace = a.out;
   cudaError_t err = with_element_type(a.dtype, [&](auto tag) {
     using T = decltype(tag);
-    const bool gelu = a.gelu_input != nullptr;
+    const Rows rows = a.gelu_input == nullptr ? Rows::plain
+                      : a.gelu_exact          ? Rows::gelu_erf
+                                              : Rows::gelu_tanh;
+    auto launch = [&](auto vec_tag) {
+      constexpr int kVec = decltype(vec_tag)::value;
+      auto kernel = rows == Rows::plain       ? slab_kernel<T, kVec, Rows::plain>
+                    : rows == Rows::gelu_tanh ? slab_kernel<T, kVec, Rows::gelu_tanh>
+                                              : slab_kernel<T, kVec, Rows::gelu_erf>;
+      kernel<<<grid, kWarps * 32, 0, stream>>>(run, g.rows_per_slab);
+    };
     if (vec == 8) {
-      if constexpr (sizeof(T) == 2) {
-        (gelu ? slab_kernel<T, 8, true>
-              : slab_kernel<T, 8, false>)<<<grid, kWarps * 32, 0, stream>>>(run, g.rows_per_slab);
-      }
+      if constexpr (sizeof(T) == 2) launch(std::integral_constant<int, 8>{});
     } else if (vec == 4) {
-      (gelu ? slab_kernel<T, 4, true> : slab_kernel<T, 4, false>)<<<grid, kWarps * 32, 0, stream>>>(
-          run, g.rows_per_slab);
+      launch(std::integral_constant<int, 4>{});
     } else {
-      (gelu ? slab_kernel<T, 1, true> : slab_kernel<T, 1, false>)<<<grid, kWarps * 32, 0, stream>>>(
-          run, g.rows_per_slab);
+      launch(std::integral_constant<int, 1>{});
     }
     return cudaGetLastError();
   });
   if (err != cudaSuccess || g.slabs == 1) return err;
-  add_slabs_kernel<<<(a.cols + 255) / 256, 256, 0, stream>>>(a.workspace, g.slabs, a.cols, a.out);
-  return cudaGetLastError();
+  return sum_partials(a.workspace, g.slabs, a.cols, StoreInto{a.out}, stream);
 }
 
 }  // namespace mhla_kernels

@@ -5,10 +5,10 @@
 // tile of columns (16-byte row reads), and a second small kernel adds the slabs in a fixed order
 // (deterministic, no atomics).
 //
-// With gelu_input set, the rows summed are the GELU backward (tanh form) of x instead:
-// x * gelu'(gelu_input), which also goes to gelu_grad: a GELU MLP's hidden-layer gradient and its
-// bias gradient in one pass (models/gelu_mlp.h), where torch's GELU backward writes it and the
-// bias gradient reads it again.
+// With gelu_input set, the rows summed are the GELU backward of x instead (the tanh form, or the
+// exact erf form with gelu_exact): x * gelu'(gelu_input), which also goes to gelu_grad: a GELU
+// MLP's hidden-layer gradient and its bias gradient in one pass (models/gelu_mlp.h), where torch's
+// GELU backward writes it and the bias gradient reads it again.
 #include <cstddef>
 #include <cstdint>
 
@@ -27,6 +27,7 @@ struct ColumnSumArgs {
   float* workspace = nullptr;        // column_sum_workspace_floats(rows, cols) floats
   const void* gelu_input = nullptr;  // [rows, cols] in dtype, or nullptr: plain column sums
   void* gelu_grad = nullptr;         // [rows, cols] in dtype, written with gelu_input
+  bool gelu_exact = false;           // with gelu_input: the erf form's gelu' (else the tanh form's)
 };
 
 size_t column_sum_workspace_floats(int64_t rows, int cols);

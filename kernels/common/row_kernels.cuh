@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "common/packed_access.cuh"
+#include "common/partial_sums.cuh"
 
 namespace mhla_kernels {
 
@@ -87,22 +88,11 @@ inline bool is_aligned(const void* p, int bytes) {
   return reinterpret_cast<uintptr_t>(p) % bytes == 0;
 }
 
-// out[i] = sum over c < ctas of partials[c * size + i]. (A template only so that every file that
-// includes this header may define it.)
-template <typename Float = float>
-__global__ void sum_cta_partials_kernel(const Float* partials, int ctas, int64_t size, Float* out) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= size) return;
-  Float total = 0;
-  for (int c = 0; c < ctas; ++c) total += partials[c * size + i];
-  out[i] = total;
-}
-
+// out[i] = sum over c < ctas of partials[c * size + i], in a fixed order (common/partial_sums.cuh).
 inline cudaError_t sum_cta_partials(const float* partials, int ctas, int64_t size, float* out,
                                     cudaStream_t stream) {
-  sum_cta_partials_kernel<float><<<static_cast<unsigned>((size + 255) / 256), 256, 0, stream>>>(
-      partials, ctas, size, out);
-  return cudaGetLastError();
+  if (size > 0x7fffffff) return cudaErrorInvalidValue;
+  return sum_partials(partials, ctas, static_cast<int>(size), StoreInto{out}, stream);
 }
 
 }  // namespace mhla_kernels

@@ -2,305 +2,320 @@
 
 #include <algorithm>
 
+#include "common/async_copy.cuh"
 #include "common/element_type.cuh"
 #include "common/packed_access.cuh"
+#include "common/partial_sums.cuh"
 
 namespace mhla_kernels {
 namespace {
 
 constexpr int K = kGridConvKernel;
 constexpr int kTaps = K * K;
-constexpr int kTokensPerCta = 64;  // a run of tokens: one neighbour table per CTA
-constexpr int kLanes = 8;          // threads per channel vector, each every kLanes-th token
-constexpr int kMaxVectors = 16;    // channel vectors per CTA (the slice)
-constexpr int kZeroBytes = 64 * 1024;
-constexpr int kSumRows = 8;  // row groups of the partials' sum (one warp each)
+constexpr int kChunkBytes = 128;  // a CTA's channels: one 128-byte piece of every token's row
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+// Shared memory a CTA's band may take: the small budget keeps four CTAs on an SM; wide grids,
+// whose three rows (one plus the halo) do not fit in it, take the large one.
+constexpr int kSmallBudget = 48 * 1024;
+constexpr int kLargeBudget = 200 * 1024;
 
-// What a tap outside the grid reads: one zero row (static device memory starts zeroed), so that
-// every load is unconditional and a token's loads go out together.
-__device__ __align__(16) unsigned char zero_row[kZeroBytes];
-
-// Channels per thread: 16 bytes in the forward; 4 in the backward, whose nine fp32 dw sums per
-// channel would otherwise take most of the registers (255 with 8 bf16 channels: 9 % occupancy).
-template <typename T, bool Backward>
-constexpr int vector_of() {
-  return Backward ? 4 : 16 / static_cast<int>(sizeof(T));
+constexpr int align16(int bytes) {
+  return (bytes + 15) / 16 * 16;
 }
 
-// The CTA's slices of the channel vectors: the fewest slices of at most kMaxVectors, as even as
-// they come (24 vectors: two of 12).
-struct Slicing {
-  int vectors, slices, per_slice;
-  __host__ __device__ Slicing(int channels, int vec) : vectors(channels / vec) {
-    slices = (vectors + kMaxVectors - 1) / kMaxVectors;
-    per_slice = (vectors + slices - 1) / slices;
+// How the grid is cut into bands of whole rows, each staged with a one-row halo above and below
+// and a one-column halo left and right (zeros outside the grid) as a raster tile of
+// (rows + 2) x (grid_w + 2) cells of 128 bytes. `staged`: tiles per CTA (the forward stages x,
+// the backward x and dout).
+struct Banding {
+  int rows = 0, bands = 0, width = 0, cells = 0, smem = 0;
+  __host__ __device__ Banding(int grid_h, int grid_w, int staged) {
+    width = grid_w + 2;
+    const int cell_bytes = staged * kChunkBytes + 4;  // the tiles and the token table
+    int fit = kSmallBudget / (width * cell_bytes) - 2;
+    if (fit < 1) fit = kLargeBudget / (width * cell_bytes) - 2;
+    if (fit < 1) return;  // rows == 0: not supported
+    bands = (grid_h + fit - 1) / fit;
+    rows = (grid_h + bands - 1) / bands;  // as even as they come
+    cells = (rows + 2) * width;
+    // The backward reuses the tiles for the warps' weight-gradient sums.
+    // (fp32 sums of up to 64 channels a row).
+    const int tiles = staged * cells * kChunkBytes, sums = kWarps * (kTaps + 1) * 64 * 4;
+    smem = align16(cells * 4) + (staged == 2 && sums > tiles ? sums : tiles);
   }
 };
 
-// Block-major token t <-> grid position. The neighbour table of a run holds, per token and tap
-// (tap i * 3 + j: the position (y + i - 1, x + j - 1)), the neighbour's token, or -1 outside
-// the grid. One thread per token: three divisions for its position, none per tap.
+// Block-major token index of grid position (y, x), or -1 outside the grid.
 struct BlockGrid {
-  int grid_h, grid_w, tile_h, tile_w, tiles_w, tile_size;
+  int grid_h, grid_w, tile_h, tile_w, tiles_w;
   __host__ __device__ explicit BlockGrid(const GridConvArgs& a)
       : grid_h(a.grid_h),
         grid_w(a.grid_w),
         tile_h(a.grid_h / a.tiles_h),
         tile_w(a.grid_w / a.tiles_w),
-        tiles_w(a.tiles_w),
-        tile_size(tile_h * tile_w) {}
-  __device__ void neighbours(int t, int* entries) const {
-    const int block = t / tile_size, within = t - block * tile_size;
-    const int by = block / tiles_w, bx = block - by * tiles_w;
-    const int wy = within / tile_w, wx = within - wy * tile_w;
-    const int y = by * tile_h + wy, x = bx * tile_w + wx;
-#pragma unroll
-    for (int i = 0; i < K; ++i) {
-      // The row's tile and row inside it, stepping over a tile edge without dividing.
-      int ty = by, ry = wy + i - 1;
-      if (ry < 0) --ty, ry += tile_h;
-      if (ry >= tile_h) ++ty, ry -= tile_h;
-#pragma unroll
-      for (int j = 0; j < K; ++j) {
-        int tx = bx, rx = wx + j - 1;
-        if (rx < 0) --tx, rx += tile_w;
-        if (rx >= tile_w) ++tx, rx -= tile_w;
-        const bool inside =
-            y + i - 1 >= 0 && y + i - 1 < grid_h && x + j - 1 >= 0 && x + j - 1 < grid_w;
-        entries[i * K + j] = inside ? (ty * tiles_w + tx) * tile_size + ry * tile_w + rx : -1;
-      }
-    }
+        tiles_w(a.tiles_w) {}
+  __device__ int token(int y, int x) const {
+    if (y < 0 || y >= grid_h || x < 0 || x >= grid_w) return -1;
+    const int by = y / tile_h, bx = x / tile_w;
+    return ((by * tiles_w + bx) * tile_h + (y - by * tile_h)) * tile_w + (x - bx * tile_w);
   }
 };
 
-// What every CTA of both passes sets up: its image, run and channel slice, the neighbour table of
-// its run and its slice of the weights, in shared memory.
-template <int Vec>
-struct Cta {
-  int b, run0, run_tokens, vector, channel;
-  bool live;      // this thread has a channel vector (the last slice may be narrower)
-  int* table;     // [kTokensPerCta][kTaps]
-  float* weight;  // [kTaps][per_slice * Vec]
+// One CTA's band of one image and one 128-byte channel chunk: the token table of its raster
+// cells and the staged tiles in shared memory.
+template <typename T>
+struct BandCta {
+  static constexpr int kChunk = kChunkBytes / static_cast<int>(sizeof(T));  // elements
+  int b, y0, rows, c0, chunk;  // chunk: channels of this chunk (the last one may be narrower)
+  Banding banding;
+  int* table;  // [cells]: the token at each raster cell, or -1 (a zero cell)
 
-  __device__ Cta(const GridConvArgs& a, unsigned char* smem) {
-    const Slicing slicing(a.channels, Vec);
-    const int tokens = a.grid_h * a.grid_w;
+  __device__ BandCta(const GridConvArgs& a, const Banding& band, unsigned char* smem)
+      : banding(band) {
+    const int chunks = (a.channels + kChunk - 1) / kChunk;
+    const int band_index = blockIdx.x / chunks, chunk_index = blockIdx.x % chunks;
     b = blockIdx.y;
-    run0 = blockIdx.x * kTokensPerCta;
-    run_tokens = min(kTokensPerCta, tokens - run0);
-    vector = blockIdx.z * slicing.per_slice + threadIdx.x;
-    live = threadIdx.x < slicing.per_slice && vector < slicing.vectors;
-    channel = vector * Vec;
+    y0 = band_index * band.rows;
+    rows = min(band.rows, a.grid_h - y0);
+    c0 = chunk_index * kChunk;
+    chunk = min(kChunk, a.channels - c0);
     table = reinterpret_cast<int*>(smem);
-    weight = reinterpret_cast<float*>(smem + kTokensPerCta * kTaps * sizeof(int));
-    const int threads = blockDim.x * blockDim.y, me = threadIdx.y * blockDim.x + threadIdx.x;
     const BlockGrid grid(a);
-    for (int local = me; local < run_tokens; local += threads)
-      grid.neighbours(run0 + local, table + local * kTaps);
-    const int width = blockDim.x * Vec, first = blockIdx.z * slicing.per_slice * Vec;
-    for (int e = me; e < kTaps * width; e += threads) {
-      const int tap = e / width, c = first + e % width;
-      weight[e] = c < a.channels ? a.weight[c * kTaps + tap] : 0.f;
+    for (int cell = threadIdx.x; cell < band.cells; cell += kThreads) {
+      const int ry = cell / band.width, rx = cell - ry * band.width;
+      // Cells past this band's last row (the last band may be shorter) stay zero.
+      table[cell] = ry <= rows + 1 ? grid.token(y0 + ry - 1, rx - 1) : -1;
     }
     __syncthreads();
   }
-  __device__ void weights(int tap, float (&w)[Vec]) const {
-#pragma unroll
-    for (int e = 0; e < Vec; e += 4) {
-      const float4 q =
-          *reinterpret_cast<const float4*>(weight + tap * blockDim.x * Vec + threadIdx.x * Vec + e);
-      w[e] = q.x, w[e + 1] = q.y, w[e + 2] = q.z, w[e + 3] = q.w;
+  __device__ T* tile(unsigned char* smem, int which) const {
+    return reinterpret_cast<T*>(smem + align16(banding.cells * 4) +
+                                static_cast<size_t>(which) * banding.cells * kChunkBytes);
+  }
+  // Copies every raster cell's 128-byte piece of `image` ([tokens][token_stride] elements) into
+  // `to` with cp.async, 16 bytes a copy; zero cells and channels past the chunk are zero-filled.
+  __device__ void stage(const T* image, int64_t token_stride, T* to) const {
+    constexpr int per_cell = kChunkBytes / 16, vec = 16 / static_cast<int>(sizeof(T));
+    const int live = chunk / vec;
+    for (int e = threadIdx.x; e < banding.cells * per_cell; e += kThreads) {
+      const int cell = e / per_cell, piece = e % per_cell, token = table[cell];
+      const bool valid = token >= 0 && piece < live;
+      const T* from = image + (valid ? token * token_stride + c0 + piece * vec : 0);
+      async_copy::copy_streaming16(to + cell * kChunk + piece * vec, from, valid);
     }
+    async_copy::commit();
+  }
+  // The raster cell of band position p (row-major over the band's rows).
+  __device__ int cell_of(int p, int grid_w) const {
+    const int y = p / grid_w, x = p - y * grid_w;
+    return (y + 1) * banding.width + x + 1;
   }
 };
 
-size_t cta_smem_bytes(int per_slice, int vec) {
-  return kTokensPerCta * kTaps * sizeof(int) + static_cast<size_t>(kTaps) * per_slice * vec * 4;
-}
-
-// The row a table entry names: token `entry` of a [tokens][stride] image, or the zero row.
+// out at each position of the band: base (if any), bias and nine taps of the staged x tile. A
+// thread owns one 16-byte channel vector of the chunk (its 9 x vec weights stay in registers) and
+// every 16th position.
 template <typename T>
-__device__ __forceinline__ const T* row_of(const T* image, int entry, int64_t stride, int channel) {
-  return entry >= 0 ? image + entry * stride : reinterpret_cast<const T*>(zero_row) + channel;
-}
-
-template <typename T>
-__global__ void __launch_bounds__(kMaxVectors* kLanes) forward_kernel(GridConvArgs a) {
+__global__ void __launch_bounds__(kThreads) forward_kernel(GridConvArgs a, Banding band) {
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int vec = vector_of<T, false>();
-  const Cta<vec> cta(a, smem);
-  if (!cta.live) return;
-  const T* x = static_cast<const T*>(a.x) + cta.b * a.x_batch_stride + cta.channel;
-  const int tokens = a.grid_h * a.grid_w;
-  T* out =
-      static_cast<T*>(a.out) + (static_cast<int64_t>(cta.b) * tokens) * a.channels + cta.channel;
-  float bias[vec];
+  constexpr int vec = 16 / static_cast<int>(sizeof(T)), lanes = kChunkBytes / 16;
+  const BandCta<T> cta(a, band, smem);
+  T* xs = cta.tile(smem, 0);
+  cta.stage(static_cast<const T*>(a.x) + cta.b * a.x_batch_stride, a.x_token_stride, xs);
+  const int lane = threadIdx.x % lanes, c = cta.c0 + lane * vec;
+  const bool live = lane * vec < cta.chunk;
+  float w[kTaps][vec], bias[vec];
 #pragma unroll
-  for (int e = 0; e < vec; ++e) bias[e] = a.bias != nullptr ? a.bias[cta.channel + e] : 0.f;
-  for (int local = threadIdx.y; local < cta.run_tokens; local += kLanes) {
-    const int* entries = cta.table + local * kTaps;
-    float v[kTaps][vec];  // every tap's load first: they are in flight together
+  for (int e = 0; e < vec; ++e) {
+    bias[e] = live && a.bias != nullptr ? a.bias[c + e] : 0.f;
+#pragma unroll
+    for (int tap = 0; tap < kTaps; ++tap) w[tap][e] = live ? a.weight[(c + e) * kTaps + tap] : 0.f;
+  }
+  async_copy::wait<0>();
+  __syncthreads();
+  if (!live) return;
+  const int tokens = a.grid_h * a.grid_w, width = band.width;
+  const int64_t image = static_cast<int64_t>(cta.b) * tokens * a.channels + c;
+  T* out = static_cast<T*>(a.out) + image;
+  const T* base = a.base != nullptr ? static_cast<const T*>(a.base) + image : nullptr;
+  for (int p = threadIdx.x / lanes; p < cta.rows * a.grid_w; p += kThreads / lanes) {
+    const int cell = cta.cell_of(p, a.grid_w);
+    const T* center = xs + cell * BandCta<T>::kChunk + lane * vec;
+    // Every tap's load first, so they are in flight together; kept packed until used.
+    Pack<T, vec> v[kTaps];
 #pragma unroll
     for (int tap = 0; tap < kTaps; ++tap)
-      load_pack<T, vec>(row_of(x, entries[tap], a.x_token_stride, cta.channel), v[tap]);
+      v[tap] = *reinterpret_cast<const Pack<T, vec>*>(
+          center + ((tap / K - 1) * width + tap % K - 1) * BandCta<T>::kChunk);
+    const int64_t row = static_cast<int64_t>(cta.table[cell]) * a.channels;
     float acc[vec];
+    if (base != nullptr) {
+      load_pack<T, vec>(base + row, acc);
 #pragma unroll
-    for (int e = 0; e < vec; ++e) acc[e] = bias[e];
+      for (int e = 0; e < vec; ++e) acc[e] += bias[e];
+    } else {
+#pragma unroll
+      for (int e = 0; e < vec; ++e) acc[e] = bias[e];
+    }
 #pragma unroll
     for (int tap = 0; tap < kTaps; ++tap) {
-      float w[vec];
-      cta.weights(tap, w);
 #pragma unroll
-      for (int e = 0; e < vec; ++e) acc[e] = fmaf(w[e], v[tap][e], acc[e]);
+      for (int e = 0; e < vec; ++e) acc[e] = fmaf(w[tap][e], to_float(v[tap].v[e]), acc[e]);
     }
-    store_pack<T, vec>(out + static_cast<int64_t>(cta.run0 + local) * a.channels, acc);
+    store_pack<T, vec>(out + row, acc);
   }
 }
 
-// dx by the mirrored gather, and this CTA's part of dw and dbias: each thread sums its tokens,
-// then the kLanes threads of a channel vector add theirs in shared memory (over the table, which
-// is no longer read) and the CTA writes one [kTaps + 1][C] partial into the workspace.
+// dx by the mirrored taps of the staged dout tile, and this CTA's part of dw and dbias: each
+// thread (4 channels, every 16th or 8th position) sums its positions, the lanes of a warp that
+// share channels add theirs by shuffles, the warps theirs in shared memory in warp order, and the
+// CTA writes one [kTaps + 1][C] partial (its chunk's columns) into the workspace.
 template <typename T>
-__global__ void __launch_bounds__(kMaxVectors* kLanes) backward_kernel(GridConvArgs a) {
+__global__ void __launch_bounds__(kThreads) backward_kernel(GridConvArgs a, Banding band) {
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int vec = vector_of<T, true>();
-  const Cta<vec> cta(a, smem);
-  const int tokens = a.grid_h * a.grid_w;
+  constexpr int vec = 4, lanes = BandCta<T>::kChunk / vec;  // 16 (16-bit) or 8 (fp32)
+  constexpr int chunk_elems = BandCta<T>::kChunk;
+  const BandCta<T> cta(a, band, smem);
+  const int tokens = a.grid_h * a.grid_w, width = band.width;
   const int64_t image = static_cast<int64_t>(cta.b) * tokens * a.channels;
-  const T* x = static_cast<const T*>(a.x) + cta.b * a.x_batch_stride + cta.channel;
-  const T* dout = static_cast<const T*>(a.dout) + image + cta.channel;
-  T* dx = static_cast<T*>(a.dx) + image + cta.channel;
+  T* xs = cta.tile(smem, 0);
+  T* ds = cta.tile(smem, 1);
+  cta.stage(static_cast<const T*>(a.x) + cta.b * a.x_batch_stride, a.x_token_stride, xs);
+  cta.stage(static_cast<const T*>(a.dout) + image, a.channels, ds);
+  const int lane = threadIdx.x % lanes, c = cta.c0 + lane * vec;
+  const bool live = lane * vec < cta.chunk;
+  float w[kTaps][vec];
+#pragma unroll
+  for (int e = 0; e < vec; ++e) {
+#pragma unroll
+    for (int tap = 0; tap < kTaps; ++tap) w[tap][e] = live ? a.weight[(c + e) * kTaps + tap] : 0.f;
+  }
   float dw[kTaps][vec] = {}, db[vec] = {};
-  if (cta.live) {
-    for (int local = threadIdx.y; local < cta.run_tokens; local += kLanes) {
-      const int t = cta.run0 + local;
-      const int* entries = cta.table + local * kTaps;
+  async_copy::wait<0>();
+  __syncthreads();
+  if (live) {
+    T* dx = static_cast<T*>(a.dx) + image + c;
+    for (int p = threadIdx.x / lanes; p < cta.rows * a.grid_w; p += kThreads / lanes) {
+      const int cell = cta.cell_of(p, a.grid_w);
+      const int at = cell * chunk_elems + lane * vec;
       float g[vec], acc[vec] = {};
-      load_pack<T, vec>(dout + static_cast<int64_t>(t) * a.channels, g);
+      load_pack<T, vec>(ds + at, g);
 #pragma unroll
       for (int e = 0; e < vec; ++e) db[e] += g[e];
 #pragma unroll
       for (int tap = 0; tap < kTaps; ++tap) {
-        // out at t read x at its neighbour `tap`; x at t fed the output at its mirrored
-        // neighbour with the weight of `tap` (outside the grid: the zero row).
-        float v[vec], h[vec], w[vec];
-        load_pack<T, vec>(row_of(x, entries[tap], a.x_token_stride, cta.channel), v);
-        load_pack<T, vec>(row_of(dout, entries[kTaps - 1 - tap], a.channels, cta.channel), h);
-        cta.weights(tap, w);
+        // out here read x at its neighbour `tap`; x here fed the output at the mirrored
+        // neighbour with the weight of `tap` (outside the grid: a zero cell).
+        const int offset = ((tap / K - 1) * width + tap % K - 1) * chunk_elems;
+        float v[vec], h[vec];
+        load_pack<T, vec>(xs + at + offset, v);
+        load_pack<T, vec>(ds + at - offset, h);
 #pragma unroll
         for (int e = 0; e < vec; ++e) {
           dw[tap][e] = fmaf(g[e], v[e], dw[tap][e]);
-          acc[e] = fmaf(w[e], h[e], acc[e]);
+          acc[e] = fmaf(w[tap][e], h[e], acc[e]);
         }
       }
-      store_pack<T, vec>(dx + static_cast<int64_t>(t) * a.channels, acc);
+      store_pack<T, vec>(dx + static_cast<int64_t>(cta.table[cell]) * a.channels, acc);
     }
   }
-  // The lanes' sums: [kTaps + 1][kLanes][width] floats over the table and the weights (both
-  // done with), then each (row, vector) added over the lanes in lane order.
-  __syncthreads();
-  const int width = blockDim.x * vec;
-  float* sums = reinterpret_cast<float*>(smem);
-  auto slot = [&](int row, int lane) {
-    return sums + (row * kLanes + lane) * width + threadIdx.x * vec;
-  };
+  // Lanes of one warp with the same channels: lane, lane + lanes, ... (a fixed shuffle order).
 #pragma unroll
-  for (int row = 0; row <= kTaps; ++row) {
-    float* to = slot(row, threadIdx.y);
+  for (int offset = lanes; offset < 32; offset <<= 1) {
 #pragma unroll
-    for (int e = 0; e < vec; ++e) to[e] = row < kTaps ? dw[row][e] : db[e];
-  }
-  __syncthreads();
-  if (!cta.live) return;
-  const int part = blockIdx.y * gridDim.x + blockIdx.x;  // the partial's row: image-major
-  float* partial = a.workspace + static_cast<int64_t>(part) * (kTaps + 1) * a.channels;
-  for (int row = threadIdx.y; row <= kTaps; row += kLanes) {
-    float total[vec] = {};
-    for (int lane = 0; lane < kLanes; ++lane) {
-      const float* from = slot(row, lane);
+    for (int e = 0; e < vec; ++e) {
+      db[e] += __shfl_xor_sync(0xffffffffu, db[e], offset);
 #pragma unroll
-      for (int e = 0; e < vec; ++e) total[e] += from[e];
+      for (int tap = 0; tap < kTaps; ++tap)
+        dw[tap][e] += __shfl_xor_sync(0xffffffffu, dw[tap][e], offset);
     }
+  }
+  __syncthreads();  // the tiles are done with: the warps' sums go over them
+  float* sums = reinterpret_cast<float*>(cta.tile(smem, 0));  // [kWarps][kTaps + 1][chunk_elems]
+  const int warp = threadIdx.x / 32;
+  if (threadIdx.x % 32 < lanes) {
 #pragma unroll
-    for (int e = 0; e < vec; ++e) partial[row * a.channels + cta.channel + e] = total[e];
+    for (int row = 0; row <= kTaps; ++row) {
+#pragma unroll
+      for (int e = 0; e < vec; ++e)
+        sums[(warp * (kTaps + 1) + row) * chunk_elems + lane * vec + e] =
+            row < kTaps ? dw[row][e] : db[e];
+    }
   }
-}
-
-// dw and dbias: the CTAs' partials summed in a fixed order. A CTA takes 32 consecutive outputs;
-// warp r sums rows r, r + kSumRows, ... (coalesced across its lanes), then lane order is fixed
-// by adding the warps' sums in warp order.
-__global__ void __launch_bounds__(32 * kSumRows) sum_partials_kernel(GridConvArgs a, int parts) {
-  __shared__ float part_sums[kSumRows][32];
-  const int outputs = (kTaps + 1) * a.channels;
-  const int e = blockIdx.x * 32 + threadIdx.x % 32, group = threadIdx.x / 32;
-  float total = 0.f;
-  if (e < outputs) {
-    for (int p = group; p < parts; p += kSumRows) total += a.workspace[int64_t{p} * outputs + e];
-  }
-  part_sums[group][threadIdx.x % 32] = total;
   __syncthreads();
-  if (group != 0 || e >= outputs) return;
-  total = 0.f;
+  const int part = blockIdx.y * band.bands +
+                   blockIdx.x / ((a.channels + chunk_elems - 1) / chunk_elems);  // image-major
+  float* partial = a.workspace + static_cast<int64_t>(part) * (kTaps + 1) * a.channels + cta.c0;
+  for (int e = threadIdx.x; e < (kTaps + 1) * cta.chunk; e += kThreads) {
+    const int row = e / cta.chunk, col = e - row * cta.chunk;
+    float total = 0.f;
 #pragma unroll
-  for (int g = 0; g < kSumRows; ++g) total += part_sums[g][threadIdx.x];
-  const int row = e / a.channels, c = e % a.channels;
-  if (row < kTaps) {
-    a.dweight[c * kTaps + row] = total;
-  } else if (a.dbias != nullptr) {
-    a.dbias[c] = total;
+    for (int from = 0; from < kWarps; ++from)
+      total += sums[(from * (kTaps + 1) + row) * chunk_elems + col];
+    partial[row * a.channels + col] = total;
   }
 }
 
-int vector_of(DType dtype, bool backward) {
-  return backward ? 4 : (dtype == DType::f32 ? 4 : 8);
-}
+// Where the column sums of the [parts, (kTaps + 1) * C] partials go: row r < kTaps is tap r of
+// dweight ([C, kTaps]), the last row dbias.
+struct ConvGradients {
+  float* dweight;
+  float* dbias;
+  int channels;
+  __device__ void operator()(int e, float total) const {
+    const int row = e / channels, c = e - row * channels;
+    if (row < kTaps) {
+      dweight[c * kTaps + row] = total;
+    } else if (dbias != nullptr) {
+      dbias[c] = total;
+    }
+  }
+};
 
-dim3 grid_of(const GridConvArgs& a, bool backward) {
-  const Slicing slicing(a.channels, vector_of(a.dtype, backward));
-  const int tokens = a.grid_h * a.grid_w;
-  return dim3((tokens + kTokensPerCta - 1) / kTokensPerCta, a.batch, slicing.slices);
+int chunks_of(const GridConvArgs& a) {
+  const int elems = kChunkBytes / (a.dtype == DType::f32 ? 4 : 2);
+  return (a.channels + elems - 1) / elems;
 }
 
 template <typename Kernel>
-cudaError_t launch(Kernel kernel, const GridConvArgs& a, bool backward, size_t smem,
-                   cudaStream_t stream) {
-  const Slicing slicing(a.channels, vector_of(a.dtype, backward));
-  if (smem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+cudaError_t launch(Kernel kernel, const GridConvArgs& a, const Banding& band, cudaStream_t stream) {
+  if (band.smem > 48 * 1024) {
+    const cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, band.smem);
     if (err != cudaSuccess) return err;
   }
-  kernel<<<grid_of(a, backward), dim3(slicing.per_slice, kLanes), smem, stream>>>(a);
+  kernel<<<dim3(band.bands * chunks_of(a), a.batch), kThreads, band.smem, stream>>>(a, band);
   return cudaGetLastError();
 }
 
 }  // namespace
 
 bool grid_conv_supported(const GridConvArgs& a) {
-  const int vec = vector_of(a.dtype, false);  // the backward's 4 divides it too
+  const int vec = a.dtype == DType::f32 ? 4 : 8;  // 16 bytes; the backward's 4 divides it too
   if (a.batch <= 0 || a.channels <= 0 || a.channels % vec != 0) return false;
-  const int bytes = a.dtype == DType::f32 ? 4 : 2;
-  if (static_cast<int64_t>(a.channels) * bytes > kZeroBytes) return false;
   if (a.grid_h <= 0 || a.grid_w <= 0 || a.tiles_h <= 0 || a.tiles_w <= 0) return false;
   if (a.grid_h % a.tiles_h != 0 || a.grid_w % a.tiles_w != 0) return false;
+  if (a.grid_w > (1 << 20)) return false;  // the band's sizes stay in int
   const int64_t tokens = static_cast<int64_t>(a.grid_h) * a.grid_w;
-  return a.batch <= 65535 && tokens * a.channels <= INT32_MAX &&
-         (tokens + kTokensPerCta - 1) / kTokensPerCta <= INT32_MAX;
+  // The backward's two tiles of three rows must fit (grid_w up to about 260).
+  return Banding(a.grid_h, a.grid_w, 2).rows > 0 && a.batch <= 65535 &&
+         tokens * a.channels <= INT32_MAX &&
+         static_cast<int64_t>(Banding(a.grid_h, a.grid_w, 2).bands) * chunks_of(a) <= INT32_MAX;
 }
 
 size_t grid_conv_workspace_floats(const GridConvArgs& a) {
-  const dim3 grid = grid_of(a, true);
-  return static_cast<size_t>(grid.x) * grid.y * (kTaps + 1) * a.channels;
+  return static_cast<size_t>(a.batch) * Banding(a.grid_h, a.grid_w, 2).bands * (kTaps + 1) *
+         a.channels;
 }
 
 cudaError_t grid_conv_forward(const GridConvArgs& a, cudaStream_t stream) {
   if (!grid_conv_supported(a) || a.x == nullptr || a.weight == nullptr || a.out == nullptr)
     return cudaErrorInvalidValue;
-  const int vec = vector_of(a.dtype, false);
-  const size_t smem = cta_smem_bytes(Slicing(a.channels, vec).per_slice, vec);
+  const Banding band(a.grid_h, a.grid_w, 1);
   return with_element_type(a.dtype, [&](auto zero) {
     using T = decltype(zero);
-    return launch(forward_kernel<T>, a, false, smem, stream);
+    return launch(forward_kernel<T>, a, band, stream);
   });
 }
 
@@ -308,21 +323,14 @@ cudaError_t grid_conv_backward(const GridConvArgs& a, cudaStream_t stream) {
   if (!grid_conv_supported(a) || a.x == nullptr || a.weight == nullptr || a.dout == nullptr ||
       a.dx == nullptr || a.dweight == nullptr || a.workspace == nullptr)
     return cudaErrorInvalidValue;
-  const int vec = vector_of(a.dtype, true);
-  const Slicing slicing(a.channels, vec);
-  // The lanes' sums reuse the table and weight space; the larger of the two uses.
-  const size_t sums = static_cast<size_t>(kTaps + 1) * kLanes * slicing.per_slice * vec * 4;
-  const size_t smem = std::max(cta_smem_bytes(slicing.per_slice, vec), sums);
+  const Banding band(a.grid_h, a.grid_w, 2);
   const cudaError_t err = with_element_type(a.dtype, [&](auto zero) {
     using T = decltype(zero);
-    return launch(backward_kernel<T>, a, true, smem, stream);
+    return launch(backward_kernel<T>, a, band, stream);
   });
   if (err != cudaSuccess) return err;
-  const dim3 grid = grid_of(a, true);
-  const int outputs = (kTaps + 1) * a.channels;
-  sum_partials_kernel<<<(outputs + 31) / 32, 32 * kSumRows, 0, stream>>>(
-      a, static_cast<int>(grid.x * grid.y));
-  return cudaGetLastError();
+  return sum_partials(a.workspace, a.batch * band.bands, (kTaps + 1) * a.channels,
+                      ConvGradients{a.dweight, a.dbias, a.channels}, stream);
 }
 
 }  // namespace mhla_kernels

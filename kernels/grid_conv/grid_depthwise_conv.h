@@ -6,16 +6,19 @@
 // convolve and gather them back, and each gather is a strided copy of the whole activation, both
 // ways (for MHLA's 4 x 4 tiles: four copies a layer, 10 % of a DeiT-T/2 training step).
 //
-//   out[b, t, c] = bias[c] + sum_{i, j} w[c, i, j] x[b, token(y_t + i - 1, x_t + j - 1), c]
-//   dx[b, s, c]  = sum_{i, j} w[c, i, j] dout[b, token(y_s - i + 1, x_s - j + 1), c]
-//   dw[c, i, j]  = sum_{b, t} dout[b, t, c] x[b, token(y_t + i - 1, x_t + j - 1), c]
-//   dbias[c]     = sum_{b, t} dout[b, t, c]
+//   out[b, t, c] = base[b, t, c] + bias[c] + sum_{i, j} w[c, i, j] x[b, token(y_t + i - 1, x_t + j
+//   - 1), c] dx[b, s, c]  = sum_{i, j} w[c, i, j] dout[b, token(y_s - i + 1, x_s - j + 1), c] dw[c,
+//   i, j]  = sum_{b, t} dout[b, t, c] x[b, token(y_t + i - 1, x_t + j - 1), c] dbias[c]     =
+//   sum_{b, t} dout[b, t, c]
 // (terms whose grid position falls outside the grid are zero). The weight gradients are summed
 // per CTA, then over CTAs in a fixed order: no atomics, the same bits on every run.
-// One CTA per (image, run of 64 tokens, slice of up to 16 channel vectors); a thread owns one
-// vector of channels (16 bytes in the forward, 4 channels in the backward) and every 8th token of
-// the run, and reads each tap's row straight from global memory (a tap outside the grid reads a
-// zero row, so a token's loads are unconditional and in flight together).
+// One CTA of 128 threads per (image, band of grid rows, 128-byte chunk of the channels). It
+// stages its band with a one-token halo on every side as a raster tile in shared memory (x; in
+// the backward also dout), zeros where the halo leaves the grid, so every global row is read
+// once with coalesced 16-byte copies and the nine taps of a position are shared-memory reads at
+// fixed offsets. Bands are as tall as 48 KB of tiles allow (DeiT-T/2's 16 x 16 grid: one band in
+// the forward, two of 8 rows in the backward, which stages two tensors); grids whose three rows
+// do not fit take up to 200 KB, and grids wider than 260 tokens are not taken.
 #include <cstddef>
 #include <cstdint>
 
@@ -36,6 +39,7 @@ struct GridConvArgs {
   const float* weight = nullptr;  // [C, 3 * 3] contiguous (the Conv2d's [C, 1, 3, 3])
   const float* bias = nullptr;    // [C], or nullptr
   void* out = nullptr;            // forward output [B, N, C] contiguous
+  const void* base = nullptr;     // [B, N, C] contiguous, added to the forward's output, or nullptr
   const void* dout = nullptr;     // backward input [B, N, C] contiguous
   void* dx = nullptr;             // backward outputs: [B, N, C] contiguous
   float* dweight = nullptr;       // [C, 3 * 3]

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "common/element_type.cuh"
+#include "common/partial_sums.cuh"
 #include "common/row_kernels.cuh"
 
 namespace mhla_kernels {
@@ -69,8 +70,11 @@ __global__ void __launch_bounds__(kForwardWarps * 32) forward_kernel(LayerNormFo
 }
 
 // dx = rstd (w dy - mean(w dy) - xhat mean(w dy xhat)); each warp takes rows in turn and adds
-// dy xhat and dy into its own shared-memory slice of the weight/bias gradient (no atomics), the
-// CTA then writes the sum of its warps' slices as one partial row of the workspace.
+// dy xhat and dy into its own part of the weight/bias gradient (no atomics), the CTA then writes
+// the sum of its warps' parts as one partial row of the workspace. A lane owns the same columns
+// in every row, so rows of up to kRegisterSumElements per lane keep the part in registers; wider
+// rows add into the warp's shared-memory slice, a read-modify-write per element and row.
+constexpr int kRegisterSumElements = 24;
 template <typename TIn, typename TGrad, int VEC, int kChunks, bool kResidual>
 __global__ void __launch_bounds__(kBackwardWarps * 32) backward_kernel(LayerNormBackwardArgs p) {
   extern __shared__ float partial[];  // [kBackwardWarps][2][cols] when affine
@@ -79,7 +83,10 @@ __global__ void __launch_bounds__(kBackwardWarps * 32) backward_kernel(LayerNorm
   const bool affine = p.weight != nullptr;
   float* dw_slice = partial + static_cast<int64_t>(warp) * 2 * cols;
   float* db_slice = dw_slice + cols;
-  if (affine) {
+  constexpr bool kInRegisters = kChunks * VEC <= kRegisterSumElements;
+  float dw_part[kInRegisters ? kChunks : 1][VEC] = {};
+  float db_part[kInRegisters ? kChunks : 1][VEC] = {};
+  if (affine && !kInRegisters) {
     for (int i = lane; i < 2 * cols; i += 32) dw_slice[i] = 0.f;
     __syncwarp();  // the lanes below touch other lanes' zeroed columns
   }
@@ -106,8 +113,13 @@ __global__ void __launch_bounds__(kBackwardWarps * 32) backward_kernel(LayerNorm
           sum_wdy += wdy[c][i];
           sum_wdy_xhat += wdy[c][i] * xhat[c][i];
           if (affine) {
-            dw_slice[col + i] += gv[i] * xhat[c][i];
-            db_slice[col + i] += gv[i];
+            if constexpr (kInRegisters) {
+              dw_part[c][i] += gv[i] * xhat[c][i];
+              db_part[c][i] += gv[i];
+            } else {
+              dw_slice[col + i] += gv[i] * xhat[c][i];
+              db_slice[col + i] += gv[i];
+            }
           }
         }
       }
@@ -146,6 +158,19 @@ __global__ void __launch_bounds__(kBackwardWarps * 32) backward_kernel(LayerNorm
     }
   }
   if (!affine) return;
+  if constexpr (kInRegisters) {
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      const int col = (c * 32 + lane) * VEC;
+      if (col < cols) {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) {
+          dw_slice[col + i] = dw_part[c][i];
+          db_slice[col + i] = db_part[c][i];
+        }
+      }
+    }
+  }
   __syncthreads();
   float* out = p.workspace + static_cast<int64_t>(blockIdx.x) * 2 * cols;
   for (int i = threadIdx.x; i < 2 * cols; i += blockDim.x) {
@@ -156,19 +181,19 @@ __global__ void __launch_bounds__(kBackwardWarps * 32) backward_kernel(LayerNorm
   }
 }
 
-// Column sums of the [ctas, 2 * cols] partials: one thread per column, reads coalesced.
-__global__ void reduce_partials_kernel(const float* partials, int ctas, int cols, float* dweight,
-                                       float* dbias) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= 2 * cols) return;
-  float total = 0.f;
-  for (int c = 0; c < ctas; ++c) total += partials[static_cast<int64_t>(c) * 2 * cols + i];
-  if (i < cols) {
-    if (dweight) dweight[i] = total;
-  } else if (dbias) {
-    dbias[i - cols] = total;
+// Where the column sums of the [ctas, 2 * cols] partials go: dweight, then dbias.
+struct NormGradients {
+  float* dweight;
+  float* dbias;
+  int cols;
+  __device__ void operator()(int i, float total) const {
+    if (i < cols) {
+      if (dweight) dweight[i] = total;
+    } else if (dbias) {
+      dbias[i - cols] = total;
+    }
   }
-}
+};
 
 // 4-wide accesses (16 bytes of fp32, 8 of bf16) where the row length and every pointer allow,
 // else one element at a time (the general path, sized for the widest row).
@@ -198,9 +223,10 @@ cudaError_t layer_norm_forward(const LayerNormForwardArgs& a, cudaStream_t strea
   if (a.rows == 0) return cudaSuccess;
   // One width for all: the narrowest that every pointer's alignment allows.
   const int out_bytes = dtype_bytes(a.out_dtype);
-  const int vec = residual ? vector_width(a.cols, {{a.x, 4}, {a.y, out_bytes}, {a.branch, out_bytes},
-                                                   {a.sum, 4}})
-                           : vector_width(a.cols, {{a.x, dtype_bytes(a.in_dtype)}, {a.y, out_bytes}});
+  const int vec =
+      residual
+          ? vector_width(a.cols, {{a.x, 4}, {a.y, out_bytes}, {a.branch, out_bytes}, {a.sum, 4}})
+          : vector_width(a.cols, {{a.x, dtype_bytes(a.in_dtype)}, {a.y, out_bytes}});
   const dim3 grid(static_cast<unsigned>((a.rows + kForwardWarps - 1) / kForwardWarps));
   return with_element_type(a.in_dtype, [&](auto in_tag) {
     using TIn = decltype(in_tag);
@@ -266,10 +292,8 @@ cudaError_t layer_norm_backward(const LayerNormBackwardArgs& a, cudaStream_t str
     });
   });
   if (err != cudaSuccess || !affine) return err;
-  const int threads = 256;
-  reduce_partials_kernel<<<(2 * a.cols + threads - 1) / threads, threads, 0, stream>>>(
-      a.workspace, ctas, a.cols, a.dweight, a.dbias);
-  return cudaGetLastError();
+  return sum_partials(a.workspace, ctas, 2 * a.cols, NormGradients{a.dweight, a.dbias, a.cols},
+                      stream);
 }
 
 }  // namespace mhla_kernels

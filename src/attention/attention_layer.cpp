@@ -71,8 +71,7 @@ torch::Tensor AttentionLayerImpl::finish(const torch::Tensor& x, torch::Tensor o
   if (cpe_) {
     // CPE: depthwise conv of v over the 2-D patch grid, added to the attention output; on the
     // tokens where they lie (block-major), without gathering them into a raster grid and back.
-    out =
-        out + grid_depthwise_conv(v, cpe_->weight, cpe_->bias, spec_.layout).to(out.scalar_type());
+    out = grid_depthwise_conv_added(out, v, cpe_->weight, cpe_->bias, spec_.layout);
   }
   if (gate_) out = out * torch::sigmoid(gate_->forward(x));
   return proj_->forward(out);

@@ -36,6 +36,23 @@ namespace kernels = mhla_kernels;
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
+// TEMPORARY (session 35): session 34's kernel for a same-call A/B, MHLA_GRID_CONV_V1=1.
+namespace v1 {
+bool use() {
+  static const bool on = environment_switch("MHLA_GRID_CONV_V1", false);
+  return on;
+}
+}  // namespace v1
+}  // namespace
+}  // namespace mhla
+namespace mhla_kernels {
+size_t grid_conv_workspace_floats_v1(const GridConvArgs& args);
+cudaError_t grid_conv_forward_v1(const GridConvArgs& args, cudaStream_t stream);
+cudaError_t grid_conv_backward_v1(const GridConvArgs& args, cudaStream_t stream);
+}  // namespace mhla_kernels
+namespace mhla {
+namespace {
+
 kernels::GridConvArgs args_for(const torch::Tensor& x, const TokenLayout& layout) {
   kernels::GridConvArgs a;
   a.dtype = *kernel_dtype_of(x.scalar_type());
@@ -55,9 +72,11 @@ bool readable_in_place(const torch::Tensor& x) {
 
 class GridConvFunction : public torch::autograd::Function<GridConvFunction> {
  public:
+  // base: [B, N, C] contiguous in x's dtype, added to the output, or empty.
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in,
                                const torch::Tensor& weight_in, const torch::Tensor& bias_in,
-                               int64_t grid_h, int64_t grid_w, int64_t tiles_h, int64_t tiles_w) {
+                               const torch::Tensor& base, int64_t grid_h, int64_t grid_w,
+                               int64_t tiles_h, int64_t tiles_w) {
     c10::cuda::CUDAGuard on_device(x_in.device());
     const TokenLayout layout{grid_h, grid_w, tiles_h, tiles_w};
     auto x = readable_in_place(x_in) ? x_in : x_in.contiguous();
@@ -70,11 +89,15 @@ class GridConvFunction : public torch::autograd::Function<GridConvFunction> {
     a.bias = has_bias ? bias.data_ptr<float>() : nullptr;
     auto out = torch::empty({x.size(0), x.size(1), x.size(2)}, x.options());
     a.out = out.data_ptr();
-    const auto err = kernels::grid_conv_forward(a, stream_of(x));
+    const bool has_base = base.numel() > 0;
+    if (has_base) a.base = base.data_ptr();
+    const auto err = v1::use() ? kernels::grid_conv_forward_v1(a, stream_of(x))
+                               : kernels::grid_conv_forward(a, stream_of(x));
     if (err != cudaSuccess) fail("grid depthwise conv (cuda): {}", cudaGetErrorString(err));
     ctx->save_for_backward({x, weight});
     ctx->saved_data["layout"] = std::vector<int64_t>{grid_h, grid_w, tiles_h, tiles_w};
     ctx->saved_data["bias"] = has_bias;
+    ctx->saved_data["base"] = has_base;
     return out;
   }
 
@@ -87,7 +110,7 @@ class GridConvFunction : public torch::autograd::Function<GridConvFunction> {
     const bool has_bias = ctx->saved_data["bias"].toBool();
     if (!grads[0].defined()) {  // the output took no part in the loss
       return {torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
-              torch::Tensor(), torch::Tensor(), torch::Tensor()};
+              torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
     }
     auto dout = grads[0].to(x.scalar_type()).contiguous();
     auto a = args_for(x, layout);
@@ -96,16 +119,28 @@ class GridConvFunction : public torch::autograd::Function<GridConvFunction> {
     auto dweight = torch::empty(weight.sizes(), f32);
     auto dbias = has_bias ? torch::empty({x.size(2)}, f32) : torch::Tensor();
     auto workspace =
-        torch::empty({static_cast<int64_t>(kernels::grid_conv_workspace_floats(a))}, f32);
+        torch::empty({static_cast<int64_t>(v1::use() ? kernels::grid_conv_workspace_floats_v1(a)
+                                                     : kernels::grid_conv_workspace_floats(a))},
+                     f32);
     a.weight = weight.data_ptr<float>();
     a.dout = dout.data_ptr(), a.dx = dx.data_ptr();
     a.dweight = dweight.data_ptr<float>();
     a.dbias = has_bias ? dbias.data_ptr<float>() : nullptr;
     a.workspace = workspace.data_ptr<float>();
-    const auto err = kernels::grid_conv_backward(a, stream_of(x));
+    const auto err = v1::use() ? kernels::grid_conv_backward_v1(a, stream_of(x))
+                               : kernels::grid_conv_backward(a, stream_of(x));
     if (err != cudaSuccess)
       fail("grid depthwise conv backward (cuda): {}", cudaGetErrorString(err));
-    return {dx, dweight, dbias, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    // The base's gradient is the output's.
+    auto dbase = ctx->saved_data["base"].toBool() ? dout : torch::Tensor();
+    return {dx,
+            dweight,
+            dbias,
+            dbase,
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor()};
   }
 };
 
@@ -137,49 +172,92 @@ torch::Tensor grid_depthwise_conv_reference(const torch::Tensor& x, const torch:
 }
 
 torch::Tensor grid_depthwise_conv_kernel(const torch::Tensor& x, const torch::Tensor& weight,
-                                         const torch::Tensor& bias, const TokenLayout& layout) {
+                                         const torch::Tensor& bias, const TokenLayout& layout,
+                                         const torch::Tensor& base) {
   check_shapes(x, weight, bias, layout);
+  if (base.defined() && base.sizes() != x.sizes()) {
+    fail("grid depthwise conv kernel: base {} is not x's shape {}", c10::str(base.sizes()),
+         c10::str(x.sizes()));
+  }
 #ifdef MHLA_WITH_CUDA_KERNELS
   if (!kernel_takes(x, weight, bias, layout)) {
     fail(
         "grid depthwise conv kernel: needs x on CUDA in fp32/bf16/fp16 with C a multiple of 16 "
-        "bytes, an fp32 weight (and bias) on the same device, kernel size {} and tiles that "
-        "divide the grid (got {} {}, C = {}, weight {} {}, kernel {}, {} x {} tiles of a {} x {} "
-        "grid)",
+        "bytes, an fp32 weight (and bias) on the same device, kernel size {}, tiles that divide "
+        "the grid and a grid at most 260 tokens wide (got {} {}, C = {}, weight {} {}, kernel {}, "
+        "{} x {} tiles of a {} x {} grid)",
         kernels::kGridConvKernel, c10::toString(x.scalar_type()), x.device().str(), x.size(2),
         c10::toString(weight.scalar_type()), weight.device().str(), weight.size(2), layout.tiles_h,
         layout.tiles_w, layout.grid_h, layout.grid_w);
   }
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   auto bias_or_empty = bias.defined() ? bias : torch::empty({0}, weight.options());
-  auto out = GridConvFunction::apply(x, weight, bias_or_empty, layout.grid_h, layout.grid_w,
-                                     layout.tiles_h, layout.tiles_w);
-  return out;
+  // The kernel reads the base as contiguous rows in x's dtype.
+  auto base_or_empty = base.defined() ? base.to(x.device(), x.scalar_type()).contiguous()
+                                      : torch::empty({0}, x.options());
+  return GridConvFunction::apply(x, weight, bias_or_empty, base_or_empty, layout.grid_h,
+                                 layout.grid_w, layout.tiles_h, layout.tiles_w);
 #else
   fail("grid depthwise conv kernel: this build has no CUDA kernels");
 #endif
 }
 
-torch::Tensor grid_depthwise_conv(const torch::Tensor& x, const torch::Tensor& weight,
-                                  const torch::Tensor& bias, const TokenLayout& layout) {
+namespace {
+
+// Whether grid_depthwise_conv runs the kernel: on CUDA unless MHLA_FUSED_GRID_CONV=0, for what
+// the kernel takes. Where a CUDA input is not taken, the run's log says so once (slower, not
+// wrong: the log explains the run's speed).
+bool runs_kernel(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                 const TokenLayout& layout) {
 #ifdef MHLA_WITH_CUDA_KERNELS
   static const bool enabled = environment_switch("MHLA_FUSED_GRID_CONV", true);
-  check_shapes(x, weight, bias, layout);
-  if (enabled && x.is_cuda()) {
-    if (kernel_takes(x, weight, bias, layout))
-      return grid_depthwise_conv_kernel(x, weight, bias, layout);
-    // Slower, not wrong: say so once, so that a run's log explains its speed.
-    static std::once_flag once;
-    std::call_once(once, [&] {
-      logger().info(
-          "attention.cpe: a {} x {} kernel on {} with C = {} runs ATen's conv2d and token gathers "
-          "(the grid-conv kernel takes kernel size {}, 16-byte channel vectors, fp32 weights)",
-          weight.size(2), weight.size(3), c10::toString(x.scalar_type()), x.size(2),
-          kernels::kGridConvKernel);
-    });
-  }
+  if (!enabled || !x.is_cuda()) return false;
+  if (kernel_takes(x, weight, bias, layout)) return true;
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    logger().info(
+        "attention.cpe: a {} x {} kernel on {} with C = {} on a {} x {} grid runs ATen's conv2d "
+        "and token gathers (the grid-conv kernel takes kernel size {}, 16-byte channel vectors, "
+        "fp32 weights, grids at most 260 tokens wide)",
+        weight.size(2), weight.size(3), c10::toString(x.scalar_type()), x.size(2), layout.grid_h,
+        layout.grid_w, kernels::kGridConvKernel);
+  });
+#else
+  (void)x, (void)weight, (void)bias, (void)layout;
 #endif
+  return false;
+}
+
+// TEMPORARY (session 35): session 34's kernel adds no base.
+bool takes_base() {
+#ifdef MHLA_WITH_CUDA_KERNELS
+  return !v1::use();
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+torch::Tensor grid_depthwise_conv(const torch::Tensor& x, const torch::Tensor& weight,
+                                  const torch::Tensor& bias, const TokenLayout& layout) {
+  check_shapes(x, weight, bias, layout);
+  if (runs_kernel(x, weight, bias, layout))
+    return grid_depthwise_conv_kernel(x, weight, bias, layout);
   return grid_depthwise_conv_reference(x, weight, bias, layout);
+}
+
+torch::Tensor grid_depthwise_conv_added(const torch::Tensor& base, const torch::Tensor& x,
+                                        const torch::Tensor& weight, const torch::Tensor& bias,
+                                        const TokenLayout& layout) {
+  check_shapes(x, weight, bias, layout);
+  // One pass when the base is what the kernel writes (x's dtype and shape, contiguous rows).
+  if (base.scalar_type() == x.scalar_type() && base.sizes() == x.sizes() &&
+      base.device() == x.device() && base.is_contiguous() && takes_base() &&
+      runs_kernel(x, weight, bias, layout)) {
+    return grid_depthwise_conv_kernel(x, weight, bias, layout, base);
+  }
+  return base + grid_depthwise_conv(x, weight, bias, layout).to(base.scalar_type());
 }
 
 }  // namespace mhla

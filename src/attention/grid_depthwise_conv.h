@@ -17,12 +17,21 @@ namespace mhla {
 torch::Tensor grid_depthwise_conv(const torch::Tensor& x, const torch::Tensor& weight,
                                   const torch::Tensor& bias, const TokenLayout& layout);
 
+// base + grid_depthwise_conv(x, ...) in base's dtype: the CPE added to the attention output. On
+// the kernel path, when base has x's dtype and shape and is contiguous, the kernel adds it in its
+// one pass (no separate add over the activation), and the base's gradient is the output's.
+torch::Tensor grid_depthwise_conv_added(const torch::Tensor& base, const torch::Tensor& x,
+                                        const torch::Tensor& weight, const torch::Tensor& bias,
+                                        const TokenLayout& layout);
+
 // The ATen form: the tests' reference and the path the kernel does not take.
 torch::Tensor grid_depthwise_conv_reference(const torch::Tensor& x, const torch::Tensor& weight,
                                             const torch::Tensor& bias, const TokenLayout& layout);
 
-// The kernel form; fails, saying what it needs, for inputs it does not take.
+// The kernel form, plus base ([B, N, C], or undefined) when given, in x's dtype; fails, saying what
+// it needs, for inputs it does not take.
 torch::Tensor grid_depthwise_conv_kernel(const torch::Tensor& x, const torch::Tensor& weight,
-                                         const torch::Tensor& bias, const TokenLayout& layout);
+                                         const torch::Tensor& bias, const TokenLayout& layout,
+                                         const torch::Tensor& base = {});
 
 }  // namespace mhla

@@ -85,11 +85,12 @@ torch::Tensor fused_first_layer(const torch::Tensor& x2, const torch::Tensor& w1
 
 // d_pre = (dy W2) * gelu'(pre) [rows, hidden] and, where the form makes it on the way, d_b1 (its
 // column sums); else d_b1 undefined.
+// The exact form has no cuBLASLt epilogue: always the `kernel` form, with erf's gelu'.
 std::pair<torch::Tensor, torch::Tensor> hidden_gradients(const torch::Tensor& dy,
                                                          const torch::Tensor& w2c,
-                                                         const torch::Tensor& pre) {
+                                                         const torch::Tensor& pre, GeluForm gelu) {
   const int64_t rows = dy.size(0), out_features = w2c.size(0), hidden = w2c.size(1);
-  const auto form = backward_form();
+  const auto form = gelu == GeluForm::exact ? BackwardForm::kernel : backward_form();
   const auto dtype = *kernel_dtype_of(dy.scalar_type());
   auto stream = c10::cuda::getCurrentCUDAStream(dy.device().index()).stream();
   auto grad_pre = torch::empty({rows, hidden}, dy.options());
@@ -106,6 +107,7 @@ std::pair<torch::Tensor, torch::Tensor> hidden_gradients(const torch::Tensor& dy
     a.x = grad_hidden.data_ptr(), a.out = grad_b1.data_ptr<float>();
     a.workspace = workspace.data_ptr<float>();
     a.gelu_input = pre.data_ptr(), a.gelu_grad = grad_pre.data_ptr();
+    a.gelu_exact = gelu == GeluForm::exact;
     const auto err = kernels::column_sum(a, stream);
     if (err != cudaSuccess) fail("MLP backward (GELU gradient, cuda): {}", cudaGetErrorString(err));
     return {grad_pre, grad_b1};
@@ -133,15 +135,23 @@ class FusedGeluMlpFunction : public torch::autograd::Function<FusedGeluMlpFuncti
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& w1, const torch::Tensor& b1,
-                               const torch::Tensor& w2, const torch::Tensor& b2) {
+                               const torch::Tensor& w2, const torch::Tensor& b2, int64_t gelu) {
     const auto compute = linear_compute_dtype(x);
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const c10::cuda::CUDAGuard on_device(x.device());
     const int64_t in = w1.size(1), hidden = w1.size(0);
     auto x2 = x.to(compute).reshape({-1, in}).contiguous();
     auto w1c = w1.to(compute).contiguous(), w2c = w2.to(compute).contiguous();
-    auto pre = torch::empty({x2.size(0), hidden}, x2.options());
-    auto h = fused_first_layer(x2, w1c, b1.to(compute).contiguous(), pre);
+    const auto form = static_cast<GeluForm>(gelu);
+    torch::Tensor pre, h;
+    if (form == GeluForm::tanh) {
+      pre = torch::empty({x2.size(0), hidden}, x2.options());
+      h = fused_first_layer(x2, w1c, b1.to(compute).contiguous(), pre);
+    } else {  // no epilogue computes erf's GELU: the product with its bias, then torch's GELU
+      pre = torch::addmm(b1.to(compute), x2, w1c.t());
+      h = torch::gelu(pre);
+    }
+    ctx->saved_data["gelu"] = gelu;
     auto out = torch::linear(h, w2c, b2.to(compute));
     ctx->save_for_backward({x2, w1c, w2c, pre, h});
     ctx->saved_data["x_type"] = static_cast<int64_t>(x.scalar_type());
@@ -169,7 +179,8 @@ class FusedGeluMlpFunction : public torch::autograd::Function<FusedGeluMlpFuncti
     if (ctx->needs_input_grad(3)) dw2 = dy.t().mm(h).to(type("w2_type"));
     if (ctx->needs_input_grad(4)) db2 = column_sums(dy).to(type("b2_type"));
     if (ctx->needs_input_grad(0) || ctx->needs_input_grad(1) || ctx->needs_input_grad(2)) {
-      auto [grad_pre, grad_b1] = hidden_gradients(dy, w2c, pre);
+      auto [grad_pre, grad_b1] =
+          hidden_gradients(dy, w2c, pre, static_cast<GeluForm>(ctx->saved_data["gelu"].toInt()));
       if (ctx->needs_input_grad(0)) {
         auto sizes = x_sizes;
         sizes.back() = w1c.size(1);
@@ -181,7 +192,7 @@ class FusedGeluMlpFunction : public torch::autograd::Function<FusedGeluMlpFuncti
         db1 = grad_b1.to(type("b1_type"));
       }
     }
-    return {dx, dw1, db1, dw2, db2};
+    return {dx, dw1, db1, dw2, db2, torch::Tensor()};
   }
 };
 #endif
@@ -191,8 +202,9 @@ class FusedGeluMlpFunction : public torch::autograd::Function<FusedGeluMlpFuncti
 bool gelu_mlp_fuses(const torch::Tensor& x, const torch::Tensor& w1, const torch::Tensor& b1,
                     const torch::Tensor& w2, const torch::Tensor& b2, GeluForm form) {
 #ifdef MHLA_WITH_CUDA_KERNELS
-  if (form != GeluForm::tanh || !fused_mlp_enabled() || !x.is_cuda() || !b1.defined() ||
-      !b2.defined() || x.dim() < 2 || !x.is_floating_point()) {
+  (void)form;  // both forms fuse (the exact one in its backward)
+  if (!fused_mlp_enabled() || !x.is_cuda() || !b1.defined() || !b2.defined() || x.dim() < 2 ||
+      !x.is_floating_point()) {
     return false;
   }
   const auto compute = linear_compute_dtype(x);
@@ -220,7 +232,9 @@ torch::Tensor gelu_mlp(const torch::Tensor& x, const torch::Tensor& w1, const to
     const bool training = torch::GradMode::is_enabled() &&
                           (x.requires_grad() || w1.requires_grad() || b1.requires_grad() ||
                            w2.requires_grad() || b2.requires_grad());
-    if (training) return FusedGeluMlpFunction::apply(x, w1, b1, w2, b2);
+    if (training) return FusedGeluMlpFunction::apply(x, w1, b1, w2, b2, static_cast<int64_t>(form));
+    // Inference in the exact form: nothing to fuse (no epilogue computes erf's GELU).
+    if (form == GeluForm::exact) return gelu_mlp_reference(x, w1, b1, w2, b2, form);
     // Inference: the GELU fused into the first product, pre not kept.
     const auto compute = linear_compute_dtype(x);
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
