@@ -30,12 +30,14 @@ constexpr int align16(int bytes) {
 // the backward x and dout).
 struct Banding {
   int rows = 0, bands = 0, width = 0, cells = 0, smem = 0;
-  __host__ __device__ Banding(int grid_h, int grid_w, int staged) {
-    width = grid_w + 2;
+  __host__ __device__ Banding(const GridConvArgs& a, int staged) {
+    width = a.grid_w + 2;
+    const int grid_h = a.grid_h;
     const int cell_bytes = staged * kChunkBytes + 4;  // the tiles and the token table
     int fit = kSmallBudget / (width * cell_bytes) - 2;
     if (fit < 1) fit = kLargeBudget / (width * cell_bytes) - 2;
     if (fit < 1) return;  // rows == 0: not supported
+    if (a.max_band_rows > 0 && a.max_band_rows < fit) fit = a.max_band_rows;
     bands = (grid_h + fit - 1) / fit;
     rows = (grid_h + bands - 1) / bands;  // as even as they come
     cells = (rows + 2) * width;
@@ -113,6 +115,33 @@ struct BandCta {
   }
 };
 
+// Channels c .. c + Vec - 1 of the [C, kTaps] weights as w[tap][channel]: Vec * kTaps consecutive
+// floats, 16-byte aligned (c is a multiple of 4), read as float4s.
+template <int Vec>
+__device__ __forceinline__ void load_weights(const float* weight, int c, bool live,
+                                             float (&w)[kTaps][Vec]) {
+  static_assert(Vec % 4 == 0, "whole float4s");
+  if (!live) {
+#pragma unroll
+    for (int tap = 0; tap < kTaps; ++tap) {
+#pragma unroll
+      for (int e = 0; e < Vec; ++e) w[tap][e] = 0.f;
+    }
+    return;
+  }
+  const float4* from = reinterpret_cast<const float4*>(weight + c * kTaps);
+#pragma unroll
+  for (int q = 0; q < Vec * kTaps / 4; ++q) {
+    const float4 f = from[q];
+    const float parts[4] = {f.x, f.y, f.z, f.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int flat = 4 * q + i;  // channel flat / kTaps, tap flat % kTaps
+      w[flat % kTaps][flat / kTaps] = parts[i];
+    }
+  }
+}
+
 // out at each position of the band: base (if any), bias and nine taps of the staged x tile. A
 // thread owns one 16-byte channel vector of the chunk (its 9 x vec weights stay in registers) and
 // every 16th position.
@@ -126,12 +155,9 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(GridConvArgs a, Bandi
   const int lane = threadIdx.x % lanes, c = cta.c0 + lane * vec;
   const bool live = lane * vec < cta.chunk;
   float w[kTaps][vec], bias[vec];
+  load_weights<vec>(a.weight, c, live, w);
 #pragma unroll
-  for (int e = 0; e < vec; ++e) {
-    bias[e] = live && a.bias != nullptr ? a.bias[c + e] : 0.f;
-#pragma unroll
-    for (int tap = 0; tap < kTaps; ++tap) w[tap][e] = live ? a.weight[(c + e) * kTaps + tap] : 0.f;
-  }
+  for (int e = 0; e < vec; ++e) bias[e] = live && a.bias != nullptr ? a.bias[c + e] : 0.f;
   async_copy::wait<0>();
   __syncthreads();
   if (!live) return;
@@ -186,11 +212,7 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(GridConvArgs a, Band
   const int lane = threadIdx.x % lanes, c = cta.c0 + lane * vec;
   const bool live = lane * vec < cta.chunk;
   float w[kTaps][vec];
-#pragma unroll
-  for (int e = 0; e < vec; ++e) {
-#pragma unroll
-    for (int tap = 0; tap < kTaps; ++tap) w[tap][e] = live ? a.weight[(c + e) * kTaps + tap] : 0.f;
-  }
+  load_weights<vec>(a.weight, c, live, w);
   float dw[kTaps][vec] = {}, db[vec] = {};
   async_copy::wait<0>();
   __syncthreads();
@@ -299,20 +321,18 @@ bool grid_conv_supported(const GridConvArgs& a) {
   if (a.grid_w > (1 << 20)) return false;  // the band's sizes stay in int
   const int64_t tokens = static_cast<int64_t>(a.grid_h) * a.grid_w;
   // The backward's two tiles of three rows must fit (grid_w up to about 260).
-  return Banding(a.grid_h, a.grid_w, 2).rows > 0 && a.batch <= 65535 &&
-         tokens * a.channels <= INT32_MAX &&
-         static_cast<int64_t>(Banding(a.grid_h, a.grid_w, 2).bands) * chunks_of(a) <= INT32_MAX;
+  return Banding(a, 2).rows > 0 && a.batch <= 65535 && tokens * a.channels <= INT32_MAX &&
+         static_cast<int64_t>(Banding(a, 2).bands) * chunks_of(a) <= INT32_MAX;
 }
 
 size_t grid_conv_workspace_floats(const GridConvArgs& a) {
-  return static_cast<size_t>(a.batch) * Banding(a.grid_h, a.grid_w, 2).bands * (kTaps + 1) *
-         a.channels;
+  return static_cast<size_t>(a.batch) * Banding(a, 2).bands * (kTaps + 1) * a.channels;
 }
 
 cudaError_t grid_conv_forward(const GridConvArgs& a, cudaStream_t stream) {
   if (!grid_conv_supported(a) || a.x == nullptr || a.weight == nullptr || a.out == nullptr)
     return cudaErrorInvalidValue;
-  const Banding band(a.grid_h, a.grid_w, 1);
+  const Banding band(a, 1);
   return with_element_type(a.dtype, [&](auto zero) {
     using T = decltype(zero);
     return launch(forward_kernel<T>, a, band, stream);
@@ -323,7 +343,7 @@ cudaError_t grid_conv_backward(const GridConvArgs& a, cudaStream_t stream) {
   if (!grid_conv_supported(a) || a.x == nullptr || a.weight == nullptr || a.dout == nullptr ||
       a.dx == nullptr || a.dweight == nullptr || a.workspace == nullptr)
     return cudaErrorInvalidValue;
-  const Banding band(a.grid_h, a.grid_w, 2);
+  const Banding band(a, 2);
   const cudaError_t err = with_element_type(a.dtype, [&](auto zero) {
     using T = decltype(zero);
     return launch(backward_kernel<T>, a, band, stream);

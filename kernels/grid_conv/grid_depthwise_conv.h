@@ -36,15 +36,17 @@ struct GridConvArgs {
   int grid_h = 0, grid_w = 0, tiles_h = 1, tiles_w = 1;  // block-major token layout
   const void* x = nullptr;  // [B, N, C]: rows of C contiguous elements, 16-byte aligned
   int64_t x_batch_stride = 0, x_token_stride = 0;  // elements
-  const float* weight = nullptr;  // [C, 3 * 3] contiguous (the Conv2d's [C, 1, 3, 3])
-  const float* bias = nullptr;    // [C], or nullptr
-  void* out = nullptr;            // forward output [B, N, C] contiguous
-  const void* base = nullptr;     // [B, N, C] contiguous, added to the forward's output, or nullptr
-  const void* dout = nullptr;     // backward input [B, N, C] contiguous
-  void* dx = nullptr;             // backward outputs: [B, N, C] contiguous
-  float* dweight = nullptr;       // [C, 3 * 3]
-  float* dbias = nullptr;         // [C], or nullptr
-  float* workspace = nullptr;     // grid_conv_workspace_floats(args)
+  const float* weight =
+      nullptr;  // [C, 3 * 3] contiguous (the Conv2d's [C, 1, 3, 3]), 16-byte aligned
+  const float* bias = nullptr;  // [C], or nullptr
+  void* out = nullptr;          // forward output [B, N, C] contiguous
+  const void* base = nullptr;   // [B, N, C] contiguous, added to the forward's output, or nullptr
+  const void* dout = nullptr;   // backward input [B, N, C] contiguous
+  void* dx = nullptr;           // backward outputs: [B, N, C] contiguous
+  float* dweight = nullptr;     // [C, 3 * 3]
+  float* dbias = nullptr;       // [C], or nullptr
+  float* workspace = nullptr;   // grid_conv_workspace_floats(args)
+  int max_band_rows = 0;        // 0: bands as tall as the shared-memory budget allows; else a cap
 };
 
 // Whether the kernels take this layout and these channels (16-byte channel vectors, tiles that

@@ -1,5 +1,6 @@
 #include "attention/grid_depthwise_conv.h"
 
+#include <cstdlib>
 #include <mutex>
 
 #include "core/environment.h"
@@ -60,6 +61,12 @@ kernels::GridConvArgs args_for(const torch::Tensor& x, const TokenLayout& layout
   a.grid_h = static_cast<int>(layout.grid_h), a.grid_w = static_cast<int>(layout.grid_w);
   a.tiles_h = static_cast<int>(layout.tiles_h), a.tiles_w = static_cast<int>(layout.tiles_w);
   a.x = x.data_ptr(), a.x_batch_stride = x.stride(0), a.x_token_stride = x.stride(1);
+  // TEMPORARY (session 35 tuning): a cap on the band rows.
+  static const int max_rows = [] {
+    const char* value = std::getenv("MHLA_GRID_CONV_ROWS");
+    return value != nullptr ? std::atoi(value) : 0;
+  }();
+  a.max_band_rows = max_rows;
   return a;
 }
 
@@ -81,6 +88,8 @@ class GridConvFunction : public torch::autograd::Function<GridConvFunction> {
     const TokenLayout layout{grid_h, grid_w, tiles_h, tiles_w};
     auto x = readable_in_place(x_in) ? x_in : x_in.contiguous();
     auto weight = weight_in.contiguous();
+    // The kernels read the weights as float4s.
+    if (reinterpret_cast<uintptr_t>(weight.data_ptr()) % 16 != 0) weight = weight.clone();
     // No bias: an empty tensor (autograd's functions take no undefined inputs).
     const bool has_bias = bias_in.numel() > 0;
     auto bias = has_bias ? bias_in.contiguous() : bias_in;
