@@ -37,7 +37,6 @@ struct Banding {
     int fit = kSmallBudget / (width * cell_bytes) - 2;
     if (fit < 1) fit = kLargeBudget / (width * cell_bytes) - 2;
     if (fit < 1) return;  // rows == 0: not supported
-    if (a.max_band_rows > 0 && a.max_band_rows < fit) fit = a.max_band_rows;
     bands = (grid_h + fit - 1) / fit;
     rows = (grid_h + bands - 1) / bands;  // as even as they come
     cells = (rows + 2) * width;

@@ -46,7 +46,6 @@ struct GridConvArgs {
   float* dweight = nullptr;     // [C, 3 * 3]
   float* dbias = nullptr;       // [C], or nullptr
   float* workspace = nullptr;   // grid_conv_workspace_floats(args)
-  int max_band_rows = 0;        // 0: bands as tall as the shared-memory budget allows; else a cap
 };
 
 // Whether the kernels take this layout and these channels (16-byte channel vectors, tiles that

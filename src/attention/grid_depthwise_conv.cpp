@@ -1,6 +1,5 @@
 #include "attention/grid_depthwise_conv.h"
 
-#include <cstdlib>
 #include <mutex>
 
 #include "core/environment.h"
@@ -37,23 +36,6 @@ namespace kernels = mhla_kernels;
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-// TEMPORARY (session 35): session 34's kernel for a same-call A/B, MHLA_GRID_CONV_V1=1.
-namespace v1 {
-bool use() {
-  static const bool on = environment_switch("MHLA_GRID_CONV_V1", false);
-  return on;
-}
-}  // namespace v1
-}  // namespace
-}  // namespace mhla
-namespace mhla_kernels {
-size_t grid_conv_workspace_floats_v1(const GridConvArgs& args);
-cudaError_t grid_conv_forward_v1(const GridConvArgs& args, cudaStream_t stream);
-cudaError_t grid_conv_backward_v1(const GridConvArgs& args, cudaStream_t stream);
-}  // namespace mhla_kernels
-namespace mhla {
-namespace {
-
 kernels::GridConvArgs args_for(const torch::Tensor& x, const TokenLayout& layout) {
   kernels::GridConvArgs a;
   a.dtype = *kernel_dtype_of(x.scalar_type());
@@ -61,12 +43,6 @@ kernels::GridConvArgs args_for(const torch::Tensor& x, const TokenLayout& layout
   a.grid_h = static_cast<int>(layout.grid_h), a.grid_w = static_cast<int>(layout.grid_w);
   a.tiles_h = static_cast<int>(layout.tiles_h), a.tiles_w = static_cast<int>(layout.tiles_w);
   a.x = x.data_ptr(), a.x_batch_stride = x.stride(0), a.x_token_stride = x.stride(1);
-  // TEMPORARY (session 35 tuning): a cap on the band rows.
-  static const int max_rows = [] {
-    const char* value = std::getenv("MHLA_GRID_CONV_ROWS");
-    return value != nullptr ? std::atoi(value) : 0;
-  }();
-  a.max_band_rows = max_rows;
   return a;
 }
 
@@ -100,8 +76,7 @@ class GridConvFunction : public torch::autograd::Function<GridConvFunction> {
     a.out = out.data_ptr();
     const bool has_base = base.numel() > 0;
     if (has_base) a.base = base.data_ptr();
-    const auto err = v1::use() ? kernels::grid_conv_forward_v1(a, stream_of(x))
-                               : kernels::grid_conv_forward(a, stream_of(x));
+    const auto err = kernels::grid_conv_forward(a, stream_of(x));
     if (err != cudaSuccess) fail("grid depthwise conv (cuda): {}", cudaGetErrorString(err));
     ctx->save_for_backward({x, weight});
     ctx->saved_data["layout"] = std::vector<int64_t>{grid_h, grid_w, tiles_h, tiles_w};
@@ -128,16 +103,13 @@ class GridConvFunction : public torch::autograd::Function<GridConvFunction> {
     auto dweight = torch::empty(weight.sizes(), f32);
     auto dbias = has_bias ? torch::empty({x.size(2)}, f32) : torch::Tensor();
     auto workspace =
-        torch::empty({static_cast<int64_t>(v1::use() ? kernels::grid_conv_workspace_floats_v1(a)
-                                                     : kernels::grid_conv_workspace_floats(a))},
-                     f32);
+        torch::empty({static_cast<int64_t>(kernels::grid_conv_workspace_floats(a))}, f32);
     a.weight = weight.data_ptr<float>();
     a.dout = dout.data_ptr(), a.dx = dx.data_ptr();
     a.dweight = dweight.data_ptr<float>();
     a.dbias = has_bias ? dbias.data_ptr<float>() : nullptr;
     a.workspace = workspace.data_ptr<float>();
-    const auto err = v1::use() ? kernels::grid_conv_backward_v1(a, stream_of(x))
-                               : kernels::grid_conv_backward(a, stream_of(x));
+    const auto err = kernels::grid_conv_backward(a, stream_of(x));
     if (err != cudaSuccess)
       fail("grid depthwise conv backward (cuda): {}", cudaGetErrorString(err));
     // The base's gradient is the output's.
@@ -237,15 +209,6 @@ bool runs_kernel(const torch::Tensor& x, const torch::Tensor& weight, const torc
   return false;
 }
 
-// TEMPORARY (session 35): session 34's kernel adds no base.
-bool takes_base() {
-#ifdef MHLA_WITH_CUDA_KERNELS
-  return !v1::use();
-#else
-  return false;
-#endif
-}
-
 }  // namespace
 
 torch::Tensor grid_depthwise_conv(const torch::Tensor& x, const torch::Tensor& weight,
@@ -262,8 +225,7 @@ torch::Tensor grid_depthwise_conv_added(const torch::Tensor& base, const torch::
   check_shapes(x, weight, bias, layout);
   // One pass when the base is what the kernel writes (x's dtype and shape, contiguous rows).
   if (base.scalar_type() == x.scalar_type() && base.sizes() == x.sizes() &&
-      base.device() == x.device() && base.is_contiguous() && takes_base() &&
-      runs_kernel(x, weight, bias, layout)) {
+      base.device() == x.device() && base.is_contiguous() && runs_kernel(x, weight, bias, layout)) {
     return grid_depthwise_conv_kernel(x, weight, bias, layout, base);
   }
   return base + grid_depthwise_conv(x, weight, bias, layout).to(base.scalar_type());
