@@ -29,7 +29,7 @@ for line in open(sys.argv[1], errors="replace"):
     head = re.match(r"\s*(?:void )?(.*?) \(\d+, \d+, \d+\)x\(\d+, \d+, \d+\), Context", line)
     if head:
         name = head.group(1).replace("(anonymous namespace)", "{anon}").split("(")[0]
-        name = name.replace("{anon}::", "").replace("<unnamed>::", "").replace("mhla_kernels::", "")
+        name = name.replace("{anon}::", "").replace("unnamed>::", "").replace("mhla_kernels::", "")
         continue
     m = re.search(r"gpu__time_duration.sum\s+(\S+)\s+([\d.,]+)", line)
     if m and name:
