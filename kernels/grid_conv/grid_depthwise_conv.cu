@@ -94,25 +94,19 @@ struct BandCta {
     return reinterpret_cast<T*>(smem + align16(banding.cells * 4) +
                                 static_cast<size_t>(which) * banding.cells * kChunkBytes);
   }
-  // Copies the 128-byte pieces of `image` ([tokens][token_stride] elements) at the raster cells of
-  // tile rows [row0, row1) into `to` with cp.async, 16 bytes a copy; zero cells and channels past
-  // the chunk are zero-filled. The caller commits the group.
-  __device__ void stage(const T* image, int64_t token_stride, T* to, int row0, int row1) const {
+  // Copies every raster cell's 128-byte piece of `image` ([tokens][token_stride] elements) into
+  // `to` with cp.async, 16 bytes a copy; zero cells and channels past the chunk are zero-filled.
+  __device__ void stage(const T* image, int64_t token_stride, T* to) const {
     constexpr int per_cell = kChunkBytes / 16, vec = 16 / static_cast<int>(sizeof(T));
     const int live = chunk / vec;
-    for (int e = row0 * banding.width * per_cell + threadIdx.x; e < row1 * banding.width * per_cell;
-         e += kThreads) {
+    for (int e = threadIdx.x; e < banding.cells * per_cell; e += kThreads) {
       const int cell = e / per_cell, piece = e % per_cell, token = table[cell];
       const bool valid = token >= 0 && piece < live;
       const T* from = image + (valid ? token * token_stride + c0 + piece * vec : 0);
       async_copy::copy_streaming16(to + cell * kChunk + piece * vec, from, valid);
     }
+    async_copy::commit();
   }
-  // Two-stage staging: the tile rows before `split` land first, so the band rows they cover
-  // (0 .. split - 3) are computed while the rest are in flight.
-  __device__ int split() const { return (rows + 2) / 2 + 1; }
-  // Band positions [0, first_half) need only the first stage's rows.
-  __device__ int first_half(int grid_w) const { return (split() - 2) * grid_w; }
   // The raster cell of band position p (row-major over the band's rows).
   __device__ int cell_of(int p, int grid_w) const {
     const int y = p / grid_w, x = p - y * grid_w;
@@ -156,54 +150,46 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(GridConvArgs a, Bandi
   constexpr int vec = 16 / static_cast<int>(sizeof(T)), lanes = kChunkBytes / 16;
   const BandCta<T> cta(a, band, smem);
   T* xs = cta.tile(smem, 0);
-  const T* x = static_cast<const T*>(a.x) + cta.b * a.x_batch_stride;
-  cta.stage(x, a.x_token_stride, xs, 0, cta.split());
-  async_copy::commit();
-  cta.stage(x, a.x_token_stride, xs, cta.split(), cta.rows + 2);
-  async_copy::commit();
+  cta.stage(static_cast<const T*>(a.x) + cta.b * a.x_batch_stride, a.x_token_stride, xs);
   const int lane = threadIdx.x % lanes, c = cta.c0 + lane * vec;
   const bool live = lane * vec < cta.chunk;
   float w[kTaps][vec], bias[vec];
   load_weights<vec>(a.weight, c, live, w);
 #pragma unroll
   for (int e = 0; e < vec; ++e) bias[e] = live && a.bias != nullptr ? a.bias[c + e] : 0.f;
+  async_copy::wait<0>();
+  __syncthreads();
+  if (!live) return;
   const int tokens = a.grid_h * a.grid_w, width = band.width;
   const int64_t image = static_cast<int64_t>(cta.b) * tokens * a.channels + c;
   T* out = static_cast<T*>(a.out) + image;
   const T* base = a.base != nullptr ? static_cast<const T*>(a.base) + image : nullptr;
-  auto positions = [&](int begin, int end) {
-    for (int p = begin + threadIdx.x / lanes; p < end; p += kThreads / lanes) {
-      const int cell = cta.cell_of(p, a.grid_w);
-      const int64_t row = static_cast<int64_t>(cta.table[cell]) * a.channels;
-      // The base's global load first: its latency hides behind the taps.
-      Pack<T, vec> added{};
-      if (base != nullptr) added = *reinterpret_cast<const Pack<T, vec>*>(base + row);
-      const T* center = xs + cell * BandCta<T>::kChunk + lane * vec;
-      // Every tap's load first, so they are in flight together; kept packed until used.
-      Pack<T, vec> v[kTaps];
+  for (int p = threadIdx.x / lanes; p < cta.rows * a.grid_w; p += kThreads / lanes) {
+    const int cell = cta.cell_of(p, a.grid_w);
+    const T* center = xs + cell * BandCta<T>::kChunk + lane * vec;
+    // Every tap's load first, so they are in flight together; kept packed until used.
+    Pack<T, vec> v[kTaps];
 #pragma unroll
-      for (int tap = 0; tap < kTaps; ++tap)
-        v[tap] = *reinterpret_cast<const Pack<T, vec>*>(
-            center + ((tap / K - 1) * width + tap % K - 1) * BandCta<T>::kChunk);
-      float acc[vec];
+    for (int tap = 0; tap < kTaps; ++tap)
+      v[tap] = *reinterpret_cast<const Pack<T, vec>*>(
+          center + ((tap / K - 1) * width + tap % K - 1) * BandCta<T>::kChunk);
+    const int64_t row = static_cast<int64_t>(cta.table[cell]) * a.channels;
+    float acc[vec];
+    if (base != nullptr) {
+      load_pack<T, vec>(base + row, acc);
+#pragma unroll
+      for (int e = 0; e < vec; ++e) acc[e] += bias[e];
+    } else {
 #pragma unroll
       for (int e = 0; e < vec; ++e) acc[e] = bias[e];
-#pragma unroll
-      for (int tap = 0; tap < kTaps; ++tap) {
-#pragma unroll
-        for (int e = 0; e < vec; ++e) acc[e] = fmaf(w[tap][e], to_float(v[tap].v[e]), acc[e]);
-      }
-#pragma unroll
-      for (int e = 0; e < vec; ++e) acc[e] += to_float(added.v[e]);
-      store_pack<T, vec>(out + row, acc);
     }
-  };
-  async_copy::wait<1>();
-  __syncthreads();
-  if (live) positions(0, cta.first_half(a.grid_w));
-  async_copy::wait<0>();
-  __syncthreads();
-  if (live) positions(cta.first_half(a.grid_w), cta.rows * a.grid_w);
+#pragma unroll
+    for (int tap = 0; tap < kTaps; ++tap) {
+#pragma unroll
+      for (int e = 0; e < vec; ++e) acc[e] = fmaf(w[tap][e], to_float(v[tap].v[e]), acc[e]);
+    }
+    store_pack<T, vec>(out + row, acc);
+  }
 }
 
 // dx by the mirrored taps of the staged dout tile, and this CTA's part of dw and dbias: each
@@ -220,22 +206,18 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(GridConvArgs a, Band
   const int64_t image = static_cast<int64_t>(cta.b) * tokens * a.channels;
   T* xs = cta.tile(smem, 0);
   T* ds = cta.tile(smem, 1);
-  const T* x = static_cast<const T*>(a.x) + cta.b * a.x_batch_stride;
-  const T* dout = static_cast<const T*>(a.dout) + image;
-  cta.stage(x, a.x_token_stride, xs, 0, cta.split());
-  cta.stage(dout, a.channels, ds, 0, cta.split());
-  async_copy::commit();
-  cta.stage(x, a.x_token_stride, xs, cta.split(), cta.rows + 2);
-  cta.stage(dout, a.channels, ds, cta.split(), cta.rows + 2);
-  async_copy::commit();
+  cta.stage(static_cast<const T*>(a.x) + cta.b * a.x_batch_stride, a.x_token_stride, xs);
+  cta.stage(static_cast<const T*>(a.dout) + image, a.channels, ds);
   const int lane = threadIdx.x % lanes, c = cta.c0 + lane * vec;
   const bool live = lane * vec < cta.chunk;
   float w[kTaps][vec];
   load_weights<vec>(a.weight, c, live, w);
   float dw[kTaps][vec] = {}, db[vec] = {};
-  T* dx = static_cast<T*>(a.dx) + image + c;
-  auto positions = [&](int begin, int end) {
-    for (int p = begin + threadIdx.x / lanes; p < end; p += kThreads / lanes) {
+  async_copy::wait<0>();
+  __syncthreads();
+  if (live) {
+    T* dx = static_cast<T*>(a.dx) + image + c;
+    for (int p = threadIdx.x / lanes; p < cta.rows * a.grid_w; p += kThreads / lanes) {
       const int cell = cta.cell_of(p, a.grid_w);
       const int at = cell * chunk_elems + lane * vec;
       float g[vec], acc[vec] = {};
@@ -258,14 +240,8 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(GridConvArgs a, Band
       }
       store_pack<T, vec>(dx + static_cast<int64_t>(cta.table[cell]) * a.channels, acc);
     }
-  };
-  async_copy::wait<1>();
-  __syncthreads();
-  if (live) positions(0, cta.first_half(a.grid_w));
-  async_copy::wait<0>();
-  __syncthreads();
-  if (live) positions(cta.first_half(a.grid_w), cta.rows * a.grid_w);
-    // Lanes of one warp with the same channels: lane, lane + lanes, ... (a fixed shuffle order).
+  }
+  // Lanes of one warp with the same channels: lane, lane + lanes, ... (a fixed shuffle order).
 #pragma unroll
   for (int offset = lanes; offset < 32; offset <<= 1) {
 #pragma unroll

@@ -16,11 +16,9 @@
 // stages its band with a one-token halo on every side as a raster tile in shared memory (x; in
 // the backward also dout), zeros where the halo leaves the grid, so every global row is read
 // once with coalesced 16-byte copies and the nine taps of a position are shared-memory reads at
-// fixed offsets. The staging goes in two cp.async groups, so the first half of the band is
-// computed while the second half's rows are in flight. Bands are as tall as 48 KB of tiles allow
-// (DeiT-T/2's 16 x 16 grid: one band in the forward, two of 8 rows in the backward, which stages
-// two tensors); grids whose three rows do not fit take up to 200 KB, and grids wider than 260
-// tokens are not taken.
+// fixed offsets. Bands are as tall as 48 KB of tiles allow (DeiT-T/2's 16 x 16 grid: one band in
+// the forward, two of 8 rows in the backward, which stages two tensors); grids whose three rows
+// do not fit take up to 200 KB, and grids wider than 260 tokens are not taken.
 #include <cstddef>
 #include <cstdint>
 
