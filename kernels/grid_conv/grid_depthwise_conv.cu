@@ -1,7 +1,5 @@
 #include "grid_conv/grid_depthwise_conv.h"
 
-#include <algorithm>
-
 #include "common/async_copy.cuh"
 #include "common/element_type.cuh"
 #include "common/packed_access.cuh"
@@ -40,8 +38,8 @@ struct Banding {
     bands = (grid_h + fit - 1) / fit;
     rows = (grid_h + bands - 1) / bands;  // as even as they come
     cells = (rows + 2) * width;
-    // The backward reuses the tiles for the warps' weight-gradient sums.
-    // (fp32 sums of up to 64 channels a row).
+    // The backward reuses the tiles for the warps' weight-gradient sums (fp32, up to 64
+    // channels a row), which may be larger on small grids.
     const int tiles = staged * cells * kChunkBytes, sums = kWarps * (kTaps + 1) * 64 * 4;
     smem = align16(cells * 4) + (staged == 2 && sums > tiles ? sums : tiles);
   }
@@ -319,9 +317,10 @@ bool grid_conv_supported(const GridConvArgs& a) {
   if (a.grid_h % a.tiles_h != 0 || a.grid_w % a.tiles_w != 0) return false;
   if (a.grid_w > (1 << 20)) return false;  // the band's sizes stay in int
   const int64_t tokens = static_cast<int64_t>(a.grid_h) * a.grid_w;
-  // The backward's two tiles of three rows must fit (grid_w up to about 260).
-  return Banding(a, 2).rows > 0 && a.batch <= 65535 && tokens * a.channels <= INT32_MAX &&
-         static_cast<int64_t>(Banding(a, 2).bands) * chunks_of(a) <= INT32_MAX;
+  // The backward's two tiles of three rows must fit (grid_w up to 260).
+  const Banding backward(a, 2);
+  return backward.rows > 0 && a.batch <= 65535 && tokens * a.channels <= INT32_MAX &&
+         static_cast<int64_t>(backward.bands) * chunks_of(a) <= INT32_MAX;
 }
 
 size_t grid_conv_workspace_floats(const GridConvArgs& a) {
