@@ -1,7 +1,8 @@
 // The three bidirectional kernel families of the `cuda` backend of linear attention and MHLA
-// (src/attention/block_linear_cuda.h): resident, cluster and states, each run by name on every
-// shape it takes, outputs and all gradients against the float32 reference on the CPU. The op
-// harness (test_attention_ops.cpp) only sees the family the backend picks for each shape.
+// (src/attention/block_linear_cuda.h): resident (and each of its three backward forms), cluster
+// and states, each run by name on every shape it takes, outputs and all gradients against the
+// float32 reference on the CPU. The op harness (test_attention_ops.cpp) only sees the family the
+// backend picks for each shape.
 #include "catch_compat.h"
 
 #ifdef MHLA_WITH_CUDA_KERNELS
@@ -46,6 +47,8 @@ const FamilyShape kFamilyShapes[] = {
     {"the vision shape at N = 256 (16-token blocks)", 2, 3, 256, 64, 16},
     {"N = 256 in 4 blocks (64-token blocks)", 2, 3, 256, 64, 4},
     {"N = 128 in 8 blocks: fewer strips than warps", 3, 2, 128, 64, 8},
+    {"N = 192 in 3 blocks: three tiles, one warpgroup owns two", 2, 3, 192, 64, 3},
+    {"N = 64, one tile: linear attention", 3, 2, 64, 64, 1},
     {"large magnitude at N = 256 in 16 blocks", 2, 2, 256, 64, 16, 30.0},
     {"N = 1,024 in 16 blocks", 1, 2, 1024, 64, 16},
     {"linear attention (one block)", 2, 2, 512, 64, 1},
@@ -106,7 +109,8 @@ TEST_CASE(
   }
   torch::manual_seed(21);
   int runs = 0;
-  for (const std::string family : {"resident", "cluster", "states"}) {
+  for (const std::string family : {"resident", "resident-warpgroup", "resident-state",
+                                   "resident-scores", "cluster", "states"}) {
     for (auto dtype : {torch::kBFloat16, torch::kFloat16}) {
       for (const auto& s : kFamilyShapes) {
         const std::vector<int64_t> dims = {s.batch, s.tokens, s.heads, s.head_dim};
@@ -136,8 +140,9 @@ TEST_CASE(
       }
     }
   }
-  // Every family took some shape (so a support check that refuses everything fails here).
-  CHECK(runs >= 2 * (3 + 8 + 8));
+  // Every family took some shape (so a support check that refuses everything fails here): the
+  // warpgroup backward takes the six D = 64 shapes up to N = 256, the state form four of them.
+  CHECK(runs >= 2 * (3 + 6 + 4 + 3 + 8 + 8));
 }
 
 TEST_CASE("bidirectional kernel families: a family asked for a shape it does not take says so",

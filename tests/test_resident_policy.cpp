@@ -10,6 +10,7 @@
 #include "mhla/block_fragment_passes.h"
 #include "mhla/resident_block_linear.h"
 #include "mhla/resident_state_backward.h"
+#include "mhla/resident_warpgroup_backward.h"
 
 TEST_CASE("resident kernels: the shapes the cuda backend hands them", "[attention]") {
   using mhla_kernels::DType;
@@ -57,6 +58,30 @@ TEST_CASE("resident kernels: which MHLA backwards run in state form", "[attentio
   CHECK_FALSE(state_form(64, 1024, 6, 64, 16));
   CHECK_FALSE(state_form(2, 100, 2, 64, 4));
   CHECK_FALSE(state_form(256, 256, 6, 64, 16, DType::f32));
+}
+
+TEST_CASE("resident kernels: which backwards run on warpgroup products", "[attention]") {
+  using mhla_kernels::DType;
+  auto warpgroup = [](int batch, int tokens, int heads, int dim, int blocks,
+                      DType dtype = DType::bf16) {
+    return mhla_kernels::resident_warpgroup_backward_supported({batch, tokens, heads, dim, blocks},
+                                                               dtype);
+  };
+  // D = 64, whole 64-token tiles up to 256 tokens, blocks of whole 16-token chunks.
+  CHECK(warpgroup(256, 256, 6, 64, 16));
+  CHECK(warpgroup(256, 256, 6, 64, 16, DType::f16));
+  CHECK(warpgroup(2, 256, 3, 64, 4));
+  CHECK(warpgroup(3, 128, 2, 64, 8));
+  CHECK(warpgroup(2, 64, 2, 64, 1));
+  CHECK(warpgroup(2, 192, 2, 64, 3));
+  // Not: a partial tile, longer sequences, blocks of 8 tokens, D = 32 or 128, fp32, empty.
+  CHECK_FALSE(warpgroup(2, 200, 2, 64, 1));
+  CHECK_FALSE(warpgroup(2, 320, 2, 64, 4));
+  CHECK_FALSE(warpgroup(2, 256, 2, 64, 32));
+  CHECK_FALSE(warpgroup(2, 256, 2, 32, 16));
+  CHECK_FALSE(warpgroup(2, 256, 2, 128, 16));
+  CHECK_FALSE(warpgroup(2, 256, 2, 64, 16, DType::f32));
+  CHECK_FALSE(warpgroup(0, 256, 2, 64, 16));
 }
 
 TEST_CASE("fragment passes: where the states and output passes take their one-tile variants",

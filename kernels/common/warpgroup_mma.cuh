@@ -51,6 +51,8 @@ __device__ __forceinline__ uint64_t descriptor(const void* start, uint32_t k_str
 
 template <typename T, int N>
 struct WarpgroupMma;
+template <typename T, int N>
+struct WarpgroupMmaRegisterA;
 #include "common/warpgroup_mma_ops.inc"
 
 // Orders this thread's earlier generic-proxy shared-memory writes (plain stores, cp.async)
@@ -87,6 +89,27 @@ __device__ __forceinline__ void product(float (&acc)[N / 2], TileA a, int a_row0
     const uint64_t da = descriptor(a.at(a_row0, a_col0 + kk), TileA::k_stride, TileA::mn_stride);
     const uint64_t db = descriptor(b.at(b_row0, b_col0 + kk), TileB::k_stride, TileB::mn_stride);
     WarpgroupMma<T, N>::run(acc, da, db, (accumulate || kk > 0) ? 1 : 0);
+  }
+  commit();
+  pin(acc);
+}
+
+// Issues acc (+)= A B over depth K for A given as register fragments (to_a_fragments of a
+// 64 x K accumulator: k-block kb is a[kb]) and B = rows b_row0 .. b_row0 + K - 1 (the depth) and
+// columns b_col0 .. b_col0 + N - 1 of tile b, read N-major (transposed: no copy of b with the
+// depth along its columns is needed). One commit group; the caller fences before and waits
+// after, and keeps the fragments unchanged until then.
+template <typename T, int N, int K, typename TileB>
+__device__ __forceinline__ void product_register_a(float (&acc)[N / 2],
+                                                   const unsigned (&a)[K / 16][4], TileB b,
+                                                   int b_row0, int b_col0, bool accumulate) {
+  pin(acc);
+#pragma unroll
+  for (int kb = 0; kb < K / 16; ++kb) {
+    // N-major: the leading offset steps along the depth (b's rows), the stride along N.
+    const uint64_t db =
+        descriptor(b.at(b_row0 + 16 * kb, b_col0), TileB::mn_stride, TileB::k_stride);
+    WarpgroupMmaRegisterA<T, N>::run(acc, a[kb], db, (accumulate || kb > 0) ? 1 : 0);
   }
   commit();
   pin(acc);

@@ -30,7 +30,14 @@ struct ResidentBlockLinearForward {
   float* den = nullptr;           // [B * H, N]
 };
 
+// Which kernel computes the backward where several take the shape (resident_block_linear.cu):
+// automatic = the warpgroup kernel, then the state form, then the scores form (or where
+// MHLA_RESIDENT_BACKWARD says to start); the others start the order there. A form that does
+// not take the shape falls through to the next.
+enum class ResidentBackwardForm { automatic, warpgroup, state, scores };
+
 struct ResidentBlockLinearBackward {
+  ResidentBackwardForm form = ResidentBackwardForm::automatic;
   BlockLinearShape shape;
   DType dtype = DType::bf16;
   TokenTensor q, k, v, out, grad_out;  // out: the forward's output

@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -23,6 +24,8 @@
 #include "mhla/cluster_block_linear.h"
 #include "mhla/dense_block_linear.h"
 #include "mhla/resident_block_linear.h"
+#include "mhla/resident_state_backward.h"
+#include "mhla/resident_warpgroup_backward.h"
 #include "models/linear.h"
 
 namespace mhla {
@@ -356,7 +359,8 @@ class ResidentBlockLinearFunction : public torch::autograd::Function<ResidentBlo
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q_in,
                                const torch::Tensor& k_in, const torch::Tensor& v_in,
-                               const torch::Tensor& mixing_in, int64_t blocks) {
+                               const torch::Tensor& mixing_in, int64_t blocks,
+                               int64_t backward_form = 0) {
     const auto t = DenseFormTensors::for_forward(q_in, k_in, v_in, mixing_in);
     kernels::ResidentBlockLinearForward a;
     a.shape = shape_of(t.q, blocks);
@@ -371,6 +375,7 @@ class ResidentBlockLinearFunction : public torch::autograd::Function<ResidentBlo
                  "resident block linear forward");
     t.save(ctx);
     ctx->saved_data["blocks"] = blocks;
+    ctx->saved_data["backward_form"] = backward_form;
     remember_input_dtypes(ctx, q_in, k_in);
     return t.out;
   }
@@ -382,6 +387,7 @@ class ResidentBlockLinearFunction : public torch::autograd::Function<ResidentBlo
     auto grad_out = readable(grads[0], t.v.scalar_type());
     DenseFormGradients d(t, blocks);
     kernels::ResidentBlockLinearBackward a;
+    a.form = static_cast<kernels::ResidentBackwardForm>(ctx->saved_data["backward_form"].toInt());
     a.shape = shape_of(t.q, blocks);
     a.dtype = kernel_dtype(t.v.scalar_type());
     a.q = view_of(t.q), a.k = view_of(t.k), a.v = view_of(t.v);
@@ -405,7 +411,7 @@ class ResidentBlockLinearFunction : public torch::autograd::Function<ResidentBlo
     if (dm_parts.defined())
       column_sums_into(dm_parts.view({dm_parts.size(0), -1}), d.dmixing.view({-1}));
     const auto [q_type, k_type] = input_dtypes(ctx);
-    return {d.dq.to(q_type), d.dk.to(k_type), d.dv, d.dmixing, torch::Tensor()};
+    return {d.dq.to(q_type), d.dk.to(k_type), d.dv, d.dmixing, torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -562,12 +568,36 @@ torch::Tensor causal_dense_or_reference(const torch::Tensor& q, const torch::Ten
 
 }  // namespace
 
+// The resident family's backward forms by name (tests and A/B runs): "resident" leaves the
+// choice to the kernels; "resident-warpgroup", "resident-state" and "resident-scores" ask for
+// one, and a name takes only shapes that form computes.
+std::optional<kernels::ResidentBackwardForm> resident_form_named(const std::string& family) {
+  using F = kernels::ResidentBackwardForm;
+  if (family == "resident") return F::automatic;
+  if (family == "resident-warpgroup") return F::warpgroup;
+  if (family == "resident-state") return F::state;
+  if (family == "resident-scores") return F::scores;
+  return std::nullopt;
+}
+
 bool block_linear_family_takes(const std::string& family, const torch::Tensor& q,
                                const torch::Tensor& v, int64_t blocks) {
-  if (family == "resident") return resident_takes(q, v, blocks);
+  using F = kernels::ResidentBackwardForm;
+  if (const auto form = resident_form_named(family)) {
+    if (!resident_takes(q, v, blocks)) return false;
+    const auto shape = shape_of(q, blocks);
+    const auto dtype = kernel_dtype(v.scalar_type());
+    if (*form == F::warpgroup) return kernels::resident_warpgroup_backward_supported(shape, dtype);
+    if (*form == F::state)
+      return blocks > 1 && kernels::resident_state_backward_supported(shape, dtype);
+    return true;
+  }
   if (family == "cluster") return cluster_takes(q, v, blocks);
   if (family == "states") return true;
-  fail("unknown bidirectional kernel family '{}' (resident, cluster, states)", family);
+  fail(
+      "unknown bidirectional kernel family '{}' (resident, resident-warpgroup, resident-state, "
+      "resident-scores, cluster, states)",
+      family);
 }
 
 torch::Tensor block_linear_by_named_family(const std::string& family, const torch::Tensor& q,
@@ -578,7 +608,9 @@ torch::Tensor block_linear_by_named_family(const std::string& family, const torc
     fail("the {} kernels do not take q {} ({}) with {} blocks", family, c10::str(q.sizes()),
          c10::toString(v.scalar_type()), blocks);
   }
-  if (family == "resident") return ResidentBlockLinearFunction::apply(q, k, v, mixing, blocks);
+  if (const auto form = resident_form_named(family)) {
+    return ResidentBlockLinearFunction::apply(q, k, v, mixing, blocks, static_cast<int64_t>(*form));
+  }
   if (family == "cluster") return ClusterBlockLinearFunction::apply(q, k, v, mixing, blocks);
   return BlockLinearFunction::apply(q, k, v, mixing, blocks);
 }

@@ -26,8 +26,10 @@ torch::Tensor mhla_cuda_dense(const torch::Tensor& q, const torch::Tensor& k,
 
 // The bidirectional kernel families of the `cuda` backend, by name: "resident" (the whole
 // sequence of a (batch, head) in one CTA, dense form), "cluster" (one 16-CTA cluster per
-// (batch, head)) and "states" (block states through global memory). The backend takes the resident kernels where
-// they fit and the state kernels otherwise; MHLA_BIDIRECTIONAL_KERNEL=cluster / states moves one
+// (batch, head)) and "states" (block states through global memory); "resident-warpgroup",
+// "resident-state" and "resident-scores" are the resident family with one backward form asked
+// for (kernels/mhla/resident_block_linear.h). The backend takes the resident kernels where they
+// fit and the state kernels otherwise; MHLA_BIDIRECTIONAL_KERNEL=cluster / states moves one
 // family first (the cluster kernels are slower than the state kernels: block_linear_cuda.cpp
 // says by how much). For tests and A/B runs:
 // whether `family` takes the inputs, and the op run by it (an error if it does not take them).
