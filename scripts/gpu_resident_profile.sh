@@ -4,20 +4,29 @@
 # memory) and the SASS lines where the kernel stalls most.
 #   KERNEL=backward (default): the scores-form backward (MHLA_RESIDENT_STATE_BACKWARD=0) and the
 #     state form, SASS of the state form;
-#   KERNEL=forward: the forward kernel (scores form), sections and SASS.
+#   KERNEL=forward: the forward kernel (scores form), sections and SASS;
+#   KERNEL=warpgroup: the state form and the warpgroup form (MHLA_RESIDENT_BACKWARD), SASS of
+#     the warpgroup form, and its SASS listing (cuobjdump) to check how the wgmmas are issued.
 # Run from the repository root after `source scripts/gpu_env.sh`; results in $OUT/resident.tgz
 # (the SASS lines with their stall samples, for scripts/ncu_top_sass.py).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; V=$OUT/resident; mkdir -p "$V"
 b=${MHLA_BIN:-build-gpu/mhla}
 shape=(--shape 256,6,256,64 --blocks 16 --warmup 0 --iters 1)
+switch=MHLA_RESIDENT_STATE_BACKWARD
 if [ "${KERNEL:-backward}" = forward ]; then
   forms=(1); sections_kernel=resident_forward_kernel; sass_kernel=resident_forward_kernel
+elif [ "${KERNEL:-backward}" = warpgroup ]; then
+  switch=MHLA_RESIDENT_BACKWARD; forms=(state warpgroup); sections_kernel="resident_.*backward"
+  sass_kernel=resident_warpgroup_backward
+  # The listing comes from a cubin of the kernel's file compiled like the build (carried in
+  # .gpu_stage, since cuobjdump over the whole binary takes minutes).
+  [ -f .gpu_stage/warpgroup.cubin ] && cuobjdump -sass .gpu_stage/warpgroup.cubin > "$V/warpgroup_sass.txt" 2>&1
 else
   forms=(0 1); sections_kernel="resident_.*backward"; sass_kernel=resident_state_backward
 fi
 for form in "${forms[@]}"; do
-  MHLA_RESIDENT_STATE_BACKWARD=$form timeout 150 ncu --clock-control none \
+  env "$switch=$form" timeout 150 ncu --clock-control none \
     --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
     --section LaunchStats --section MemoryWorkloadAnalysis -k regex:"$sections_kernel" \
     --launch-count 1 "$b" bench attention --op mhla --backend cuda "${shape[@]}" \
@@ -25,7 +34,7 @@ for form in "${forms[@]}"; do
   grep -E "_kernel|Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible|Memory Throughput|DRAM Throughput|L1/TEX Hit|Mem Busy|Max Bandwidth|Bank|Warp Cycles Per Issued" \
     "$V/ncu_sections_${KERNEL:-backward}_form$form.txt" | head -30
 done
-timeout 150 ncu --clock-control none --section SourceCounters --section WarpStateStats --page source \
+env "$switch=${forms[-1]}" timeout 150 ncu --clock-control none --section SourceCounters --section WarpStateStats --page source \
   --print-source sass --csv -k regex:"$sass_kernel" --launch-count 1 "$b" bench attention \
   --op mhla --backend cuda "${shape[@]}" > "$V/ncu_sass_${KERNEL:-backward}.csv" 2> /dev/null
 python3 scripts/ncu_top_sass.py "$V/ncu_sass_${KERNEL:-backward}.csv" 40

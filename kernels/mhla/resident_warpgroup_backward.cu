@@ -1,9 +1,21 @@
 // The dense-form short-sequence backward on warpgroup products: see
-// resident_warpgroup_backward.h. One CTA per (batch, head), two warpgroups. Warpgroup w owns
-// the key tiles w, w + 2 (first sweep: dv, dk, dm) and then the query tiles w, w + 2 (second
-// sweep: dq); each sweep walks all 64-token tiles of the other side.
+// resident_warpgroup_backward.h. A persistent grid (one CTA of two warpgroups per multiprocessor)
+// walks the (batch, head) pairs; warpgroup w owns the key tiles w, w + 2 (first sweep: dv, dk,
+// dm) and then the query tiles w, w + 2 (second sweep: dq); each sweep walks all 64-token tiles of
+// the other side.
+//
+// Measured on the H200 (session 36), the first version was bound by issue latency, not by the
+// tensor cores: a fifth of the time went to loading each pair with nothing else resident, a
+// third to the elementwise work between products, an eighth to the gradient stores. Hence: the
+// next pair's rows are prefetched into L2 while this one computes, and q and k land before v and
+// do; the mixing weights are read per 16 x 16 chunk pair from a table (no divisions), dm's four
+// chunk sums of a warp are reduced together; the next product pair is issued before the
+// elementwise work's wait; the raw q and k that the feature map's backward needs stay in shared
+// memory beside their features; and the gradients leave through a per-warp staging strip as whole
+// 128-byte rows.
 #include <climits>
 
+#include "common/device_info.h"
 #include "common/warpgroup_mma.cuh"
 #include "mhla/resident_warpgroup_backward.h"
 #include "mhla/tiles.cuh"
@@ -19,21 +31,29 @@ using tiles::kNormEps;
 constexpr int kD = 64;
 constexpr int kTile = 64;        // tokens per warpgroup product (its M, N or depth)
 constexpr int kChunk = 16;       // tokens per k16 step; blocks are whole chunks
-constexpr int kMaxTokens = 256;  // four tiles of each of q, k, v, g fill 128 KiB
+constexpr int kMaxTokens = 256;  // six 32 KiB tiles (raw q and k, phi(q), phi(k), v, g)
 constexpr int kThreads = 256;    // two warpgroups
 constexpr int kAcc = kTile / 2;  // accumulator floats per thread of a 64 x 64 product
+constexpr int kWarps = kThreads / 32;
+// Staging rows are padded to 144 bytes so the accumulator layout's 4-byte writes (eight rows by
+// four lanes) land in 32 different banks.
+constexpr int kStageLd = kD + 8;
 
 template <typename T>
 using Tile = wg::CoreTile<T, kD>;
 
 struct SmemPlan {
-  size_t tile, vector, mix, dm_parts;
-  __host__ __device__ SmemPlan(int n, int blocks)
+  size_t tile, vector, chunk_pairs, stage;
+  __host__ __device__ explicit SmemPlan(int n)
       : tile(tiles::align128(static_cast<size_t>(n) * kD * 2)),
         vector(tiles::align128(static_cast<size_t>(n) * 4)),
-        mix(tiles::align128(static_cast<size_t>(blocks) * blocks * 4)),
-        dm_parts(tiles::align128(static_cast<size_t>(n / kChunk) * (n / kChunk) * 4)) {}
-  __host__ __device__ size_t bytes() const { return 4 * tile + 3 * vector + mix + dm_parts; }
+        chunk_pairs(tiles::align128(static_cast<size_t>(n / kChunk) * (n / kChunk) * 4)),
+        stage(tiles::align128(static_cast<size_t>(kWarps) * 16 * kStageLd * 2)) {}
+  // raw q and k, phi(q), phi(k), v, g tiles; 1 / rms of q and k, gd; two weight tables and dm's
+  // parts; staging.
+  __host__ __device__ size_t bytes() const {
+    return 6 * tile + 3 * vector + 3 * chunk_pairs + stage;
+  }
 };
 
 template <typename T>
@@ -75,11 +95,11 @@ __device__ __forceinline__ void write_row(Tile<T> tile, int r, const float (&x)[
   }
 }
 
-// phi(x) = relu(x / rms(x)) + floor of row r in place; returns 1 / rms.
+// Row r of phi = relu(x / rms(x)) + floor for row r of x; returns 1 / rms.
 template <typename T>
-__device__ __forceinline__ float features_of_row(Tile<T> tile, int r) {
+__device__ __forceinline__ float features_of_row(Tile<T> raw, Tile<T> tile, int r) {
   float x[kD];
-  read_row(tile, r, x);
+  read_row(raw, r, x);
   float squares = 0.f;
 #pragma unroll
   for (int i = 0; i < kD; ++i) squares += x[i] * x[i];
@@ -122,8 +142,9 @@ __device__ __forceinline__ void pin_fragments(unsigned (&a)[kTile / 16][4]) {
     for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[kb][i])::"memory");
 }
 
-// Where a thread's accumulator rows go: row0 = first row of the warp's strip + lane / 4, and
-// row0 + 8; element i of n8 tile j is column 8 j + 2 (lane % 4) + i % 2, row row0 + 8 (i % 4 >= 2).
+// Where a thread's accumulator rows are: row0 = first row of the warp's 16-row strip + lane / 4,
+// and row0 + 8; element i of n8 tile j is column 8 j + 2 (lane % 4) + i % 2, row row0 + 8
+// (i % 4 >= 2).
 struct Rows {
   int b, h, heads, n;
   __device__ size_t index(int token) const {
@@ -131,34 +152,32 @@ struct Rows {
   }
 };
 
+// The raw (pre-feature-map) elements of a thread's accumulator positions, as element pairs.
+struct RawPairs {
+  unsigned lo[kAcc / 4], hi[kAcc / 4];
+};
+
+// Bank-conflict free: the 32 lanes read 32 different words of one core matrix.
 template <typename T>
-__device__ __forceinline__ void store_rows(T* dst, const Rows& rows, int row0,
-                                           const float (&acc)[kAcc]) {
+__device__ __forceinline__ void load_raw(RawPairs& x, Tile<T> raw, int row0) {
   const int c0 = 2 * (threadIdx.x % 4);
-  T* lo = dst + rows.index(row0) * kD + c0;
-  T* hi = dst + rows.index(row0 + 8) * kD + c0;
 #pragma unroll
   for (int j = 0; j < kAcc / 4; ++j) {
-    *reinterpret_cast<unsigned*>(lo + 8 * j) = pack_pair<T>(acc[4 * j], acc[4 * j + 1]);
-    *reinterpret_cast<unsigned*>(hi + 8 * j) = pack_pair<T>(acc[4 * j + 2], acc[4 * j + 3]);
+    x.lo[j] = *reinterpret_cast<const unsigned*>(raw.at(row0, c0 + 8 * j));
+    x.hi[j] = *reinterpret_cast<const unsigned*>(raw.at(row0 + 8, c0 + 8 * j));
   }
 }
 
-// dx = s (relu'(y) dphi - y (y . relu'(y) dphi) / D) with y = x s, s = 1 / rms(x), for the two
-// rows of a thread (the four lanes of a quad hold a row between them); then stored.
+// dx = s (relu'(y) dphi - y (y . relu'(y) dphi) / D) with y = x s, s = 1 / rms(x), in place for
+// the two rows of a thread (the four lanes of a quad hold a row between them).
 template <typename T>
-__device__ __forceinline__ void store_feature_gradient(T* dst, const Rows& rows, int row0,
-                                                       const TokenTensor& raw, const float* inv_rms,
-                                                       float (&acc)[kAcc]) {
-  const int c0 = 2 * (threadIdx.x % 4);
-  const T* lo = row_of<T>(raw, rows.b, row0, rows.h) + c0;
-  const T* hi = row_of<T>(raw, rows.b, row0 + 8, rows.h) + c0;
-  const float s_lo = inv_rms[row0], s_hi = inv_rms[row0 + 8];
+__device__ __forceinline__ void feature_gradient(float (&acc)[kAcc], const RawPairs& raw,
+                                                 float s_lo, float s_hi) {
   float x[kAcc];
 #pragma unroll
   for (int j = 0; j < kAcc / 4; ++j) {
-    unpack_pair<T>(*reinterpret_cast<const unsigned*>(lo + 8 * j), x[4 * j], x[4 * j + 1]);
-    unpack_pair<T>(*reinterpret_cast<const unsigned*>(hi + 8 * j), x[4 * j + 2], x[4 * j + 3]);
+    unpack_pair<T>(raw.lo[j], x[4 * j], x[4 * j + 1]);
+    unpack_pair<T>(raw.hi[j], x[4 * j + 2], x[4 * j + 3]);
   }
   float dot_lo = 0.f, dot_hi = 0.f;
 #pragma unroll
@@ -180,13 +199,66 @@ __device__ __forceinline__ void store_feature_gradient(T* dst, const Rows& rows,
     const float s = high ? s_hi : s_lo;
     acc[i] = s * (acc[i] - x[i] * s * (high ? dot_hi : dot_lo));
   }
-  store_rows(dst, rows, row0, acc);
 }
 
-__device__ __forceinline__ float warp_sum(float x) {
+// Stores a warp's 16-row strip of an accumulator (rows strip0 .. strip0 + 15 of the output):
+// written into the warp's staging rows in the accumulator layout, read back as 16-byte pieces,
+// and stored as whole 128-byte rows (eight lanes per row, four rows per store).
+template <typename T>
+__device__ __forceinline__ void store_strip(T* dst, const Rows& rows, int strip0, T* stage,
+                                            const float (&acc)[kAcc]) {
+  const int lane = threadIdx.x % 32, c0 = 2 * (lane % 4), r = lane / 4;
 #pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
-  return x;
+  for (int j = 0; j < kAcc / 4; ++j) {
+    *reinterpret_cast<unsigned*>(stage + r * kStageLd + c0 + 8 * j) =
+        pack_pair<T>(acc[4 * j], acc[4 * j + 1]);
+    *reinterpret_cast<unsigned*>(stage + (r + 8) * kStageLd + c0 + 8 * j) =
+        pack_pair<T>(acc[4 * j + 2], acc[4 * j + 3]);
+  }
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int row = 4 * i + lane / 8, piece = lane % 8;
+    const uint4 v = *reinterpret_cast<const uint4*>(stage + row * kStageLd + 8 * piece);
+    *reinterpret_cast<uint4*>(dst + rows.index(strip0 + row) * kD + 8 * piece) = v;
+  }
+  __syncwarp();  // the strip is written again by the next store
+}
+
+// Sums four per-lane values over the warp in six shuffles; lane l ends with the total of value
+// (l / 8) % 4.
+__device__ __forceinline__ float warp_sum4(const float (&v)[4]) {
+  const int lane = threadIdx.x % 32;
+  const bool upper = lane & 16, odd = lane & 8;
+  float keep0 = upper ? v[2] : v[0], keep1 = upper ? v[3] : v[1];
+  keep0 += __shfl_xor_sync(0xffffffffu, upper ? v[0] : v[2], 16);
+  keep1 += __shfl_xor_sync(0xffffffffu, upper ? v[1] : v[3], 16);
+  float keep = odd ? keep1 : keep0;
+  keep += __shfl_xor_sync(0xffffffffu, odd ? keep0 : keep1, 8);
+#pragma unroll
+  for (int offset = 4; offset > 0; offset /= 2) keep += __shfl_xor_sync(0xffffffffu, keep, offset);
+  return keep;
+}
+
+// Asks L2 for the rows of pair bh (its inputs, the forward's output and row sums), so that the
+// CTA taking it next finds them there: one thread per token row, one prefetch per 32-byte sector
+// (per-thread prefetches; the bulk form wants uniform operands and became a 32-way loop).
+template <typename T>
+__device__ __forceinline__ void prefetch_pair(const ResidentBlockLinearBackward& p, int bh) {
+  const auto& s = p.shape;
+  const int b = bh / s.heads, h = bh % s.heads, row = threadIdx.x;
+  auto ask = [](const void* at) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(at)); };
+  if (row < s.tokens) {
+#pragma unroll
+    for (int sector = 0; sector < kD * 2 / 32; ++sector) {
+      ask(row_of<T>(p.q, b, row, h) + 16 * sector);
+      ask(row_of<T>(p.k, b, row, h) + 16 * sector);
+      ask(row_of<T>(p.v, b, row, h) + 16 * sector);
+      ask(row_of<T>(p.grad_out, b, row, h) + 16 * sector);
+      ask(row_of<T>(p.out, b, row, h) + 16 * sector);
+    }
+  }
+  if (row < s.tokens / 8) ask(p.den + static_cast<size_t>(bh) * s.tokens + 8 * row);
 }
 
 template <typename T>
@@ -195,148 +267,195 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(128) unsigned char smem[];
   const auto& s = p.shape;
   const int n = s.tokens, tile_count = n / kTile, chunks = n / kChunk;
-  const int bh = blockIdx.x, b = bh / s.heads, h = bh % s.heads;
   const bool mixes = p.mixing != nullptr;
   const int blocks = mixes ? s.blocks : 1;
   const int block_chunks = chunks / blocks;  // 16-token chunks per block
-  const SmemPlan plan(n, blocks);
+  const SmemPlan plan(n);
   tiles::Carver carve{smem};
   const Tile<T> qf{carve.take<T>(plan.tile)}, kf{carve.take<T>(plan.tile)},
       vs{carve.take<T>(plan.tile)}, gs{carve.take<T>(plan.tile)};
+  // The raw q and k, for the feature map's backward at the ends of the sweeps.
+  const Tile<T> q_raw{carve.take<T>(plan.tile)}, k_raw{carve.take<T>(plan.tile)};
   float* inv_rms_q = carve.take<float>(plan.vector);
   float* inv_rms_k = carve.take<float>(plan.vector);
   float* gd = carve.take<float>(plan.vector);
-  float* mix = carve.take<float>(plan.mix);
-  float* dm_parts = carve.take<float>(plan.dm_parts);  // [key chunk][query chunk]
-
-  // Tiles in flight while each thread fetches its row of the forward's output and row sum.
-  copy_tile_async(qf, p.q, b, h, n);
-  copy_tile_async(kf, p.k, b, h, n);
-  copy_tile_async(vs, p.v, b, h, n);
-  copy_tile_async(gs, p.grad_out, b, h, n);
-  const int row = threadIdx.x;
-  uint4 o[kD / 8];
-  float den = 0.f;
-  if (row < n) {
-    den = p.den[static_cast<size_t>(bh) * n + row];
-    const uint4* from = reinterpret_cast<const uint4*>(row_of<T>(p.out, b, row, h));
-#pragma unroll
-    for (int c = 0; c < kD / 8; ++c) o[c] = __ldg(from + c);
-  }
-  if (mixes) {
-    for (int e = threadIdx.x; e < blocks * blocks; e += kThreads) mix[e] = p.mixing[e];
-  }
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
-  __syncthreads();
-  if (row < n) {
-    inv_rms_q[row] = features_of_row(qf, row);
-    inv_rms_k[row] = features_of_row(kf, row);
-    gd[row] = scale_gradient_row(gs, row, o, den);
-  }
-  wg::fence_shared_for_mma();
-  __syncthreads();
+  // Mixing weight of each (query chunk, key chunk), in both orders; dm's parts per chunk pair.
+  float* weight_by_query = carve.take<float>(plan.chunk_pairs);  // [query chunk][key chunk]
+  float* weight_by_key = carve.take<float>(plan.chunk_pairs);    // [key chunk][query chunk]
+  float* dm_parts = carve.take<float>(plan.chunk_pairs);         // [key chunk][query chunk]
+  T* stage = carve.take<T>(plan.stage);
 
   const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int c0 = 2 * (lane % 4);
-  const Rows rows{b, h, s.heads, n};
+  T* const strip_stage = stage + (threadIdx.x / 32) * 16 * kStageLd;
 
-  // Keys: dv, dk and dm's parts.
-  for (int kt = group; kt < tile_count; kt += 2) {
-    const int key0 = kt * kTile;
-    const int key_chunk = kt * (kTile / kChunk) + warp;  // this warp's 16 keys
-    const int key_block = key_chunk / block_chunks;
-    float dv[kAcc], dk[kAcc];
+  for (int e = threadIdx.x; e < chunks * chunks; e += kThreads) {
+    const int qc = e / chunks, kc = e % chunks;
+    const float w = mixes ? p.mixing[(qc / block_chunks) * blocks + kc / block_chunks] : 1.f;
+    weight_by_query[e] = w;
+    weight_by_key[kc * chunks + qc] = w;
+  }
+
+  const int pairs = s.batch * s.heads;
+  for (int bh = blockIdx.x; bh < pairs; bh += gridDim.x) {
+    const int b = bh / s.heads, h = bh % s.heads;
+    const Rows rows{b, h, s.heads, n};
+
+    // Tiles in flight while each thread fetches its row of the forward's output and row sum.
+    // Two groups: q and k first, so their feature maps overlap the arrival of v and do.
+    copy_tile_async(q_raw, p.q, b, h, n);
+    copy_tile_async(k_raw, p.k, b, h, n);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    copy_tile_async(vs, p.v, b, h, n);
+    copy_tile_async(gs, p.grad_out, b, h, n);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    const int row = threadIdx.x;
+    uint4 o[kD / 8];
+    float den = 0.f;
+    if (row < n) {
+      den = p.den[static_cast<size_t>(bh) * n + row];
+      const uint4* from = reinterpret_cast<const uint4*>(row_of<T>(p.out, b, row, h));
 #pragma unroll
-    for (int i = 0; i < kAcc; ++i) dv[i] = dk[i] = 0.f;
-    for (int qt = 0; qt < tile_count; ++qt) {
-      const int query0 = qt * kTile;
-      float scores[kAcc], dp[kAcc];
-      wg::fence();
-      wg::product<T, kTile, kD>(scores, kf, key0, 0, qf, query0, 0, false);
-      wg::product<T, kTile, kD>(dp, vs, key0, 0, gs, query0, 0, false);
-      wg::wait<0>();
+      for (int c = 0; c < kD / 8; ++c) o[c] = __ldg(from + c);
+    }
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    __syncthreads();
+    if (row < n) {
+      inv_rms_q[row] = features_of_row(q_raw, qf, row);
+      inv_rms_k[row] = features_of_row(k_raw, kf, row);
+    }
+    if (bh + static_cast<int>(gridDim.x) < pairs) prefetch_pair<T>(p, bh + gridDim.x);
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    __syncthreads();
+    if (row < n) gd[row] = scale_gradient_row(gs, row, o, den);
+    wg::fence_shared_for_mma();
+    __syncthreads();
+
+    // Keys: dv, dk and dm's parts. The scores and dP of the next query tile are issued right
+    // behind the products that take this tile's, so one wait covers both.
+    for (int kt = group; kt < tile_count; kt += 2) {
+      const int key0 = kt * kTile, strip0 = key0 + 16 * warp;
+      const int key_chunk = kt * (kTile / kChunk) + warp;  // this warp's 16 keys
+      const int row0 = strip0 + lane / 4;
+      float dv[kAcc], dk[kAcc], scores[kAcc], dp[kAcc];
       unsigned pa[kTile / 16][4], da[kTile / 16][4];
 #pragma unroll
-      for (int jj = 0; jj < kTile / 16; ++jj) {
-        const int query_chunk = qt * (kTile / kChunk) + jj;
-        const float w = mixes ? mix[(query_chunk / block_chunks) * blocks + key_block] : 1.f;
-        const float2 g0 = *reinterpret_cast<const float2*>(gd + query0 + 16 * jj + c0);
-        const float2 g1 = *reinterpret_cast<const float2*>(gd + query0 + 16 * jj + 8 + c0);
-        float* a = scores + 8 * jj;
-        float* d = dp + 8 * jj;
-        d[0] += g0.x, d[1] += g0.y, d[2] += g0.x, d[3] += g0.y;
-        d[4] += g1.x, d[5] += g1.y, d[6] += g1.x, d[7] += g1.y;
-        if (mixes) {
+      for (int i = 0; i < kAcc; ++i) dv[i] = dk[i] = 0.f;
+      wg::pin(dv);  // zeroed before the first product goes out
+      wg::pin(dk);
+      wg::fence();
+      wg::product<T, kTile, kD>(scores, kf, key0, 0, qf, 0, 0, false);
+      wg::product<T, kTile, kD>(dp, vs, key0, 0, gs, 0, 0, false);
+      // One query tile: wait for its scores and dP, then the elementwise work and the products
+      // that take it. (The next pair is issued outside: a product under a branch would make the
+      // compiler serialize every product.)
+      auto take_tile = [&](int qt) {
+        const int query0 = qt * kTile;
+        wg::wait<0>();
+        pin_fragments(pa);
+        pin_fragments(da);
+        const float4 w4 =
+            *reinterpret_cast<const float4*>(weight_by_key + key_chunk * chunks + 4 * qt);
+        const float w[4] = {w4.x, w4.y, w4.z, w4.w};
+        float parts[4];
+#pragma unroll
+        for (int jj = 0; jj < kTile / 16; ++jj) {
+          const float2 g0 = *reinterpret_cast<const float2*>(gd + query0 + 16 * jj + c0);
+          const float2 g1 = *reinterpret_cast<const float2*>(gd + query0 + 16 * jj + 8 + c0);
+          const float* a = scores + 8 * jj;
+          float* d = dp + 8 * jj;
+          d[0] += g0.x, d[1] += g0.y, d[2] += g0.x, d[3] += g0.y;
+          d[4] += g1.x, d[5] += g1.y, d[6] += g1.x, d[7] += g1.y;
           float part = 0.f;
 #pragma unroll
           for (int e = 0; e < 8; ++e) part += a[e] * d[e];
-          part = warp_sum(part);
-          if (lane == 0) dm_parts[key_chunk * chunks + query_chunk] = part;
-        }
+          parts[jj] = part;
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          pa[jj][r] = pack_pair<T>(a[2 * r] * w, a[2 * r + 1] * w);
-          da[jj][r] = pack_pair<T>(d[2 * r] * w, d[2 * r + 1] * w);
+          for (int r = 0; r < 4; ++r) {
+            pa[jj][r] = pack_pair<T>(a[2 * r] * w[jj], a[2 * r + 1] * w[jj]);
+            da[jj][r] = pack_pair<T>(d[2 * r] * w[jj], d[2 * r + 1] * w[jj]);
+          }
         }
+        if (mixes) {
+          const float part = warp_sum4(parts);
+          if (lane % 8 == 0) dm_parts[key_chunk * chunks + 4 * qt + lane / 8] = part;
+        }
+        wg::fence();
+        wg::product_register_a<T, kD, kTile>(dv, pa, gs, query0, 0, true);
+        wg::product_register_a<T, kD, kTile>(dk, da, qf, query0, 0, true);
+      };
+      for (int qt = 0; qt + 1 < tile_count; ++qt) {
+        take_tile(qt);
+        wg::product<T, kTile, kD>(scores, kf, key0, 0, qf, (qt + 1) * kTile, 0, false);
+        wg::product<T, kTile, kD>(dp, vs, key0, 0, gs, (qt + 1) * kTile, 0, false);
       }
-      wg::fence();
-      wg::product_register_a<T, kD, kTile>(dv, pa, gs, query0, 0, true);
-      wg::product_register_a<T, kD, kTile>(dk, da, qf, query0, 0, true);
+      take_tile(tile_count - 1);
+      RawPairs raw;
+      load_raw<T>(raw, k_raw, row0);
       wg::wait<0>();
       pin_fragments(pa);
       pin_fragments(da);
+      store_strip(static_cast<T*>(p.grad_v), rows, strip0, strip_stage, dv);
+      feature_gradient<T>(dk, raw, inv_rms_k[row0], inv_rms_k[row0 + 8]);
+      store_strip(static_cast<T*>(p.grad_k), rows, strip0, strip_stage, dk);
     }
-    const int row0 = key0 + 16 * warp + lane / 4;
-    store_rows(static_cast<T*>(p.grad_v), rows, row0, dv);
-    store_feature_gradient(static_cast<T*>(p.grad_k), rows, row0, p.k, inv_rms_k, dk);
-  }
 
-  // Queries: dq, recomputing dP with the queries as rows.
-  for (int qt = group; qt < tile_count; qt += 2) {
-    const int query0 = qt * kTile;
-    const int query_block = (qt * (kTile / kChunk) + warp) / block_chunks;
-    const int row0 = query0 + 16 * warp + lane / 4;
-    const float gd_lo = gd[row0], gd_hi = gd[row0 + 8];
-    float dq[kAcc];
-#pragma unroll
-    for (int i = 0; i < kAcc; ++i) dq[i] = 0.f;
-    for (int kt = 0; kt < tile_count; ++kt) {
-      const int key0 = kt * kTile;
-      float dp[kAcc];
-      wg::fence();
-      wg::product<T, kTile, kD>(dp, gs, query0, 0, vs, key0, 0, false);
-      wg::wait<0>();
+    // Queries: dq, recomputing dP with the queries as rows.
+    for (int qt = group; qt < tile_count; qt += 2) {
+      const int query0 = qt * kTile, strip0 = query0 + 16 * warp;
+      const int query_chunk = qt * (kTile / kChunk) + warp;
+      const int row0 = strip0 + lane / 4;
+      const float gd_lo = gd[row0], gd_hi = gd[row0 + 8];
+      float dq[kAcc], dp[kAcc];
       unsigned da[kTile / 16][4];
 #pragma unroll
-      for (int jj = 0; jj < kTile / 16; ++jj) {
-        const int key_chunk = kt * (kTile / kChunk) + jj;
-        const float w = mixes ? mix[query_block * blocks + key_chunk / block_chunks] : 1.f;
-        const float* d = dp + 8 * jj;
-        da[jj][0] = pack_pair<T>((d[0] + gd_lo) * w, (d[1] + gd_lo) * w);
-        da[jj][1] = pack_pair<T>((d[2] + gd_hi) * w, (d[3] + gd_hi) * w);
-        da[jj][2] = pack_pair<T>((d[4] + gd_lo) * w, (d[5] + gd_lo) * w);
-        da[jj][3] = pack_pair<T>((d[6] + gd_hi) * w, (d[7] + gd_hi) * w);
-      }
+      for (int i = 0; i < kAcc; ++i) dq[i] = 0.f;
+      wg::pin(dq);
       wg::fence();
-      wg::product_register_a<T, kD, kTile>(dq, da, kf, key0, 0, true);
+      wg::product<T, kTile, kD>(dp, gs, query0, 0, vs, 0, 0, false);
+      auto take_tile = [&](int kt) {
+        wg::wait<0>();
+        pin_fragments(da);
+        const float4 w4 =
+            *reinterpret_cast<const float4*>(weight_by_query + query_chunk * chunks + 4 * kt);
+        const float w[4] = {w4.x, w4.y, w4.z, w4.w};
+#pragma unroll
+        for (int jj = 0; jj < kTile / 16; ++jj) {
+          const float* d = dp + 8 * jj;
+          da[jj][0] = pack_pair<T>((d[0] + gd_lo) * w[jj], (d[1] + gd_lo) * w[jj]);
+          da[jj][1] = pack_pair<T>((d[2] + gd_hi) * w[jj], (d[3] + gd_hi) * w[jj]);
+          da[jj][2] = pack_pair<T>((d[4] + gd_lo) * w[jj], (d[5] + gd_lo) * w[jj]);
+          da[jj][3] = pack_pair<T>((d[6] + gd_hi) * w[jj], (d[7] + gd_hi) * w[jj]);
+        }
+        wg::fence();
+        wg::product_register_a<T, kD, kTile>(dq, da, kf, kt * kTile, 0, true);
+      };
+      for (int kt = 0; kt + 1 < tile_count; ++kt) {
+        take_tile(kt);
+        wg::product<T, kTile, kD>(dp, gs, query0, 0, vs, (kt + 1) * kTile, 0, false);
+      }
+      take_tile(tile_count - 1);
+      RawPairs raw;
+      load_raw<T>(raw, q_raw, row0);
       wg::wait<0>();
       pin_fragments(da);
+      feature_gradient<T>(dq, raw, inv_rms_q[row0], inv_rms_q[row0 + 8]);
+      store_strip(static_cast<T*>(p.grad_q), rows, strip0, strip_stage, dq);
     }
-    store_feature_gradient(static_cast<T*>(p.grad_q), rows, row0, p.q, inv_rms_q, dq);
-  }
 
-  if (mixes) {
-    __syncthreads();
-    for (int e = threadIdx.x; e < blocks * blocks; e += kThreads) {
-      const int query_block = e / blocks, key_block = e % blocks;
-      float total = 0.f;
-      for (int kc = key_block * block_chunks; kc < (key_block + 1) * block_chunks; ++kc)
-        for (int qc = query_block * block_chunks; qc < (query_block + 1) * block_chunks; ++qc)
-          total += dm_parts[kc * chunks + qc];
-      if (p.grad_mixing_parts != nullptr) {
-        p.grad_mixing_parts[static_cast<size_t>(bh) * blocks * blocks + e] = total;
-      } else if (total != 0.f) {
-        atomicAdd(p.grad_mixing + e, total);
+    __syncthreads();  // every product and dm part of this pair is done
+    if (mixes) {
+      for (int e = threadIdx.x; e < blocks * blocks; e += kThreads) {
+        const int query_block = e / blocks, key_block = e % blocks;
+        float total = 0.f;
+        for (int kc = key_block * block_chunks; kc < (key_block + 1) * block_chunks; ++kc)
+          for (int qc = query_block * block_chunks; qc < (query_block + 1) * block_chunks; ++qc)
+            total += dm_parts[kc * chunks + qc];
+        if (p.grad_mixing_parts != nullptr) {
+          p.grad_mixing_parts[static_cast<size_t>(bh) * blocks * blocks + e] = total;
+        } else if (total != 0.f) {
+          atomicAdd(p.grad_mixing + e, total);
+        }
       }
     }
   }
@@ -351,10 +470,12 @@ cudaError_t launch(const ResidentBlockLinearBackward& a, cudaStream_t stream) {
       (err = cudaMemsetAsync(a.grad_mixing, 0, sizeof(float) * blocks * blocks, stream)) !=
           cudaSuccess)
     return err;
-  const size_t bytes = SmemPlan(s.tokens, blocks).bytes();
+  const size_t bytes = SmemPlan(s.tokens).bytes();
   if ((err = tiles::allow_smem(resident_warpgroup_backward_kernel<T>, bytes)) != cudaSuccess)
     return err;
-  resident_warpgroup_backward_kernel<T><<<s.batch * s.heads, kThreads, bytes, stream>>>(a);
+  const int pairs = s.batch * s.heads;
+  const int grid = pairs < multiprocessors() ? pairs : multiprocessors();
+  resident_warpgroup_backward_kernel<T><<<grid, kThreads, bytes, stream>>>(a);
   return cudaGetLastError();
 }
 

@@ -1,8 +1,9 @@
 #pragma once
 // The short-sequence backward of resident_block_linear.h (same arguments, same results) in the
-// dense masked form, on Hopper's warpgroup products (wgmma). One CTA of two warpgroups per
-// (batch, head) holds phi(q), phi(k), v and g = do / (den + eps) for all N tokens in shared
-// memory and computes, per 64 x 64 tile pair of keys s and queries t,
+// dense masked form, on Hopper's warpgroup products (wgmma). A CTA of two warpgroups takes one
+// (batch, head) at a time, holds phi(q), phi(k), v and g = do / (den + eps) for all N tokens in
+// shared memory (and the raw q and k, for the feature map's backward) and computes, per 64 x 64
+// tile pair of keys s and queries t,
 //
 //   A_st  = phi(k_s) . phi(q_t),   dP_st = v_s . g_t + gd_t,   w_st = m_{block(t), block(s)},
 //   dv_s += sum_t A_st w_st g_t,   dphi(k_s) += sum_t dP_st w_st phi(q_t),
