@@ -84,6 +84,29 @@ TEST_CASE("resident kernels: which backwards run on warpgroup products", "[atten
   CHECK_FALSE(warpgroup(0, 256, 2, 64, 16));
 }
 
+TEST_CASE("resident kernels: the warpgroup backward takes only views the tensor copies can read",
+          "[attention]") {
+  // A fused qkv projection's views: [B, N, H, D] rows 3 H D apart, heads D apart.
+  alignas(16) static unsigned char storage[64];
+  mhla_kernels::ResidentBlockLinearBackward args;
+  args.shape = {256, 256, 6, 64, 16};
+  const auto view = [](const void* data, int64_t token_stride) {
+    return mhla_kernels::TokenTensor{data, 256 * token_stride, token_stride, 64};
+  };
+  args.q = args.k = args.v = view(storage, 3 * 6 * 64);
+  args.out = args.grad_out = view(storage, 6 * 64);
+  CHECK(mhla_kernels::resident_warpgroup_backward_takes(args));
+  // A base off the 16-byte grid (a view that starts one element in), an odd row stride.
+  args.k = view(storage + 2, 3 * 6 * 64);
+  CHECK_FALSE(mhla_kernels::resident_warpgroup_backward_takes(args));
+  args.k = args.q;
+  args.grad_out = view(storage, 6 * 64 + 4);
+  CHECK_FALSE(mhla_kernels::resident_warpgroup_backward_takes(args));
+  args.grad_out = args.out;
+  args.shape.head_dim = 32;  // and still only the shapes it supports
+  CHECK_FALSE(mhla_kernels::resident_warpgroup_backward_takes(args));
+}
+
 TEST_CASE("fragment passes: where the states and output passes take their one-tile variants",
           "[attention]") {
   auto one_tile = [](int tokens, int blocks) {

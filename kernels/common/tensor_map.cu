@@ -38,11 +38,24 @@ cudaError_t encode(CUtensorMap* map, const void* base, cuuint32_t rank, const cu
 
 cudaError_t encode_token_rows_map(CUtensorMap* map, const void* base, int batch, int tokens,
                                   int heads, int dim, int box_rows) {
+  const int64_t token_stride = static_cast<int64_t>(heads) * dim;
+  return encode_token_view_map(map, base, batch, tokens, heads, dim, token_stride * tokens,
+                               token_stride, dim, box_rows);
+}
+
+cudaError_t encode_token_view_map(CUtensorMap* map, const void* base, int batch, int tokens,
+                                  int heads, int dim, int64_t batch_stride, int64_t token_stride,
+                                  int64_t head_stride, int box_rows) {
+  const auto misaligned = [](int64_t elements) { return (elements * 2) % 16 != 0; };
+  if (reinterpret_cast<uintptr_t>(base) % 16 != 0 || misaligned(batch_stride) ||
+      misaligned(token_stride) || misaligned(head_stride))
+    return cudaErrorInvalidValue;
   // Dimensions, innermost first: 8 elements, tokens, column blocks, heads, batch.
-  const cuuint64_t row = static_cast<cuuint64_t>(heads) * dim * 2;
   const cuuint64_t dims[5] = {8, static_cast<cuuint64_t>(tokens), static_cast<cuuint64_t>(dim / 8),
                               static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(batch)};
-  const cuuint64_t strides[4] = {row, 16, static_cast<cuuint64_t>(dim) * 2, row * tokens};
+  const cuuint64_t strides[4] = {static_cast<cuuint64_t>(token_stride) * 2, 16,
+                                 static_cast<cuuint64_t>(head_stride) * 2,
+                                 static_cast<cuuint64_t>(batch_stride) * 2};
   const cuuint32_t box[5] = {8, static_cast<cuuint32_t>(box_rows), static_cast<cuuint32_t>(dim / 8),
                              1, 1};
   return encode(map, base, 5, dims, strides, box);

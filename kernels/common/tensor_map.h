@@ -17,6 +17,13 @@ namespace mhla_kernels {
 cudaError_t encode_token_rows_map(CUtensorMap* map, const void* base, int batch, int tokens,
                                   int heads, int dim, int box_rows);
 
+// The same over a strided [batch, tokens, heads, dim] view (strides in elements; the dim
+// stride is 1): fails (cudaErrorInvalidValue) where the base or a stride is not a multiple of 16
+// bytes, which the tensor copy engine requires.
+cudaError_t encode_token_view_map(CUtensorMap* map, const void* base, int batch, int tokens,
+                                  int heads, int dim, int64_t batch_stride, int64_t token_stride,
+                                  int64_t head_stride, int box_rows);
+
 // Rows of a row-major [rows, cols] matrix: a box is `box_rows` consecutive rows, all cols.
 // Coordinate (copy_matrix_rows): the first row.
 cudaError_t encode_matrix_rows_map(CUtensorMap* map, const void* base, int64_t rows, int cols,

@@ -12,6 +12,7 @@
 #include "mhla/resident_state_backward.h"
 #include "mhla/resident_tiles.cuh"
 #include "mhla/resident_warpgroup_backward.h"
+#include "mhla/resident_warpgroup_forward.h"
 
 namespace mhla_kernels {
 namespace {
@@ -378,21 +379,31 @@ struct BackwardPass {
   }
 };
 
-// Where the automatic order starts: the state form, which measured faster than the warpgroup form
-// on the H200 (session 36: 356 vs 474 us at B=256,H=6,N=256,M=16). MHLA_RESIDENT_BACKWARD =
-// warpgroup / state / scores picks another start for A/B runs in one binary
-// (MHLA_RESIDENT_STATE_BACKWARD=0, the older switch, means scores).
+// Where the automatic order starts: the warpgroup kernel, which measured faster than the state
+// form on the H200 (session 36). MHLA_RESIDENT_BACKWARD = warpgroup / state / scores picks the
+// start for A/B runs in one binary (MHLA_RESIDENT_STATE_BACKWARD=0, the older switch, means
+// scores).
 ResidentBackwardForm automatic_start() {
   static const ResidentBackwardForm first = [] {
     const char* value = std::getenv("MHLA_RESIDENT_BACKWARD");
     const std::string choice = value != nullptr ? value : "";
-    if (choice == "warpgroup") return ResidentBackwardForm::warpgroup;
+    if (choice == "state") return ResidentBackwardForm::state;
     if (choice == "scores") return ResidentBackwardForm::scores;
     const char* old = std::getenv("MHLA_RESIDENT_STATE_BACKWARD");
     if (old != nullptr && std::string(old) == "0") return ResidentBackwardForm::scores;
-    return ResidentBackwardForm::state;
+    return ResidentBackwardForm::warpgroup;
   }();
   return first;
+}
+
+// The forward takes the warpgroup kernel where it applies; MHLA_RESIDENT_FORWARD=mma keeps the
+// mma.sync kernel below for A/B runs.
+bool warpgroup_forward_enabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("MHLA_RESIDENT_FORWARD");
+    return value == nullptr || std::string(value) != "mma";
+  }();
+  return enabled;
 }
 
 }  // namespace
@@ -417,6 +428,8 @@ cudaError_t resident_block_linear_forward(const ResidentBlockLinearForward& args
   if (!resident_block_linear_supported(args.shape, args.dtype) || args.den == nullptr ||
       (args.mixing == nullptr && args.shape.blocks != 1))
     return cudaErrorInvalidValue;
+  if (warpgroup_forward_enabled() && resident_warpgroup_forward_takes(args))
+    return resident_warpgroup_forward(args, stream);
   return pick<ResidentBlockLinearForward, ForwardPass>(args.dtype, args.shape.head_dim)(args,
                                                                                         stream);
 }
@@ -429,8 +442,7 @@ cudaError_t resident_block_linear_backward(const ResidentBlockLinearBackward& ar
     return cudaErrorInvalidValue;
   const ResidentBackwardForm first =
       args.form == ResidentBackwardForm::automatic ? automatic_start() : args.form;
-  if (first == ResidentBackwardForm::warpgroup &&
-      resident_warpgroup_backward_supported(args.shape, args.dtype))
+  if (first == ResidentBackwardForm::warpgroup && resident_warpgroup_backward_takes(args))
     return resident_warpgroup_backward(args, stream);
   if (args.mixing != nullptr && first != ResidentBackwardForm::scores &&
       resident_state_backward_supported(args.shape, args.dtype))

@@ -31,9 +31,9 @@ struct ResidentBlockLinearForward {
 };
 
 // Which kernel computes the backward where several take the shape (resident_block_linear.cu):
-// automatic = the state form, then the scores form (or where MHLA_RESIDENT_BACKWARD says to
-// start; the warpgroup kernel only by name, as it measured slower); the others start the order
-// warpgroup -> state -> scores there. A form that does not take the shape falls through.
+// automatic = the warpgroup kernel, then the state form, then the scores form (or where
+// MHLA_RESIDENT_BACKWARD says to start); the others start the order there. A form that does not
+// take the shape (or, the warpgroup kernel, the views) falls through to the next.
 enum class ResidentBackwardForm { automatic, warpgroup, state, scores };
 
 struct ResidentBlockLinearBackward {

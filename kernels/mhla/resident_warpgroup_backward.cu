@@ -13,114 +13,50 @@
 // elementwise work's wait; the raw q and k that the feature map's backward needs stay in shared
 // memory beside their features; and the gradients leave through a per-warp staging strip as whole
 // 128-byte rows.
-#include <climits>
-
 #include "common/device_info.h"
-#include "common/warpgroup_mma.cuh"
+#include "common/tensor_copy.cuh"
 #include "mhla/resident_warpgroup_backward.h"
-#include "mhla/tiles.cuh"
+#include "mhla/resident_warpgroup_tiles.cuh"
 
 namespace mhla_kernels {
 namespace {
 
-namespace wg = warpgroup;
+using namespace resident_warpgroup;
 using tiles::kDenominatorEps;
 using tiles::kFeatureFloor;
 using tiles::kNormEps;
 
-constexpr int kD = 64;
-constexpr int kTile = 64;        // tokens per warpgroup product (its M, N or depth)
-constexpr int kChunk = 16;       // tokens per k16 step; blocks are whole chunks
-constexpr int kMaxTokens = 256;  // six 32 KiB tiles (raw q and k, phi(q), phi(k), v, g)
-constexpr int kThreads = 256;    // two warpgroups
-constexpr int kAcc = kTile / 2;  // accumulator floats per thread of a 64 x 64 product
-constexpr int kWarps = kThreads / 32;
-// Staging rows are padded to 144 bytes so the accumulator layout's 4-byte writes (eight rows by
-// four lanes) land in 32 different banks.
-constexpr int kStageLd = kD + 8;
-
-template <typename T>
-using Tile = wg::CoreTile<T, kD>;
-
 struct SmemPlan {
   size_t tile, vector, chunk_pairs, stage;
   __host__ __device__ explicit SmemPlan(int n)
-      : tile(tiles::align128(static_cast<size_t>(n) * kD * 2)),
+      : tile(kTileBytes),
         vector(tiles::align128(static_cast<size_t>(n) * 4)),
         chunk_pairs(tiles::align128(static_cast<size_t>(n / kChunk) * (n / kChunk) * 4)),
         stage(tiles::align128(static_cast<size_t>(kWarps) * 16 * kStageLd * 2)) {}
-  // raw q and k, phi(q), phi(k), v, g tiles; 1 / rms of q and k, gd; two weight tables and dm's
-  // parts; staging.
+  // Six tiles (raw q and k, phi(q), phi(k), v, g; the forward's output passes through phi(k)'s);
+  // 1 / rms of q and k, gd; two weight tables and dm's parts; staging; two barriers.
   __host__ __device__ size_t bytes() const {
-    return 6 * tile + 3 * vector + 3 * chunk_pairs + stage;
+    return 6 * tile + 3 * vector + 3 * chunk_pairs + stage + 128;
   }
 };
 
-template <typename T>
-__device__ __forceinline__ const T* row_of(const TokenTensor& t, int b, int token, int h) {
-  return tiles::token_row<T, kD>(t, b, token, h);
-}
+// Tensor maps of the five [B, N, H, D] inputs, one box = all N rows of one (batch, head).
+struct InputMaps {
+  CUtensorMap q, k, v, grad_out, out;
+};
 
-// Starts the copies of the n token rows of one (batch, head) into a core tile.
+// Row r of gs holds do; afterwards g = do / (den + eps). Returns gd = -(do . o) / (den + eps),
+// with o row r of the forward's output.
 template <typename T>
-__device__ __forceinline__ void copy_tile_async(Tile<T> tile, const TokenTensor& src, int b, int h,
-                                                int n) {
-  for (int row0 = 0; row0 < n; row0 += kTile) {
-    wg::copy_rows_async<T, kTile, kD, kThreads>(Tile<T>{tile.p + row0 * kD},
-                                                row_of<T>(src, b, row0, h),
-                                                static_cast<int>(src.token_stride), kTile);
-  }
-}
-
-// One thread per row: the row's eight 16-byte pieces (a warp reads 32 rows, four wavefronts).
-template <typename T>
-__device__ __forceinline__ void read_row(Tile<T> tile, int r, float (&x)[kD]) {
-#pragma unroll
-  for (int c = 0; c < kD / 8; ++c) {
-    const uint4 piece = *reinterpret_cast<const uint4*>(tile.at(r, 8 * c));
-    const unsigned* words = reinterpret_cast<const unsigned*>(&piece);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) unpack_pair<T>(words[i], x[8 * c + 2 * i], x[8 * c + 2 * i + 1]);
-  }
-}
-template <typename T>
-__device__ __forceinline__ void write_row(Tile<T> tile, int r, const float (&x)[kD]) {
-#pragma unroll
-  for (int c = 0; c < kD / 8; ++c) {
-    uint4 piece;
-    unsigned* words = reinterpret_cast<unsigned*>(&piece);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) words[i] = pack_pair<T>(x[8 * c + 2 * i], x[8 * c + 2 * i + 1]);
-    *reinterpret_cast<uint4*>(tile.at(r, 8 * c)) = piece;
-  }
-}
-
-// Row r of phi = relu(x / rms(x)) + floor for row r of x; returns 1 / rms.
-template <typename T>
-__device__ __forceinline__ float features_of_row(Tile<T> raw, Tile<T> tile, int r) {
-  float x[kD];
-  read_row(raw, r, x);
-  float squares = 0.f;
-#pragma unroll
-  for (int i = 0; i < kD; ++i) squares += x[i] * x[i];
-  const float scale = rsqrtf(squares / kD + kNormEps);
-#pragma unroll
-  for (int i = 0; i < kD; ++i) x[i] = fmaxf(x[i] * scale, 0.f) + kFeatureFloor;
-  write_row(tile, r, x);
-  return scale;
-}
-
-// Row r of gs holds do; afterwards g = do / (den + eps). Returns gd = -(do . o) / (den + eps).
-template <typename T>
-__device__ __forceinline__ float scale_gradient_row(Tile<T> gs, int r, const uint4 (&o)[kD / 8],
-                                                    float den) {
+__device__ __forceinline__ float scale_gradient_row(Tile<T> gs, Tile<T> out, int r, float den) {
   float x[kD];
   read_row(gs, r, x);
   const float scale = 1.f / (den + kDenominatorEps);
   float dot = 0.f;
 #pragma unroll
   for (int c = 0; c < kD / 8; ++c) {
-    const unsigned* words = reinterpret_cast<const unsigned*>(&o[c]);
+    const uint4 piece = *reinterpret_cast<const uint4*>(out.at(r, 8 * c));
+    const unsigned* words = reinterpret_cast<const unsigned*>(&piece);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       float o0, o1;
@@ -134,30 +70,12 @@ __device__ __forceinline__ float scale_gradient_row(Tile<T> gs, int r, const uin
   return -dot * scale;
 }
 
-// Keeps the register operands of an asynchronous product alive (and unchanged) until its wait.
-__device__ __forceinline__ void pin_fragments(unsigned (&a)[kTile / 16][4]) {
-#pragma unroll
-  for (int kb = 0; kb < kTile / 16; ++kb)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[kb][i])::"memory");
-}
-
-// Where a thread's accumulator rows are: row0 = first row of the warp's 16-row strip + lane / 4,
-// and row0 + 8; element i of n8 tile j is column 8 j + 2 (lane % 4) + i % 2, row row0 + 8
-// (i % 4 >= 2).
-struct Rows {
-  int b, h, heads, n;
-  __device__ size_t index(int token) const {
-    return (static_cast<size_t>(b) * n + token) * heads + h;
-  }
-};
-
 // The raw (pre-feature-map) elements of a thread's accumulator positions, as element pairs.
 struct RawPairs {
   unsigned lo[kAcc / 4], hi[kAcc / 4];
 };
 
-// Bank-conflict free: the 32 lanes read 32 different words of one core matrix.
+// Bank-conflict free: the 32 lanes read 128 contiguous bytes (eight rows of one column block).
 template <typename T>
 __device__ __forceinline__ void load_raw(RawPairs& x, Tile<T> raw, int row0) {
   const int c0 = 2 * (threadIdx.x % 4);
@@ -201,30 +119,6 @@ __device__ __forceinline__ void feature_gradient(float (&acc)[kAcc], const RawPa
   }
 }
 
-// Stores a warp's 16-row strip of an accumulator (rows strip0 .. strip0 + 15 of the output):
-// written into the warp's staging rows in the accumulator layout, read back as 16-byte pieces,
-// and stored as whole 128-byte rows (eight lanes per row, four rows per store).
-template <typename T>
-__device__ __forceinline__ void store_strip(T* dst, const Rows& rows, int strip0, T* stage,
-                                            const float (&acc)[kAcc]) {
-  const int lane = threadIdx.x % 32, c0 = 2 * (lane % 4), r = lane / 4;
-#pragma unroll
-  for (int j = 0; j < kAcc / 4; ++j) {
-    *reinterpret_cast<unsigned*>(stage + r * kStageLd + c0 + 8 * j) =
-        pack_pair<T>(acc[4 * j], acc[4 * j + 1]);
-    *reinterpret_cast<unsigned*>(stage + (r + 8) * kStageLd + c0 + 8 * j) =
-        pack_pair<T>(acc[4 * j + 2], acc[4 * j + 3]);
-  }
-  __syncwarp();
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int row = 4 * i + lane / 8, piece = lane % 8;
-    const uint4 v = *reinterpret_cast<const uint4*>(stage + row * kStageLd + 8 * piece);
-    *reinterpret_cast<uint4*>(dst + rows.index(strip0 + row) * kD + 8 * piece) = v;
-  }
-  __syncwarp();  // the strip is written again by the next store
-}
-
 // Sums four per-lane values over the warp in six shuffles; lane l ends with the total of value
 // (l / 8) % 4.
 __device__ __forceinline__ float warp_sum4(const float (&v)[4]) {
@@ -240,30 +134,10 @@ __device__ __forceinline__ float warp_sum4(const float (&v)[4]) {
   return keep;
 }
 
-// Asks L2 for the rows of pair bh (its inputs, the forward's output and row sums), so that the
-// CTA taking it next finds them there: one thread per token row, one prefetch per 32-byte sector
-// (per-thread prefetches; the bulk form wants uniform operands and became a 32-way loop).
-template <typename T>
-__device__ __forceinline__ void prefetch_pair(const ResidentBlockLinearBackward& p, int bh) {
-  const auto& s = p.shape;
-  const int b = bh / s.heads, h = bh % s.heads, row = threadIdx.x;
-  auto ask = [](const void* at) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(at)); };
-  if (row < s.tokens) {
-#pragma unroll
-    for (int sector = 0; sector < kD * 2 / 32; ++sector) {
-      ask(row_of<T>(p.q, b, row, h) + 16 * sector);
-      ask(row_of<T>(p.k, b, row, h) + 16 * sector);
-      ask(row_of<T>(p.v, b, row, h) + 16 * sector);
-      ask(row_of<T>(p.grad_out, b, row, h) + 16 * sector);
-      ask(row_of<T>(p.out, b, row, h) + 16 * sector);
-    }
-  }
-  if (row < s.tokens / 8) ask(p.den + static_cast<size_t>(bh) * s.tokens + 8 * row);
-}
-
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1)
-    resident_warpgroup_backward_kernel(ResidentBlockLinearBackward p) {
+    resident_warpgroup_backward_kernel(ResidentBlockLinearBackward p,
+                                       const __grid_constant__ InputMaps maps) {
   extern __shared__ __align__(128) unsigned char smem[];
   const auto& s = p.shape;
   const int n = s.tokens, tile_count = n / kTile, chunks = n / kChunk;
@@ -272,10 +146,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int block_chunks = chunks / blocks;  // 16-token chunks per block
   const SmemPlan plan(n);
   tiles::Carver carve{smem};
-  const Tile<T> qf{carve.take<T>(plan.tile)}, kf{carve.take<T>(plan.tile)},
+  // phi(q) and the raw q trade places every pair: the next pair's q arrives where phi(q) was, in
+  // the second sweep (which reads only phi(k), v, g and the raw q); the next k where the raw k was.
+  Tile<T> qf{carve.take<T>(plan.tile)}, q_raw{carve.take<T>(plan.tile)};
+  const Tile<T> kf{carve.take<T>(plan.tile)}, k_raw{carve.take<T>(plan.tile)},
       vs{carve.take<T>(plan.tile)}, gs{carve.take<T>(plan.tile)};
-  // The raw q and k, for the feature map's backward at the ends of the sweeps.
-  const Tile<T> q_raw{carve.take<T>(plan.tile)}, k_raw{carve.take<T>(plan.tile)};
   float* inv_rms_q = carve.take<float>(plan.vector);
   float* inv_rms_k = carve.take<float>(plan.vector);
   float* gd = carve.take<float>(plan.vector);
@@ -284,50 +159,61 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* weight_by_key = carve.take<float>(plan.chunk_pairs);    // [key chunk][query chunk]
   float* dm_parts = carve.take<float>(plan.chunk_pairs);         // [key chunk][query chunk]
   T* stage = carve.take<T>(plan.stage);
+  uint64_t* arrived = carve.take<uint64_t>(128);  // [0]: raw q and k; [1]: v, do, out
 
   const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int c0 = 2 * (lane % 4);
   T* const strip_stage = stage + (threadIdx.x / 32) * 16 * kStageLd;
 
-  for (int e = threadIdx.x; e < chunks * chunks; e += kThreads) {
-    const int qc = e / chunks, kc = e % chunks;
-    const float w = mixes ? p.mixing[(qc / block_chunks) * blocks + kc / block_chunks] : 1.f;
-    weight_by_query[e] = w;
-    weight_by_key[kc * chunks + qc] = w;
-  }
+  fill_weight_tables(p.mixing, chunks, blocks, weight_by_query, weight_by_key);
 
   const int pairs = s.batch * s.heads;
-  for (int bh = blockIdx.x; bh < pairs; bh += gridDim.x) {
+  const int stride = gridDim.x;
+  namespace tc = tensor_copy;
+  if (threadIdx.x == 0) {
+    tc::init(arrived);
+    tc::init(arrived + 1);
+    tc::fence_init();
+    if (blockIdx.x < pairs) {
+      const int b = blockIdx.x / s.heads, h = blockIdx.x % s.heads;
+      tc::arrive_expecting(arrived, 2 * kTileBytes);
+      tc::copy_token_rows(q_raw.p, &maps.q, 0, h, b, arrived);
+      tc::copy_token_rows(k_raw.p, &maps.k, 0, h, b, arrived);
+    }
+  }
+  __syncthreads();
+
+  uint32_t parity = 0;
+  for (int bh = blockIdx.x; bh < pairs; bh += stride, parity ^= 1) {
     const int b = bh / s.heads, h = bh % s.heads;
     const Rows rows{b, h, s.heads, n};
+    const int next = bh + stride;
 
-    // Tiles in flight while each thread fetches its row of the forward's output and row sum.
-    // Two groups: q and k first, so their feature maps overlap the arrival of v and do.
-    copy_tile_async(q_raw, p.q, b, h, n);
-    copy_tile_async(k_raw, p.k, b, h, n);
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-    copy_tile_async(vs, p.v, b, h, n);
-    copy_tile_async(gs, p.grad_out, b, h, n);
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-    const int row = threadIdx.x;
-    uint4 o[kD / 8];
-    float den = 0.f;
-    if (row < n) {
-      den = p.den[static_cast<size_t>(bh) * n + row];
-      const uint4* from = reinterpret_cast<const uint4*>(row_of<T>(p.out, b, row, h));
-#pragma unroll
-      for (int c = 0; c < kD / 8; ++c) o[c] = __ldg(from + c);
+    // The raw q and k are here or on their way (started in the last pair's second sweep); v, do
+    // and the output start now, the output through phi(k)'s tile, and arrive while phi(q) is made.
+    if (threadIdx.x == 0) {
+      tc::arrive_expecting(arrived + 1, 3 * kTileBytes);
+      tc::copy_token_rows(vs.p, &maps.v, 0, h, b, arrived + 1);
+      tc::copy_token_rows(gs.p, &maps.grad_out, 0, h, b, arrived + 1);
+      tc::copy_token_rows(kf.p, &maps.out, 0, h, b, arrived + 1);
+      if (next < pairs) {  // the next pair's rows wait in L2
+        const int nb = next / s.heads, nh = next % s.heads;
+        tc::prefetch_token_rows(&maps.q, 0, nh, nb);
+        tc::prefetch_token_rows(&maps.k, 0, nh, nb);
+        tc::prefetch_token_rows(&maps.v, 0, nh, nb);
+        tc::prefetch_token_rows(&maps.grad_out, 0, nh, nb);
+        tc::prefetch_token_rows(&maps.out, 0, nh, nb);
+      }
     }
-    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-    __syncthreads();
+    const int row = threadIdx.x;
+    const float den = row < n ? p.den[static_cast<size_t>(bh) * n + row] : 0.f;
+    tc::wait(arrived, parity);
+    if (row < n) inv_rms_q[row] = features_of_row(q_raw, qf, row);
+    tc::wait(arrived + 1, parity);
     if (row < n) {
-      inv_rms_q[row] = features_of_row(q_raw, qf, row);
+      gd[row] = scale_gradient_row(gs, kf, row, den);  // reads row `row` of the output
       inv_rms_k[row] = features_of_row(k_raw, kf, row);
     }
-    if (bh + static_cast<int>(gridDim.x) < pairs) prefetch_pair<T>(p, bh + gridDim.x);
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-    __syncthreads();
-    if (row < n) gd[row] = scale_gradient_row(gs, row, o, den);
     wg::fence_shared_for_mma();
     __syncthreads();
 
@@ -400,6 +286,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       store_strip(static_cast<T*>(p.grad_k), rows, strip0, strip_stage, dk);
     }
 
+    // phi(q) and the raw k are free: the next pair's q and k start into them.
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    if (threadIdx.x == 0 && next < pairs) {
+      const int nb = next / s.heads, nh = next % s.heads;
+      tc::arrive_expecting(arrived, 2 * kTileBytes);
+      tc::copy_token_rows(qf.p, &maps.q, 0, nh, nb, arrived);
+      tc::copy_token_rows(k_raw.p, &maps.k, 0, nh, nb, arrived);
+    }
+
     // Queries: dq, recomputing dP with the queries as rows.
     for (int qt = group; qt < tile_count; qt += 2) {
       const int query0 = qt * kTile, strip0 = query0 + 16 * warp;
@@ -443,7 +339,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       store_strip(static_cast<T*>(p.grad_q), rows, strip0, strip_stage, dq);
     }
 
-    __syncthreads();  // every product and dm part of this pair is done
+    // Every product, dm part and read of this pair's tiles is done before the next pair's
+    // copies overwrite them.
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
     if (mixes) {
       for (int e = threadIdx.x; e < blocks * blocks; e += kThreads) {
         const int query_block = e / blocks, key_block = e % blocks;
@@ -458,6 +357,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
+    const Tile<T> swap = qf;
+    qf = q_raw;
+    q_raw = swap;
   }
 }
 
@@ -473,27 +375,35 @@ cudaError_t launch(const ResidentBlockLinearBackward& a, cudaStream_t stream) {
   const size_t bytes = SmemPlan(s.tokens).bytes();
   if ((err = tiles::allow_smem(resident_warpgroup_backward_kernel<T>, bytes)) != cudaSuccess)
     return err;
+  InputMaps maps;
+  const auto encode = [&](CUtensorMap* map, const TokenTensor& t) {
+    return encode_rows(map, t, s);
+  };
+  if ((err = encode(&maps.q, a.q)) != cudaSuccess || (err = encode(&maps.k, a.k)) != cudaSuccess ||
+      (err = encode(&maps.v, a.v)) != cudaSuccess ||
+      (err = encode(&maps.grad_out, a.grad_out)) != cudaSuccess ||
+      (err = encode(&maps.out, a.out)) != cudaSuccess)
+    return err;
   const int pairs = s.batch * s.heads;
   const int grid = pairs < multiprocessors() ? pairs : multiprocessors();
-  resident_warpgroup_backward_kernel<T><<<grid, kThreads, bytes, stream>>>(a);
+  resident_warpgroup_backward_kernel<T><<<grid, kThreads, bytes, stream>>>(a, maps);
   return cudaGetLastError();
 }
 
 }  // namespace
 
 bool resident_warpgroup_backward_supported(const BlockLinearShape& s, DType dtype) {
-  if (dtype != DType::bf16 && dtype != DType::f16) return false;
-  if (s.head_dim != kD || s.tokens <= 0 || s.tokens > kMaxTokens || s.tokens % kTile != 0)
-    return false;
-  if (s.batch <= 0 || s.heads <= 0 || static_cast<int64_t>(s.batch) * s.heads > INT_MAX)
-    return false;
-  if (s.blocks < 1 || s.tokens % s.blocks != 0 || (s.tokens / s.blocks) % kChunk != 0) return false;
-  return true;
+  return shape_supported(s, dtype);
+}
+
+bool resident_warpgroup_backward_takes(const ResidentBlockLinearBackward& args) {
+  return shape_supported(args.shape, args.dtype) && copyable(args.q) && copyable(args.k) &&
+         copyable(args.v) && copyable(args.grad_out) && copyable(args.out);
 }
 
 cudaError_t resident_warpgroup_backward(const ResidentBlockLinearBackward& args,
                                         cudaStream_t stream) {
-  if (!resident_warpgroup_backward_supported(args.shape, args.dtype) || args.den == nullptr ||
+  if (!resident_warpgroup_backward_takes(args) || args.den == nullptr ||
       (args.mixing == nullptr && args.shape.blocks != 1) ||
       (args.mixing != nullptr && args.grad_mixing == nullptr))
     return cudaErrorInvalidValue;

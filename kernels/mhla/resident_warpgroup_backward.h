@@ -24,6 +24,8 @@
 namespace mhla_kernels {
 
 bool resident_warpgroup_backward_supported(const BlockLinearShape& shape, DType dtype);
+// The shape, and views the tensor copy engine can read (16-byte aligned bases and strides).
+bool resident_warpgroup_backward_takes(const ResidentBlockLinearBackward& args);
 cudaError_t resident_warpgroup_backward(const ResidentBlockLinearBackward& args,
                                         cudaStream_t stream);
 

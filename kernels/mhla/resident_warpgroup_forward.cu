@@ -1,0 +1,192 @@
+// The short-sequence forward on warpgroup products: see resident_warpgroup_forward.h. Warpgroup
+// w owns the query tiles w, w + 2. The scores of the next key tile are issued right behind the
+// product that takes this tile's, so one wait covers both (the pattern of the backward's sweeps).
+#include "common/device_info.h"
+#include "common/tensor_copy.cuh"
+#include "mhla/resident_warpgroup_forward.h"
+#include "mhla/resident_warpgroup_tiles.cuh"
+
+namespace mhla_kernels {
+namespace {
+
+using namespace resident_warpgroup;
+namespace tc = tensor_copy;
+
+constexpr int kSets = 2;  // tile sets: one computed, one filling
+
+struct SmemPlan {
+  size_t chunk_pairs, stage;
+  __host__ __device__ explicit SmemPlan(int n)
+      : chunk_pairs(tiles::align128(static_cast<size_t>(n / kChunk) * (n / kChunk) * 4)),
+        stage(tiles::align128(static_cast<size_t>(kWarps) * 16 * kStageLd * 2)) {}
+  // Two sets of q, k, v tiles; the weight table; staging; one barrier per set.
+  __host__ __device__ size_t bytes() const {
+    return kSets * 3 * static_cast<size_t>(kTileBytes) + chunk_pairs + stage + 128;
+  }
+};
+
+struct InputMaps {
+  CUtensorMap q, k, v;
+};
+
+// Set i holds q, k and v, one tile each, from 3 i tiles into the shared memory.
+template <typename T>
+struct TileSet {
+  Tile<T> q, k, v;
+  __device__ TileSet(unsigned char* base, int i)
+      : q{reinterpret_cast<T*>(base + (3 * i) * kTileBytes)},
+        k{reinterpret_cast<T*>(base + (3 * i + 1) * kTileBytes)},
+        v{reinterpret_cast<T*>(base + (3 * i + 2) * kTileBytes)} {}
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1)
+    resident_warpgroup_forward_kernel(ResidentBlockLinearForward p,
+                                      const __grid_constant__ InputMaps maps) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const auto& s = p.shape;
+  const int n = s.tokens, tile_count = n / kTile, chunks = n / kChunk;
+  const int blocks = p.mixing != nullptr ? s.blocks : 1;
+  const SmemPlan plan(n);
+  tiles::Carver carve{smem + kSets * 3 * static_cast<size_t>(kTileBytes)};
+  float* weight_by_query = carve.take<float>(plan.chunk_pairs);  // [query chunk][key chunk]
+  T* stage = carve.take<T>(plan.stage);
+  uint64_t* arrived = carve.take<uint64_t>(128);  // one barrier per set
+
+  const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  T* const strip_stage = stage + (threadIdx.x / 32) * 16 * kStageLd;
+  fill_weight_tables(p.mixing, chunks, blocks, weight_by_query, nullptr);
+
+  const int pairs = s.batch * s.heads;
+  const int stride = gridDim.x;
+  // One thread starts the copies of pair bh into set `set`.
+  auto issue = [&](int bh, int set) {
+    const int b = bh / s.heads, h = bh % s.heads;
+    const TileSet<T> into(smem, set);
+    tc::arrive_expecting(arrived + set, 3 * kTileBytes);
+    tc::copy_token_rows(into.q.p, &maps.q, 0, h, b, arrived + set);
+    tc::copy_token_rows(into.k.p, &maps.k, 0, h, b, arrived + set);
+    tc::copy_token_rows(into.v.p, &maps.v, 0, h, b, arrived + set);
+  };
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kSets; ++i) tc::init(arrived + i);
+    tc::fence_init();
+    if (blockIdx.x < pairs) issue(blockIdx.x, 0);
+  }
+  __syncthreads();
+
+  int set = 0;
+  uint32_t parities = 0;  // bit i: the phase of set i's barrier to wait for
+  for (int bh = blockIdx.x; bh < pairs; bh += stride) {
+    const int b = bh / s.heads, h = bh % s.heads;
+    const Rows rows{b, h, s.heads, n};
+    // The other set was released at the end of the last pair: the next pair starts into it.
+    if (threadIdx.x == 0 && bh + stride < pairs) issue(bh + stride, set ^ 1);
+    const TileSet<T> tiles_now(smem, set);
+    tc::wait(arrived + set, (parities >> set) & 1);
+    parities ^= 1u << set;
+    const int row = threadIdx.x;
+    if (row < n) {
+      features_of_row(tiles_now.q, tiles_now.q, row);
+      features_of_row(tiles_now.k, tiles_now.k, row);
+    }
+    wg::fence_shared_for_mma();
+    __syncthreads();
+
+    for (int qt = group; qt < tile_count; qt += 2) {
+      const int query0 = qt * kTile, strip0 = query0 + 16 * warp;
+      const int query_chunk = qt * (kTile / kChunk) + warp;
+      const int row0 = strip0 + lane / 4;
+      float out[kAcc], scores[kAcc];
+      unsigned pa[kTile / 16][4];
+      float den_lo = 0.f, den_hi = 0.f;
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) out[i] = 0.f;
+      wg::pin(out);  // zeroed before the first product goes out
+      wg::fence();
+      wg::product<T, kTile, kD>(scores, tiles_now.q, query0, 0, tiles_now.k, 0, 0, false);
+      auto take_tile = [&](int kt) {
+        wg::wait<0>();
+        pin_fragments(pa);
+        const float4 w4 =
+            *reinterpret_cast<const float4*>(weight_by_query + query_chunk * chunks + 4 * kt);
+        const float w[4] = {w4.x, w4.y, w4.z, w4.w};
+#pragma unroll
+        for (int jj = 0; jj < kTile / 16; ++jj) {
+          const float* a = scores + 8 * jj;
+          den_lo += w[jj] * (a[0] + a[1] + a[4] + a[5]);
+          den_hi += w[jj] * (a[2] + a[3] + a[6] + a[7]);
+#pragma unroll
+          for (int r = 0; r < 4; ++r)
+            pa[jj][r] = pack_pair<T>(a[2 * r] * w[jj], a[2 * r + 1] * w[jj]);
+        }
+        wg::fence();
+        wg::product_register_a<T, kD, kTile>(out, pa, tiles_now.v, kt * kTile, 0, true);
+      };
+      for (int kt = 0; kt + 1 < tile_count; ++kt) {
+        take_tile(kt);
+        wg::product<T, kTile, kD>(scores, tiles_now.q, query0, 0, tiles_now.k, (kt + 1) * kTile, 0,
+                                  false);
+      }
+      take_tile(tile_count - 1);
+      // The four lanes of a quad hold a row between them.
+#pragma unroll
+      for (int offset = 1; offset < 4; offset *= 2) {
+        den_lo += __shfl_xor_sync(0xffffffffu, den_lo, offset);
+        den_hi += __shfl_xor_sync(0xffffffffu, den_hi, offset);
+      }
+      wg::wait<0>();
+      pin_fragments(pa);
+      const float scale_lo = 1.f / (den_lo + tiles::kDenominatorEps);
+      const float scale_hi = 1.f / (den_hi + tiles::kDenominatorEps);
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) out[i] *= (i % 4) >= 2 ? scale_hi : scale_lo;
+      store_strip(static_cast<T*>(p.out), rows, strip0, strip_stage, out);
+      if (lane % 4 == 0) {
+        p.den[static_cast<size_t>(bh) * n + row0] = den_lo;
+        p.den[static_cast<size_t>(bh) * n + row0 + 8] = den_hi;
+      }
+    }
+
+    // Every product and read of this set is done before its next copies start.
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    set ^= 1;
+  }
+}
+
+template <typename T>
+cudaError_t launch(const ResidentBlockLinearForward& a, cudaStream_t stream) {
+  const auto& s = a.shape;
+  cudaError_t err = cudaSuccess;
+  const size_t bytes = SmemPlan(s.tokens).bytes();
+  if ((err = tiles::allow_smem(resident_warpgroup_forward_kernel<T>, bytes)) != cudaSuccess)
+    return err;
+  InputMaps maps;
+  if ((err = encode_rows(&maps.q, a.q, s)) != cudaSuccess ||
+      (err = encode_rows(&maps.k, a.k, s)) != cudaSuccess ||
+      (err = encode_rows(&maps.v, a.v, s)) != cudaSuccess)
+    return err;
+  const int pairs = s.batch * s.heads;
+  const int grid = pairs < multiprocessors() ? pairs : multiprocessors();
+  resident_warpgroup_forward_kernel<T><<<grid, kThreads, bytes, stream>>>(a, maps);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool resident_warpgroup_forward_takes(const ResidentBlockLinearForward& args) {
+  return shape_supported(args.shape, args.dtype) && copyable(args.q) && copyable(args.k) &&
+         copyable(args.v);
+}
+
+cudaError_t resident_warpgroup_forward(const ResidentBlockLinearForward& args,
+                                       cudaStream_t stream) {
+  if (!resident_warpgroup_forward_takes(args) || args.den == nullptr ||
+      (args.mixing == nullptr && args.shape.blocks != 1))
+    return cudaErrorInvalidValue;
+  return args.dtype == DType::bf16 ? launch<__nv_bfloat16>(args, stream)
+                                   : launch<__half>(args, stream);
+}
+
+}  // namespace mhla_kernels

@@ -1,0 +1,156 @@
+#pragma once
+// What the resident kernels on warpgroup products (resident_warpgroup_forward.cu and
+// resident_warpgroup_backward.cu) share: one (batch, head) of N <= 256 tokens and head dim 64 per
+// CTA of two warpgroups, its operands as 32 KiB tiles that the tensor copy engine fills, the
+// feature map row by row, the mixing weights per 16 x 16 chunk pair, and stores of accumulator
+// strips as whole rows.
+#include <cuda.h>
+
+#include "common/tensor_map.h"
+#include "common/warpgroup_mma.cuh"
+#include "mhla/block_linear_attention.h"
+#include "mhla/tiles.cuh"
+
+namespace mhla_kernels {
+namespace resident_warpgroup {
+
+namespace wg = warpgroup;
+
+constexpr int kD = 64;
+constexpr int kTile = 64;        // tokens per warpgroup product (its M, N or depth)
+constexpr int kChunk = 16;       // tokens per k16 step; blocks are whole chunks
+constexpr int kMaxTokens = 256;  // one 32 KiB tile per operand
+constexpr int kThreads = 256;    // two warpgroups
+constexpr int kAcc = kTile / 2;  // accumulator floats per thread of a 64 x 64 product
+constexpr int kWarps = kThreads / 32;
+// Staging rows are padded to 144 bytes so the accumulator layout's 4-byte writes (eight rows by
+// four lanes) land in 32 different banks.
+constexpr int kStageLd = kD + 8;
+
+// All N <= 256 rows of one (batch, head) in the layout the tensor copy engine writes (column
+// blocks major, 256 rows each; rows past N arrive as zeros).
+template <typename T>
+using Tile = wg::CoreTile<T, kD, kMaxTokens>;
+constexpr uint32_t kTileBytes = kMaxTokens * kD * 2;
+
+// One thread per row: the row's eight 16-byte pieces (a warp reads 32 consecutive rows: 512
+// contiguous bytes per piece).
+template <typename T>
+__device__ __forceinline__ void read_row(Tile<T> tile, int r, float (&x)[kD]) {
+#pragma unroll
+  for (int c = 0; c < kD / 8; ++c) {
+    const uint4 piece = *reinterpret_cast<const uint4*>(tile.at(r, 8 * c));
+    const unsigned* words = reinterpret_cast<const unsigned*>(&piece);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) unpack_pair<T>(words[i], x[8 * c + 2 * i], x[8 * c + 2 * i + 1]);
+  }
+}
+template <typename T>
+__device__ __forceinline__ void write_row(Tile<T> tile, int r, const float (&x)[kD]) {
+#pragma unroll
+  for (int c = 0; c < kD / 8; ++c) {
+    uint4 piece;
+    unsigned* words = reinterpret_cast<unsigned*>(&piece);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) words[i] = pack_pair<T>(x[8 * c + 2 * i], x[8 * c + 2 * i + 1]);
+    *reinterpret_cast<uint4*>(tile.at(r, 8 * c)) = piece;
+  }
+}
+
+// Row r of phi = relu(x / rms(x)) + floor for row r of x; returns 1 / rms.
+template <typename T>
+__device__ __forceinline__ float features_of_row(Tile<T> raw, Tile<T> tile, int r) {
+  float x[kD];
+  read_row(raw, r, x);
+  float squares = 0.f;
+#pragma unroll
+  for (int i = 0; i < kD; ++i) squares += x[i] * x[i];
+  const float scale = rsqrtf(squares / kD + tiles::kNormEps);
+#pragma unroll
+  for (int i = 0; i < kD; ++i) x[i] = fmaxf(x[i] * scale, 0.f) + tiles::kFeatureFloor;
+  write_row(tile, r, x);
+  return scale;
+}
+
+// Keeps the register operands of an asynchronous product alive (and unchanged) until its wait.
+__device__ __forceinline__ void pin_fragments(unsigned (&a)[kTile / 16][4]) {
+#pragma unroll
+  for (int kb = 0; kb < kTile / 16; ++kb)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[kb][i])::"memory");
+}
+
+// Where a thread's accumulator rows are: row0 = first row of the warp's 16-row strip + lane / 4,
+// and row0 + 8; element i of n8 tile j is column 8 j + 2 (lane % 4) + i % 2, row row0 + 8
+// (i % 4 >= 2).
+struct Rows {
+  int b, h, heads, n;
+  __device__ size_t index(int token) const {
+    return (static_cast<size_t>(b) * n + token) * heads + h;
+  }
+};
+
+// Stores a warp's 16-row strip of an accumulator (rows strip0 .. strip0 + 15 of the output):
+// written into the warp's staging rows in the accumulator layout, read back as 16-byte pieces,
+// and stored as whole 128-byte rows (eight lanes per row, four rows per store).
+template <typename T>
+__device__ __forceinline__ void store_strip(T* dst, const Rows& rows, int strip0, T* stage,
+                                            const float (&acc)[kAcc]) {
+  const int lane = threadIdx.x % 32, c0 = 2 * (lane % 4), r = lane / 4;
+#pragma unroll
+  for (int j = 0; j < kAcc / 4; ++j) {
+    *reinterpret_cast<unsigned*>(stage + r * kStageLd + c0 + 8 * j) =
+        pack_pair<T>(acc[4 * j], acc[4 * j + 1]);
+    *reinterpret_cast<unsigned*>(stage + (r + 8) * kStageLd + c0 + 8 * j) =
+        pack_pair<T>(acc[4 * j + 2], acc[4 * j + 3]);
+  }
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int row = 4 * i + lane / 8, piece = lane % 8;
+    const uint4 v = *reinterpret_cast<const uint4*>(stage + row * kStageLd + 8 * piece);
+    *reinterpret_cast<uint4*>(dst + rows.index(strip0 + row) * kD + 8 * piece) = v;
+  }
+  __syncwarp();  // the strip is written again by the next store
+}
+
+// The mixing weight of every (query chunk, key chunk) pair, in both orders, so that a warp reads
+// the four weights of a 64-token tile with one 16-byte load (no divisions in the sweeps);
+// by_key may be null.
+__device__ __forceinline__ void fill_weight_tables(const float* mixing, int chunks, int blocks,
+                                                   float* by_query, float* by_key) {
+  const int block_chunks = chunks / blocks;
+  for (int e = threadIdx.x; e < chunks * chunks; e += kThreads) {
+    const int qc = e / chunks, kc = e % chunks;
+    const float w =
+        mixing != nullptr ? mixing[(qc / block_chunks) * blocks + kc / block_chunks] : 1.f;
+    by_query[e] = w;
+    if (by_key != nullptr) by_key[kc * chunks + qc] = w;
+  }
+}
+
+// The shapes these kernels take: bf16 or fp16, head dim 64, N a multiple of 64 up to 256, blocks
+// of whole 16-token chunks.
+inline bool shape_supported(const BlockLinearShape& s, DType dtype) {
+  if (dtype != DType::bf16 && dtype != DType::f16) return false;
+  if (s.head_dim != kD || s.tokens <= 0 || s.tokens > kMaxTokens || s.tokens % kTile != 0)
+    return false;
+  if (s.batch <= 0 || s.heads <= 0 || static_cast<int64_t>(s.batch) * s.heads > 2147483647LL)
+    return false;
+  return s.blocks >= 1 && s.tokens % s.blocks == 0 && (s.tokens / s.blocks) % kChunk == 0;
+}
+
+// A view the tensor copy engine can read: 16-byte aligned base and strides.
+inline bool copyable(const TokenTensor& t) {
+  return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && (t.batch_stride * 2) % 16 == 0 &&
+         (t.token_stride * 2) % 16 == 0 && (t.head_stride * 2) % 16 == 0;
+}
+
+// Its tensor map: one box = all rows of one (batch, head), rows past N read as zeros.
+inline cudaError_t encode_rows(CUtensorMap* map, const TokenTensor& t, const BlockLinearShape& s) {
+  return encode_token_view_map(map, t.data, s.batch, s.tokens, s.heads, kD, t.batch_stride,
+                               t.token_stride, t.head_stride, kMaxTokens);
+}
+
+}  // namespace resident_warpgroup
+}  // namespace mhla_kernels
