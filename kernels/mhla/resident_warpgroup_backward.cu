@@ -225,24 +225,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int row0 = strip0 + lane / 4;
       float dv[kAcc], dk[kAcc], scores[kAcc], dp[kAcc];
       unsigned pa[kTile / 16][4], da[kTile / 16][4];
-#pragma unroll
-      for (int i = 0; i < kAcc; ++i) dv[i] = dk[i] = 0.f;
-      wg::pin(dv);  // zeroed before the first product goes out
-      wg::pin(dk);
+      zero_accumulator(dv);
+      zero_accumulator(dk);
       wg::fence();
       wg::product<T, kTile, kD>(scores, kf, key0, 0, qf, 0, 0, false);
       wg::product<T, kTile, kD>(dp, vs, key0, 0, gs, 0, 0, false);
       // One query tile: wait for its scores and dP, then the elementwise work and the products
-      // that take it. (The next pair is issued outside: a product under a branch would make the
-      // compiler serialize every product.)
+      // that take it (sweep issues the next tile's pair behind them).
       auto take_tile = [&](int qt) {
         const int query0 = qt * kTile;
         wg::wait<0>();
         pin_fragments(pa);
         pin_fragments(da);
-        const float4 w4 =
-            *reinterpret_cast<const float4*>(weight_by_key + key_chunk * chunks + 4 * qt);
-        const float w[4] = {w4.x, w4.y, w4.z, w4.w};
+        float w[4];
+        tile_weights(w, weight_by_key + key_chunk * chunks, qt);
         float parts[4];
 #pragma unroll
         for (int jj = 0; jj < kTile / 16; ++jj) {
@@ -270,12 +266,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         wg::product_register_a<T, kD, kTile>(dv, pa, gs, query0, 0, true);
         wg::product_register_a<T, kD, kTile>(dk, da, qf, query0, 0, true);
       };
-      for (int qt = 0; qt + 1 < tile_count; ++qt) {
-        take_tile(qt);
-        wg::product<T, kTile, kD>(scores, kf, key0, 0, qf, (qt + 1) * kTile, 0, false);
-        wg::product<T, kTile, kD>(dp, vs, key0, 0, gs, (qt + 1) * kTile, 0, false);
-      }
-      take_tile(tile_count - 1);
+      sweep(tile_count, take_tile, [&](int qt) {
+        wg::product<T, kTile, kD>(scores, kf, key0, 0, qf, qt * kTile, 0, false);
+        wg::product<T, kTile, kD>(dp, vs, key0, 0, gs, qt * kTile, 0, false);
+      });
       RawPairs raw;
       load_raw<T>(raw, k_raw, row0);
       wg::wait<0>();
@@ -304,17 +298,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float gd_lo = gd[row0], gd_hi = gd[row0 + 8];
       float dq[kAcc], dp[kAcc];
       unsigned da[kTile / 16][4];
-#pragma unroll
-      for (int i = 0; i < kAcc; ++i) dq[i] = 0.f;
-      wg::pin(dq);
+      zero_accumulator(dq);
       wg::fence();
       wg::product<T, kTile, kD>(dp, gs, query0, 0, vs, 0, 0, false);
       auto take_tile = [&](int kt) {
         wg::wait<0>();
         pin_fragments(da);
-        const float4 w4 =
-            *reinterpret_cast<const float4*>(weight_by_query + query_chunk * chunks + 4 * kt);
-        const float w[4] = {w4.x, w4.y, w4.z, w4.w};
+        float w[4];
+        tile_weights(w, weight_by_query + query_chunk * chunks, kt);
 #pragma unroll
         for (int jj = 0; jj < kTile / 16; ++jj) {
           const float* d = dp + 8 * jj;
@@ -326,11 +317,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         wg::fence();
         wg::product_register_a<T, kD, kTile>(dq, da, kf, kt * kTile, 0, true);
       };
-      for (int kt = 0; kt + 1 < tile_count; ++kt) {
-        take_tile(kt);
-        wg::product<T, kTile, kD>(dp, gs, query0, 0, vs, (kt + 1) * kTile, 0, false);
-      }
-      take_tile(tile_count - 1);
+      sweep(tile_count, take_tile, [&](int kt) {
+        wg::product<T, kTile, kD>(dp, gs, query0, 0, vs, kt * kTile, 0, false);
+      });
       RawPairs raw;
       load_raw<T>(raw, q_raw, row0);
       wg::wait<0>();

@@ -100,17 +100,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       float out[kAcc], scores[kAcc];
       unsigned pa[kTile / 16][4];
       float den_lo = 0.f, den_hi = 0.f;
-#pragma unroll
-      for (int i = 0; i < kAcc; ++i) out[i] = 0.f;
-      wg::pin(out);  // zeroed before the first product goes out
+      zero_accumulator(out);
       wg::fence();
       wg::product<T, kTile, kD>(scores, tiles_now.q, query0, 0, tiles_now.k, 0, 0, false);
       auto take_tile = [&](int kt) {
         wg::wait<0>();
         pin_fragments(pa);
-        const float4 w4 =
-            *reinterpret_cast<const float4*>(weight_by_query + query_chunk * chunks + 4 * kt);
-        const float w[4] = {w4.x, w4.y, w4.z, w4.w};
+        float w[4];
+        tile_weights(w, weight_by_query + query_chunk * chunks, kt);
 #pragma unroll
         for (int jj = 0; jj < kTile / 16; ++jj) {
           const float* a = scores + 8 * jj;
@@ -123,12 +120,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         wg::fence();
         wg::product_register_a<T, kD, kTile>(out, pa, tiles_now.v, kt * kTile, 0, true);
       };
-      for (int kt = 0; kt + 1 < tile_count; ++kt) {
-        take_tile(kt);
-        wg::product<T, kTile, kD>(scores, tiles_now.q, query0, 0, tiles_now.k, (kt + 1) * kTile, 0,
+      sweep(tile_count, take_tile, [&](int kt) {
+        wg::product<T, kTile, kD>(scores, tiles_now.q, query0, 0, tiles_now.k, kt * kTile, 0,
                                   false);
-      }
-      take_tile(tile_count - 1);
+      });
       // The four lanes of a quad hold a row between them.
 #pragma unroll
       for (int offset = 1; offset < 4; offset *= 2) {

@@ -114,6 +114,35 @@ __device__ __forceinline__ void store_strip(T* dst, const Rows& rows, int strip0
   __syncwarp();  // the strip is written again by the next store
 }
 
+// Zeroes an accumulator that products will add into; the pin keeps the zeroing ahead of the
+// first product (otherwise the compiler may sink it into the asynchronous products' stage and
+// then serialize every wgmma).
+template <int R>
+__device__ __forceinline__ void zero_accumulator(float (&acc)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) acc[i] = 0.f;
+  wg::pin(acc);
+}
+
+// A sweep over the 64-token tiles of the other side: take(t) waits for tile t's products, does
+// the elementwise work and issues the products that consume it; issue(t + 1) then starts the
+// next tile's products at once, so that one wait covers both. (Peeling the last tile keeps every
+// product outside a branch: under one, the compiler serializes all of them.)
+template <typename Take, typename Issue>
+__device__ __forceinline__ void sweep(int tile_count, Take&& take, Issue&& issue) {
+  for (int t = 0; t + 1 < tile_count; ++t) {
+    take(t);
+    issue(t + 1);
+  }
+  take(tile_count - 1);
+}
+
+// The weights of the four 16-token chunks of 64-token tile `tile` in a row of a weight table.
+__device__ __forceinline__ void tile_weights(float (&w)[4], const float* table_row, int tile) {
+  const float4 w4 = *reinterpret_cast<const float4*>(table_row + 4 * tile);
+  w[0] = w4.x, w[1] = w4.y, w[2] = w4.z, w[3] = w4.w;
+}
+
 // The mixing weight of every (query chunk, key chunk) pair, in both orders, so that a warp reads
 // the four weights of a 64-token tile with one 16-byte load (no divisions in the sweeps);
 // by_key may be null.
