@@ -7,12 +7,12 @@
 // Measured on the H200 (session 36), the first version was bound by issue latency, not by the
 // tensor cores: a fifth of the time went to loading each pair with nothing else resident, a
 // third to the elementwise work between products, an eighth to the gradient stores. Hence: the
-// next pair's rows are prefetched into L2 while this one computes, and q and k land before v and
-// do; the mixing weights are read per 16 x 16 chunk pair from a table (no divisions), dm's four
-// chunk sums of a warp are reduced together; the next product pair is issued before the
-// elementwise work's wait; the raw q and k that the feature map's backward needs stay in shared
-// memory beside their features; and the gradients leave through a per-warp staging strip as whole
-// 128-byte rows.
+// tensor copy engine (TMA) brings whole 32 KiB tiles, the next pair's q and k already during this
+// pair's dq sweep and its other rows into L2; the mixing weights are read per 16 x 16 chunk pair
+// from a table (no divisions), dm's four chunk sums of a warp are reduced together; the next
+// product pair is issued before the elementwise work's wait; the raw q and k that the feature map's
+// backward needs stay in shared memory beside their features; and the gradients leave through a
+// per-warp staging strip as whole 128-byte rows.
 #include "common/device_info.h"
 #include "common/tensor_copy.cuh"
 #include "mhla/resident_warpgroup_backward.h"
