@@ -41,10 +41,13 @@ struct FamilyShape {
   const char* what;
   int64_t batch, heads, tokens, head_dim, blocks;
   double scale = 1.0;
+  bool fused_qkv = false;  // q, k and v as strided views of one [B, N, 3, H, D] tensor
 };
 
 const FamilyShape kFamilyShapes[] = {
     {"the vision shape at N = 256 (16-token blocks)", 2, 3, 256, 64, 16},
+    {"N = 256, q, k, v views of a fused qkv tensor", 2, 3, 256, 64, 16, 1.0, true},
+    {"N = 1,024, q, k, v views of a fused qkv tensor", 1, 2, 1024, 64, 16, 1.0, true},
     {"N = 256 in 4 blocks (64-token blocks)", 2, 3, 256, 64, 4},
     {"N = 128 in 8 blocks: fewer strips than warps", 3, 2, 128, 64, 8},
     {"N = 192 in 3 blocks: three tiles, one warpgroup owns two", 2, 3, 192, 64, 3},
@@ -67,17 +70,26 @@ struct Grads {
 
 Grads run_family(const std::string& family, const torch::Tensor& q, const torch::Tensor& k,
                  const torch::Tensor& v, const torch::Tensor& mixing, int64_t blocks,
-                 const torch::Tensor& grad_out, torch::ScalarType dtype) {
+                 const torch::Tensor& grad_out, torch::ScalarType dtype, bool fused_qkv) {
   auto on_gpu = [&](const torch::Tensor& t) {
     return t.to(torch::kCUDA, dtype).detach().requires_grad_(true);
   };
-  auto qd = on_gpu(q), kd = on_gpu(k), vd = on_gpu(v);
   auto md = mixing.numel() > 0 ? mixing.to(torch::kCUDA).detach().requires_grad_(true)
                                : torch::empty({0}, torch::TensorOptions().device(torch::kCUDA));
+  auto to_cpu = [](const torch::Tensor& t) { return t.cpu().to(torch::kFloat32); };
+  if (fused_qkv) {  // the kernels read views with a token stride of 3 H D
+    auto qkv = on_gpu(torch::stack({q, k, v}, 2));
+    const auto views = qkv.unbind(2);
+    auto out = block_linear_by_named_family(family, views[0], views[1], views[2], md, blocks);
+    out.backward(grad_out.to(torch::kCUDA, dtype));
+    const auto grads = qkv.grad().unbind(2);
+    return {to_cpu(out.detach()), to_cpu(grads[0]), to_cpu(grads[1]), to_cpu(grads[2]),
+            mixing.numel() > 0 ? md.grad().cpu() : torch::Tensor()};
+  }
+  auto qd = on_gpu(q), kd = on_gpu(k), vd = on_gpu(v);
   auto out = block_linear_by_named_family(family, qd, kd, vd, md, blocks);
   out.backward(grad_out.to(torch::kCUDA, dtype));
-  return {out.detach().cpu().to(torch::kFloat32), qd.grad().cpu().to(torch::kFloat32),
-          kd.grad().cpu().to(torch::kFloat32), vd.grad().cpu().to(torch::kFloat32),
+  return {to_cpu(out.detach()), to_cpu(qd.grad()), to_cpu(kd.grad()), to_cpu(vd.grad()),
           mixing.numel() > 0 ? md.grad().cpu() : torch::Tensor()};
 }
 
@@ -126,7 +138,8 @@ TEST_CASE(
         // A mixing matrix away from uniform, so a wrong block index changes the numbers.
         auto mixing = s.blocks > 1 ? torch::rand({s.blocks, s.blocks}) + 0.05 : torch::empty({0});
         const auto expected = run_reference(q, k, v, mixing, s.blocks, grad_out);
-        const auto got = run_family(family, q, k, v, mixing, s.blocks, grad_out, dtype);
+        const auto got =
+            run_family(family, q, k, v, mixing, s.blocks, grad_out, dtype, s.fused_qkv);
         CHECK(got.out.isfinite().all().item<bool>());
         CHECK(test::relative_error(got.out, expected.out) < 5e-3);
         CHECK(test::relative_error(got.dq, expected.dq) < 8e-3);
@@ -141,8 +154,8 @@ TEST_CASE(
     }
   }
   // Every family took some shape (so a support check that refuses everything fails here): the
-  // warpgroup backward takes the six D = 64 shapes up to N = 256, the state form four of them.
-  CHECK(runs >= 2 * (3 + 6 + 4 + 3 + 8 + 8));
+  // warpgroup backward takes the seven D = 64 shapes up to N = 256, the state form five of them.
+  CHECK(runs >= 2 * (3 + 7 + 5 + 3 + 8 + 8));
 }
 
 TEST_CASE("bidirectional kernel families: a family asked for a shape it does not take says so",

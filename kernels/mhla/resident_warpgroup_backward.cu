@@ -1,8 +1,8 @@
 // The dense-form short-sequence backward on warpgroup products: see
 // resident_warpgroup_backward.h. A persistent grid (one CTA of two warpgroups per multiprocessor)
 // walks the (batch, head) pairs; warpgroup w owns the key tiles w, w + 2 (first sweep: dv, dk,
-// dm) and then the query tiles w, w + 2 (second sweep: dq); each sweep walks all 64-token tiles of
-// the other side.
+// dm) and then the query tiles w, w + 2 (second sweep: dq); each sweep walks all tiles of the
+// other side (64 tokens; 128 keys in the dq sweep when N is a multiple of 128).
 //
 // Measured on the H200 (session 36), the first version was bound by issue latency, not by the
 // tensor cores: a fifth of the time went to loading each pair with nothing else resident, a
@@ -13,6 +13,9 @@
 // product pair is issued before the elementwise work's wait; the raw q and k that the feature map's
 // backward needs stay in shared memory beside their features; and the gradients leave through a
 // per-warp staging strip as whole 128-byte rows.
+#include <cstdlib>
+#include <string>
+
 #include "common/device_info.h"
 #include "common/tensor_copy.cuh"
 #include "mhla/resident_warpgroup_backward.h"
@@ -134,7 +137,8 @@ __device__ __forceinline__ float warp_sum4(const float (&v)[4]) {
   return keep;
 }
 
-template <typename T>
+// KeyTile: keys per dP product of the dq sweep (64, or 128 when N is a multiple of 128).
+template <typename T, int KeyTile>
 __global__ void __launch_bounds__(kThreads, 1)
     resident_warpgroup_backward_kernel(ResidentBlockLinearBackward p,
                                        const __grid_constant__ InputMaps maps) {
@@ -232,7 +236,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wg::product<T, kTile, kD>(dp, vs, key0, 0, gs, 0, 0, false);
       // One query tile: wait for its scores and dP, then the elementwise work and the products
       // that take it (sweep issues the next tile's pair behind them).
-      auto take_tile = [&](int qt) {
+      auto work = [&](int qt) {
         const int query0 = qt * kTile;
         wg::wait<0>();
         pin_fragments(pa);
@@ -262,11 +266,13 @@ __global__ void __launch_bounds__(kThreads, 1)
           const float part = warp_sum4(parts);
           if (lane % 8 == 0) dm_parts[key_chunk * chunks + 4 * qt + lane / 8] = part;
         }
-        wg::fence();
-        wg::product_register_a<T, kD, kTile>(dv, pa, gs, query0, 0, true);
-        wg::product_register_a<T, kD, kTile>(dk, da, qf, query0, 0, true);
       };
-      sweep(tile_count, take_tile, [&](int qt) {
+      auto products = [&](int qt) {
+        wg::fence();
+        wg::product_register_a<T, kD, kTile>(dv, pa, gs, qt * kTile, 0, true);
+        wg::product_register_a<T, kD, kTile>(dk, da, qf, qt * kTile, 0, true);
+      };
+      sweep(tile_count, work, products, [&](int qt) {
         wg::product<T, kTile, kD>(scores, kf, key0, 0, qf, qt * kTile, 0, false);
         wg::product<T, kTile, kD>(dp, vs, key0, 0, gs, qt * kTile, 0, false);
       });
@@ -296,29 +302,33 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int query_chunk = qt * (kTile / kChunk) + warp;
       const int row0 = strip0 + lane / 4;
       const float gd_lo = gd[row0], gd_hi = gd[row0 + 8];
-      float dq[kAcc], dp[kAcc];
-      unsigned da[kTile / 16][4];
+      constexpr int kKeyChunks = KeyTile / kChunk;
+      const int key_tiles = n / KeyTile;
+      float dq[kAcc], dp[KeyTile / 2];
+      unsigned da[kKeyChunks][4];
       zero_accumulator(dq);
       wg::fence();
-      wg::product<T, kTile, kD>(dp, gs, query0, 0, vs, 0, 0, false);
-      auto take_tile = [&](int kt) {
+      wg::product<T, KeyTile, kD>(dp, gs, query0, 0, vs, 0, 0, false);
+      auto work = [&](int kt) {
         wg::wait<0>();
         pin_fragments(da);
-        float w[4];
-        tile_weights(w, weight_by_query + query_chunk * chunks, kt);
+        float w[kKeyChunks];
+        tile_weights<kKeyChunks>(w, weight_by_query + query_chunk * chunks, kt);
 #pragma unroll
-        for (int jj = 0; jj < kTile / 16; ++jj) {
+        for (int jj = 0; jj < kKeyChunks; ++jj) {
           const float* d = dp + 8 * jj;
           da[jj][0] = pack_pair<T>((d[0] + gd_lo) * w[jj], (d[1] + gd_lo) * w[jj]);
           da[jj][1] = pack_pair<T>((d[2] + gd_hi) * w[jj], (d[3] + gd_hi) * w[jj]);
           da[jj][2] = pack_pair<T>((d[4] + gd_lo) * w[jj], (d[5] + gd_lo) * w[jj]);
           da[jj][3] = pack_pair<T>((d[6] + gd_hi) * w[jj], (d[7] + gd_hi) * w[jj]);
         }
-        wg::fence();
-        wg::product_register_a<T, kD, kTile>(dq, da, kf, kt * kTile, 0, true);
       };
-      sweep(tile_count, take_tile, [&](int kt) {
-        wg::product<T, kTile, kD>(dp, gs, query0, 0, vs, kt * kTile, 0, false);
+      auto products = [&](int kt) {
+        wg::fence();
+        wg::product_register_a<T, kD, KeyTile>(dq, da, kf, kt * KeyTile, 0, true);
+      };
+      sweep(key_tiles, work, products, [&](int kt) {
+        wg::product<T, KeyTile, kD>(dp, gs, query0, 0, vs, kt * KeyTile, 0, false);
       });
       RawPairs raw;
       load_raw<T>(raw, q_raw, row0);
@@ -352,7 +362,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-template <typename T>
+template <typename T, int KeyTile>
 cudaError_t launch(const ResidentBlockLinearBackward& a, cudaStream_t stream) {
   const auto& s = a.shape;
   const int blocks = a.mixing != nullptr ? s.blocks : 1;
@@ -361,9 +371,9 @@ cudaError_t launch(const ResidentBlockLinearBackward& a, cudaStream_t stream) {
       (err = cudaMemsetAsync(a.grad_mixing, 0, sizeof(float) * blocks * blocks, stream)) !=
           cudaSuccess)
     return err;
+  const auto kernel = resident_warpgroup_backward_kernel<T, KeyTile>;
   const size_t bytes = SmemPlan(s.tokens).bytes();
-  if ((err = tiles::allow_smem(resident_warpgroup_backward_kernel<T>, bytes)) != cudaSuccess)
-    return err;
+  if ((err = tiles::allow_smem(kernel, bytes)) != cudaSuccess) return err;
   InputMaps maps;
   const auto encode = [&](CUtensorMap* map, const TokenTensor& t) {
     return encode_rows(map, t, s);
@@ -375,8 +385,17 @@ cudaError_t launch(const ResidentBlockLinearBackward& a, cudaStream_t stream) {
     return err;
   const int pairs = s.batch * s.heads;
   const int grid = pairs < multiprocessors() ? pairs : multiprocessors();
-  resident_warpgroup_backward_kernel<T><<<grid, kThreads, bytes, stream>>>(a, maps);
+  kernel<<<grid, kThreads, bytes, stream>>>(a, maps);
   return cudaGetLastError();
+}
+
+// MHLA_WARPGROUP_KEY_TILE=64: 64-key products at every N (for A/B runs).
+bool narrow_key_tiles() {
+  static const bool narrow = [] {
+    const char* value = std::getenv("MHLA_WARPGROUP_KEY_TILE");
+    return value != nullptr && std::string(value) == "64";
+  }();
+  return narrow;
 }
 
 }  // namespace
@@ -396,8 +415,10 @@ cudaError_t resident_warpgroup_backward(const ResidentBlockLinearBackward& args,
       (args.mixing == nullptr && args.shape.blocks != 1) ||
       (args.mixing != nullptr && args.grad_mixing == nullptr))
     return cudaErrorInvalidValue;
-  return args.dtype == DType::bf16 ? launch<__nv_bfloat16>(args, stream)
-                                   : launch<__half>(args, stream);
+  const bool bf16 = args.dtype == DType::bf16;
+  if (args.shape.tokens % 128 == 0 && !narrow_key_tiles())
+    return bf16 ? launch<__nv_bfloat16, 128>(args, stream) : launch<__half, 128>(args, stream);
+  return bf16 ? launch<__nv_bfloat16, 64>(args, stream) : launch<__half, 64>(args, stream);
 }
 
 }  // namespace mhla_kernels

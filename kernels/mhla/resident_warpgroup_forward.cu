@@ -1,6 +1,9 @@
 // The short-sequence forward on warpgroup products: see resident_warpgroup_forward.h. Warpgroup
 // w owns the query tiles w, w + 2. The scores of the next key tile are issued right behind the
 // product that takes this tile's, so one wait covers both (the pattern of the backward's sweeps).
+#include <cstdlib>
+#include <string>
+
 #include "common/device_info.h"
 #include "common/tensor_copy.cuh"
 #include "mhla/resident_warpgroup_forward.h"
@@ -39,7 +42,9 @@ struct TileSet {
         v{reinterpret_cast<T*>(base + (3 * i + 2) * kTileBytes)} {}
 };
 
-template <typename T>
+// KeyTile: keys per scores product (64, or 128 when N is a multiple of 128: wider products read
+// less shared memory per flop and halve the waits).
+template <typename T, int KeyTile>
 __global__ void __launch_bounds__(kThreads, 1)
     resident_warpgroup_forward_kernel(ResidentBlockLinearForward p,
                                       const __grid_constant__ InputMaps maps) {
@@ -97,19 +102,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int query0 = qt * kTile, strip0 = query0 + 16 * warp;
       const int query_chunk = qt * (kTile / kChunk) + warp;
       const int row0 = strip0 + lane / 4;
-      float out[kAcc], scores[kAcc];
-      unsigned pa[kTile / 16][4];
+      constexpr int kKeyChunks = KeyTile / kChunk;
+      const int key_tiles = n / KeyTile;
+      float out[kAcc], scores[KeyTile / 2];
+      unsigned pa[kKeyChunks][4];
       float den_lo = 0.f, den_hi = 0.f;
       zero_accumulator(out);
       wg::fence();
-      wg::product<T, kTile, kD>(scores, tiles_now.q, query0, 0, tiles_now.k, 0, 0, false);
-      auto take_tile = [&](int kt) {
+      wg::product<T, KeyTile, kD>(scores, tiles_now.q, query0, 0, tiles_now.k, 0, 0, false);
+      auto work = [&](int kt) {
         wg::wait<0>();
         pin_fragments(pa);
-        float w[4];
-        tile_weights(w, weight_by_query + query_chunk * chunks, kt);
+        float w[kKeyChunks];
+        tile_weights<kKeyChunks>(w, weight_by_query + query_chunk * chunks, kt);
 #pragma unroll
-        for (int jj = 0; jj < kTile / 16; ++jj) {
+        for (int jj = 0; jj < kKeyChunks; ++jj) {
           const float* a = scores + 8 * jj;
           den_lo += w[jj] * (a[0] + a[1] + a[4] + a[5]);
           den_hi += w[jj] * (a[2] + a[3] + a[6] + a[7]);
@@ -117,12 +124,14 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int r = 0; r < 4; ++r)
             pa[jj][r] = pack_pair<T>(a[2 * r] * w[jj], a[2 * r + 1] * w[jj]);
         }
-        wg::fence();
-        wg::product_register_a<T, kD, kTile>(out, pa, tiles_now.v, kt * kTile, 0, true);
       };
-      sweep(tile_count, take_tile, [&](int kt) {
-        wg::product<T, kTile, kD>(scores, tiles_now.q, query0, 0, tiles_now.k, kt * kTile, 0,
-                                  false);
+      auto products = [&](int kt) {
+        wg::fence();
+        wg::product_register_a<T, kD, KeyTile>(out, pa, tiles_now.v, kt * KeyTile, 0, true);
+      };
+      sweep(key_tiles, work, products, [&](int kt) {
+        wg::product<T, KeyTile, kD>(scores, tiles_now.q, query0, 0, tiles_now.k, kt * KeyTile, 0,
+                                    false);
       });
       // The four lanes of a quad hold a row between them.
 #pragma unroll
@@ -150,13 +159,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-template <typename T>
+template <typename T, int KeyTile>
 cudaError_t launch(const ResidentBlockLinearForward& a, cudaStream_t stream) {
   const auto& s = a.shape;
   cudaError_t err = cudaSuccess;
+  const auto kernel = resident_warpgroup_forward_kernel<T, KeyTile>;
   const size_t bytes = SmemPlan(s.tokens).bytes();
-  if ((err = tiles::allow_smem(resident_warpgroup_forward_kernel<T>, bytes)) != cudaSuccess)
-    return err;
+  if ((err = tiles::allow_smem(kernel, bytes)) != cudaSuccess) return err;
   InputMaps maps;
   if ((err = encode_rows(&maps.q, a.q, s)) != cudaSuccess ||
       (err = encode_rows(&maps.k, a.k, s)) != cudaSuccess ||
@@ -164,7 +173,7 @@ cudaError_t launch(const ResidentBlockLinearForward& a, cudaStream_t stream) {
     return err;
   const int pairs = s.batch * s.heads;
   const int grid = pairs < multiprocessors() ? pairs : multiprocessors();
-  resident_warpgroup_forward_kernel<T><<<grid, kThreads, bytes, stream>>>(a, maps);
+  kernel<<<grid, kThreads, bytes, stream>>>(a, maps);
   return cudaGetLastError();
 }
 
@@ -180,8 +189,15 @@ cudaError_t resident_warpgroup_forward(const ResidentBlockLinearForward& args,
   if (!resident_warpgroup_forward_takes(args) || args.den == nullptr ||
       (args.mixing == nullptr && args.shape.blocks != 1))
     return cudaErrorInvalidValue;
-  return args.dtype == DType::bf16 ? launch<__nv_bfloat16>(args, stream)
-                                   : launch<__half>(args, stream);
+  // MHLA_WARPGROUP_KEY_TILE=64 keeps 64-key products at every N (for A/B runs).
+  static const bool narrow = [] {
+    const char* value = std::getenv("MHLA_WARPGROUP_KEY_TILE");
+    return value != nullptr && std::string(value) == "64";
+  }();
+  const bool bf16 = args.dtype == DType::bf16;
+  if (args.shape.tokens % 128 == 0 && !narrow)
+    return bf16 ? launch<__nv_bfloat16, 128>(args, stream) : launch<__half, 128>(args, stream);
+  return bf16 ? launch<__nv_bfloat16, 64>(args, stream) : launch<__half, 64>(args, stream);
 }
 
 }  // namespace mhla_kernels

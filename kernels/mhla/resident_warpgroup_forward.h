@@ -4,7 +4,8 @@
 // persistent CTA of two warpgroups takes one (batch, head) at a time; the tensor copy engine
 // brings its q, k and v (all N tokens) into one of two tile sets while the other set's pair is
 // computed, so loads overlap the products. Per 64-query tile t, the warpgroup that owns it walks
-// the 64-key tiles s:
+// the key tiles s (128 keys when N is a multiple of 128: a wider product reads less shared memory
+// per flop and halves the waits; else 64):
 //
 //   A_ts = phi(q_t) . phi(k_s)   (shared-memory operands),   P_ts = A_ts w_ts,
 //   den_t += row sums of P_ts (fp32),   o_t += P_ts v_s   (P from registers, v read transposed),

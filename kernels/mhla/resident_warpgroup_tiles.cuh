@@ -73,9 +73,10 @@ __device__ __forceinline__ float features_of_row(Tile<T> raw, Tile<T> tile, int 
 }
 
 // Keeps the register operands of an asynchronous product alive (and unchanged) until its wait.
-__device__ __forceinline__ void pin_fragments(unsigned (&a)[kTile / 16][4]) {
+template <int KBlocks>
+__device__ __forceinline__ void pin_fragments(unsigned (&a)[KBlocks][4]) {
 #pragma unroll
-  for (int kb = 0; kb < kTile / 16; ++kb)
+  for (int kb = 0; kb < KBlocks; ++kb)
 #pragma unroll
     for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[kb][i])::"memory");
 }
@@ -124,23 +125,31 @@ __device__ __forceinline__ void zero_accumulator(float (&acc)[R]) {
   wg::pin(acc);
 }
 
-// A sweep over the 64-token tiles of the other side: take(t) waits for tile t's products, does
-// the elementwise work and issues the products that consume it; issue(t + 1) then starts the
-// next tile's products at once, so that one wait covers both. (Peeling the last tile keeps every
-// product outside a branch: under one, the compiler serializes all of them.)
-template <typename Take, typename Issue>
-__device__ __forceinline__ void sweep(int tile_count, Take&& take, Issue&& issue) {
+// A sweep over the tiles of the other side: work(t) waits for tile t's products and does
+// the elementwise work, products(t) issues the products that consume it, and issue(t + 1) starts
+// the next tile's products at once, so that one wait covers both. (Peeling the last tile keeps
+// every product outside a branch: under one, the compiler serializes all of them.)
+template <typename Work, typename Products, typename Issue>
+__device__ __forceinline__ void sweep(int tile_count, Work&& work, Products&& products,
+                                      Issue&& issue) {
   for (int t = 0; t + 1 < tile_count; ++t) {
-    take(t);
+    work(t);
+    products(t);
     issue(t + 1);
   }
-  take(tile_count - 1);
+  work(tile_count - 1);
+  products(tile_count - 1);
 }
 
-// The weights of the four 16-token chunks of 64-token tile `tile` in a row of a weight table.
-__device__ __forceinline__ void tile_weights(float (&w)[4], const float* table_row, int tile) {
-  const float4 w4 = *reinterpret_cast<const float4*>(table_row + 4 * tile);
-  w[0] = w4.x, w[1] = w4.y, w[2] = w4.z, w[3] = w4.w;
+// The weights of the Chunks 16-token chunks of tile `tile` (16 Chunks tokens wide) in a row of a
+// weight table.
+template <int Chunks = 4>
+__device__ __forceinline__ void tile_weights(float (&w)[Chunks], const float* table_row, int tile) {
+#pragma unroll
+  for (int c = 0; c < Chunks; c += 4) {
+    const float4 w4 = *reinterpret_cast<const float4*>(table_row + Chunks * tile + c);
+    w[c] = w4.x, w[c + 1] = w4.y, w[c + 2] = w4.z, w[c + 3] = w4.w;
+  }
 }
 
 // The mixing weight of every (query chunk, key chunk) pair, in both orders, so that a warp reads
