@@ -8,7 +8,8 @@
 // tensor cores: a fifth of the time went to loading each pair with nothing else resident, a
 // third to the elementwise work between products, an eighth to the gradient stores. Hence: the
 // tensor copy engine (TMA) brings whole 32 KiB tiles, the next pair's q and k already during this
-// pair's dq sweep and its other rows into L2; the mixing weights are read per 16 x 16 chunk pair
+// pair's dq sweep (an L2 prefetch of the next pair's rows, tried in session 36, cost 25 us of 289
+// in session 37: no prefetch); the mixing weights are read per 16 x 16 chunk pair
 // from a table (no divisions), dm's four chunk sums of a warp are reduced together; the next
 // product pair is issued before the elementwise work's wait; the raw q and k that the feature map's
 // backward needs stay in shared memory beside their features; and the gradients leave through a
@@ -200,14 +201,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       tc::copy_token_rows(vs.p, &maps.v, 0, h, b, arrived + 1);
       tc::copy_token_rows(gs.p, &maps.grad_out, 0, h, b, arrived + 1);
       tc::copy_token_rows(kf.p, &maps.out, 0, h, b, arrived + 1);
-      if (next < pairs) {  // the next pair's rows wait in L2
-        const int nb = next / s.heads, nh = next % s.heads;
-        tc::prefetch_token_rows(&maps.q, 0, nh, nb);
-        tc::prefetch_token_rows(&maps.k, 0, nh, nb);
-        tc::prefetch_token_rows(&maps.v, 0, nh, nb);
-        tc::prefetch_token_rows(&maps.grad_out, 0, nh, nb);
-        tc::prefetch_token_rows(&maps.out, 0, nh, nb);
-      }
     }
     const int row = threadIdx.x;
     const float den = row < n ? p.den[static_cast<size_t>(bh) * n + row] : 0.f;
