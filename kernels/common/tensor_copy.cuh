@@ -51,16 +51,6 @@ __device__ __forceinline__ void copy_token_rows(void* dst, const CUtensorMap* ma
       : "memory");
 }
 
-// Asks L2 for the box copy_token_rows would copy (no shared memory, no barrier).
-__device__ __forceinline__ void prefetch_token_rows(const CUtensorMap* map, int token, int head,
-                                                    int batch) {
-  asm volatile(
-      "cp.async.bulk.prefetch.tensor.5d.L2.global.tile [%0, {%1, %2, %3, %4, %5}];\n" ::"l"(
-          reinterpret_cast<uint64_t>(map)),
-      "r"(0), "r"(token), "r"(0), "r"(head), "r"(batch)
-      : "memory");
-}
-
 // A box of a matrix map (encode_matrix_rows_map) from row `row`.
 __device__ __forceinline__ void copy_matrix_rows(void* dst, const CUtensorMap* map, int row,
                                                  uint64_t* bar) {
