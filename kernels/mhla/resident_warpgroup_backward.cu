@@ -14,9 +14,6 @@
 // product pair is issued before the elementwise work's wait; the raw q and k that the feature map's
 // backward needs stay in shared memory beside their features; and the gradients leave through a
 // per-warp staging strip as whole 128-byte rows.
-#include <cstdlib>
-#include <string>
-
 #include "common/device_info.h"
 #include "common/tensor_copy.cuh"
 #include "mhla/resident_warpgroup_backward.h"
@@ -382,15 +379,6 @@ cudaError_t launch(const ResidentBlockLinearBackward& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// MHLA_WARPGROUP_KEY_TILE=64: 64-key products at every N (for A/B runs).
-bool narrow_key_tiles() {
-  static const bool narrow = [] {
-    const char* value = std::getenv("MHLA_WARPGROUP_KEY_TILE");
-    return value != nullptr && std::string(value) == "64";
-  }();
-  return narrow;
-}
-
 }  // namespace
 
 bool resident_warpgroup_backward_supported(const BlockLinearShape& s, DType dtype) {
@@ -409,7 +397,7 @@ cudaError_t resident_warpgroup_backward(const ResidentBlockLinearBackward& args,
       (args.mixing != nullptr && args.grad_mixing == nullptr))
     return cudaErrorInvalidValue;
   const bool bf16 = args.dtype == DType::bf16;
-  if (args.shape.tokens % 128 == 0 && !narrow_key_tiles())
+  if (wide_key_tiles(args.shape.tokens))
     return bf16 ? launch<__nv_bfloat16, 128>(args, stream) : launch<__half, 128>(args, stream);
   return bf16 ? launch<__nv_bfloat16, 64>(args, stream) : launch<__half, 64>(args, stream);
 }

@@ -1,9 +1,6 @@
 // The short-sequence forward on warpgroup products: see resident_warpgroup_forward.h. Warpgroup
 // w owns the query tiles w, w + 2. The scores of the next key tile are issued right behind the
 // product that takes this tile's, so one wait covers both (the pattern of the backward's sweeps).
-#include <cstdlib>
-#include <string>
-
 #include "common/device_info.h"
 #include "common/tensor_copy.cuh"
 #include "mhla/resident_warpgroup_forward.h"
@@ -189,13 +186,8 @@ cudaError_t resident_warpgroup_forward(const ResidentBlockLinearForward& args,
   if (!resident_warpgroup_forward_takes(args) || args.den == nullptr ||
       (args.mixing == nullptr && args.shape.blocks != 1))
     return cudaErrorInvalidValue;
-  // MHLA_WARPGROUP_KEY_TILE=64 keeps 64-key products at every N (for A/B runs).
-  static const bool narrow = [] {
-    const char* value = std::getenv("MHLA_WARPGROUP_KEY_TILE");
-    return value != nullptr && std::string(value) == "64";
-  }();
   const bool bf16 = args.dtype == DType::bf16;
-  if (args.shape.tokens % 128 == 0 && !narrow)
+  if (wide_key_tiles(args.shape.tokens))
     return bf16 ? launch<__nv_bfloat16, 128>(args, stream) : launch<__half, 128>(args, stream);
   return bf16 ? launch<__nv_bfloat16, 64>(args, stream) : launch<__half, 64>(args, stream);
 }

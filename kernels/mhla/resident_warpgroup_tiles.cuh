@@ -6,6 +6,9 @@
 // strips as whole rows.
 #include <cuda.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "common/tensor_map.h"
 #include "common/warpgroup_mma.cuh"
 #include "mhla/block_linear_attention.h"
@@ -17,7 +20,8 @@ namespace resident_warpgroup {
 namespace wg = warpgroup;
 
 constexpr int kD = 64;
-constexpr int kTile = 64;        // tokens per warpgroup product (its M, N or depth)
+constexpr int kTile = 64;        // tokens per warpgroup product (its M, N or depth; some take
+                                 // 128 keys where N allows: wide_key_tiles)
 constexpr int kChunk = 16;       // tokens per k16 step; blocks are whole chunks
 constexpr int kMaxTokens = 256;  // one 32 KiB tile per operand
 constexpr int kThreads = 256;    // two warpgroups
@@ -176,6 +180,16 @@ inline bool shape_supported(const BlockLinearShape& s, DType dtype) {
   if (s.batch <= 0 || s.heads <= 0 || static_cast<int64_t>(s.batch) * s.heads > 2147483647LL)
     return false;
   return s.blocks >= 1 && s.tokens % s.blocks == 0 && (s.tokens / s.blocks) % kChunk == 0;
+}
+
+// Whether the products over keys take 128 keys at a time where N is a multiple of 128 (fewer
+// waits, less shared memory read per flop); MHLA_WARPGROUP_KEY_TILE=64 keeps 64 (A/B runs).
+inline bool wide_key_tiles(int tokens) {
+  static const bool narrow = [] {
+    const char* value = std::getenv("MHLA_WARPGROUP_KEY_TILE");
+    return value != nullptr && std::string(value) == "64";
+  }();
+  return tokens % 128 == 0 && !narrow;
 }
 
 // A view the tensor copy engine can read: 16-byte aligned base and strides.
