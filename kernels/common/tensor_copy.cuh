@@ -51,6 +51,18 @@ __device__ __forceinline__ void copy_token_rows(void* dst, const CUtensorMap* ma
       : "memory");
 }
 
+// A box of a swizzled token-major map (encode_swizzled_token_view_map) from (token, head, batch).
+__device__ __forceinline__ void copy_swizzled_token_rows(void* dst, const CUtensorMap* map,
+                                                         int token, int head, int batch,
+                                                         uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes "
+      "[%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(smem(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(token), "r"(head), "r"(batch),
+      "r"(smem(bar))
+      : "memory");
+}
+
 // A box of a matrix map (encode_matrix_rows_map) from row `row`.
 __device__ __forceinline__ void copy_matrix_rows(void* dst, const CUtensorMap* map, int row,
                                                  uint64_t* bar) {

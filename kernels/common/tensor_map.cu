@@ -23,13 +23,14 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder() {
 }
 
 cudaError_t encode(CUtensorMap* map, const void* base, cuuint32_t rank, const cuuint64_t* dims,
-                   const cuuint64_t* strides, const cuuint32_t* box) {
+                   const cuuint64_t* strides, const cuuint32_t* box,
+                   CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_NONE) {
   const auto fn = encoder();
   if (fn == nullptr) return cudaErrorNotSupported;
   const cuuint32_t ones[5] = {1, 1, 1, 1, 1};
   const CUresult r =
       fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, rank, const_cast<void*>(base), dims, strides, box,
-         ones, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+         ones, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
          CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
@@ -59,6 +60,24 @@ cudaError_t encode_token_view_map(CUtensorMap* map, const void* base, int batch,
   const cuuint32_t box[5] = {8, static_cast<cuuint32_t>(box_rows), static_cast<cuuint32_t>(dim / 8),
                              1, 1};
   return encode(map, base, 5, dims, strides, box);
+}
+
+cudaError_t encode_swizzled_token_view_map(CUtensorMap* map, const void* base, int batch,
+                                           int tokens, int heads, int64_t batch_stride,
+                                           int64_t token_stride, int64_t head_stride,
+                                           int box_rows) {
+  const auto misaligned = [](int64_t elements) { return (elements * 2) % 16 != 0; };
+  if (reinterpret_cast<uintptr_t>(base) % 16 != 0 || misaligned(batch_stride) ||
+      misaligned(token_stride) || misaligned(head_stride))
+    return cudaErrorInvalidValue;
+  // Dimensions, innermost first: 64 elements, tokens, heads, batch.
+  const cuuint64_t dims[4] = {64, static_cast<cuuint64_t>(tokens), static_cast<cuuint64_t>(heads),
+                              static_cast<cuuint64_t>(batch)};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(token_stride) * 2,
+                                 static_cast<cuuint64_t>(head_stride) * 2,
+                                 static_cast<cuuint64_t>(batch_stride) * 2};
+  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
+  return encode(map, base, 4, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 cudaError_t encode_matrix_rows_map(CUtensorMap* map, const void* base, int64_t rows, int cols,

@@ -24,6 +24,14 @@ cudaError_t encode_token_view_map(CUtensorMap* map, const void* base, int batch,
                                   int heads, int dim, int64_t batch_stride, int64_t token_stride,
                                   int64_t head_stride, int box_rows);
 
+// The same view with 64-element (128-byte) rows, one box landing as whole rows in the 128-byte
+// swizzle (warpgroup::SwizzledTile; the destination must be 1024-byte aligned): one request
+// per row instead of eight. Coordinates (copy_swizzled_token_rows): token, head, batch.
+cudaError_t encode_swizzled_token_view_map(CUtensorMap* map, const void* base, int batch,
+                                           int tokens, int heads, int64_t batch_stride,
+                                           int64_t token_stride, int64_t head_stride,
+                                           int box_rows);
+
 // Rows of a row-major [rows, cols] matrix: a box is `box_rows` consecutive rows, all cols.
 // Coordinate (copy_matrix_rows): the first row.
 cudaError_t encode_matrix_rows_map(CUtensorMap* map, const void* base, int64_t rows, int cols,

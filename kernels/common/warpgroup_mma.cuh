@@ -38,15 +38,61 @@ struct CoreTile {
   // Bytes between core matrices adjacent along the columns (K) and along the rows (M or N).
   static constexpr uint32_t k_stride = Rows > 0 ? 16 * Rows : 128;
   static constexpr uint32_t mn_stride = Rows > 0 ? 128 : 16 * Cols;
+  // Descriptors of an operand starting at `start` (an element at(r, c)): read with the columns
+  // as the depth (K-major), or with the rows as the depth (M- or N-major, transposed).
+  __device__ static uint64_t k_major(const void* start);
+  __device__ static uint64_t mn_major(const void* start);
 };
 
-// Shared-memory matrix descriptor of a K-major, unswizzled operand starting at `start`.
-__device__ __forceinline__ uint64_t descriptor(const void* start, uint32_t k_stride_bytes,
-                                               uint32_t mn_stride_bytes) {
+// A [Rows][64] 16-bit tile with 128-byte rows in the 128-byte swizzle that the tensor copy
+// engine writes for a box 64 elements wide: the 16-byte piece c / 8 of row r sits at piece
+// (c / 8) ^ (r % 8) of its row. Whole-row boxes reach the copy engine as 128-byte requests (the
+// core-matrix layout above needs 16-byte ones, eight per row). The base must be 1024-byte aligned
+// (the swizzle follows the address bits); a product's operand starts at a row that is a multiple
+// of 8 (and, read transposed, at column 0).
+template <typename T, int Rows>
+struct SwizzledTile {
+  static_assert(Rows % 8 == 0, "whole 8-row swizzle atoms");
+  using elem = T;
+  T* p;
+  __device__ T* at(int r, int c) const {
+    return p + r * 64 + ((((c >> 3) ^ r) & 7) << 3) + (c & 7);
+  }
+  __device__ static uint64_t k_major(const void* start);
+  __device__ static uint64_t mn_major(const void* start);
+};
+
+// Shared-memory matrix descriptor: start address, leading and stride byte offsets, and the
+// swizzle mode (0: none, 1: 128-byte).
+__device__ __forceinline__ uint64_t descriptor(const void* start, uint32_t leading_bytes,
+                                               uint32_t stride_bytes, uint64_t swizzle = 0) {
   const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(start));
   return static_cast<uint64_t>((address & 0x3FFFF) >> 4) |
-         (static_cast<uint64_t>(k_stride_bytes >> 4) << 16) |
-         (static_cast<uint64_t>(mn_stride_bytes >> 4) << 32);
+         (static_cast<uint64_t>(leading_bytes >> 4) << 16) |
+         (static_cast<uint64_t>(stride_bytes >> 4) << 32) | (swizzle << 62);
+}
+
+// Unswizzled core matrices: K-major steps along K by the leading offset and along M or N by the
+// stride offset; transposed, the two trade places.
+template <typename T, int Cols, int Rows>
+__device__ __forceinline__ uint64_t CoreTile<T, Cols, Rows>::k_major(const void* start) {
+  return descriptor(start, k_stride, mn_stride);
+}
+template <typename T, int Cols, int Rows>
+__device__ __forceinline__ uint64_t CoreTile<T, Cols, Rows>::mn_major(const void* start) {
+  return descriptor(start, mn_stride, k_stride);
+}
+
+// 128-byte swizzle: K-major, a k16 step lies inside one 128-byte row (no leading offset) and
+// 8-row groups are 1024 bytes apart; transposed, the 64 columns are one swizzle atom wide (no
+// leading offset) and the depth's 8-row groups are again 1024 bytes apart.
+template <typename T, int Rows>
+__device__ __forceinline__ uint64_t SwizzledTile<T, Rows>::k_major(const void* start) {
+  return descriptor(start, 16, 1024, 1);
+}
+template <typename T, int Rows>
+__device__ __forceinline__ uint64_t SwizzledTile<T, Rows>::mn_major(const void* start) {
+  return descriptor(start, 16, 1024, 1);
 }
 
 template <typename T, int N>
@@ -86,8 +132,8 @@ __device__ __forceinline__ void product(float (&acc)[N / 2], TileA a, int a_row0
   pin(acc);
 #pragma unroll
   for (int kk = 0; kk < K; kk += 16) {
-    const uint64_t da = descriptor(a.at(a_row0, a_col0 + kk), TileA::k_stride, TileA::mn_stride);
-    const uint64_t db = descriptor(b.at(b_row0, b_col0 + kk), TileB::k_stride, TileB::mn_stride);
+    const uint64_t da = TileA::k_major(a.at(a_row0, a_col0 + kk));
+    const uint64_t db = TileB::k_major(b.at(b_row0, b_col0 + kk));
     WarpgroupMma<T, N>::run(acc, da, db, (accumulate || kk > 0) ? 1 : 0);
   }
   commit();
@@ -106,9 +152,7 @@ __device__ __forceinline__ void product_register_a(float (&acc)[N / 2],
   pin(acc);
 #pragma unroll
   for (int kb = 0; kb < K / 16; ++kb) {
-    // N-major: the leading offset steps along the depth (b's rows), the stride along N.
-    const uint64_t db =
-        descriptor(b.at(b_row0 + 16 * kb, b_col0), TileB::mn_stride, TileB::k_stride);
+    const uint64_t db = TileB::mn_major(b.at(b_row0 + 16 * kb, b_col0));
     WarpgroupMmaRegisterA<T, N>::run(acc, a[kb], db, (accumulate || kb > 0) ? 1 : 0);
   }
   commit();

@@ -37,7 +37,7 @@ struct SmemPlan {
   // Six tiles (raw q and k, phi(q), phi(k), v, g; the forward's output passes through phi(k)'s);
   // 1 / rms of q and k, gd; two weight tables and dm's parts; staging; two barriers.
   __host__ __device__ size_t bytes() const {
-    return 6 * tile + 3 * vector + 3 * chunk_pairs + stage + 128;
+    return kTileAlignment + 6 * tile + 3 * vector + 3 * chunk_pairs + stage + 128;
   }
 };
 
@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int blocks = mixes ? s.blocks : 1;
   const int block_chunks = chunks / blocks;  // 16-token chunks per block
   const SmemPlan plan(n);
-  tiles::Carver carve{smem};
+  tiles::Carver carve{align_tiles(smem)};
   // phi(q) and the raw q trade places every pair: the next pair's q arrives where phi(q) was, in
   // the second sweep (which reads only phi(k), v, g and the raw q); the next k where the raw k was.
   Tile<T> qf{carve.take<T>(plan.tile)}, q_raw{carve.take<T>(plan.tile)};
@@ -179,8 +179,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (blockIdx.x < pairs) {
       const int b = blockIdx.x / s.heads, h = blockIdx.x % s.heads;
       tc::arrive_expecting(arrived, 2 * kTileBytes);
-      tc::copy_token_rows(q_raw.p, &maps.q, 0, h, b, arrived);
-      tc::copy_token_rows(k_raw.p, &maps.k, 0, h, b, arrived);
+      copy_pair_rows(q_raw, &maps.q, b, h, arrived);
+      copy_pair_rows(k_raw, &maps.k, b, h, arrived);
     }
   }
   __syncthreads();
@@ -195,9 +195,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // and the output start now, the output through phi(k)'s tile, and arrive while phi(q) is made.
     if (threadIdx.x == 0) {
       tc::arrive_expecting(arrived + 1, 3 * kTileBytes);
-      tc::copy_token_rows(vs.p, &maps.v, 0, h, b, arrived + 1);
-      tc::copy_token_rows(gs.p, &maps.grad_out, 0, h, b, arrived + 1);
-      tc::copy_token_rows(kf.p, &maps.out, 0, h, b, arrived + 1);
+      copy_pair_rows(vs, &maps.v, b, h, arrived + 1);
+      copy_pair_rows(gs, &maps.grad_out, b, h, arrived + 1);
+      copy_pair_rows(kf, &maps.out, b, h, arrived + 1);
     }
     const int row = threadIdx.x;
     const float den = row < n ? p.den[static_cast<size_t>(bh) * n + row] : 0.f;
@@ -282,8 +282,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0 && next < pairs) {
       const int nb = next / s.heads, nh = next % s.heads;
       tc::arrive_expecting(arrived, 2 * kTileBytes);
-      tc::copy_token_rows(qf.p, &maps.q, 0, nh, nb, arrived);
-      tc::copy_token_rows(k_raw.p, &maps.k, 0, nh, nb, arrived);
+      copy_pair_rows(qf, &maps.q, nb, nh, arrived);
+      copy_pair_rows(k_raw, &maps.k, nb, nh, arrived);
     }
 
     // Queries: dq, recomputing dP with the queries as rows.

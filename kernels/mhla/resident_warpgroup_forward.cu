@@ -21,7 +21,7 @@ struct SmemPlan {
         stage(tiles::align128(static_cast<size_t>(kWarps) * 16 * kStageLd * 2)) {}
   // Two sets of q, k, v tiles; the weight table; staging; one barrier per set.
   __host__ __device__ size_t bytes() const {
-    return kSets * 3 * static_cast<size_t>(kTileBytes) + chunk_pairs + stage + 128;
+    return kTileAlignment + kSets * 3 * static_cast<size_t>(kTileBytes) + chunk_pairs + stage + 128;
   }
 };
 
@@ -45,7 +45,8 @@ template <typename T, int KeyTile>
 __global__ void __launch_bounds__(kThreads, 1)
     resident_warpgroup_forward_kernel(ResidentBlockLinearForward p,
                                       const __grid_constant__ InputMaps maps) {
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* const smem = align_tiles(smem_raw);
   const auto& s = p.shape;
   const int n = s.tokens, tile_count = n / kTile, chunks = n / kChunk;
   const int blocks = p.mixing != nullptr ? s.blocks : 1;
@@ -66,9 +67,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int b = bh / s.heads, h = bh % s.heads;
     const TileSet<T> into(smem, set);
     tc::arrive_expecting(arrived + set, 3 * kTileBytes);
-    tc::copy_token_rows(into.q.p, &maps.q, 0, h, b, arrived + set);
-    tc::copy_token_rows(into.k.p, &maps.k, 0, h, b, arrived + set);
-    tc::copy_token_rows(into.v.p, &maps.v, 0, h, b, arrived + set);
+    copy_pair_rows(into.q, &maps.q, b, h, arrived + set);
+    copy_pair_rows(into.k, &maps.k, b, h, arrived + set);
+    copy_pair_rows(into.v, &maps.v, b, h, arrived + set);
   };
   if (threadIdx.x == 0) {
     for (int i = 0; i < kSets; ++i) tc::init(arrived + i);

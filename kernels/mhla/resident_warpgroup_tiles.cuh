@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "common/tensor_copy.cuh"
 #include "common/tensor_map.h"
 #include "common/warpgroup_mma.cuh"
 #include "mhla/block_linear_attention.h"
@@ -31,11 +32,18 @@ constexpr int kWarps = kThreads / 32;
 // four lanes) land in 32 different banks.
 constexpr int kStageLd = kD + 8;
 
-// All N <= 256 rows of one (batch, head) in the layout the tensor copy engine writes (column
-// blocks major, 256 rows each; rows past N arrive as zeros).
+// All N <= 256 rows of one (batch, head) as the tensor copy engine writes them: whole 128-byte
+// rows in the 128-byte swizzle (rows past N arrive as zeros).
 template <typename T>
-using Tile = wg::CoreTile<T, kD, kMaxTokens>;
+using Tile = wg::SwizzledTile<T, kMaxTokens>;
 constexpr uint32_t kTileBytes = kMaxTokens * kD * 2;
+// The swizzle needs 1024-byte aligned tiles: the kernels ask for this much more shared memory
+// and start their tiles at the first aligned byte.
+constexpr size_t kTileAlignment = 1024;
+__device__ __forceinline__ unsigned char* align_tiles(unsigned char* smem) {
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  return smem + ((kTileAlignment - address % kTileAlignment) % kTileAlignment);
+}
 
 // One thread per row: the row's eight 16-byte pieces (a warp reads 32 consecutive rows: 512
 // contiguous bytes per piece).
@@ -200,8 +208,14 @@ inline bool copyable(const TokenTensor& t) {
 
 // Its tensor map: one box = all rows of one (batch, head), rows past N read as zeros.
 inline cudaError_t encode_rows(CUtensorMap* map, const TokenTensor& t, const BlockLinearShape& s) {
-  return encode_token_view_map(map, t.data, s.batch, s.tokens, s.heads, kD, t.batch_stride,
-                               t.token_stride, t.head_stride, kMaxTokens);
+  return encode_swizzled_token_view_map(map, t.data, s.batch, s.tokens, s.heads, t.batch_stride,
+                                        t.token_stride, t.head_stride, kMaxTokens);
+}
+// One thread starts the copy of pair (b, h)'s rows of `map` into `tile`, completing on `bar`.
+template <typename T>
+__device__ __forceinline__ void copy_pair_rows(Tile<T> tile, const CUtensorMap* map, int b, int h,
+                                               uint64_t* bar) {
+  tensor_copy::copy_swizzled_token_rows(tile.p, map, 0, h, b, bar);
 }
 
 }  // namespace resident_warpgroup
