@@ -63,6 +63,31 @@ __device__ __forceinline__ void copy_swizzled_token_rows(void* dst, const CUtens
       : "memory");
 }
 
+// The other direction: a box of a swizzled token-major map from shared memory at `src` to
+// (token, head, batch), as one bulk group of the calling thread (rows past the map's end are not
+// written). The writes of every thread that filled `src` must be fenced for the async proxy
+// (fence_for_copy_engine) and ordered before this call.
+__device__ __forceinline__ void store_swizzled_token_rows(const CUtensorMap* map, const void* src,
+                                                          int token, int head, int batch) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n"
+      "cp.async.bulk.commit_group;\n" ::"l"(reinterpret_cast<uint64_t>(map)),
+      "r"(0), "r"(token), "r"(head), "r"(batch), "r"(smem(src))
+      : "memory");
+}
+// Makes this thread's earlier shared-memory writes visible to the copy engine.
+__device__ __forceinline__ void fence_for_copy_engine() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Waits until the calling thread's stores have read their shared memory (it may be rewritten).
+__device__ __forceinline__ void wait_stores_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// Waits until the calling thread's stores are complete.
+__device__ __forceinline__ void wait_stores_done() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+
 // A box of a matrix map (encode_matrix_rows_map) from row `row`.
 __device__ __forceinline__ void copy_matrix_rows(void* dst, const CUtensorMap* map, int row,
                                                  uint64_t* bar) {

@@ -13,7 +13,7 @@
 // from a table (no divisions), dm's four chunk sums of a warp are reduced together; the next
 // product pair is issued before the elementwise work's wait; the raw q and k that the feature map's
 // backward needs stay in shared memory beside their features; and the gradients leave through a
-// per-warp staging strip as whole 128-byte rows.
+// per-warp staging strip through the copy engine.
 #include "common/device_info.h"
 #include "common/tensor_copy.cuh"
 #include "mhla/resident_warpgroup_backward.h"
@@ -33,17 +33,19 @@ struct SmemPlan {
       : tile(kTileBytes),
         vector(tiles::align128(static_cast<size_t>(n) * 4)),
         chunk_pairs(tiles::align128(static_cast<size_t>(n / kChunk) * (n / kChunk) * 4)),
-        stage(tiles::align128(static_cast<size_t>(kWarps) * 16 * kStageLd * 2)) {}
+        stage(static_cast<size_t>(kWarps) * kStripBytes) {}
   // Six tiles (raw q and k, phi(q), phi(k), v, g; the forward's output passes through phi(k)'s);
-  // 1 / rms of q and k, gd; two weight tables and dm's parts; staging; two barriers.
+  // staging strips; 1 / rms of q and k, gd; two weight tables and dm's parts; two barriers.
   __host__ __device__ size_t bytes() const {
     return kTileAlignment + 6 * tile + 3 * vector + 3 * chunk_pairs + stage + 128;
   }
 };
 
-// Tensor maps of the five [B, N, H, D] inputs, one box = all N rows of one (batch, head).
+// Tensor maps of the five [B, N, H, D] inputs, one box = all N rows of one (batch, head), and of
+// the three gradients, one box = a warp's 16-row strip.
 struct InputMaps {
   CUtensorMap q, k, v, grad_out, out;
+  CUtensorMap grad_q, grad_k, grad_v;
 };
 
 // Row r of gs holds do; afterwards g = do / (den + eps). Returns gd = -(do . o) / (den + eps),
@@ -153,6 +155,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   Tile<T> qf{carve.take<T>(plan.tile)}, q_raw{carve.take<T>(plan.tile)};
   const Tile<T> kf{carve.take<T>(plan.tile)}, k_raw{carve.take<T>(plan.tile)},
       vs{carve.take<T>(plan.tile)}, gs{carve.take<T>(plan.tile)};
+  T* stage = carve.take<T>(plan.stage);  // 1024-byte aligned: it follows whole tiles
   float* inv_rms_q = carve.take<float>(plan.vector);
   float* inv_rms_k = carve.take<float>(plan.vector);
   float* gd = carve.take<float>(plan.vector);
@@ -160,12 +163,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* weight_by_query = carve.take<float>(plan.chunk_pairs);  // [query chunk][key chunk]
   float* weight_by_key = carve.take<float>(plan.chunk_pairs);    // [key chunk][query chunk]
   float* dm_parts = carve.take<float>(plan.chunk_pairs);         // [key chunk][query chunk]
-  T* stage = carve.take<T>(plan.stage);
   uint64_t* arrived = carve.take<uint64_t>(128);  // [0]: raw q and k; [1]: v, do, out
 
   const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int c0 = 2 * (lane % 4);
-  T* const strip_stage = stage + (threadIdx.x / 32) * 16 * kStageLd;
+  const Strip<T> strip_stage{stage + (threadIdx.x / 32) * kStripRows * kD};
 
   fill_weight_tables(p.mixing, chunks, blocks, weight_by_query, weight_by_key);
 
@@ -188,7 +190,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t parity = 0;
   for (int bh = blockIdx.x; bh < pairs; bh += stride, parity ^= 1) {
     const int b = bh / s.heads, h = bh % s.heads;
-    const Rows rows{b, h, s.heads, n};
     const int next = bh + stride;
 
     // The raw q and k are here or on their way (started in the last pair's second sweep); v, do
@@ -271,9 +272,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       wg::wait<0>();
       pin_fragments(pa);
       pin_fragments(da);
-      store_strip(static_cast<T*>(p.grad_v), rows, strip0, strip_stage, dv);
+      store_strip(&maps.grad_v, b, h, strip0, strip_stage, dv);
       feature_gradient<T>(dk, raw, inv_rms_k[row0], inv_rms_k[row0 + 8]);
-      store_strip(static_cast<T*>(p.grad_k), rows, strip0, strip_stage, dk);
+      store_strip(&maps.grad_k, b, h, strip0, strip_stage, dk);
     }
 
     // phi(q) and the raw k are free: the next pair's q and k start into them.
@@ -325,7 +326,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wg::wait<0>();
       pin_fragments(da);
       feature_gradient<T>(dq, raw, inv_rms_q[row0], inv_rms_q[row0 + 8]);
-      store_strip(static_cast<T*>(p.grad_q), rows, strip0, strip_stage, dq);
+      store_strip(&maps.grad_q, b, h, strip0, strip_stage, dq);
     }
 
     // Every product, dm part and read of this pair's tiles is done before the next pair's
@@ -350,6 +351,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     qf = q_raw;
     q_raw = swap;
   }
+  finish_strip_stores();
 }
 
 template <typename T, int KeyTile>
@@ -371,7 +373,10 @@ cudaError_t launch(const ResidentBlockLinearBackward& a, cudaStream_t stream) {
   if ((err = encode(&maps.q, a.q)) != cudaSuccess || (err = encode(&maps.k, a.k)) != cudaSuccess ||
       (err = encode(&maps.v, a.v)) != cudaSuccess ||
       (err = encode(&maps.grad_out, a.grad_out)) != cudaSuccess ||
-      (err = encode(&maps.out, a.out)) != cudaSuccess)
+      (err = encode(&maps.out, a.out)) != cudaSuccess ||
+      (err = encode_output_strips(&maps.grad_q, a.grad_q, s)) != cudaSuccess ||
+      (err = encode_output_strips(&maps.grad_k, a.grad_k, s)) != cudaSuccess ||
+      (err = encode_output_strips(&maps.grad_v, a.grad_v, s)) != cudaSuccess)
     return err;
   const int pairs = s.batch * s.heads;
   const int grid = pairs < multiprocessors() ? pairs : multiprocessors();
@@ -387,7 +392,8 @@ bool resident_warpgroup_backward_supported(const BlockLinearShape& s, DType dtyp
 
 bool resident_warpgroup_backward_takes(const ResidentBlockLinearBackward& args) {
   return shape_supported(args.shape, args.dtype) && copyable(args.q) && copyable(args.k) &&
-         copyable(args.v) && copyable(args.grad_out) && copyable(args.out);
+         copyable(args.v) && copyable(args.grad_out) && copyable(args.out) &&
+         storable(args.grad_q) && storable(args.grad_k) && storable(args.grad_v);
 }
 
 cudaError_t resident_warpgroup_backward(const ResidentBlockLinearBackward& args,

@@ -18,15 +18,17 @@ struct SmemPlan {
   size_t chunk_pairs, stage;
   __host__ __device__ explicit SmemPlan(int n)
       : chunk_pairs(tiles::align128(static_cast<size_t>(n / kChunk) * (n / kChunk) * 4)),
-        stage(tiles::align128(static_cast<size_t>(kWarps) * 16 * kStageLd * 2)) {}
-  // Two sets of q, k, v tiles; the weight table; staging; one barrier per set.
+        stage(static_cast<size_t>(kWarps) * kStripBytes) {}
+  // Two sets of q, k, v tiles; staging strips; the weight table; one barrier per set.
   __host__ __device__ size_t bytes() const {
     return kTileAlignment + kSets * 3 * static_cast<size_t>(kTileBytes) + chunk_pairs + stage + 128;
   }
 };
 
+// The inputs' maps (one box = all N rows of one (batch, head)) and the output's (one box = a
+// warp's 16-row strip).
 struct InputMaps {
-  CUtensorMap q, k, v;
+  CUtensorMap q, k, v, out;
 };
 
 // Set i holds q, k and v, one tile each, from 3 i tiles into the shared memory.
@@ -52,12 +54,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int blocks = p.mixing != nullptr ? s.blocks : 1;
   const SmemPlan plan(n);
   tiles::Carver carve{smem + kSets * 3 * static_cast<size_t>(kTileBytes)};
+  T* stage = carve.take<T>(plan.stage);  // 1024-byte aligned: it follows whole tiles
   float* weight_by_query = carve.take<float>(plan.chunk_pairs);  // [query chunk][key chunk]
-  T* stage = carve.take<T>(plan.stage);
   uint64_t* arrived = carve.take<uint64_t>(128);  // one barrier per set
 
   const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  T* const strip_stage = stage + (threadIdx.x / 32) * 16 * kStageLd;
+  const Strip<T> strip_stage{stage + (threadIdx.x / 32) * kStripRows * kD};
   fill_weight_tables(p.mixing, chunks, blocks, weight_by_query, nullptr);
 
   const int pairs = s.batch * s.heads;
@@ -82,7 +84,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t parities = 0;  // bit i: the phase of set i's barrier to wait for
   for (int bh = blockIdx.x; bh < pairs; bh += stride) {
     const int b = bh / s.heads, h = bh % s.heads;
-    const Rows rows{b, h, s.heads, n};
     // The other set was released at the end of the last pair: the next pair starts into it.
     if (threadIdx.x == 0 && bh + stride < pairs) issue(bh + stride, set ^ 1);
     const TileSet<T> tiles_now(smem, set);
@@ -143,7 +144,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float scale_hi = 1.f / (den_hi + tiles::kDenominatorEps);
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) out[i] *= (i % 4) >= 2 ? scale_hi : scale_lo;
-      store_strip(static_cast<T*>(p.out), rows, strip0, strip_stage, out);
+      store_strip(&maps.out, b, h, strip0, strip_stage, out);
       if (lane % 4 == 0) {
         p.den[static_cast<size_t>(bh) * n + row0] = den_lo;
         p.den[static_cast<size_t>(bh) * n + row0 + 8] = den_hi;
@@ -155,6 +156,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
     set ^= 1;
   }
+  finish_strip_stores();
 }
 
 template <typename T, int KeyTile>
@@ -167,7 +169,8 @@ cudaError_t launch(const ResidentBlockLinearForward& a, cudaStream_t stream) {
   InputMaps maps;
   if ((err = encode_rows(&maps.q, a.q, s)) != cudaSuccess ||
       (err = encode_rows(&maps.k, a.k, s)) != cudaSuccess ||
-      (err = encode_rows(&maps.v, a.v, s)) != cudaSuccess)
+      (err = encode_rows(&maps.v, a.v, s)) != cudaSuccess ||
+      (err = encode_output_strips(&maps.out, a.out, s)) != cudaSuccess)
     return err;
   const int pairs = s.batch * s.heads;
   const int grid = pairs < multiprocessors() ? pairs : multiprocessors();
@@ -179,7 +182,7 @@ cudaError_t launch(const ResidentBlockLinearForward& a, cudaStream_t stream) {
 
 bool resident_warpgroup_forward_takes(const ResidentBlockLinearForward& args) {
   return shape_supported(args.shape, args.dtype) && copyable(args.q) && copyable(args.k) &&
-         copyable(args.v);
+         copyable(args.v) && storable(args.out);
 }
 
 cudaError_t resident_warpgroup_forward(const ResidentBlockLinearForward& args,

@@ -7,6 +7,7 @@
 #include <cuda.h>
 
 #include <cstdlib>
+#include <type_traits>
 #include <string>
 
 #include "common/tensor_copy.cuh"
@@ -28,9 +29,6 @@ constexpr int kMaxTokens = 256;  // one 32 KiB tile per operand
 constexpr int kThreads = 256;    // two warpgroups
 constexpr int kAcc = kTile / 2;  // accumulator floats per thread of a 64 x 64 product
 constexpr int kWarps = kThreads / 32;
-// Staging rows are padded to 144 bytes so the accumulator layout's 4-byte writes (eight rows by
-// four lanes) land in 32 different banks.
-constexpr int kStageLd = kD + 8;
 
 // All N <= 256 rows of one (batch, head) as the tensor copy engine writes them: whole 128-byte
 // rows in the 128-byte swizzle (rows past N arrive as zeros).
@@ -69,18 +67,56 @@ __device__ __forceinline__ void write_row(Tile<T> tile, int r, const float (&x)[
   }
 }
 
-// Row r of phi = relu(x / rms(x)) + floor for row r of x; returns 1 / rms.
+// max(x s + floor, floor) on a pair of 16-bit elements in one register, rounded once: s is split
+// into a 16-bit head and tail (x s_tail + floor first, then x s_head added with one rounding), so
+// the result is the 16-bit rounding of the fp32 value up to a 2^-16 relative term, in three packed
+// instructions instead of six scalar ones and two conversions.
+template <typename T>
+__device__ __forceinline__ unsigned scaled_relu_pair(unsigned x, unsigned head, unsigned tail,
+                                                     unsigned floor) {
+  unsigned t, y;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(t) : "r"(x), "r"(tail), "r"(floor));
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(y) : "r"(x), "r"(head), "r"(t));
+    asm("max.bf16x2 %0, %1, %2;" : "=r"(y) : "r"(y), "r"(floor));
+  } else {
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(t) : "r"(x), "r"(tail), "r"(floor));
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(y) : "r"(x), "r"(head), "r"(t));
+    asm("max.f16x2 %0, %1, %2;" : "=r"(y) : "r"(y), "r"(floor));
+  }
+  return y;
+}
+
+// Row r of phi = relu(x / rms(x)) + floor for row r of x (in place when raw and tile are the
+// same); returns 1 / rms.
 template <typename T>
 __device__ __forceinline__ float features_of_row(Tile<T> raw, Tile<T> tile, int r) {
-  float x[kD];
-  read_row(raw, r, x);
+  uint4 pieces[kD / 8];
   float squares = 0.f;
 #pragma unroll
-  for (int i = 0; i < kD; ++i) squares += x[i] * x[i];
-  const float scale = rsqrtf(squares / kD + tiles::kNormEps);
+  for (int c = 0; c < kD / 8; ++c) {
+    pieces[c] = *reinterpret_cast<const uint4*>(raw.at(r, 8 * c));
+    const unsigned* words = reinterpret_cast<const unsigned*>(&pieces[c]);
 #pragma unroll
-  for (int i = 0; i < kD; ++i) x[i] = fmaxf(x[i] * scale, 0.f) + tiles::kFeatureFloor;
-  write_row(tile, r, x);
+    for (int i = 0; i < 4; ++i) {
+      float a, b;
+      unpack_pair<T>(words[i], a, b);
+      squares = fmaf(a, a, fmaf(b, b, squares));
+    }
+  }
+  const float scale = rsqrtf(squares / kD + tiles::kNormEps);
+  float head_value, tail_value;
+  unpack_pair<T>(pack_pair<T>(scale, scale), head_value, tail_value);
+  const unsigned head = pack_pair<T>(head_value, head_value);
+  const unsigned tail = pack_pair<T>(scale - head_value, scale - head_value);
+  const unsigned floor = pack_pair<T>(tiles::kFeatureFloor, tiles::kFeatureFloor);
+#pragma unroll
+  for (int c = 0; c < kD / 8; ++c) {
+    unsigned* words = reinterpret_cast<unsigned*>(&pieces[c]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) words[i] = scaled_relu_pair<T>(words[i], head, tail, floor);
+    *reinterpret_cast<uint4*>(tile.at(r, 8 * c)) = pieces[c];
+  }
   return scale;
 }
 
@@ -93,38 +129,44 @@ __device__ __forceinline__ void pin_fragments(unsigned (&a)[KBlocks][4]) {
     for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[kb][i])::"memory");
 }
 
-// Where a thread's accumulator rows are: row0 = first row of the warp's 16-row strip + lane / 4,
-// and row0 + 8; element i of n8 tile j is column 8 j + 2 (lane % 4) + i % 2, row row0 + 8
-// (i % 4 >= 2).
-struct Rows {
-  int b, h, heads, n;
-  __device__ size_t index(int token) const {
-    return (static_cast<size_t>(b) * n + token) * heads + h;
-  }
-};
-
-// Stores a warp's 16-row strip of an accumulator (rows strip0 .. strip0 + 15 of the output):
-// written into the warp's staging rows in the accumulator layout, read back as 16-byte pieces,
-// and stored as whole 128-byte rows (eight lanes per row, four rows per store).
+// A warp's staging strip: 16 rows of 64 elements in the 128-byte swizzle (the 4-byte writes of
+// the accumulator layout, eight rows by four lanes, land in 32 different banks), 1024-byte
+// aligned, stored by the copy engine through a 16-row box of a swizzled token map.
 template <typename T>
-__device__ __forceinline__ void store_strip(T* dst, const Rows& rows, int strip0, T* stage,
-                                            const float (&acc)[kAcc]) {
+using Strip = wg::SwizzledTile<T, 16>;
+constexpr uint32_t kStripBytes = 16 * kD * 2;
+constexpr int kStripRows = 16;
+
+// Stores a warp's 16-row strip of an accumulator (rows strip0 .. strip0 + 15 of pair (b, h)'s
+// output, `map` a swizzled map with 16-row boxes): written into the warp's staging strip once the
+// copy engine has read the previous one, then one asynchronous store by lane 0 (in session 38 the
+// lanes' own 128-byte row stores took 4-12 us more per kernel). The last store must be waited for
+// (finish_strip_stores) before the kernel ends.
+template <typename T>
+__device__ __forceinline__ void store_strip(const CUtensorMap* map, int b, int h, int strip0,
+                                            Strip<T> stage, const float (&acc)[kAcc]) {
   const int lane = threadIdx.x % 32, c0 = 2 * (lane % 4), r = lane / 4;
-#pragma unroll
-  for (int j = 0; j < kAcc / 4; ++j) {
-    *reinterpret_cast<unsigned*>(stage + r * kStageLd + c0 + 8 * j) =
-        pack_pair<T>(acc[4 * j], acc[4 * j + 1]);
-    *reinterpret_cast<unsigned*>(stage + (r + 8) * kStageLd + c0 + 8 * j) =
-        pack_pair<T>(acc[4 * j + 2], acc[4 * j + 3]);
-  }
+  if (lane == 0) tensor_copy::wait_stores_read();
   __syncwarp();
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int row = 4 * i + lane / 8, piece = lane % 8;
-    const uint4 v = *reinterpret_cast<const uint4*>(stage + row * kStageLd + 8 * piece);
-    *reinterpret_cast<uint4*>(dst + rows.index(strip0 + row) * kD + 8 * piece) = v;
+  for (int j = 0; j < kAcc / 4; ++j) {
+    *reinterpret_cast<unsigned*>(stage.at(r, c0 + 8 * j)) = pack_pair<T>(acc[4 * j], acc[4 * j + 1]);
+    *reinterpret_cast<unsigned*>(stage.at(r + 8, c0 + 8 * j)) =
+        pack_pair<T>(acc[4 * j + 2], acc[4 * j + 3]);
   }
-  __syncwarp();  // the strip is written again by the next store
+  tensor_copy::fence_for_copy_engine();
+  __syncwarp();
+  if (lane == 0) tensor_copy::store_swizzled_token_rows(map, stage.p, strip0, h, b);
+}
+__device__ __forceinline__ void finish_strip_stores() {
+  if (threadIdx.x % 32 == 0) tensor_copy::wait_stores_done();
+}
+
+// The tensor map of a contiguous [B, N, H, 64] output, 16-row boxes (store_strip).
+inline cudaError_t encode_output_strips(CUtensorMap* map, void* data, const BlockLinearShape& s) {
+  const int64_t token_stride = static_cast<int64_t>(s.heads) * kD;
+  return encode_swizzled_token_view_map(map, data, s.batch, s.tokens, s.heads,
+                                        token_stride * s.tokens, token_stride, kD, kStripRows);
 }
 
 // Zeroes an accumulator that products will add into; the pin keeps the zeroing ahead of the
@@ -199,6 +241,9 @@ inline bool wide_key_tiles(int tokens) {
   }();
   return tokens % 128 == 0 && !narrow;
 }
+
+// An output the copy engine can write: a 16-byte aligned base (contiguous rows of 64 elements).
+inline bool storable(const void* data) { return reinterpret_cast<uintptr_t>(data) % 16 == 0; }
 
 // A view the tensor copy engine can read: 16-byte aligned base and strides.
 inline bool copyable(const TokenTensor& t) {
