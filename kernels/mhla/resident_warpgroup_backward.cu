@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* weight_by_query = carve.take<float>(plan.chunk_pairs);  // [query chunk][key chunk]
   float* weight_by_key = carve.take<float>(plan.chunk_pairs);    // [key chunk][query chunk]
   float* dm_parts = carve.take<float>(plan.chunk_pairs);         // [key chunk][query chunk]
-  uint64_t* arrived = carve.take<uint64_t>(128);  // [0]: raw q and k; [1]: v, do, out
+  uint64_t* arrived = carve.take<uint64_t>(128);  // [0]: raw q and k; [1]: do, out; [2]: v
 
   const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int c0 = 2 * (lane % 4);
@@ -177,6 +177,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     tc::init(arrived);
     tc::init(arrived + 1);
+    tc::init(arrived + 2);
     tc::fence_init();
     if (blockIdx.x < pairs) {
       const int b = blockIdx.x / s.heads, h = blockIdx.x % s.heads;
@@ -192,13 +193,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int b = bh / s.heads, h = bh % s.heads;
     const int next = bh + stride;
 
-    // The raw q and k are here or on their way (started in the last pair's second sweep); v, do
-    // and the output start now, the output through phi(k)'s tile, and arrive while phi(q) is made.
+    // The raw q and k are here or on their way (started in the last pair's second sweep); do and
+    // the output start now (the output through phi(k)'s tile) and arrive while phi(q) is made; v,
+    // which only the sweeps read, comes last, on its own barrier, while g and phi(k) are made.
     if (threadIdx.x == 0) {
-      tc::arrive_expecting(arrived + 1, 3 * kTileBytes);
-      copy_pair_rows(vs, &maps.v, b, h, arrived + 1);
+      tc::arrive_expecting(arrived + 1, 2 * kTileBytes);
       copy_pair_rows(gs, &maps.grad_out, b, h, arrived + 1);
       copy_pair_rows(kf, &maps.out, b, h, arrived + 1);
+      tc::arrive_expecting(arrived + 2, kTileBytes);
+      copy_pair_rows(vs, &maps.v, b, h, arrived + 2);
     }
     const int row = threadIdx.x;
     const float den = row < n ? p.den[static_cast<size_t>(bh) * n + row] : 0.f;
@@ -209,6 +212,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       gd[row] = scale_gradient_row(gs, kf, row, den);  // reads row `row` of the output
       inv_rms_k[row] = features_of_row(k_raw, kf, row);
     }
+    tc::wait(arrived + 2, parity);
     wg::fence_shared_for_mma();
     __syncthreads();
 
