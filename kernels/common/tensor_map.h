@@ -29,8 +29,7 @@ cudaError_t encode_token_view_map(CUtensorMap* map, const void* base, int batch,
 // per row instead of eight. Coordinates (copy_swizzled_token_rows): token, head, batch.
 cudaError_t encode_swizzled_token_view_map(CUtensorMap* map, const void* base, int batch,
                                            int tokens, int heads, int64_t batch_stride,
-                                           int64_t token_stride, int64_t head_stride,
-                                           int box_rows);
+                                           int64_t token_stride, int64_t head_stride, int box_rows);
 
 // Rows of a row-major [rows, cols] matrix: a box is `box_rows` consecutive rows, all cols.
 // Coordinate (copy_matrix_rows): the first row.

@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   tiles::Carver carve{smem + kSets * 3 * static_cast<size_t>(kTileBytes)};
   T* stage = carve.take<T>(plan.stage);  // 1024-byte aligned: it follows whole tiles
   float* weight_by_query = carve.take<float>(plan.chunk_pairs);  // [query chunk][key chunk]
-  uint64_t* arrived = carve.take<uint64_t>(128);  // one barrier per set
+  uint64_t* arrived = carve.take<uint64_t>(128);                 // one barrier per set
 
   const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const Strip<T> strip_stage{stage + (threadIdx.x / 32) * kStripRows * kD};

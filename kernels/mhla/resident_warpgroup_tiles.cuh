@@ -7,8 +7,8 @@
 #include <cuda.h>
 
 #include <cstdlib>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 
 #include "common/tensor_copy.cuh"
 #include "common/tensor_map.h"
@@ -150,7 +150,8 @@ __device__ __forceinline__ void store_strip(const CUtensorMap* map, int b, int h
   __syncwarp();
 #pragma unroll
   for (int j = 0; j < kAcc / 4; ++j) {
-    *reinterpret_cast<unsigned*>(stage.at(r, c0 + 8 * j)) = pack_pair<T>(acc[4 * j], acc[4 * j + 1]);
+    *reinterpret_cast<unsigned*>(stage.at(r, c0 + 8 * j)) =
+        pack_pair<T>(acc[4 * j], acc[4 * j + 1]);
     *reinterpret_cast<unsigned*>(stage.at(r + 8, c0 + 8 * j)) =
         pack_pair<T>(acc[4 * j + 2], acc[4 * j + 3]);
   }
@@ -243,7 +244,9 @@ inline bool wide_key_tiles(int tokens) {
 }
 
 // An output the copy engine can write: a 16-byte aligned base (contiguous rows of 64 elements).
-inline bool storable(const void* data) { return reinterpret_cast<uintptr_t>(data) % 16 == 0; }
+inline bool storable(const void* data) {
+  return reinterpret_cast<uintptr_t>(data) % 16 == 0;
+}
 
 // A view the tensor copy engine can read: 16-byte aligned base and strides.
 inline bool copyable(const TokenTensor& t) {

@@ -305,8 +305,8 @@ bool check_swizzled(std::mt19937& rng) {
   CHECK_CUDA(cudaGetLastError());
   std::vector<T> got_placed(128 * 64);
   std::vector<float> got_s(64 * 128), got_o(64 * 64);
-  CHECK_CUDA(cudaMemcpy(got_placed.data(), placed, got_placed.size() * sizeof(T),
-                        cudaMemcpyDeviceToHost));
+  CHECK_CUDA(
+      cudaMemcpy(got_placed.data(), placed, got_placed.size() * sizeof(T), cudaMemcpyDeviceToHost));
   CHECK_CUDA(cudaMemcpy(got_s.data(), ds, got_s.size() * sizeof(float), cudaMemcpyDeviceToHost));
   CHECK_CUDA(cudaMemcpy(got_o.data(), dout, got_o.size() * sizeof(float), cudaMemcpyDeviceToHost));
   // x holds bf16-exact values only after rounding: compare against the rounded inputs.
