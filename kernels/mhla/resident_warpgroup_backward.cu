@@ -8,10 +8,12 @@
 // tensor cores: a fifth of the time went to loading each pair with nothing else resident, a
 // third to the elementwise work between products, an eighth to the gradient stores. Hence: the
 // tensor copy engine (TMA) brings whole 32 KiB tiles, the next pair's q and k already during this
-// pair's dq sweep (an L2 prefetch of the next pair's rows, tried in session 36, cost 25 us of 289
-// in session 37: no prefetch); the mixing weights are read per 16 x 16 chunk pair
-// from a table (no divisions), dm's four chunk sums of a warp are reduced together; the next
-// product pair is issued before the elementwise work's wait; the raw q and k that the feature map's
+// pair's dq sweep (an L2 prefetch of the next pair's rows cost 25 us of 289 in session 37, and
+// 2 us of 226 again in session 39 with whole-row copies: no prefetch); the mixing weights are read
+// per 16 x 16 chunk pair from a table (no divisions), dm's four chunk sums of a warp are reduced
+// together; the sweeps are pipelined (the next tile's products are committed ahead of the ones
+// that consume this tile, which then run during the next tile's elementwise work: 227 -> 218 us in
+// session 39); the raw q and k that the feature map's
 // backward needs stay in shared memory beside their features; and the gradients leave through a
 // per-warp staging strip through the copy engine.
 #include "common/device_info.h"
@@ -137,14 +139,15 @@ __device__ __forceinline__ float warp_sum4(const float (&v)[4]) {
   return keep;
 }
 
-// KeyTile: keys per dP product of the dq sweep (64, or 128 when N is a multiple of 128).
-template <typename T, int KeyTile>
+// Tiles: N / 64 (the sweeps are unrolled over it); KeyTile: keys per dP product of the dq sweep
+// (64, or 128 when N is a multiple of 128).
+template <typename T, int Tiles, int KeyTile>
 __global__ void __launch_bounds__(kThreads, 1)
     resident_warpgroup_backward_kernel(ResidentBlockLinearBackward p,
                                        const __grid_constant__ InputMaps maps) {
   extern __shared__ __align__(128) unsigned char smem[];
   const auto& s = p.shape;
-  const int n = s.tokens, tile_count = n / kTile, chunks = n / kChunk;
+  constexpr int n = Tiles * kTile, tile_count = Tiles, chunks = n / kChunk;
   const bool mixes = p.mixing != nullptr;
   const int blocks = mixes ? s.blocks : 1;
   const int block_chunks = chunks / blocks;  // 16-token chunks per block
@@ -223,19 +226,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int key_chunk = kt * (kTile / kChunk) + warp;  // this warp's 16 keys
       const int row0 = strip0 + lane / 4;
       float dv[kAcc], dk[kAcc], scores[kAcc], dp[kAcc];
-      unsigned pa[kTile / 16][4], da[kTile / 16][4];
+      // Two fragment sets: dv and dk of one query tile run while the next one's are made.
+      unsigned pa[2][kTile / 16][4], da[2][kTile / 16][4];
       zero_accumulator(dv);
       zero_accumulator(dk);
       wg::fence();
       wg::product<T, kTile, kD>(scores, kf, key0, 0, qf, 0, 0, false);
       wg::product<T, kTile, kD>(dp, vs, key0, 0, gs, 0, 0, false);
-      // One query tile: wait for its scores and dP, then the elementwise work and the products
-      // that take it (sweep issues the next tile's pair behind them).
-      auto work = [&](int qt) {
+      // One query tile, its scores and dP done: the elementwise work into fragment set qt % 2.
+      auto work = [&](auto step) {
+        constexpr int qt = decltype(step)::value, set = qt % 2;
         const int query0 = qt * kTile;
-        wg::wait<0>();
-        pin_fragments(pa);
-        pin_fragments(da);
+        pin_fragments(pa[set]);
+        pin_fragments(da[set]);
         float w[4];
         tile_weights(w, weight_by_key + key_chunk * chunks, qt);
         float parts[4];
@@ -253,8 +256,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           parts[jj] = part;
 #pragma unroll
           for (int r = 0; r < 4; ++r) {
-            pa[jj][r] = pack_pair<T>(a[2 * r] * w[jj], a[2 * r + 1] * w[jj]);
-            da[jj][r] = pack_pair<T>(d[2 * r] * w[jj], d[2 * r + 1] * w[jj]);
+            pa[set][jj][r] = pack_pair<T>(a[2 * r] * w[jj], a[2 * r + 1] * w[jj]);
+            da[set][jj][r] = pack_pair<T>(d[2 * r] * w[jj], d[2 * r + 1] * w[jj]);
           }
         }
         if (mixes) {
@@ -262,20 +265,23 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (lane % 8 == 0) dm_parts[key_chunk * chunks + 4 * qt + lane / 8] = part;
         }
       };
-      auto products = [&](int qt) {
-        wg::fence();
-        wg::product_register_a<T, kD, kTile>(dv, pa, gs, qt * kTile, 0, true);
-        wg::product_register_a<T, kD, kTile>(dk, da, qf, qt * kTile, 0, true);
+      auto products = [&](auto step) {
+        constexpr int qt = decltype(step)::value, set = qt % 2;
+        wg::product_register_a<T, kD, kTile>(dv, pa[set], gs, qt * kTile, 0, true);
+        wg::product_register_a<T, kD, kTile>(dk, da[set], qf, qt * kTile, 0, true);
       };
-      sweep(tile_count, work, products, [&](int qt) {
+      pipelined_sweep<tile_count, 2>(work, products, [&](int qt) {
         wg::product<T, kTile, kD>(scores, kf, key0, 0, qf, qt * kTile, 0, false);
         wg::product<T, kTile, kD>(dp, vs, key0, 0, gs, qt * kTile, 0, false);
       });
       RawPairs raw;
       load_raw<T>(raw, k_raw, row0);
       wg::wait<0>();
-      pin_fragments(pa);
-      pin_fragments(da);
+#pragma unroll
+      for (int set = 0; set < 2; ++set) {
+        pin_fragments(pa[set]);
+        pin_fragments(da[set]);
+      }
       store_strip(&maps.grad_v, b, h, strip0, strip_stage, dv);
       feature_gradient<T>(dk, raw, inv_rms_k[row0], inv_rms_k[row0 + 8]);
       store_strip(&maps.grad_k, b, h, strip0, strip_stage, dk);
@@ -298,37 +304,38 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int row0 = strip0 + lane / 4;
       const float gd_lo = gd[row0], gd_hi = gd[row0 + 8];
       constexpr int kKeyChunks = KeyTile / kChunk;
-      const int key_tiles = n / KeyTile;
+      constexpr int key_tiles = n / KeyTile;
       float dq[kAcc], dp[KeyTile / 2];
-      unsigned da[kKeyChunks][4];
+      unsigned da[2][kKeyChunks][4];  // dq of one key tile runs while the next one's are made
       zero_accumulator(dq);
       wg::fence();
       wg::product<T, KeyTile, kD>(dp, gs, query0, 0, vs, 0, 0, false);
-      auto work = [&](int kt) {
-        wg::wait<0>();
-        pin_fragments(da);
+      auto work = [&](auto step) {
+        constexpr int kt = decltype(step)::value, set = kt % 2;
+        pin_fragments(da[set]);
         float w[kKeyChunks];
         tile_weights<kKeyChunks>(w, weight_by_query + query_chunk * chunks, kt);
 #pragma unroll
         for (int jj = 0; jj < kKeyChunks; ++jj) {
           const float* d = dp + 8 * jj;
-          da[jj][0] = pack_pair<T>((d[0] + gd_lo) * w[jj], (d[1] + gd_lo) * w[jj]);
-          da[jj][1] = pack_pair<T>((d[2] + gd_hi) * w[jj], (d[3] + gd_hi) * w[jj]);
-          da[jj][2] = pack_pair<T>((d[4] + gd_lo) * w[jj], (d[5] + gd_lo) * w[jj]);
-          da[jj][3] = pack_pair<T>((d[6] + gd_hi) * w[jj], (d[7] + gd_hi) * w[jj]);
+          da[set][jj][0] = pack_pair<T>((d[0] + gd_lo) * w[jj], (d[1] + gd_lo) * w[jj]);
+          da[set][jj][1] = pack_pair<T>((d[2] + gd_hi) * w[jj], (d[3] + gd_hi) * w[jj]);
+          da[set][jj][2] = pack_pair<T>((d[4] + gd_lo) * w[jj], (d[5] + gd_lo) * w[jj]);
+          da[set][jj][3] = pack_pair<T>((d[6] + gd_hi) * w[jj], (d[7] + gd_hi) * w[jj]);
         }
       };
-      auto products = [&](int kt) {
-        wg::fence();
-        wg::product_register_a<T, kD, KeyTile>(dq, da, kf, kt * KeyTile, 0, true);
+      auto products = [&](auto step) {
+        constexpr int kt = decltype(step)::value;
+        wg::product_register_a<T, kD, KeyTile>(dq, da[kt % 2], kf, kt * KeyTile, 0, true);
       };
-      sweep(key_tiles, work, products, [&](int kt) {
+      pipelined_sweep<key_tiles, 1>(work, products, [&](int kt) {
         wg::product<T, KeyTile, kD>(dp, gs, query0, 0, vs, kt * KeyTile, 0, false);
       });
       RawPairs raw;
       load_raw<T>(raw, q_raw, row0);
       wg::wait<0>();
-      pin_fragments(da);
+      pin_fragments(da[0]);
+      pin_fragments(da[1]);
       feature_gradient<T>(dq, raw, inv_rms_q[row0], inv_rms_q[row0 + 8]);
       store_strip(&maps.grad_q, b, h, strip0, strip_stage, dq);
     }
@@ -358,7 +365,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   finish_strip_stores();
 }
 
-template <typename T, int KeyTile>
+template <typename T, int Tiles, int KeyTile>
 cudaError_t launch(const ResidentBlockLinearBackward& a, cudaStream_t stream) {
   const auto& s = a.shape;
   const int blocks = a.mixing != nullptr ? s.blocks : 1;
@@ -367,7 +374,7 @@ cudaError_t launch(const ResidentBlockLinearBackward& a, cudaStream_t stream) {
       (err = cudaMemsetAsync(a.grad_mixing, 0, sizeof(float) * blocks * blocks, stream)) !=
           cudaSuccess)
     return err;
-  const auto kernel = resident_warpgroup_backward_kernel<T, KeyTile>;
+  const auto kernel = resident_warpgroup_backward_kernel<T, Tiles, KeyTile>;
   const size_t bytes = SmemPlan(s.tokens).bytes();
   if ((err = tiles::allow_smem(kernel, bytes)) != cudaSuccess) return err;
   InputMaps maps;
@@ -406,10 +413,11 @@ cudaError_t resident_warpgroup_backward(const ResidentBlockLinearBackward& args,
       (args.mixing == nullptr && args.shape.blocks != 1) ||
       (args.mixing != nullptr && args.grad_mixing == nullptr))
     return cudaErrorInvalidValue;
-  const bool bf16 = args.dtype == DType::bf16;
-  if (wide_key_tiles(args.shape.tokens))
-    return bf16 ? launch<__nv_bfloat16, 128>(args, stream) : launch<__half, 128>(args, stream);
-  return bf16 ? launch<__nv_bfloat16, 64>(args, stream) : launch<__half, 64>(args, stream);
+  return dispatch_tiles(args.shape.tokens, [&](auto tiles, auto key_tile) {
+    constexpr int kTiles = decltype(tiles)::value, kKeyTile = decltype(key_tile)::value;
+    return args.dtype == DType::bf16 ? launch<__nv_bfloat16, kTiles, kKeyTile>(args, stream)
+                                     : launch<__half, kTiles, kKeyTile>(args, stream);
+  });
 }
 
 }  // namespace mhla_kernels

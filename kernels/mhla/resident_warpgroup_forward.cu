@@ -1,6 +1,7 @@
 // The short-sequence forward on warpgroup products: see resident_warpgroup_forward.h. Warpgroup
-// w owns the query tiles w, w + 2. The scores of the next key tile are issued right behind the
-// product that takes this tile's, so one wait covers both (the pattern of the backward's sweeps).
+// w owns the query tiles w, w + 2. The scores of the next key tile are issued ahead of the
+// product that takes this tile's, which then runs while the next tile's elementwise work is done
+// (pipelined_sweep, the pattern of the backward's sweeps).
 #include "common/device_info.h"
 #include "common/tensor_copy.cuh"
 #include "mhla/resident_warpgroup_forward.h"
@@ -41,16 +42,16 @@ struct TileSet {
         v{reinterpret_cast<T*>(base + (3 * i + 2) * kTileBytes)} {}
 };
 
-// KeyTile: keys per scores product (64, or 128 when N is a multiple of 128: wider products read
-// less shared memory per flop and halve the waits).
-template <typename T, int KeyTile>
+// Tiles: N / 64; KeyTile: keys per scores product (64, or 128 when N is a multiple of 128: wider
+// products read less shared memory per flop and halve the waits).
+template <typename T, int Tiles, int KeyTile>
 __global__ void __launch_bounds__(kThreads, 1)
     resident_warpgroup_forward_kernel(ResidentBlockLinearForward p,
                                       const __grid_constant__ InputMaps maps) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* const smem = align_tiles(smem_raw);
   const auto& s = p.shape;
-  const int n = s.tokens, tile_count = n / kTile, chunks = n / kChunk;
+  constexpr int n = Tiles * kTile, tile_count = Tiles, chunks = n / kChunk;
   const int blocks = p.mixing != nullptr ? s.blocks : 1;
   const SmemPlan plan(n);
   tiles::Carver carve{smem + kSets * 3 * static_cast<size_t>(kTileBytes)};
@@ -102,16 +103,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int query_chunk = qt * (kTile / kChunk) + warp;
       const int row0 = strip0 + lane / 4;
       constexpr int kKeyChunks = KeyTile / kChunk;
-      const int key_tiles = n / KeyTile;
+      constexpr int key_tiles = n / KeyTile;
       float out[kAcc], scores[KeyTile / 2];
-      unsigned pa[kKeyChunks][4];
+      unsigned pa[2][kKeyChunks][4];  // the product of one key tile runs while the next is made
       float den_lo = 0.f, den_hi = 0.f;
       zero_accumulator(out);
       wg::fence();
       wg::product<T, KeyTile, kD>(scores, tiles_now.q, query0, 0, tiles_now.k, 0, 0, false);
-      auto work = [&](int kt) {
-        wg::wait<0>();
-        pin_fragments(pa);
+      auto work = [&](auto step) {
+        constexpr int kt = decltype(step)::value, set = kt % 2;
+        pin_fragments(pa[set]);
         float w[kKeyChunks];
         tile_weights<kKeyChunks>(w, weight_by_query + query_chunk * chunks, kt);
 #pragma unroll
@@ -121,14 +122,14 @@ __global__ void __launch_bounds__(kThreads, 1)
           den_hi += w[jj] * (a[2] + a[3] + a[6] + a[7]);
 #pragma unroll
           for (int r = 0; r < 4; ++r)
-            pa[jj][r] = pack_pair<T>(a[2 * r] * w[jj], a[2 * r + 1] * w[jj]);
+            pa[set][jj][r] = pack_pair<T>(a[2 * r] * w[jj], a[2 * r + 1] * w[jj]);
         }
       };
-      auto products = [&](int kt) {
-        wg::fence();
-        wg::product_register_a<T, kD, KeyTile>(out, pa, tiles_now.v, kt * KeyTile, 0, true);
+      auto products = [&](auto step) {
+        constexpr int kt = decltype(step)::value;
+        wg::product_register_a<T, kD, KeyTile>(out, pa[kt % 2], tiles_now.v, kt * KeyTile, 0, true);
       };
-      sweep(key_tiles, work, products, [&](int kt) {
+      pipelined_sweep<key_tiles, 1>(work, products, [&](int kt) {
         wg::product<T, KeyTile, kD>(scores, tiles_now.q, query0, 0, tiles_now.k, kt * KeyTile, 0,
                                     false);
       });
@@ -139,7 +140,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         den_hi += __shfl_xor_sync(0xffffffffu, den_hi, offset);
       }
       wg::wait<0>();
-      pin_fragments(pa);
+      pin_fragments(pa[0]);
+      pin_fragments(pa[1]);
       const float scale_lo = 1.f / (den_lo + tiles::kDenominatorEps);
       const float scale_hi = 1.f / (den_hi + tiles::kDenominatorEps);
 #pragma unroll
@@ -159,11 +161,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   finish_strip_stores();
 }
 
-template <typename T, int KeyTile>
+template <typename T, int Tiles, int KeyTile>
 cudaError_t launch(const ResidentBlockLinearForward& a, cudaStream_t stream) {
   const auto& s = a.shape;
   cudaError_t err = cudaSuccess;
-  const auto kernel = resident_warpgroup_forward_kernel<T, KeyTile>;
+  const auto kernel = resident_warpgroup_forward_kernel<T, Tiles, KeyTile>;
   const size_t bytes = SmemPlan(s.tokens).bytes();
   if ((err = tiles::allow_smem(kernel, bytes)) != cudaSuccess) return err;
   InputMaps maps;
@@ -190,10 +192,11 @@ cudaError_t resident_warpgroup_forward(const ResidentBlockLinearForward& args,
   if (!resident_warpgroup_forward_takes(args) || args.den == nullptr ||
       (args.mixing == nullptr && args.shape.blocks != 1))
     return cudaErrorInvalidValue;
-  const bool bf16 = args.dtype == DType::bf16;
-  if (wide_key_tiles(args.shape.tokens))
-    return bf16 ? launch<__nv_bfloat16, 128>(args, stream) : launch<__half, 128>(args, stream);
-  return bf16 ? launch<__nv_bfloat16, 64>(args, stream) : launch<__half, 64>(args, stream);
+  return dispatch_tiles(args.shape.tokens, [&](auto tiles, auto key_tile) {
+    constexpr int kTiles = decltype(tiles)::value, kKeyTile = decltype(key_tile)::value;
+    return args.dtype == DType::bf16 ? launch<__nv_bfloat16, kTiles, kKeyTile>(args, stream)
+                                     : launch<__half, kTiles, kKeyTile>(args, stream);
+  });
 }
 
 }  // namespace mhla_kernels

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "common/tensor_copy.cuh"
 #include "common/tensor_map.h"
@@ -181,20 +182,37 @@ __device__ __forceinline__ void zero_accumulator(float (&acc)[R]) {
   wg::pin(acc);
 }
 
-// A sweep over the tiles of the other side: work(t) waits for tile t's products and does
-// the elementwise work, products(t) issues the products that consume it, and issue(t + 1) starts
-// the next tile's products at once, so that one wait covers both. (Peeling the last tile keeps
-// every product outside a branch: under one, the compiler serializes all of them.)
-template <typename Work, typename Products, typename Issue>
-__device__ __forceinline__ void sweep(int tile_count, Work&& work, Products&& products,
-                                      Issue&& issue) {
-  for (int t = 0; t + 1 < tile_count; ++t) {
-    work(t);
-    products(t);
-    issue(t + 1);
-  }
-  work(tile_count - 1);
-  products(tile_count - 1);
+// Calls f(std::integral_constant<int, i>) for i = 0 .. Count - 1, unrolled: register arrays
+// indexed by i stay registers, and no product sits under a branch.
+template <typename F, int... I>
+__device__ __forceinline__ void static_for_each(F&& f, std::integer_sequence<int, I...>) {
+  (f(std::integral_constant<int, I>{}), ...);
+}
+template <int Count, typename F>
+__device__ __forceinline__ void static_for(F&& f) {
+  static_for_each(f, std::make_integer_sequence<int, Count>{});
+}
+
+// A sweep over Count tiles of the other side in which the products that consume tile t run while
+// the elementwise work of tile t + 1 is done: issue(t + 1) is committed ahead of products(t), so
+// work(t + 1) waits only for the former and leaves products(t)'s ProductGroups commit groups in
+// flight (groups complete in order). work(step) and products(step) take the tile as an
+// std::integral_constant and use register buffer (t % 2): the fragments products(t) reads stay
+// untouched until work(t + 2). The caller issues tile 0 before and waits for all after.
+template <int Count, int ProductGroups, typename Work, typename Products, typename Issue>
+__device__ __forceinline__ void pipelined_sweep(Work&& work, Products&& products, Issue&& issue) {
+  static_for<Count>([&](auto step) {
+    constexpr int t = decltype(step)::value;
+    if constexpr (t == 0) {
+      wg::wait<0>();
+    } else {
+      wg::wait<ProductGroups>();
+    }
+    work(step);
+    wg::fence();
+    if constexpr (t + 1 < Count) issue(t + 1);
+    products(step);
+  });
 }
 
 // The weights of the Chunks 16-token chunks of tile `tile` (16 Chunks tokens wide) in a row of a
@@ -242,6 +260,31 @@ inline bool wide_key_tiles(int tokens) {
     return value != nullptr && std::string(value) == "64";
   }();
   return tokens % 128 == 0 && !narrow;
+}
+
+// Calls launch(tiles, key_tile) with N / 64 and the dq sweep's key tile (wide_key_tiles) as
+// std::integral_constant, for the N that shape_supported takes: the sweeps are unrolled per N.
+template <typename Launch>
+inline cudaError_t dispatch_tiles(int tokens, Launch&& launch) {
+  using One = std::integral_constant<int, 1>;
+  using Two = std::integral_constant<int, 2>;
+  using Three = std::integral_constant<int, 3>;
+  using Four = std::integral_constant<int, 4>;
+  using Narrow = std::integral_constant<int, kTile>;
+  using Wide = std::integral_constant<int, 2 * kTile>;
+  const bool wide = wide_key_tiles(tokens);
+  switch (tokens / kTile) {
+    case 1:
+      return launch(One{}, Narrow{});
+    case 2:
+      return wide ? launch(Two{}, Wide{}) : launch(Two{}, Narrow{});
+    case 3:
+      return launch(Three{}, Narrow{});
+    case 4:
+      return wide ? launch(Four{}, Wide{}) : launch(Four{}, Narrow{});
+    default:
+      return cudaErrorInvalidValue;
+  }
 }
 
 // An output the copy engine can write: a 16-byte aligned base (contiguous rows of 64 elements).
