@@ -62,6 +62,9 @@ const FamilyShape kFamilyShapes[] = {
     {"256 (batch, head) items: more than the clusters resident at once", 16, 16, 64, 32, 4},
     {"45-token blocks, 1,024 items: partial tiles, several items per persistent CTA", 8, 8, 720, 64,
      16},
+    {"9 blocks of 64 tokens, 300 items: several per persistent CTA, an odd block count", 30, 10,
+     576, 64, 9},
+    {"large magnitude in 8 blocks of 64 tokens", 2, 2, 512, 64, 8, 30.0},
 };
 
 struct Grads {
@@ -120,9 +123,10 @@ TEST_CASE(
     return;
   }
   torch::manual_seed(21);
-  int runs = 0;
+  int runs = 0, sequence_runs = 0;
   for (const std::string family : {"resident", "resident-warpgroup", "resident-state",
-                                   "resident-scores", "cluster", "states"}) {
+                                   "resident-scores", "cluster", "states", "states-passes",
+                                   "states-sequence"}) {
     for (auto dtype : {torch::kBFloat16, torch::kFloat16}) {
       for (const auto& s : kFamilyShapes) {
         const std::vector<int64_t> dims = {s.batch, s.tokens, s.heads, s.head_dim};
@@ -150,12 +154,15 @@ TEST_CASE(
                                      without_row_directions(expected.dm, mixing)) < 2e-2);
         }
         ++runs;
+        if (family == "states-sequence") ++sequence_runs;
       }
     }
   }
   // Every family took some shape (so a support check that refuses everything fails here): the
   // warpgroup backward takes the seven D = 64 shapes up to N = 256, the state form five of them.
   CHECK(runs >= 2 * (3 + 7 + 5 + 3 + 8 + 8));
+  // The one-kernel MHLA forward: the bf16 shapes of 2 to 16 blocks of 64 tokens (six).
+  CHECK(sequence_runs >= 6);
 }
 
 TEST_CASE("bidirectional kernel families: a family asked for a shape it does not take says so",

@@ -17,6 +17,15 @@ __device__ __forceinline__ uint32_t smem(const void* p) {
 __device__ __forceinline__ void init(uint64_t* bar) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem(bar)) : "memory");
 }
+// A barrier that completes once `arrivals` plain arrivals (arrive) have come in: a consumer's
+// release of a buffer to the thread that refills it.
+__device__ __forceinline__ void init(uint64_t* bar, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem(bar)), "r"(arrivals)
+               : "memory");
+}
+__device__ __forceinline__ void arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem(bar)) : "memory");
+}
 __device__ __forceinline__ void fence_init() {
   asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::
                    : "memory");

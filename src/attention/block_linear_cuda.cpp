@@ -26,6 +26,7 @@
 #include "mhla/resident_block_linear.h"
 #include "mhla/resident_state_backward.h"
 #include "mhla/resident_warpgroup_backward.h"
+#include "mhla/sequence_state_forward.h"
 #include "models/linear.h"
 
 namespace mhla {
@@ -109,6 +110,36 @@ float* data_or_null(const torch::Tensor& t) {
   return t.defined() ? t.data_ptr<float>() : nullptr;
 }
 
+// How MHLA's forward runs on the state kernels: `automatic` takes the one-kernel sequence forward
+// (sequence_state_forward.h) where it fits, unless MHLA_SEQUENCE_FORWARD=0 (A/B runs); `passes`
+// runs the states pass, the state mix and the output pass; `sequence` the one kernel (an error
+// where it does not fit).
+enum class StatesForward : int64_t { automatic = 0, passes = 1, sequence = 2 };
+
+// The arguments of the sequence forward for these inputs (outputs left unset).
+kernels::SequenceStateForward sequence_forward_args(const torch::Tensor& q, const torch::Tensor& k,
+                                                    const torch::Tensor& v,
+                                                    const torch::Tensor& mixing, int64_t blocks) {
+  kernels::SequenceStateForward a;
+  a.shape = shape_of(q, blocks);
+  a.dtype = kernel_dtype(v.scalar_type());
+  a.q = view_of(q), a.k = view_of(k), a.v = view_of(v);
+  a.mixing = mixing.data_ptr<float>();
+  return a;
+}
+
+// Whether the sequence forward computes MHLA on these inputs: its shapes (bf16, D = 64, N = 64 M,
+// M <= 16), with S and S' kept as packed sets for the backward passes that read them.
+bool sequence_forward_fits(const kernels::BlockLinearShape& shape, kernels::DType dtype) {
+  return kernels::sequence_state_forward_supported(shape, dtype) &&
+         packs_block_states(shape, dtype);
+}
+
+bool sequence_forward_wanted(StatesForward form) {
+  static const bool enabled = environment_switch("MHLA_SEQUENCE_FORWARD", true);
+  return form == StatesForward::sequence || (form == StatesForward::automatic && enabled);
+}
+
 // One autograd function for both ops: without a mixing matrix it calls the linear-attention
 // kernels, with one the MHLA kernels. Saves q, k, v, the output, the fp32 block states and (MHLA)
 // the mixed states.
@@ -116,7 +147,8 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q_in,
                                const torch::Tensor& k_in, const torch::Tensor& v_in,
-                               const torch::Tensor& mixing_in, int64_t blocks) {
+                               const torch::Tensor& mixing_in, int64_t blocks,
+                               int64_t forward_form = 0) {
     const auto dtype = v_in.scalar_type();
     auto q = readable(q_in, dtype), k = readable(k_in, dtype), v = readable(v_in, dtype);
     const bool mixes = mixing_in.numel() > 0;  // an empty tensor stands for "no mixing"
@@ -133,7 +165,26 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
     auto out = torch::empty(q.sizes(), v.options().memory_format(torch::MemoryFormat::Contiguous));
     const c10::cuda::CUDAGuard on_device(q.device());  // launch on the inputs' GPU
     auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
-    if (mixes) {
+    const auto form = static_cast<StatesForward>(forward_form);
+    std::optional<kernels::SequenceStateForward> sequence;
+    if (mixes && sequence_forward_wanted(form) && sequence_forward_fits(shape, kernel_dtype(dtype))) {
+      sequence = sequence_forward_args(q, k, v, mixing, blocks);
+      if (!kernels::sequence_state_forward_takes(*sequence)) sequence.reset();
+    }
+    if (mixes && form == StatesForward::sequence && !sequence) {
+      fail("mhla (cuda): the sequence forward does not take q {} ({}) with {} blocks",
+           c10::str(q.sizes()), c10::toString(dtype), blocks);
+    }
+    if (sequence) {
+      // States, mix and output in one kernel; S and S' still go out (packed) for the backward.
+      mixed = torch::empty({static_cast<int64_t>(kernels::block_linear_packed_floats(shape))},
+                           floats);
+      sequence->out = out.data_ptr();
+      sequence->states = states.data_ptr<float>();
+      sequence->mixed = mixed.data_ptr<float>();
+      check_launch(kernels::sequence_state_forward(*sequence, stream), "mhla forward (sequence)");
+      ctx->saved_data["packed_mixed"] = true;
+    } else if (mixes) {
       // States and output by the kernels, the mix between them by the state-mix kernel of
       // src/attention/state_mixing.h (the kernels' own mixing pass, latency-bound, took 125 us
       // at B = 64, N = 1,024, H = 6, D = 64, M = 16 on the H200).
@@ -245,7 +296,7 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
       check_launch(kernels::linear_attention_backward(a, stream), "linear attention backward");
     }
     const auto [q_type, k_type] = input_dtypes(ctx);
-    return {dq.to(q_type), dk.to(k_type), dv, dmixing, torch::Tensor()};
+    return {dq.to(q_type), dk.to(k_type), dv, dmixing, torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -593,10 +644,15 @@ bool block_linear_family_takes(const std::string& family, const torch::Tensor& q
     return true;
   }
   if (family == "cluster") return cluster_takes(q, v, blocks);
-  if (family == "states") return true;
+  if (family == "states" || family == "states-passes") return true;
+  if (family == "states-sequence") {  // MHLA only: linear attention has no forward to fuse
+    const auto type = v.scalar_type();
+    return blocks > 1 && (type == torch::kFloat16 || type == torch::kBFloat16) &&
+           sequence_forward_fits(shape_of(q, blocks), kernel_dtype(type));
+  }
   fail(
       "unknown bidirectional kernel family '{}' (resident, resident-warpgroup, resident-state, "
-      "resident-scores, cluster, states)",
+      "resident-scores, cluster, states, states-passes, states-sequence)",
       family);
 }
 
@@ -612,7 +668,10 @@ torch::Tensor block_linear_by_named_family(const std::string& family, const torc
     return ResidentBlockLinearFunction::apply(q, k, v, mixing, blocks, static_cast<int64_t>(*form));
   }
   if (family == "cluster") return ClusterBlockLinearFunction::apply(q, k, v, mixing, blocks);
-  return BlockLinearFunction::apply(q, k, v, mixing, blocks);
+  const auto form = family == "states-passes"     ? StatesForward::passes
+                    : family == "states-sequence" ? StatesForward::sequence
+                                                  : StatesForward::automatic;
+  return BlockLinearFunction::apply(q, k, v, mixing, blocks, static_cast<int64_t>(form));
 }
 
 torch::Tensor linear_attention_cuda(const torch::Tensor& q, const torch::Tensor& k,

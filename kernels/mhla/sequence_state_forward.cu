@@ -1,0 +1,422 @@
+// MHLA's forward for short sequences of 64-token blocks in one kernel: see
+// sequence_state_forward.h.
+//
+// Why one CTA per sequence works now when session 16's did not: that kernel walked its tiles with
+// one load in flight and a CTA barrier per step (4.5 GB/s per multiprocessor). Here a producer
+// warp keeps a four-slot ring of 16 KiB tensor copies in flight across the phases and the
+// (batch, head) items, and each warpgroup owns alternate slots, so the two warpgroups meet only
+// three times per item (states complete, mix complete, item done).
+//
+// Per item: phase A, block j's k and v arrive in one slot of warpgroup j % 2, which writes phi(k)
+// in place (two threads per row), then each warp forms 16 rows of S_j = phi(k)^T [v, 1] (the
+// ones column gives z_j) and rounds them to bf16 into state tile j. Then every warp copies its
+// 64 pieces of every state to the packed set S, mixes them in place (S'_i = sum_j m_ij S_j, one
+// m16n8k16 product per 8 columns with the 16 states as the depth), and copies S' out. Phase C,
+// two query tiles per slot: phi(q) in place with den = phi(q) . z'_i (one thread per row), then
+// each warp forms 16 rows of phi(q) S'_i and stores them divided by den + eps through its staging
+// strip.
+#include "common/device_info.h"
+#include "common/tensor_copy.cuh"
+#include "mhla/resident_warpgroup_tiles.cuh"
+#include "mhla/sequence_state_forward.h"
+
+namespace mhla_kernels {
+namespace {
+
+namespace tc = tensor_copy;
+namespace rw = resident_warpgroup;
+using wmma_tiles::detail::load_matrices;
+using wmma_tiles::detail::mma16816;
+
+constexpr int kD = 64, kTile = 64, kMaxBlocks = 16;
+constexpr int kConsumerWarps = 8, kConsumerThreads = 32 * kConsumerWarps;
+constexpr int kThreads = kConsumerThreads + 32;  // and one producer warp
+constexpr int kSlots = 4;                        // slot s belongs to warpgroup s % 2
+constexpr uint32_t kTileBytes = kTile * kD * 2;
+constexpr uint32_t kSlotBytes = 2 * kTileBytes;  // k and v, or two query tiles
+// States sit 16 bytes further apart than their size: the same 16-byte piece of eight
+// consecutive states then falls in eight different bank quads (the mix reads and writes one
+// piece of every state at a time).
+constexpr uint32_t kStateBytes = kTileBytes + 16;
+constexpr int kPackedZ = kD * kD / 2, kPackedFloats = kPackedZ + kD;  // PackedState<64>
+
+// Barrier ids: 0 is __syncthreads; the consumers' (256 threads); one per warpgroup (128).
+constexpr int kConsumersBarrier = 1, kGroupBarrier0 = 2;
+
+template <typename T>
+using RingTile = warpgroup::SwizzledTile<T, 2 * kTile>;  // a slot: rows 0-63 k (or q), 64-127 v (q)
+template <typename T>
+using StateTile = warpgroup::SwizzledTile<T, kTile>;  // the same swizzle, by row index
+
+struct SmemPlan {
+  static constexpr size_t ring = kSlots * static_cast<size_t>(kSlotBytes);
+  static constexpr size_t strips = kConsumerWarps * static_cast<size_t>(rw::kStripBytes);
+  static constexpr size_t states = kMaxBlocks * static_cast<size_t>(kStateBytes);
+  static constexpr size_t z = kMaxBlocks * kD * 4;  // z_j, then z'_i
+  static constexpr size_t den = 2 * 2 * 2 * kTile * 4;  // per warpgroup, two items, 128 rows
+  static constexpr size_t barriers = 2 * kSlots * 8;
+  static constexpr size_t bytes =
+      rw::kTileAlignment + ring + strips + tiles::align128(states) + 2 * z + den + barriers;
+};
+
+struct Maps {
+  CUtensorMap q, k, v;  // 64-row boxes
+  CUtensorMap out;      // 16-row boxes (store_strip)
+};
+
+__device__ __forceinline__ void sync_named(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// The slot and the use count (its parity) of the n-th item of warpgroup `group`.
+__device__ __forceinline__ int slot_of(uint32_t n, int group) {
+  return 2 * static_cast<int>(n % 2) + group;
+}
+
+// The producer: one thread walks the same items as the consumers, in their order, and starts
+// each item's copies once its slot's previous item is released. Items of a (batch, head): block
+// j's k and v (warpgroup j % 2), then query tiles 2u and 2u + 1 (warpgroup u % 2).
+template <typename T>
+__device__ void produce(const Maps& maps, const BlockLinearShape& s, T* ring, uint64_t* full,
+                        uint64_t* empty) {
+  const int pairs = s.batch * s.heads, blocks = s.blocks, query_items = (blocks + 1) / 2;
+  uint32_t issued[2] = {0, 0};
+  auto take_slot = [&](int group) {
+    const uint32_t n = issued[group]++;
+    const int slot = slot_of(n, group);
+    if (n >= 2) tc::wait(empty + slot, (n / 2 - 1) & 1);
+    return slot;
+  };
+  for (int bh = blockIdx.x; bh < pairs; bh += gridDim.x) {
+    const int b = bh / s.heads, h = bh % s.heads;
+    for (int j = 0; j < blocks; ++j) {
+      const int slot = take_slot(j % 2);
+      T* dst = ring + static_cast<size_t>(slot) * (kSlotBytes / 2);
+      tc::arrive_expecting(full + slot, kSlotBytes);
+      tc::copy_swizzled_token_rows(dst, &maps.k, kTile * j, h, b, full + slot);
+      tc::copy_swizzled_token_rows(dst + kTile * kD, &maps.v, kTile * j, h, b, full + slot);
+    }
+    for (int u = 0; u < query_items; ++u) {
+      const int slot = take_slot(u % 2);
+      T* dst = ring + static_cast<size_t>(slot) * (kSlotBytes / 2);
+      const bool two = 2 * u + 1 < blocks;
+      tc::arrive_expecting(full + slot, two ? kSlotBytes : kTileBytes);
+      tc::copy_swizzled_token_rows(dst, &maps.q, 2 * kTile * u, h, b, full + slot);
+      if (two)
+        tc::copy_swizzled_token_rows(dst + kTile * kD, &maps.q, 2 * kTile * u + kTile, h, b,
+                                     full + slot);
+    }
+  }
+}
+
+// The feature-map scale of a row and its packed-pair constants (rw::scaled_relu_pair).
+struct FeatureScale {
+  unsigned head, tail, floor;
+  template <typename T>
+  __device__ __forceinline__ static FeatureScale of(float scale) {
+    float head_value, tail_value;
+    unpack_pair<T>(pack_pair<T>(scale, scale), head_value, tail_value);
+    return {pack_pair<T>(head_value, head_value),
+            pack_pair<T>(scale - head_value, scale - head_value),
+            pack_pair<T>(tiles::kFeatureFloor, tiles::kFeatureFloor)};
+  }
+};
+
+template <typename T, int Pieces>
+__device__ __forceinline__ float sum_of_squares(const uint4 (&pieces)[Pieces]) {
+  float squares = 0.f;
+#pragma unroll
+  for (int c = 0; c < Pieces; ++c) {
+    const unsigned* words = reinterpret_cast<const unsigned*>(&pieces[c]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float a, b;
+      unpack_pair<T>(words[i], a, b);
+      squares = fmaf(a, a, fmaf(b, b, squares));
+    }
+  }
+  return squares;
+}
+
+// phi(k) in place for half a row (pieces 4 half .. 4 half + 3 of row r); the lane pair
+// (2 r', 2 r' + 1) of a warp holds one row.
+template <typename T>
+__device__ __forceinline__ void key_features(RingTile<T> tile, int r, int half) {
+  uint4 pieces[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c)
+    pieces[c] = *reinterpret_cast<const uint4*>(tile.at(r, 8 * (4 * half + c)));
+  float squares = sum_of_squares<T>(pieces);
+  squares += __shfl_xor_sync(0xffffffffu, squares, 1);
+  const auto f = FeatureScale::of<T>(rsqrtf(squares / kD + tiles::kNormEps));
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    unsigned* words = reinterpret_cast<unsigned*>(&pieces[c]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) words[i] = rw::scaled_relu_pair<T>(words[i], f.head, f.tail, f.floor);
+    *reinterpret_cast<uint4*>(tile.at(r, 8 * (4 * half + c))) = pieces[c];
+  }
+}
+
+// phi(q) in place for row r; returns phi(q) . z' (fp32, phi as the products see it).
+template <typename T>
+__device__ __forceinline__ float query_features(RingTile<T> tile, int r, const float* zm) {
+  uint4 pieces[kD / 8];
+#pragma unroll
+  for (int c = 0; c < kD / 8; ++c) pieces[c] = *reinterpret_cast<const uint4*>(tile.at(r, 8 * c));
+  const auto f = FeatureScale::of<T>(rsqrtf(sum_of_squares<T>(pieces) / kD + tiles::kNormEps));
+  float den = 0.f;
+#pragma unroll
+  for (int c = 0; c < kD / 8; ++c) {
+    unsigned* words = reinterpret_cast<unsigned*>(&pieces[c]);
+    const float4 z0 = *reinterpret_cast<const float4*>(zm + 8 * c);
+    const float4 z1 = *reinterpret_cast<const float4*>(zm + 8 * c + 4);
+    const float zs[8] = {z0.x, z0.y, z0.z, z0.w, z1.x, z1.y, z1.z, z1.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      words[i] = rw::scaled_relu_pair<T>(words[i], f.head, f.tail, f.floor);
+      float a, b;
+      unpack_pair<T>(words[i], a, b);
+      den = fmaf(a, zs[2 * i], fmaf(b, zs[2 * i + 1], den));
+    }
+    *reinterpret_cast<uint4*>(tile.at(r, 8 * c)) = pieces[c];
+  }
+  return den;
+}
+
+// The 16-bit pieces of a state tile out to a packed state, this warp's pieces [piece0,
+// piece0 + 64) of each of `count` states (lanes on consecutive pieces: 512 contiguous bytes per
+// instruction).
+template <typename T>
+__device__ __forceinline__ void copy_state_pieces(const T* states, int count, int piece0,
+                                                  float* set) {
+  for (int e = threadIdx.x % 32; e < count * 64; e += 32) {
+    const int j = e / 64, piece = piece0 + e % 64, d = piece / 8, c = piece % 8;
+    const StateTile<T> tile{const_cast<T*>(states) + j * (kStateBytes / 2)};
+    T* dst = reinterpret_cast<T*>(set + static_cast<size_t>(j) * kPackedFloats) + d * kD + 8 * c;
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(tile.at(d, 8 * c));
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1)
+    sequence_state_forward_kernel(SequenceStateForward p, const __grid_constant__ Maps maps) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* const smem = rw::align_tiles(smem_raw);
+  const auto& s = p.shape;
+  const int blocks = s.blocks, pairs = s.batch * s.heads, query_items = (blocks + 1) / 2;
+  T* const ring = reinterpret_cast<T*>(smem);
+  T* const strips = reinterpret_cast<T*>(smem + SmemPlan::ring);
+  T* const states = reinterpret_cast<T*>(smem + SmemPlan::ring + SmemPlan::strips);
+  float* const z = reinterpret_cast<float*>(smem + SmemPlan::ring + SmemPlan::strips +
+                                            tiles::align128(SmemPlan::states));
+  float* const zm = z + kMaxBlocks * kD;
+  float* const den = zm + kMaxBlocks * kD;  // [group][item parity][128 rows]
+  uint64_t* const full = reinterpret_cast<uint64_t*>(den + 2 * 2 * 2 * kTile);
+  uint64_t* const empty = full + kSlots;
+
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kSlots; ++i) {
+      tc::init(full + i);
+      tc::init(empty + i, 4);  // one arrival per warp of the owning warpgroup
+    }
+    tc::fence_init();
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (warp == kConsumerWarps) {
+    if (lane == 0) produce<T>(maps, s, ring, full, empty);
+    return;
+  }
+
+  const int group = warp / 4, group_warp = warp % 4, group_thread = threadIdx.x % 128;
+  const int g8 = lane / 4, quad = lane / 8, row8 = lane % 8, c0 = 2 * (lane % 4);
+  const rw::Strip<T> strip{strips + warp * rw::kStripRows * kD};
+  const unsigned ones = pack_pair<T>(1.f, 1.f);
+  auto state_tile = [&](int j) { return StateTile<T>{states + j * (kStateBytes / 2)}; };
+  auto release = [&](int slot) {  // this warp's reads (and in-place writes) of a slot are done
+    tc::fence_for_copy_engine();
+    __syncwarp();
+    if (lane == 0) tc::arrive(empty + slot);
+  };
+
+  // m in bf16 high and low parts as the A fragments of the mix (rows i, columns j; zero past M).
+  unsigned m_hi[4], m_lo[4];
+#pragma unroll
+  for (int f = 0; f < 4; ++f) {
+    const int i = g8 + 8 * (f % 2), j = c0 + 8 * (f / 2);
+    float w[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+      w[e] = i < blocks && j + e < blocks ? p.mixing[i * blocks + j + e] : 0.f;
+    m_hi[f] = pack_pair<T>(w[0], w[1]);
+    float h0, h1;
+    unpack_pair<T>(m_hi[f], h0, h1);
+    m_lo[f] = pack_pair<T>(w[0] - h0, w[1] - h1);
+  }
+
+  uint32_t used = 0;  // items this warpgroup has taken
+  for (int bh = blockIdx.x; bh < pairs; bh += gridDim.x) {
+    const int b = bh / s.heads, h = bh % s.heads;
+    float* const state_set = p.states + static_cast<size_t>(bh) * blocks * kPackedFloats;
+    float* const mixed_set = p.mixed + static_cast<size_t>(bh) * blocks * kPackedFloats;
+
+    // Phase A: the block states of this warpgroup's blocks.
+    for (int j = group; j < blocks; j += 2, ++used) {
+      const int slot = slot_of(used, group);
+      tc::wait(full + slot, (used / 2) & 1);
+      const RingTile<T> kv{ring + slot * (kSlotBytes / 2)};
+      key_features<T>(kv, group_thread / 2, group_thread % 2);
+      sync_named(kGroupBarrier0 + group, 128);
+      // Rows 16 w .. 16 w + 15 (d) of phi(k)^T [v, 1]: A = phi(k) read transposed, B = v (rows
+      // 64 .. 127 of the slot) with the tokens as the depth; the ones column gives z_j.
+      float acc[32] = {}, zacc[4] = {};
+#pragma unroll
+      for (int kk = 0; kk < kTile; kk += 16) {
+        unsigned fa[4];
+        load_matrices<true>(fa, kv.at(kk + (quad / 2) * 8 + row8, 16 * group_warp + (quad % 2) * 8));
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+          unsigned fb[4];
+          load_matrices<true>(fb, kv.at(kTile + kk + (quad % 2) * 8 + row8, 16 * n + (quad / 2) * 8));
+          mma16816<T>(*reinterpret_cast<float(*)[4]>(&acc[8 * n]), fa, fb[0], fb[1]);
+          mma16816<T>(*reinterpret_cast<float(*)[4]>(&acc[8 * n + 4]), fa, fb[2], fb[3]);
+        }
+        mma16816<T>(zacc, fa, ones, ones);
+      }
+      release(slot);
+      const StateTile<T> st = state_tile(j);
+      const int d = 16 * group_warp + g8;
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        *reinterpret_cast<unsigned*>(st.at(d, 8 * n + c0)) = pack_pair<T>(acc[4 * n], acc[4 * n + 1]);
+        *reinterpret_cast<unsigned*>(st.at(d + 8, 8 * n + c0)) =
+            pack_pair<T>(acc[4 * n + 2], acc[4 * n + 3]);
+      }
+      if (lane % 4 == 0) {
+        z[j * kD + d] = zacc[0];
+        z[j * kD + d + 8] = zacc[2];
+      }
+    }
+    sync_named(kConsumersBarrier, kConsumerThreads);
+
+    // S and z out; S' = m S in place, this warp's 64 pieces of every state; z' = m z; S' out.
+    const int piece0 = 64 * warp;
+    copy_state_pieces<T>(states, blocks, piece0, state_set);
+    for (int e = threadIdx.x; e < blocks * kD; e += kConsumerThreads)
+      state_set[(e / kD) * kPackedFloats + kPackedZ + e % kD] = z[e];
+    __syncwarp();
+    for (int it = 0; it < 32; ++it) {
+      const int piece = piece0 + 2 * it;
+      const int j = (quad % 2) * 8 + row8, mine = piece + quad / 2;
+      unsigned fb[4];
+      load_matrices<true>(fb, state_tile(j < blocks ? j : 0).at(mine / 8, 8 * (mine % 8)));
+      // Every lane's read of these two pieces comes before any lane's write of them (the
+      // products already order them; the warp barrier says so to the race checker).
+      __syncwarp();
+      float out[2][4] = {};
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        mma16816<T>(out[e], m_hi, fb[2 * e], fb[2 * e + 1]);
+        mma16816<T>(out[e], m_lo, fb[2 * e], fb[2 * e + 1]);
+        const int pe = piece + e, d = pe / 8, col = 8 * (pe % 8) + c0;
+        if (g8 < blocks)
+          *reinterpret_cast<unsigned*>(state_tile(g8).at(d, col)) = pack_pair<T>(out[e][0], out[e][1]);
+        if (g8 + 8 < blocks)
+          *reinterpret_cast<unsigned*>(state_tile(g8 + 8).at(d, col)) =
+              pack_pair<T>(out[e][2], out[e][3]);
+      }
+    }
+    for (int e = threadIdx.x; e < blocks * kD; e += kConsumerThreads) {
+      const int i = e / kD, d = e % kD;
+      float total = 0.f;
+      for (int j = 0; j < blocks; ++j) total = fmaf(p.mixing[i * blocks + j], z[j * kD + d], total);
+      zm[e] = total;
+      mixed_set[i * kPackedFloats + kPackedZ + d] = total;
+    }
+    __syncwarp();
+    copy_state_pieces<T>(states, blocks, piece0, mixed_set);
+    sync_named(kConsumersBarrier, kConsumerThreads);
+
+    // Phase C: the outputs of this warpgroup's query tiles, two per slot.
+    for (int u = group; u < query_items; u += 2, ++used) {
+      const int slot = slot_of(used, group);
+      tc::wait(full + slot, (used / 2) & 1);
+      const RingTile<T> qt{ring + slot * (kSlotBytes / 2)};
+      float* const item_den = den + (2 * group + (u / 2) % 2) * 2 * kTile;
+      const int row = group_thread, block_of_row = 2 * u + row / kTile;
+      if (block_of_row < blocks) item_den[row] = query_features<T>(qt, row, zm + block_of_row * kD);
+      sync_named(kGroupBarrier0 + group, 128);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int i = 2 * u + half;
+        if (i >= blocks) break;
+        const int row0 = kTile * half + 16 * group_warp;
+        const StateTile<T> st = state_tile(i);
+        float acc[32] = {};
+#pragma unroll
+        for (int kk = 0; kk < kD; kk += 16) {
+          unsigned fa[4];
+          load_matrices<false>(fa, qt.at(row0 + (quad % 2) * 8 + row8, kk + (quad / 2) * 8));
+#pragma unroll
+          for (int n = 0; n < 4; ++n) {
+            unsigned fb[4];
+            load_matrices<true>(fb, st.at(kk + (quad % 2) * 8 + row8, 16 * n + (quad / 2) * 8));
+            mma16816<T>(*reinterpret_cast<float(*)[4]>(&acc[8 * n]), fa, fb[0], fb[1]);
+            mma16816<T>(*reinterpret_cast<float(*)[4]>(&acc[8 * n + 4]), fa, fb[2], fb[3]);
+          }
+        }
+        const float inv_lo = 1.f / (item_den[row0 + g8] + tiles::kDenominatorEps);
+        const float inv_hi = 1.f / (item_den[row0 + g8 + 8] + tiles::kDenominatorEps);
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+          acc[4 * n] *= inv_lo, acc[4 * n + 1] *= inv_lo;
+          acc[4 * n + 2] *= inv_hi, acc[4 * n + 3] *= inv_hi;
+        }
+        rw::store_strip(&maps.out, b, h, kTile * i + 16 * group_warp, strip, acc);
+      }
+      release(slot);
+    }
+    // Every read of this item's S' and z' is done before the next item's states replace them.
+    sync_named(kConsumersBarrier, kConsumerThreads);
+  }
+  rw::finish_strip_stores();
+}
+
+}  // namespace
+
+bool sequence_state_forward_supported(const BlockLinearShape& s, DType dtype) {
+  return dtype == DType::bf16 && s.head_dim == kD && s.blocks >= 1 && s.blocks <= kMaxBlocks &&
+         s.tokens == kTile * s.blocks && s.batch > 0 && s.heads > 0 &&
+         static_cast<int64_t>(s.batch) * s.heads <= 2147483647LL;
+}
+
+bool sequence_state_forward_takes(const SequenceStateForward& a) {
+  const auto aligned = [](const void* data) { return reinterpret_cast<uintptr_t>(data) % 16 == 0; };
+  return sequence_state_forward_supported(a.shape, a.dtype) && a.mixing != nullptr &&
+         rw::copyable(a.q) && rw::copyable(a.k) && rw::copyable(a.v) && rw::storable(a.out) &&
+         aligned(a.states) && aligned(a.mixed);
+}
+
+cudaError_t sequence_state_forward(const SequenceStateForward& a, cudaStream_t stream) {
+  if (!sequence_state_forward_takes(a)) return cudaErrorInvalidValue;
+  const auto& s = a.shape;
+  const auto kernel = sequence_state_forward_kernel<__nv_bfloat16>;
+  cudaError_t err = tiles::allow_smem(kernel, SmemPlan::bytes);
+  if (err != cudaSuccess) return err;
+  Maps maps;
+  const auto encode = [&](CUtensorMap* map, const TokenTensor& t) {
+    return encode_swizzled_token_view_map(map, t.data, s.batch, s.tokens, s.heads, t.batch_stride,
+                                          t.token_stride, t.head_stride, kTile);
+  };
+  if ((err = encode(&maps.q, a.q)) != cudaSuccess || (err = encode(&maps.k, a.k)) != cudaSuccess ||
+      (err = encode(&maps.v, a.v)) != cudaSuccess ||
+      (err = rw::encode_output_strips(&maps.out, a.out, s)) != cudaSuccess)
+    return err;
+  const int pairs = s.batch * s.heads;
+  const int grid = pairs < multiprocessors() ? pairs : multiprocessors();
+  kernel<<<grid, kThreads, SmemPlan::bytes, stream>>>(a, maps);
+  return cudaGetLastError();
+}
+
+}  // namespace mhla_kernels
