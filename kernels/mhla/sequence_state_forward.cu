@@ -54,9 +54,10 @@ struct SmemPlan {
   static constexpr size_t states = kMaxBlocks * static_cast<size_t>(kStateBytes);
   static constexpr size_t z = kMaxBlocks * kD * 4;  // z_j, then z'_i
   static constexpr size_t den = 2 * 2 * 2 * kTile * 4;  // per warpgroup, two items, 128 rows
+  static constexpr size_t mixing = kMaxBlocks * kMaxBlocks * 4;  // zero past M
   static constexpr size_t barriers = 2 * kSlots * 8;
-  static constexpr size_t bytes =
-      rw::kTileAlignment + ring + strips + tiles::align128(states) + 2 * z + den + barriers;
+  static constexpr size_t bytes = rw::kTileAlignment + ring + strips + tiles::align128(states) +
+                                  2 * z + den + mixing + barriers;
 };
 
 struct Maps {
@@ -184,17 +185,16 @@ __device__ __forceinline__ float query_features(RingTile<T> tile, int r, const f
   return den;
 }
 
-// The 16-bit pieces of a state tile out to a packed state, this warp's pieces [piece0,
-// piece0 + 64) of each of `count` states (lanes on consecutive pieces: 512 contiguous bytes per
-// instruction).
+// Rows row0 .. row0 + 15 of a state tile out to its packed state (row-major D x D), 16-byte
+// pieces, a warp's 2 KiB contiguous in global memory.
 template <typename T>
-__device__ __forceinline__ void copy_state_pieces(const T* states, int count, int piece0,
-                                                  float* set) {
-  for (int e = threadIdx.x % 32; e < count * 64; e += 32) {
-    const int j = e / 64, piece = piece0 + e % 64, d = piece / 8, c = piece % 8;
-    const StateTile<T> tile{const_cast<T*>(states) + j * (kStateBytes / 2)};
-    T* dst = reinterpret_cast<T*>(set + static_cast<size_t>(j) * kPackedFloats) + d * kD + 8 * c;
-    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(tile.at(d, 8 * c));
+__device__ __forceinline__ void copy_state_rows(StateTile<T> tile, int row0, float* packed) {
+  T* const matrix = reinterpret_cast<T*>(packed);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int e = static_cast<int>(threadIdx.x % 32) + 32 * k, r = row0 + e / 8, c = e % 8;
+    *reinterpret_cast<uint4*>(matrix + r * kD + 8 * c) =
+        *reinterpret_cast<const uint4*>(tile.at(r, 8 * c));
   }
 }
 
@@ -212,9 +212,14 @@ __global__ void __launch_bounds__(kThreads, 1)
                                             tiles::align128(SmemPlan::states));
   float* const zm = z + kMaxBlocks * kD;
   float* const den = zm + kMaxBlocks * kD;  // [group][item parity][128 rows]
-  uint64_t* const full = reinterpret_cast<uint64_t*>(den + 2 * 2 * 2 * kTile);
+  float* const mix = den + 2 * 2 * 2 * kTile;  // [16][16], zero past M
+  uint64_t* const full = reinterpret_cast<uint64_t*>(mix + kMaxBlocks * kMaxBlocks);
   uint64_t* const empty = full + kSlots;
 
+  for (int e = threadIdx.x; e < kMaxBlocks * kMaxBlocks; e += kThreads) {
+    const int i = e / kMaxBlocks, j = e % kMaxBlocks;
+    mix[e] = i < s.blocks && j < s.blocks ? p.mixing[i * s.blocks + j] : 0.f;
+  }
   if (threadIdx.x == 0) {
     for (int i = 0; i < kSlots; ++i) {
       tc::init(full + i);
@@ -296,16 +301,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (lane % 4 == 0) {
         z[j * kD + d] = zacc[0];
         z[j * kD + d + 8] = zacc[2];
+        state_set[j * kPackedFloats + kPackedZ + d] = zacc[0];
+        state_set[j * kPackedFloats + kPackedZ + d + 8] = zacc[2];
       }
+      // This warp's rows of S_j leave now, while the next item's copies are awaited.
+      __syncwarp();
+      copy_state_rows<T>(st, 16 * group_warp, state_set + j * kPackedFloats);
     }
     sync_named(kConsumersBarrier, kConsumerThreads);
 
-    // S and z out; S' = m S in place, this warp's 64 pieces of every state; z' = m z; S' out.
+    // S' = m S in place, this warp's 64 pieces of every state; z' = m z.
     const int piece0 = 64 * warp;
-    copy_state_pieces<T>(states, blocks, piece0, state_set);
-    for (int e = threadIdx.x; e < blocks * kD; e += kConsumerThreads)
-      state_set[(e / kD) * kPackedFloats + kPackedZ + e % kD] = z[e];
-    __syncwarp();
     for (int it = 0; it < 32; ++it) {
       const int piece = piece0 + 2 * it;
       const int j = (quad % 2) * 8 + row8, mine = piece + quad / 2;
@@ -330,12 +336,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int e = threadIdx.x; e < blocks * kD; e += kConsumerThreads) {
       const int i = e / kD, d = e % kD;
       float total = 0.f;
-      for (int j = 0; j < blocks; ++j) total = fmaf(p.mixing[i * blocks + j], z[j * kD + d], total);
+#pragma unroll
+      for (int j = 0; j < kMaxBlocks; ++j)
+        if (j < blocks) total = fmaf(mix[i * kMaxBlocks + j], z[j * kD + d], total);
       zm[e] = total;
-      mixed_set[i * kPackedFloats + kPackedZ + d] = total;
     }
-    __syncwarp();
-    copy_state_pieces<T>(states, blocks, piece0, mixed_set);
     sync_named(kConsumersBarrier, kConsumerThreads);
 
     // Phase C: the outputs of this warpgroup's query tiles, two per slot.
@@ -374,6 +379,12 @@ __global__ void __launch_bounds__(kThreads, 1)
           acc[4 * n + 2] *= inv_hi, acc[4 * n + 3] *= inv_hi;
         }
         rw::store_strip(&maps.out, b, h, kTile * i + 16 * group_warp, strip, acc);
+        // S'_i and z'_i leave with its outputs: this warp's 16 rows, z' by the group's warp 0.
+        copy_state_rows<T>(st, 16 * group_warp, mixed_set + i * kPackedFloats);
+        if (group_warp == 0) {
+          const float2 pair = *reinterpret_cast<const float2*>(zm + i * kD + 2 * lane);
+          *reinterpret_cast<float2*>(mixed_set + i * kPackedFloats + kPackedZ + 2 * lane) = pair;
+        }
       }
       release(slot);
     }
