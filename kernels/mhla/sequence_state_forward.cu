@@ -1,20 +1,23 @@
 // MHLA's forward for short sequences of 64-token blocks in one kernel: see
 // sequence_state_forward.h.
 //
-// Why one CTA per sequence works now when session 16's did not: that kernel walked its tiles with
-// one load in flight and a CTA barrier per step (4.5 GB/s per multiprocessor). Here a producer
-// warp keeps a four-slot ring of 16 KiB tensor copies in flight across the phases and the
-// (batch, head) items, and each warpgroup owns alternate slots, so the two warpgroups meet only
-// three times per item (states complete, mix complete, item done).
+// Why one CTA per sequence: session 16's walked its tiles with one load in flight and a CTA
+// barrier per step (4.5 GB/s per multiprocessor). Here a producer warp keeps a ring of 16 KiB
+// tensor copies in flight across the phases and the (batch, head) items; the states take 128 KiB
+// of shared memory, so the ring (what is in flight per multiprocessor, and so the bandwidth) is
+// as deep as the rest allows: five slots, with the outputs staged in the query tiles' own rows.
+// Warpgroup g owns the blocks i with (i / 2) % 2 == g in both phases, so it can start the next
+// item's states while the other warpgroup finishes its outputs: the two meet twice per item
+// (states complete, mix complete).
 //
-// Per item: phase A, block j's k and v arrive in one slot of warpgroup j % 2, which writes phi(k)
-// in place (two threads per row), then each warp forms 16 rows of S_j = phi(k)^T [v, 1] (the
-// ones column gives z_j) and rounds them to bf16 into state tile j. Then every warp copies its
-// 64 pieces of every state to the packed set S, mixes them in place (S'_i = sum_j m_ij S_j, one
-// m16n8k16 product per 8 columns with the 16 states as the depth), and copies S' out. Phase C,
-// two query tiles per slot: phi(q) in place with den = phi(q) . z'_i (one thread per row), then
-// each warp forms 16 rows of phi(q) S'_i and stores them divided by den + eps through its staging
-// strip.
+// Per item: phase A, block j's k and v arrive in one slot, its warpgroup writes phi(k) in place
+// (two threads per row), then each warp forms 16 rows of S_j = phi(k)^T [v, 1] (the ones column
+// gives z_j), rounds them to bf16 into state tile j and copies them to the packed set S. Then
+// every warp mixes its 64 pieces of every state in place (S'_i = sum_j m_ij S_j, one m16n8k16
+// product per 8 columns with the 16 states as the depth). Phase C, two query tiles per slot:
+// phi(q) in place with den = phi(q) . z'_i (one thread per row), then each warp forms 16 rows of
+// phi(q) S'_i, writes them divided by den + eps over its own phi(q) rows and stores them from
+// there; its rows of S'_i go to the packed set S'.
 #include "common/device_info.h"
 #include "common/tensor_copy.cuh"
 #include "mhla/resident_warpgroup_tiles.cuh"
@@ -31,7 +34,7 @@ using wmma_tiles::detail::mma16816;
 constexpr int kD = 64, kTile = 64, kMaxBlocks = 16;
 constexpr int kConsumerWarps = 8, kConsumerThreads = 32 * kConsumerWarps;
 constexpr int kThreads = kConsumerThreads + 32;  // and one producer warp
-constexpr int kSlots = 4;                        // slot s belongs to warpgroup s % 2
+constexpr int kSlots = 5;                        // item n of a CTA goes to slot n % 5
 constexpr uint32_t kTileBytes = kTile * kD * 2;
 constexpr uint32_t kSlotBytes = 2 * kTileBytes;  // k and v, or two query tiles
 // States sit 16 bytes further apart than their size: the same 16-byte piece of eight
@@ -50,13 +53,12 @@ using StateTile = warpgroup::SwizzledTile<T, kTile>;  // the same swizzle, by ro
 
 struct SmemPlan {
   static constexpr size_t ring = kSlots * static_cast<size_t>(kSlotBytes);
-  static constexpr size_t strips = kConsumerWarps * static_cast<size_t>(rw::kStripBytes);
   static constexpr size_t states = kMaxBlocks * static_cast<size_t>(kStateBytes);
   static constexpr size_t z = kMaxBlocks * kD * 4;  // z_j, then z'_i
   static constexpr size_t den = 2 * 2 * 2 * kTile * 4;  // per warpgroup, two items, 128 rows
   static constexpr size_t mixing = kMaxBlocks * kMaxBlocks * 4;  // zero past M
   static constexpr size_t barriers = 2 * kSlots * 8;
-  static constexpr size_t bytes = rw::kTileAlignment + ring + strips + tiles::align128(states) +
+  static constexpr size_t bytes = rw::kTileAlignment + ring + tiles::align128(states) +
                                   2 * z + den + mixing + barriers;
 };
 
@@ -69,36 +71,37 @@ __device__ __forceinline__ void sync_named(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// The slot and the use count (its parity) of the n-th item of warpgroup `group`.
-__device__ __forceinline__ int slot_of(uint32_t n, int group) {
-  return 2 * static_cast<int>(n % 2) + group;
+// Items of a (batch, head), in the order the producer issues them: block j's k and v (j < M),
+// then query tiles 2u and 2u + 1 (item M + u). Item n of a CTA (counted over its (batch, head)
+// items) lands in slot n % kSlots, its (n / kSlots)-th use. Each item's warpgroup consumes its
+// items in that order, so no wait of either waits on a copy the producer has not started.
+__device__ __forceinline__ int owner_of_block(int block) {
+  return (block / 2) % 2;
 }
 
-// The producer: one thread walks the same items as the consumers, in their order, and starts
-// each item's copies once its slot's previous item is released. Items of a (batch, head): block
-// j's k and v (warpgroup j % 2), then query tiles 2u and 2u + 1 (warpgroup u % 2).
+// The producer: one thread starts each item's copies once its slot's previous item is released.
 template <typename T>
 __device__ void produce(const Maps& maps, const BlockLinearShape& s, T* ring, uint64_t* full,
                         uint64_t* empty) {
   const int pairs = s.batch * s.heads, blocks = s.blocks, query_items = (blocks + 1) / 2;
-  uint32_t issued[2] = {0, 0};
-  auto take_slot = [&](int group) {
-    const uint32_t n = issued[group]++;
-    const int slot = slot_of(n, group);
-    if (n >= 2) tc::wait(empty + slot, (n / 2 - 1) & 1);
+  uint32_t n = 0;
+  auto take_slot = [&]() {
+    const int slot = static_cast<int>(n % kSlots);
+    if (n >= kSlots) tc::wait(empty + slot, (n / kSlots - 1) & 1);
+    ++n;
     return slot;
   };
   for (int bh = blockIdx.x; bh < pairs; bh += gridDim.x) {
     const int b = bh / s.heads, h = bh % s.heads;
     for (int j = 0; j < blocks; ++j) {
-      const int slot = take_slot(j % 2);
+      const int slot = take_slot();
       T* dst = ring + static_cast<size_t>(slot) * (kSlotBytes / 2);
       tc::arrive_expecting(full + slot, kSlotBytes);
       tc::copy_swizzled_token_rows(dst, &maps.k, kTile * j, h, b, full + slot);
       tc::copy_swizzled_token_rows(dst + kTile * kD, &maps.v, kTile * j, h, b, full + slot);
     }
     for (int u = 0; u < query_items; ++u) {
-      const int slot = take_slot(u % 2);
+      const int slot = take_slot();
       T* dst = ring + static_cast<size_t>(slot) * (kSlotBytes / 2);
       const bool two = 2 * u + 1 < blocks;
       tc::arrive_expecting(full + slot, two ? kSlotBytes : kTileBytes);
@@ -206,10 +209,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const auto& s = p.shape;
   const int blocks = s.blocks, pairs = s.batch * s.heads, query_items = (blocks + 1) / 2;
   T* const ring = reinterpret_cast<T*>(smem);
-  T* const strips = reinterpret_cast<T*>(smem + SmemPlan::ring);
-  T* const states = reinterpret_cast<T*>(smem + SmemPlan::ring + SmemPlan::strips);
-  float* const z = reinterpret_cast<float*>(smem + SmemPlan::ring + SmemPlan::strips +
-                                            tiles::align128(SmemPlan::states));
+  T* const states = reinterpret_cast<T*>(smem + SmemPlan::ring);
+  float* const z =
+      reinterpret_cast<float*>(smem + SmemPlan::ring + tiles::align128(SmemPlan::states));
   float* const zm = z + kMaxBlocks * kD;
   float* const den = zm + kMaxBlocks * kD;  // [group][item parity][128 rows]
   float* const mix = den + 2 * 2 * 2 * kTile;  // [16][16], zero past M
@@ -223,7 +225,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     for (int i = 0; i < kSlots; ++i) {
       tc::init(full + i);
-      tc::init(empty + i, 4);  // one arrival per warp of the owning warpgroup
+      tc::init(empty + i, 4);  // one arrival per warp of the item's warpgroup
     }
     tc::fence_init();
   }
@@ -236,7 +238,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int group = warp / 4, group_warp = warp % 4, group_thread = threadIdx.x % 128;
   const int g8 = lane / 4, quad = lane / 8, row8 = lane % 8, c0 = 2 * (lane % 4);
-  const rw::Strip<T> strip{strips + warp * rw::kStripRows * kD};
   const unsigned ones = pack_pair<T>(1.f, 1.f);
   auto state_tile = [&](int j) { return StateTile<T>{states + j * (kStateBytes / 2)}; };
   auto release = [&](int slot) {  // this warp's reads (and in-place writes) of a slot are done
@@ -260,16 +261,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     m_lo[f] = pack_pair<T>(w[0] - h0, w[1] - h1);
   }
 
-  uint32_t used = 0;  // items this warpgroup has taken
-  for (int bh = blockIdx.x; bh < pairs; bh += gridDim.x) {
+  auto wait_item = [&](uint32_t n) {  // item n (producer order) has arrived; its slot
+    const int slot = static_cast<int>(n % kSlots);
+    tc::wait(full + slot, (n / kSlots) & 1);
+    return slot;
+  };
+  const int items_per_pair = blocks + query_items;
+  uint32_t first_item = 0;  // of this (batch, head), in producer order
+  for (int bh = blockIdx.x; bh < pairs; bh += gridDim.x, first_item += items_per_pair) {
     const int b = bh / s.heads, h = bh % s.heads;
     float* const state_set = p.states + static_cast<size_t>(bh) * blocks * kPackedFloats;
     float* const mixed_set = p.mixed + static_cast<size_t>(bh) * blocks * kPackedFloats;
 
     // Phase A: the block states of this warpgroup's blocks.
-    for (int j = group; j < blocks; j += 2, ++used) {
-      const int slot = slot_of(used, group);
-      tc::wait(full + slot, (used / 2) & 1);
+    for (int j = 0; j < blocks; ++j) {
+      if (owner_of_block(j) != group) continue;
+      const int slot = wait_item(first_item + j);
       const RingTile<T> kv{ring + slot * (kSlotBytes / 2)};
       key_features<T>(kv, group_thread / 2, group_thread % 2);
       sync_named(kGroupBarrier0 + group, 128);
@@ -344,9 +351,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     sync_named(kConsumersBarrier, kConsumerThreads);
 
     // Phase C: the outputs of this warpgroup's query tiles, two per slot.
-    for (int u = group; u < query_items; u += 2, ++used) {
-      const int slot = slot_of(used, group);
-      tc::wait(full + slot, (used / 2) & 1);
+    for (int u = group; u < query_items; u += 2) {  // tiles 2u, 2u + 1: owner_of_block is u % 2
+      const int slot = wait_item(first_item + blocks + u);
       const RingTile<T> qt{ring + slot * (kSlotBytes / 2)};
       float* const item_den = den + (2 * group + (u / 2) % 2) * 2 * kTile;
       const int row = group_thread, block_of_row = 2 * u + row / kTile;
@@ -378,6 +384,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           acc[4 * n] *= inv_lo, acc[4 * n + 1] *= inv_lo;
           acc[4 * n + 2] *= inv_hi, acc[4 * n + 3] *= inv_hi;
         }
+        // Over this warp's own phi(q) rows (no other warp reads them), then out by the copy
+        // engine; the slot is released once that store has read them.
+        const rw::Strip<T> strip{qt.p + row0 * kD};
         rw::store_strip(&maps.out, b, h, kTile * i + 16 * group_warp, strip, acc);
         // S'_i and z'_i leave with its outputs: this warp's 16 rows, z' by the group's warp 0.
         copy_state_rows<T>(st, 16 * group_warp, mixed_set + i * kPackedFloats);
@@ -386,10 +395,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           *reinterpret_cast<float2*>(mixed_set + i * kPackedFloats + kPackedZ + 2 * lane) = pair;
         }
       }
+      if (lane == 0) tc::wait_stores_read();
       release(slot);
     }
-    // Every read of this item's S' and z' is done before the next item's states replace them.
-    sync_named(kConsumersBarrier, kConsumerThreads);
+    // No barrier here: the next item's states of this warpgroup replace only the S'_i it read
+    // (after a barrier of its own warps), and the mix waits for both warpgroups.
   }
   rw::finish_strip_stores();
 }
