@@ -6,18 +6,16 @@
 // tensor copies in flight across the phases and the (batch, head) items; the states take 128 KiB
 // of shared memory, so the ring (what is in flight per multiprocessor, and so the bandwidth) is
 // as deep as the rest allows: five slots, with the outputs staged in the query tiles' own rows.
-// Warpgroup g owns the blocks i with (i / 2) % 2 == g in both phases, so it can start the next
-// item's states while the other warpgroup finishes its outputs: the two meet twice per item
-// (states complete, mix complete).
+// All eight consumer warps take every item.
 //
-// Per item: phase A, block j's k and v arrive in one slot, its warpgroup writes phi(k) in place
-// (two threads per row), then each warp forms 16 rows of S_j = phi(k)^T [v, 1] (the ones column
-// gives z_j), rounds them to bf16 into state tile j and copies them to the packed set S. Then
+// Per (batch, head): phase A, block j's k and v arrive in one slot, phi(k) is written in place
+// (four threads per row), then each warp forms a 16 x 32 part of S_j = phi(k)^T [v, 1] (the ones
+// column gives z_j), rounds it to bf16 into state tile j and copies it to the packed set S. Then
 // every warp mixes its 64 pieces of every state in place (S'_i = sum_j m_ij S_j, one m16n8k16
 // product per 8 columns with the 16 states as the depth). Phase C, two query tiles per slot:
-// phi(q) in place with den = phi(q) . z'_i (one thread per row), then each warp forms 16 rows of
-// phi(q) S'_i, writes them divided by den + eps over its own phi(q) rows and stores them from
-// there; its rows of S'_i go to the packed set S'.
+// phi(q) in place with den = phi(q) . z'_i (two threads per row), then warpgroup g takes tile
+// 2u + g: each warp forms 16 rows of phi(q) S'_i, writes them divided by den + eps over its own
+// phi(q) rows and stores them from there; its rows of S'_i go to the packed set S'.
 #include "common/device_info.h"
 #include "common/tensor_copy.cuh"
 #include "mhla/resident_warpgroup_tiles.cuh"
@@ -43,8 +41,8 @@ constexpr uint32_t kSlotBytes = 2 * kTileBytes;  // k and v, or two query tiles
 constexpr uint32_t kStateBytes = kTileBytes + 16;
 constexpr int kPackedZ = kD * kD / 2, kPackedFloats = kPackedZ + kD;  // PackedState<64>
 
-// Barrier ids: 0 is __syncthreads; the consumers' (256 threads); one per warpgroup (128).
-constexpr int kConsumersBarrier = 1, kGroupBarrier0 = 2;
+// Barrier ids: 0 is __syncthreads; 1 the consumers' (256 threads).
+constexpr int kConsumersBarrier = 1;
 
 template <typename T>
 using RingTile = warpgroup::SwizzledTile<T, 2 * kTile>;  // a slot: rows 0-63 k (or q), 64-127 v (q)
@@ -55,7 +53,7 @@ struct SmemPlan {
   static constexpr size_t ring = kSlots * static_cast<size_t>(kSlotBytes);
   static constexpr size_t states = kMaxBlocks * static_cast<size_t>(kStateBytes);
   static constexpr size_t z = kMaxBlocks * kD * 4;  // z_j, then z'_i
-  static constexpr size_t den = 2 * 2 * 2 * kTile * 4;  // per warpgroup, two items, 128 rows
+  static constexpr size_t den = 2 * 2 * kTile * 4;  // two items (by parity), 128 rows
   static constexpr size_t mixing = kMaxBlocks * kMaxBlocks * 4;  // zero past M
   static constexpr size_t barriers = 2 * kSlots * 8;
   static constexpr size_t bytes = rw::kTileAlignment + ring + tiles::align128(states) +
@@ -73,11 +71,10 @@ __device__ __forceinline__ void sync_named(int id, int threads) {
 
 // Items of a (batch, head), in the order the producer issues them: block j's k and v (j < M),
 // then query tiles 2u and 2u + 1 (item M + u). Item n of a CTA (counted over its (batch, head)
-// items) lands in slot n % kSlots, its (n / kSlots)-th use. Each item's warpgroup consumes its
-// items in that order, so no wait of either waits on a copy the producer has not started.
-__device__ __forceinline__ int owner_of_block(int block) {
-  return (block / 2) % 2;
-}
+// items) lands in slot n % kSlots, its (n / kSlots)-th use. Every consumer warp takes every
+// item, in that order, and releases it: a warp waiting for a slot's k-th use has released its
+// (k - 1)-th, so that use has completed and the wait's phase parity cannot alias an older one
+// (which it could if each warpgroup skipped the other's items).
 
 // The producer: one thread starts each item's copies once its slot's previous item is released.
 template <typename T>
@@ -142,62 +139,54 @@ __device__ __forceinline__ float sum_of_squares(const uint4 (&pieces)[Pieces]) {
   return squares;
 }
 
-// phi(k) in place for half a row (pieces 4 half .. 4 half + 3 of row r); the lane pair
-// (2 r', 2 r' + 1) of a warp holds one row.
-template <typename T>
-__device__ __forceinline__ void key_features(RingTile<T> tile, int r, int half) {
-  uint4 pieces[4];
+// phi(x) in place for Pieces 16-byte pieces of row r from piece0, the rest of the row held by
+// the adjacent lanes of a group of Lanes (their squares summed by shuffles). Returns this lane's
+// part of phi(x) . z (phi as the products see it; z from the row's column 8 piece0), or 0
+// without z.
+template <typename T, int Pieces, int Lanes>
+__device__ __forceinline__ float features_in_place(RingTile<T> tile, int r, int piece0,
+                                                   const float* z) {
+  uint4 pieces[Pieces];
 #pragma unroll
-  for (int c = 0; c < 4; ++c)
-    pieces[c] = *reinterpret_cast<const uint4*>(tile.at(r, 8 * (4 * half + c)));
+  for (int c = 0; c < Pieces; ++c)
+    pieces[c] = *reinterpret_cast<const uint4*>(tile.at(r, 8 * (piece0 + c)));
   float squares = sum_of_squares<T>(pieces);
-  squares += __shfl_xor_sync(0xffffffffu, squares, 1);
+#pragma unroll
+  for (int offset = 1; offset < Lanes; offset *= 2)
+    squares += __shfl_xor_sync(0xffffffffu, squares, offset);
   const auto f = FeatureScale::of<T>(rsqrtf(squares / kD + tiles::kNormEps));
+  float dot = 0.f;
 #pragma unroll
-  for (int c = 0; c < 4; ++c) {
+  for (int c = 0; c < Pieces; ++c) {
     unsigned* words = reinterpret_cast<unsigned*>(&pieces[c]);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) words[i] = rw::scaled_relu_pair<T>(words[i], f.head, f.tail, f.floor);
-    *reinterpret_cast<uint4*>(tile.at(r, 8 * (4 * half + c))) = pieces[c];
-  }
-}
-
-// phi(q) in place for row r; returns phi(q) . z' (fp32, phi as the products see it).
-template <typename T>
-__device__ __forceinline__ float query_features(RingTile<T> tile, int r, const float* zm) {
-  uint4 pieces[kD / 8];
-#pragma unroll
-  for (int c = 0; c < kD / 8; ++c) pieces[c] = *reinterpret_cast<const uint4*>(tile.at(r, 8 * c));
-  const auto f = FeatureScale::of<T>(rsqrtf(sum_of_squares<T>(pieces) / kD + tiles::kNormEps));
-  float den = 0.f;
-#pragma unroll
-  for (int c = 0; c < kD / 8; ++c) {
-    unsigned* words = reinterpret_cast<unsigned*>(&pieces[c]);
-    const float4 z0 = *reinterpret_cast<const float4*>(zm + 8 * c);
-    const float4 z1 = *reinterpret_cast<const float4*>(zm + 8 * c + 4);
-    const float zs[8] = {z0.x, z0.y, z0.z, z0.w, z1.x, z1.y, z1.z, z1.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       words[i] = rw::scaled_relu_pair<T>(words[i], f.head, f.tail, f.floor);
-      float a, b;
-      unpack_pair<T>(words[i], a, b);
-      den = fmaf(a, zs[2 * i], fmaf(b, zs[2 * i + 1], den));
+      if (z != nullptr) {
+        const float2 zz = *reinterpret_cast<const float2*>(z + 8 * (piece0 + c) + 2 * i);
+        float a, b;
+        unpack_pair<T>(words[i], a, b);
+        dot = fmaf(a, zz.x, fmaf(b, zz.y, dot));
+      }
     }
-    *reinterpret_cast<uint4*>(tile.at(r, 8 * c)) = pieces[c];
+    *reinterpret_cast<uint4*>(tile.at(r, 8 * (piece0 + c))) = pieces[c];
   }
-  return den;
+  return dot;
 }
 
-// Rows row0 .. row0 + 15 of a state tile out to its packed state (row-major D x D), 16-byte
-// pieces, a warp's 2 KiB contiguous in global memory.
-template <typename T>
-__device__ __forceinline__ void copy_state_rows(StateTile<T> tile, int row0, float* packed) {
+// Rows row0 .. row0 + 15, columns col0 .. col0 + Cols - 1 of a state tile out to its packed
+// state (row-major D x D) in 16-byte pieces.
+template <typename T, int Cols>
+__device__ __forceinline__ void copy_state_rows(StateTile<T> tile, int row0, int col0,
+                                                float* packed) {
+  constexpr int kPiecesPerRow = Cols / 8;
   T* const matrix = reinterpret_cast<T*>(packed);
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const int e = static_cast<int>(threadIdx.x % 32) + 32 * k, r = row0 + e / 8, c = e % 8;
-    *reinterpret_cast<uint4*>(matrix + r * kD + 8 * c) =
-        *reinterpret_cast<const uint4*>(tile.at(r, 8 * c));
+  for (int k = 0; k < 16 * kPiecesPerRow / 32; ++k) {
+    const int e = static_cast<int>(threadIdx.x % 32) + 32 * k;
+    const int r = row0 + e / kPiecesPerRow, c = col0 + 8 * (e % kPiecesPerRow);
+    *reinterpret_cast<uint4*>(matrix + r * kD + c) =
+        *reinterpret_cast<const uint4*>(tile.at(r, c));
   }
 }
 
@@ -213,8 +202,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* const z =
       reinterpret_cast<float*>(smem + SmemPlan::ring + tiles::align128(SmemPlan::states));
   float* const zm = z + kMaxBlocks * kD;
-  float* const den = zm + kMaxBlocks * kD;  // [group][item parity][128 rows]
-  float* const mix = den + 2 * 2 * 2 * kTile;  // [16][16], zero past M
+  float* const den = zm + kMaxBlocks * kD;  // [item parity][128 rows]
+  float* const mix = den + 2 * 2 * kTile;     // [16][16], zero past M
   uint64_t* const full = reinterpret_cast<uint64_t*>(mix + kMaxBlocks * kMaxBlocks);
   uint64_t* const empty = full + kSlots;
 
@@ -225,7 +214,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     for (int i = 0; i < kSlots; ++i) {
       tc::init(full + i);
-      tc::init(empty + i, 4);  // one arrival per warp of the item's warpgroup
+      tc::init(empty + i, kConsumerWarps);  // one arrival per consumer warp
     }
     tc::fence_init();
   }
@@ -236,7 +225,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
-  const int group = warp / 4, group_warp = warp % 4, group_thread = threadIdx.x % 128;
+  const int group = warp / 4, group_warp = warp % 4;
   const int g8 = lane / 4, quad = lane / 8, row8 = lane % 8, c0 = 2 * (lane % 4);
   const unsigned ones = pack_pair<T>(1.f, 1.f);
   auto state_tile = [&](int j) { return StateTile<T>{states + j * (kStateBytes / 2)}; };
@@ -273,47 +262,50 @@ __global__ void __launch_bounds__(kThreads, 1)
     float* const state_set = p.states + static_cast<size_t>(bh) * blocks * kPackedFloats;
     float* const mixed_set = p.mixed + static_cast<size_t>(bh) * blocks * kPackedFloats;
 
-    // Phase A: the block states of this warpgroup's blocks.
+    // Phase A, block j: phi(k) in place (four threads per row), then warp w forms rows
+    // 16 (w % 4) .. + 15 (d) and columns 32 (w / 4) .. + 31 of phi(k)^T [v, 1]: A = phi(k) read
+    // transposed, B = v (rows 64 .. 127 of the slot), the tokens as the depth; warps 0-3 also
+    // the ones column (z_j). The first item's barrier also orders the last item's reads of S'
+    // before these writes.
     for (int j = 0; j < blocks; ++j) {
-      if (owner_of_block(j) != group) continue;
       const int slot = wait_item(first_item + j);
       const RingTile<T> kv{ring + slot * (kSlotBytes / 2)};
-      key_features<T>(kv, group_thread / 2, group_thread % 2);
-      sync_named(kGroupBarrier0 + group, 128);
-      // Rows 16 w .. 16 w + 15 (d) of phi(k)^T [v, 1]: A = phi(k) read transposed, B = v (rows
-      // 64 .. 127 of the slot) with the tokens as the depth; the ones column gives z_j.
-      float acc[32] = {}, zacc[4] = {};
+      features_in_place<T, 2, 4>(kv, threadIdx.x / 4, 2 * (threadIdx.x % 4), nullptr);
+      sync_named(kConsumersBarrier, kConsumerThreads);
+      const int row0 = 16 * group_warp, col0 = 32 * group;
+      float acc[16] = {}, zacc[4] = {};
 #pragma unroll
       for (int kk = 0; kk < kTile; kk += 16) {
         unsigned fa[4];
-        load_matrices<true>(fa, kv.at(kk + (quad / 2) * 8 + row8, 16 * group_warp + (quad % 2) * 8));
+        load_matrices<true>(fa, kv.at(kk + (quad / 2) * 8 + row8, row0 + (quad % 2) * 8));
 #pragma unroll
-        for (int n = 0; n < 4; ++n) {
+        for (int n = 0; n < 2; ++n) {
           unsigned fb[4];
-          load_matrices<true>(fb, kv.at(kTile + kk + (quad % 2) * 8 + row8, 16 * n + (quad / 2) * 8));
+          load_matrices<true>(fb, kv.at(kTile + kk + (quad % 2) * 8 + row8, col0 + 16 * n + (quad / 2) * 8));
           mma16816<T>(*reinterpret_cast<float(*)[4]>(&acc[8 * n]), fa, fb[0], fb[1]);
           mma16816<T>(*reinterpret_cast<float(*)[4]>(&acc[8 * n + 4]), fa, fb[2], fb[3]);
         }
-        mma16816<T>(zacc, fa, ones, ones);
+        if (group == 0) mma16816<T>(zacc, fa, ones, ones);
       }
       release(slot);
       const StateTile<T> st = state_tile(j);
-      const int d = 16 * group_warp + g8;
+      const int d = row0 + g8;
 #pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        *reinterpret_cast<unsigned*>(st.at(d, 8 * n + c0)) = pack_pair<T>(acc[4 * n], acc[4 * n + 1]);
-        *reinterpret_cast<unsigned*>(st.at(d + 8, 8 * n + c0)) =
+      for (int n = 0; n < 4; ++n) {
+        *reinterpret_cast<unsigned*>(st.at(d, col0 + 8 * n + c0)) =
+            pack_pair<T>(acc[4 * n], acc[4 * n + 1]);
+        *reinterpret_cast<unsigned*>(st.at(d + 8, col0 + 8 * n + c0)) =
             pack_pair<T>(acc[4 * n + 2], acc[4 * n + 3]);
       }
-      if (lane % 4 == 0) {
+      if (group == 0 && lane % 4 == 0) {
         z[j * kD + d] = zacc[0];
         z[j * kD + d + 8] = zacc[2];
         state_set[j * kPackedFloats + kPackedZ + d] = zacc[0];
         state_set[j * kPackedFloats + kPackedZ + d + 8] = zacc[2];
       }
-      // This warp's rows of S_j leave now, while the next item's copies are awaited.
+      // This warp's part of S_j leaves now, while the next item's copies are awaited.
       __syncwarp();
-      copy_state_rows<T>(st, 16 * group_warp, state_set + j * kPackedFloats);
+      copy_state_rows<T, 32>(st, row0, col0, state_set + j * kPackedFloats);
     }
     sync_named(kConsumersBarrier, kConsumerThreads);
 
@@ -350,19 +342,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     sync_named(kConsumersBarrier, kConsumerThreads);
 
-    // Phase C: the outputs of this warpgroup's query tiles, two per slot.
-    for (int u = group; u < query_items; u += 2) {  // tiles 2u, 2u + 1: owner_of_block is u % 2
+    // Phase C, query tiles 2u and 2u + 1: phi(q) in place and den (two threads per row of both
+    // tiles), then warpgroup g forms tile 2u + g's outputs, warp w its rows 16 (w % 4) .. + 15.
+    for (int u = 0; u < query_items; ++u) {
       const int slot = wait_item(first_item + blocks + u);
       const RingTile<T> qt{ring + slot * (kSlotBytes / 2)};
-      float* const item_den = den + (2 * group + (u / 2) % 2) * 2 * kTile;
-      const int row = group_thread, block_of_row = 2 * u + row / kTile;
-      if (block_of_row < blocks) item_den[row] = query_features<T>(qt, row, zm + block_of_row * kD);
-      sync_named(kGroupBarrier0 + group, 128);
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int i = 2 * u + half;
-        if (i >= blocks) break;
-        const int row0 = kTile * half + 16 * group_warp;
+      float* const item_den = den + (u % 2) * 2 * kTile;
+      const int row = threadIdx.x / 2, block_of_row = 2 * u + row / kTile;
+      if (block_of_row < blocks) {
+        const float part = features_in_place<T, 4, 2>(qt, row, 4 * (threadIdx.x % 2),
+                                                      zm + block_of_row * kD);
+        const float total = part + __shfl_xor_sync(0xffffffffu, part, 1);
+        if (threadIdx.x % 2 == 0) item_den[row] = total;
+      }
+      // Warp w made the features of rows 16 w .. + 15, which are the rows it takes below
+      // (64 g + 16 (w % 4)): no other warp reads them.
+      __syncwarp();
+      const int i = 2 * u + group;
+      if (i < blocks) {
+        const int row0 = kTile * group + 16 * group_warp;
         const StateTile<T> st = state_tile(i);
         float acc[32] = {};
 #pragma unroll
@@ -389,7 +387,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const rw::Strip<T> strip{qt.p + row0 * kD};
         rw::store_strip(&maps.out, b, h, kTile * i + 16 * group_warp, strip, acc);
         // S'_i and z'_i leave with its outputs: this warp's 16 rows, z' by the group's warp 0.
-        copy_state_rows<T>(st, 16 * group_warp, mixed_set + i * kPackedFloats);
+        copy_state_rows<T, kD>(st, 16 * group_warp, 0, mixed_set + i * kPackedFloats);
         if (group_warp == 0) {
           const float2 pair = *reinterpret_cast<const float2*>(zm + i * kD + 2 * lane);
           *reinterpret_cast<float2*>(mixed_set + i * kPackedFloats + kPackedZ + 2 * lane) = pair;
@@ -398,8 +396,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (lane == 0) tc::wait_stores_read();
       release(slot);
     }
-    // No barrier here: the next item's states of this warpgroup replace only the S'_i it read
-    // (after a barrier of its own warps), and the mix waits for both warpgroups.
+    // No barrier here: the next item's first barrier (after its features) comes before any write
+    // of a state.
   }
   rw::finish_strip_stores();
 }
