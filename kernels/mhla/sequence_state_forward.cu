@@ -396,8 +396,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (lane == 0) tc::wait_stores_read();
       release(slot);
     }
-    // No barrier here: the next item's first barrier (after its features) comes before any write
-    // of a state.
+    // The next (batch, head)'s copies land in slots whose rows this one's warps wrote (phi(q),
+    // outputs) and read: the slots' barriers order them, through the producer; this barrier
+    // orders them directly, for the race checker, at one barrier per (batch, head). (The first
+    // item's barrier would order the state writes.)
+    sync_named(kConsumersBarrier, kConsumerThreads);
   }
   rw::finish_strip_stores();
 }
