@@ -9,6 +9,7 @@
 #include "attention/attention_op.h"
 #include "attention/block_linear_cuda.h"
 #include "mhla/cluster_block_linear.h"
+#include "mhla/sequence_state_forward.h"
 #include "test_helpers.h"
 
 using namespace mhla;
@@ -33,6 +34,26 @@ TEST_CASE("cluster kernels: the shapes they take", "[attention]") {
   CHECK_FALSE(takes(2, 1024, 2, 64, 16, DType::f32));
   CHECK_FALSE(takes(0, 1024, 2, 64, 16));
   CHECK_FALSE(takes(256, 1024, 256, 64, 16));  // B * H > 65535
+}
+
+TEST_CASE("sequence forward: the shapes it takes", "[attention]") {
+  using mhla_kernels::DType;
+  auto takes = [](int batch, int tokens, int heads, int dim, int blocks,
+                  DType dtype = DType::bf16) {
+    return mhla_kernels::sequence_state_forward_supported({batch, tokens, heads, dim, blocks},
+                                                          dtype);
+  };
+  // Blocks of exactly 64 tokens, at most 16 of them (their states fill 128 KiB of shared
+  // memory), bf16 (S and S' leave as packed bf16 sets), head dim 64.
+  CHECK(takes(64, 1024, 6, 64, 16));
+  CHECK(takes(30, 576, 10, 64, 9));
+  CHECK(takes(2, 64, 1, 64, 1));
+  CHECK_FALSE(takes(4, 2048, 6, 64, 32));           // 32 states do not fit
+  CHECK_FALSE(takes(4, 2048, 6, 64, 16));           // 128-token blocks
+  CHECK_FALSE(takes(256, 256, 6, 64, 16));          // 16-token blocks (the resident kernels)
+  CHECK_FALSE(takes(64, 1024, 6, 64, 16, DType::f16));
+  CHECK_FALSE(takes(64, 1024, 6, 32, 16));
+  CHECK_FALSE(takes(0, 1024, 6, 64, 16));
 }
 
 namespace {
