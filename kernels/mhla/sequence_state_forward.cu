@@ -8,6 +8,11 @@
 // as deep as the rest allows: five slots, with the outputs staged in the query tiles' own rows.
 // All eight consumer warps take every item.
 //
+// Measured on the H200 (session 40, B = 64, N = 1,024, H = 6, M = 16): 113 us against 107 us for
+// the three kernels it replaces, at about 2.6 TB/s: one CTA per multiprocessor with 80 KiB of
+// copies in flight does not reach the copy bandwidth (the consumers' largest stall is the wait
+// for their copies). Forward+backward is still 0.1-1.5 % faster (two fewer kernel boundaries).
+//
 // Per (batch, head): phase A, block j's k and v arrive in one slot, phi(k) is written in place
 // (four threads per row), then each warp forms a 16 x 32 part of S_j = phi(k)^T [v, 1] (the ones
 // column gives z_j), rounds it to bf16 into state tile j and copies it to the packed set S. Then
