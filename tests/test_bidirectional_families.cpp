@@ -48,9 +48,9 @@ TEST_CASE("sequence forward: the shapes it takes", "[attention]") {
   CHECK(takes(64, 1024, 6, 64, 16));
   CHECK(takes(30, 576, 10, 64, 9));
   CHECK(takes(2, 64, 1, 64, 1));
-  CHECK_FALSE(takes(4, 2048, 6, 64, 32));           // 32 states do not fit
-  CHECK_FALSE(takes(4, 2048, 6, 64, 16));           // 128-token blocks
-  CHECK_FALSE(takes(256, 256, 6, 64, 16));          // 16-token blocks (the resident kernels)
+  CHECK_FALSE(takes(4, 2048, 6, 64, 32));   // 32 states do not fit
+  CHECK_FALSE(takes(4, 2048, 6, 64, 16));   // 128-token blocks
+  CHECK_FALSE(takes(256, 256, 6, 64, 16));  // 16-token blocks (the resident kernels)
   CHECK_FALSE(takes(64, 1024, 6, 64, 16, DType::f16));
   CHECK_FALSE(takes(64, 1024, 6, 32, 16));
   CHECK_FALSE(takes(0, 1024, 6, 64, 16));
@@ -145,9 +145,9 @@ TEST_CASE(
   }
   torch::manual_seed(21);
   int runs = 0, sequence_runs = 0;
-  for (const std::string family : {"resident", "resident-warpgroup", "resident-state",
-                                   "resident-scores", "cluster", "states", "states-passes",
-                                   "states-sequence"}) {
+  for (const std::string family :
+       {"resident", "resident-warpgroup", "resident-state", "resident-scores", "cluster", "states",
+        "states-passes", "states-sequence"}) {
     for (auto dtype : {torch::kBFloat16, torch::kFloat16}) {
       for (const auto& s : kFamilyShapes) {
         const std::vector<int64_t> dims = {s.batch, s.tokens, s.heads, s.head_dim};

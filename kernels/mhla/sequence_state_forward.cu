@@ -57,12 +57,12 @@ using StateTile = warpgroup::SwizzledTile<T, kTile>;  // the same swizzle, by ro
 struct SmemPlan {
   static constexpr size_t ring = kSlots * static_cast<size_t>(kSlotBytes);
   static constexpr size_t states = kMaxBlocks * static_cast<size_t>(kStateBytes);
-  static constexpr size_t z = kMaxBlocks * kD * 4;  // z_j, then z'_i
-  static constexpr size_t den = 2 * 2 * kTile * 4;  // two items (by parity), 128 rows
+  static constexpr size_t z = kMaxBlocks * kD * 4;               // z_j, then z'_i
+  static constexpr size_t den = 2 * 2 * kTile * 4;               // two items (by parity), 128 rows
   static constexpr size_t mixing = kMaxBlocks * kMaxBlocks * 4;  // zero past M
   static constexpr size_t barriers = 2 * kSlots * 8;
-  static constexpr size_t bytes = rw::kTileAlignment + ring + tiles::align128(states) +
-                                  2 * z + den + mixing + barriers;
+  static constexpr size_t bytes =
+      rw::kTileAlignment + ring + tiles::align128(states) + 2 * z + den + mixing + barriers;
 };
 
 struct Maps {
@@ -190,8 +190,7 @@ __device__ __forceinline__ void copy_state_rows(StateTile<T> tile, int row0, int
   for (int k = 0; k < 16 * kPiecesPerRow / 32; ++k) {
     const int e = static_cast<int>(threadIdx.x % 32) + 32 * k;
     const int r = row0 + e / kPiecesPerRow, c = col0 + 8 * (e % kPiecesPerRow);
-    *reinterpret_cast<uint4*>(matrix + r * kD + c) =
-        *reinterpret_cast<const uint4*>(tile.at(r, c));
+    *reinterpret_cast<uint4*>(matrix + r * kD + c) = *reinterpret_cast<const uint4*>(tile.at(r, c));
   }
 }
 
@@ -208,7 +207,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       reinterpret_cast<float*>(smem + SmemPlan::ring + tiles::align128(SmemPlan::states));
   float* const zm = z + kMaxBlocks * kD;
   float* const den = zm + kMaxBlocks * kD;  // [item parity][128 rows]
-  float* const mix = den + 2 * 2 * kTile;     // [16][16], zero past M
+  float* const mix = den + 2 * 2 * kTile;   // [16][16], zero past M
   uint64_t* const full = reinterpret_cast<uint64_t*>(mix + kMaxBlocks * kMaxBlocks);
   uint64_t* const empty = full + kSlots;
 
@@ -286,7 +285,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int n = 0; n < 2; ++n) {
           unsigned fb[4];
-          load_matrices<true>(fb, kv.at(kTile + kk + (quad % 2) * 8 + row8, col0 + 16 * n + (quad / 2) * 8));
+          load_matrices<true>(
+              fb, kv.at(kTile + kk + (quad % 2) * 8 + row8, col0 + 16 * n + (quad / 2) * 8));
           mma16816<T>(*reinterpret_cast<float(*)[4]>(&acc[8 * n]), fa, fb[0], fb[1]);
           mma16816<T>(*reinterpret_cast<float(*)[4]>(&acc[8 * n + 4]), fa, fb[2], fb[3]);
         }
@@ -331,7 +331,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         mma16816<T>(out[e], m_lo, fb[2 * e], fb[2 * e + 1]);
         const int pe = piece + e, d = pe / 8, col = 8 * (pe % 8) + c0;
         if (g8 < blocks)
-          *reinterpret_cast<unsigned*>(state_tile(g8).at(d, col)) = pack_pair<T>(out[e][0], out[e][1]);
+          *reinterpret_cast<unsigned*>(state_tile(g8).at(d, col)) =
+              pack_pair<T>(out[e][0], out[e][1]);
         if (g8 + 8 < blocks)
           *reinterpret_cast<unsigned*>(state_tile(g8 + 8).at(d, col)) =
               pack_pair<T>(out[e][2], out[e][3]);
@@ -355,8 +356,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       float* const item_den = den + (u % 2) * 2 * kTile;
       const int row = threadIdx.x / 2, block_of_row = 2 * u + row / kTile;
       if (block_of_row < blocks) {
-        const float part = features_in_place<T, 4, 2>(qt, row, 4 * (threadIdx.x % 2),
-                                                      zm + block_of_row * kD);
+        const float part =
+            features_in_place<T, 4, 2>(qt, row, 4 * (threadIdx.x % 2), zm + block_of_row * kD);
         const float total = part + __shfl_xor_sync(0xffffffffu, part, 1);
         if (threadIdx.x % 2 == 0) item_den[row] = total;
       }

@@ -5,9 +5,9 @@
 // them; at M = 16 blocks of 64 tokens the states are as many bytes as the keys and values they
 // summarize. Here one persistent CTA per (batch, head) at a time
 //
-//   S_j  = phi(K_j)^T [V_j, 1]                   (mma.sync, fp32, rounded to bf16 into shared memory)
-//   S'_i = sum_j m_ij S_j                        (in shared memory, m as bf16 high and low parts)
-//   o_t  = phi(q_t) S'_i / (phi(q_t) z'_i + eps) (t in block i)
+//   S_j  = phi(K_j)^T [V_j, 1]          (mma.sync, fp32, rounded to bf16 in shared memory)
+//   S'_i = sum_j m_ij S_j               (in shared memory, m as bf16 high and low parts)
+//   o_t  = phi(q_t) S'_i / (phi(q_t) z'_i + eps)   (t in block i)
 //
 // with the token tiles brought by the tensor copy engine into a ring that a producer warp keeps
 // full. S and S' still leave as packed sets (block_linear_attention.h: D x D bf16, then D fp32),

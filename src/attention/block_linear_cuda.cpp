@@ -167,7 +167,8 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
     auto stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
     const auto form = static_cast<StatesForward>(forward_form);
     std::optional<kernels::SequenceStateForward> sequence;
-    if (mixes && sequence_forward_wanted(form) && sequence_forward_fits(shape, kernel_dtype(dtype))) {
+    if (mixes && sequence_forward_wanted(form) &&
+        sequence_forward_fits(shape, kernel_dtype(dtype))) {
       sequence = sequence_forward_args(q, k, v, mixing, blocks);
       if (!kernels::sequence_state_forward_takes(*sequence)) sequence.reset();
     }
@@ -177,8 +178,8 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
     }
     if (sequence) {
       // States, mix and output in one kernel; S and S' still go out (packed) for the backward.
-      mixed = torch::empty({static_cast<int64_t>(kernels::block_linear_packed_floats(shape))},
-                           floats);
+      mixed =
+          torch::empty({static_cast<int64_t>(kernels::block_linear_packed_floats(shape))}, floats);
       sequence->out = out.data_ptr();
       sequence->states = states.data_ptr<float>();
       sequence->mixed = mixed.data_ptr<float>();
