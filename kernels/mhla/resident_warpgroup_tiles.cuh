@@ -88,6 +88,39 @@ __device__ __forceinline__ unsigned scaled_relu_pair(unsigned x, unsigned head, 
   return y;
 }
 
+// squares plus the sum of squares of a 16-byte piece's eight elements.
+template <typename T>
+__device__ __forceinline__ float add_squares(const uint4& piece, float squares) {
+  const unsigned* words = reinterpret_cast<const unsigned*>(&piece);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float a, b;
+    unpack_pair<T>(words[i], a, b);
+    squares = fmaf(a, a, fmaf(b, b, squares));
+  }
+  return squares;
+}
+template <typename T, int Pieces>
+__device__ __forceinline__ float sum_of_squares(const uint4 (&pieces)[Pieces]) {
+  float squares = 0.f;
+#pragma unroll
+  for (int c = 0; c < Pieces; ++c) squares = add_squares<T>(pieces[c], squares);
+  return squares;
+}
+
+// The feature map's scale 1 / rms of a row as scaled_relu_pair's packed constants.
+struct FeatureScale {
+  unsigned head, tail, floor;
+  template <typename T>
+  __device__ __forceinline__ static FeatureScale of(float scale) {
+    float head_value, tail_value;
+    unpack_pair<T>(pack_pair<T>(scale, scale), head_value, tail_value);
+    return {pack_pair<T>(head_value, head_value),
+            pack_pair<T>(scale - head_value, scale - head_value),
+            pack_pair<T>(tiles::kFeatureFloor, tiles::kFeatureFloor)};
+  }
+};
+
 // Row r of phi = relu(x / rms(x)) + floor for row r of x (in place when raw and tile are the
 // same); returns 1 / rms.
 template <typename T>
@@ -97,25 +130,15 @@ __device__ __forceinline__ float features_of_row(Tile<T> raw, Tile<T> tile, int 
 #pragma unroll
   for (int c = 0; c < kD / 8; ++c) {
     pieces[c] = *reinterpret_cast<const uint4*>(raw.at(r, 8 * c));
-    const unsigned* words = reinterpret_cast<const unsigned*>(&pieces[c]);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float a, b;
-      unpack_pair<T>(words[i], a, b);
-      squares = fmaf(a, a, fmaf(b, b, squares));
-    }
+    squares = add_squares<T>(pieces[c], squares);
   }
   const float scale = rsqrtf(squares / kD + tiles::kNormEps);
-  float head_value, tail_value;
-  unpack_pair<T>(pack_pair<T>(scale, scale), head_value, tail_value);
-  const unsigned head = pack_pair<T>(head_value, head_value);
-  const unsigned tail = pack_pair<T>(scale - head_value, scale - head_value);
-  const unsigned floor = pack_pair<T>(tiles::kFeatureFloor, tiles::kFeatureFloor);
+  const auto f = FeatureScale::of<T>(scale);
 #pragma unroll
   for (int c = 0; c < kD / 8; ++c) {
     unsigned* words = reinterpret_cast<unsigned*>(&pieces[c]);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) words[i] = scaled_relu_pair<T>(words[i], head, tail, floor);
+    for (int i = 0; i < 4; ++i) words[i] = scaled_relu_pair<T>(words[i], f.head, f.tail, f.floor);
     *reinterpret_cast<uint4*>(tile.at(r, 8 * c)) = pieces[c];
   }
   return scale;

@@ -115,35 +115,6 @@ __device__ void produce(const Maps& maps, const BlockLinearShape& s, T* ring, ui
   }
 }
 
-// The feature-map scale of a row and its packed-pair constants (rw::scaled_relu_pair).
-struct FeatureScale {
-  unsigned head, tail, floor;
-  template <typename T>
-  __device__ __forceinline__ static FeatureScale of(float scale) {
-    float head_value, tail_value;
-    unpack_pair<T>(pack_pair<T>(scale, scale), head_value, tail_value);
-    return {pack_pair<T>(head_value, head_value),
-            pack_pair<T>(scale - head_value, scale - head_value),
-            pack_pair<T>(tiles::kFeatureFloor, tiles::kFeatureFloor)};
-  }
-};
-
-template <typename T, int Pieces>
-__device__ __forceinline__ float sum_of_squares(const uint4 (&pieces)[Pieces]) {
-  float squares = 0.f;
-#pragma unroll
-  for (int c = 0; c < Pieces; ++c) {
-    const unsigned* words = reinterpret_cast<const unsigned*>(&pieces[c]);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float a, b;
-      unpack_pair<T>(words[i], a, b);
-      squares = fmaf(a, a, fmaf(b, b, squares));
-    }
-  }
-  return squares;
-}
-
 // phi(x) in place for Pieces 16-byte pieces of row r from piece0, the rest of the row held by
 // the adjacent lanes of a group of Lanes (their squares summed by shuffles). Returns this lane's
 // part of phi(x) . z (phi as the products see it; z from the row's column 8 piece0), or 0
@@ -155,11 +126,11 @@ __device__ __forceinline__ float features_in_place(RingTile<T> tile, int r, int 
 #pragma unroll
   for (int c = 0; c < Pieces; ++c)
     pieces[c] = *reinterpret_cast<const uint4*>(tile.at(r, 8 * (piece0 + c)));
-  float squares = sum_of_squares<T>(pieces);
+  float squares = rw::sum_of_squares<T>(pieces);
 #pragma unroll
   for (int offset = 1; offset < Lanes; offset *= 2)
     squares += __shfl_xor_sync(0xffffffffu, squares, offset);
-  const auto f = FeatureScale::of<T>(rsqrtf(squares / kD + tiles::kNormEps));
+  const auto f = rw::FeatureScale::of<T>(rsqrtf(squares / kD + tiles::kNormEps));
   float dot = 0.f;
 #pragma unroll
   for (int c = 0; c < Pieces; ++c) {
