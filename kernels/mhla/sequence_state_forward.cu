@@ -35,20 +35,8 @@ using wmma_tiles::detail::load_matrices;
 using wmma_tiles::detail::mma16816;
 
 constexpr int kD = 64, kTile = 64, kMaxBlocks = 16;
-// Consumer warps: 8 (two warpgroups) or 16 (four); the producer warp comes on top.
-template <int Warps>
-struct Team {
-  static_assert(Warps == 8 || Warps == 16, "two or four consumer warpgroups");
-  static constexpr int consumer_threads = 32 * Warps, threads = consumer_threads + 32;
-  // Phase A: warp w forms rows 16 (w % 4) .. + 15 of S_j and a_cols of its columns.
-  static constexpr int a_cols = kD / (Warps / 4);
-  static constexpr int k_row_lanes = consumer_threads / kTile;  // threads per row of phi(k)
-  // Phase C: warp w forms rows 16 s .. + 15 (strip s) of two query tiles, c_cols of the columns;
-  // with 16 warps the two warps of a strip (2 s, 2 s + 1) split its columns.
-  static constexpr int strip_warps = Warps / 8, c_cols = kD / strip_warps;
-  static constexpr int q_row_lanes = consumer_threads / (2 * kTile);  // threads per row of phi(q)
-  static constexpr int mix_pieces = kD * kD / 8 / Warps;              // per warp, of every state
-};
+constexpr int kConsumerWarps = 8, kConsumerThreads = 32 * kConsumerWarps;
+constexpr int kThreads = kConsumerThreads + 32;  // and one producer warp
 constexpr int kSlots = 5;                        // item n of a CTA goes to slot n % 5
 constexpr uint32_t kTileBytes = kTile * kD * 2;
 constexpr uint32_t kSlotBytes = 2 * kTileBytes;  // k and v, or two query tiles
@@ -58,8 +46,8 @@ constexpr uint32_t kSlotBytes = 2 * kTileBytes;  // k and v, or two query tiles
 constexpr uint32_t kStateBytes = kTileBytes + 16;
 constexpr int kPackedZ = kD * kD / 2, kPackedFloats = kPackedZ + kD;  // PackedState<64>
 
-// Barrier ids: 0 is __syncthreads; 1 the consumers'; 2 + s the two warps of strip s (16 warps).
-constexpr int kConsumersBarrier = 1, kStripBarrier0 = 2;
+// Barrier ids: 0 is __syncthreads; 1 the consumers' (256 threads).
+constexpr int kConsumersBarrier = 1;
 
 template <typename T>
 using RingTile = warpgroup::SwizzledTile<T, 2 * kTile>;  // a slot: rows 0-63 k (or q), 64-127 v (q)
@@ -177,12 +165,9 @@ __device__ __forceinline__ void copy_state_rows(StateTile<T> tile, int row0, int
   }
 }
 
-template <typename T, int Warps>
-__global__ void __launch_bounds__(Team<Warps>::threads, 1)
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1)
     sequence_state_forward_kernel(SequenceStateForward p, const __grid_constant__ Maps maps) {
-  using team = Team<Warps>;
-  constexpr int kConsumerWarps = Warps, kConsumerThreads = team::consumer_threads;
-  constexpr int kThreads = team::threads;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* const smem = rw::align_tiles(smem_raw);
   const auto& s = p.shape;
@@ -215,7 +200,7 @@ __global__ void __launch_bounds__(Team<Warps>::threads, 1)
     return;
   }
 
-  const int group_warp = warp % 4;
+  const int group = warp / 4, group_warp = warp % 4;
   const int g8 = lane / 4, quad = lane / 8, row8 = lane % 8, c0 = 2 * (lane % 4);
   const unsigned ones = pack_pair<T>(1.f, 1.f);
   auto state_tile = [&](int j) { return StateTile<T>{states + j * (kStateBytes / 2)}; };
@@ -260,38 +245,35 @@ __global__ void __launch_bounds__(Team<Warps>::threads, 1)
     for (int j = 0; j < blocks; ++j) {
       const int slot = wait_item(first_item + j);
       const RingTile<T> kv{ring + slot * (kSlotBytes / 2)};
-      constexpr int kLanes = team::k_row_lanes, kPieces = 8 / kLanes;
-      features_in_place<T, kPieces, kLanes>(kv, threadIdx.x / kLanes,
-                                            kPieces * (threadIdx.x % kLanes), nullptr);
+      features_in_place<T, 2, 4>(kv, threadIdx.x / 4, 2 * (threadIdx.x % 4), nullptr);
       sync_named(kConsumersBarrier, kConsumerThreads);
-      constexpr int kCols = team::a_cols;
-      const int row0 = 16 * group_warp, col0 = kCols * (warp / 4);
-      float acc[kCols / 2] = {}, zacc[4] = {};
+      const int row0 = 16 * group_warp, col0 = 32 * group;
+      float acc[16] = {}, zacc[4] = {};
 #pragma unroll
       for (int kk = 0; kk < kTile; kk += 16) {
         unsigned fa[4];
         load_matrices<true>(fa, kv.at(kk + (quad / 2) * 8 + row8, row0 + (quad % 2) * 8));
 #pragma unroll
-        for (int n = 0; n < kCols / 16; ++n) {
+        for (int n = 0; n < 2; ++n) {
           unsigned fb[4];
           load_matrices<true>(
               fb, kv.at(kTile + kk + (quad % 2) * 8 + row8, col0 + 16 * n + (quad / 2) * 8));
           mma16816<T>(*reinterpret_cast<float(*)[4]>(&acc[8 * n]), fa, fb[0], fb[1]);
           mma16816<T>(*reinterpret_cast<float(*)[4]>(&acc[8 * n + 4]), fa, fb[2], fb[3]);
         }
-        if (warp < 4) mma16816<T>(zacc, fa, ones, ones);
+        if (group == 0) mma16816<T>(zacc, fa, ones, ones);
       }
       release(slot);
       const StateTile<T> st = state_tile(j);
       const int d = row0 + g8;
 #pragma unroll
-      for (int n = 0; n < kCols / 8; ++n) {
+      for (int n = 0; n < 4; ++n) {
         *reinterpret_cast<unsigned*>(st.at(d, col0 + 8 * n + c0)) =
             pack_pair<T>(acc[4 * n], acc[4 * n + 1]);
         *reinterpret_cast<unsigned*>(st.at(d + 8, col0 + 8 * n + c0)) =
             pack_pair<T>(acc[4 * n + 2], acc[4 * n + 3]);
       }
-      if (warp < 4 && lane % 4 == 0) {
+      if (group == 0 && lane % 4 == 0) {
         z[j * kD + d] = zacc[0];
         z[j * kD + d + 8] = zacc[2];
         state_set[j * kPackedFloats + kPackedZ + d] = zacc[0];
@@ -299,13 +281,13 @@ __global__ void __launch_bounds__(Team<Warps>::threads, 1)
       }
       // This warp's part of S_j leaves now, while the next item's copies are awaited.
       __syncwarp();
-      copy_state_rows<T, kCols>(st, row0, col0, state_set + j * kPackedFloats);
+      copy_state_rows<T, 32>(st, row0, col0, state_set + j * kPackedFloats);
     }
     sync_named(kConsumersBarrier, kConsumerThreads);
 
     // S' = m S in place, this warp's 64 pieces of every state; z' = m z.
-    const int piece0 = team::mix_pieces * warp;
-    for (int it = 0; it < team::mix_pieces / 2; ++it) {
+    const int piece0 = 64 * warp;
+    for (int it = 0; it < 32; ++it) {
       const int piece = piece0 + 2 * it;
       const int j = (quad % 2) * 8 + row8, mine = piece + quad / 2;
       unsigned fb[4];
@@ -337,74 +319,53 @@ __global__ void __launch_bounds__(Team<Warps>::threads, 1)
     }
     sync_named(kConsumersBarrier, kConsumerThreads);
 
-    // Phase C, query tiles 2u and 2u + 1: phi(q) in place and den (q_row_lanes threads per row of
-    // both tiles), then strip s = rows 16 s .. + 15 of the two tiles (tile s / 4) goes to the
-    // warps that made its features: warp s with 8 warps, warps 2 s and 2 s + 1 with 16 (each
-    // c_cols of its columns, met at the strip's barrier).
-    constexpr int kStripWarps = team::strip_warps, kCols = team::c_cols;
-    const int strip = warp / kStripWarps, strip_part = warp % kStripWarps;
-    const int tile = strip / 4, strip_row0 = 16 * strip, col0 = kCols * strip_part;
-    auto sync_strip = [&]() {
-      if constexpr (kStripWarps == 1)
-        __syncwarp();
-      else
-        sync_named(kStripBarrier0 + strip, 32 * kStripWarps);
-    };
+    // Phase C, query tiles 2u and 2u + 1: phi(q) in place and den (two threads per row of both
+    // tiles), then warpgroup g forms tile 2u + g's outputs, warp w its rows 16 (w % 4) .. + 15.
     for (int u = 0; u < query_items; ++u) {
       const int slot = wait_item(first_item + blocks + u);
       const RingTile<T> qt{ring + slot * (kSlotBytes / 2)};
       float* const item_den = den + (u % 2) * 2 * kTile;
-      constexpr int kLanes = team::q_row_lanes, kPieces = 8 / kLanes;
-      const int row = threadIdx.x / kLanes, block_of_row = 2 * u + row / kTile;
+      const int row = threadIdx.x / 2, block_of_row = 2 * u + row / kTile;
       if (block_of_row < blocks) {
-        float part = features_in_place<T, kPieces, kLanes>(qt, row, kPieces * (threadIdx.x % kLanes),
-                                                           zm + block_of_row * kD);
-#pragma unroll
-        for (int offset = 1; offset < kLanes; offset *= 2)
-          part += __shfl_xor_sync(0xffffffffu, part, offset);
-        if (threadIdx.x % kLanes == 0) item_den[row] = part;
+        const float part =
+            features_in_place<T, 4, 2>(qt, row, 4 * (threadIdx.x % 2), zm + block_of_row * kD);
+        const float total = part + __shfl_xor_sync(0xffffffffu, part, 1);
+        if (threadIdx.x % 2 == 0) item_den[row] = total;
       }
-      const int i = 2 * u + tile;
+      // Warp w made the features of rows 16 w .. + 15, which are the rows it takes below
+      // (64 g + 16 (w % 4)): no other warp reads them.
+      __syncwarp();
+      const int i = 2 * u + group;
       if (i < blocks) {
-        // The strip's features and den come from its own warps only.
-        sync_strip();
+        const int row0 = kTile * group + 16 * group_warp;
         const StateTile<T> st = state_tile(i);
-        float acc[kCols / 2] = {};
+        float acc[32] = {};
 #pragma unroll
         for (int kk = 0; kk < kD; kk += 16) {
           unsigned fa[4];
-          load_matrices<false>(fa, qt.at(strip_row0 + (quad % 2) * 8 + row8, kk + (quad / 2) * 8));
+          load_matrices<false>(fa, qt.at(row0 + (quad % 2) * 8 + row8, kk + (quad / 2) * 8));
 #pragma unroll
-          for (int n = 0; n < kCols / 16; ++n) {
+          for (int n = 0; n < 4; ++n) {
             unsigned fb[4];
-            load_matrices<true>(fb,
-                                st.at(kk + (quad % 2) * 8 + row8, col0 + 16 * n + (quad / 2) * 8));
+            load_matrices<true>(fb, st.at(kk + (quad % 2) * 8 + row8, 16 * n + (quad / 2) * 8));
             mma16816<T>(*reinterpret_cast<float(*)[4]>(&acc[8 * n]), fa, fb[0], fb[1]);
             mma16816<T>(*reinterpret_cast<float(*)[4]>(&acc[8 * n + 4]), fa, fb[2], fb[3]);
           }
         }
-        const float inv_lo = 1.f / (item_den[strip_row0 + g8] + tiles::kDenominatorEps);
-        const float inv_hi = 1.f / (item_den[strip_row0 + g8 + 8] + tiles::kDenominatorEps);
-        // The outputs go over the strip's phi(q) rows once every warp of the strip has read them,
-        // then out by the copy engine (issued by the strip's first warp once all have written);
-        // the slot is released once that store has read them.
-        sync_strip();
-        const rw::Strip<T> stage{qt.p + strip_row0 * kD};
+        const float inv_lo = 1.f / (item_den[row0 + g8] + tiles::kDenominatorEps);
+        const float inv_hi = 1.f / (item_den[row0 + g8 + 8] + tiles::kDenominatorEps);
 #pragma unroll
-        for (int n = 0; n < kCols / 8; ++n) {
-          *reinterpret_cast<unsigned*>(stage.at(g8, col0 + 8 * n + c0)) =
-              pack_pair<T>(acc[4 * n] * inv_lo, acc[4 * n + 1] * inv_lo);
-          *reinterpret_cast<unsigned*>(stage.at(g8 + 8, col0 + 8 * n + c0)) =
-              pack_pair<T>(acc[4 * n + 2] * inv_hi, acc[4 * n + 3] * inv_hi);
+        for (int n = 0; n < 8; ++n) {
+          acc[4 * n] *= inv_lo, acc[4 * n + 1] *= inv_lo;
+          acc[4 * n + 2] *= inv_hi, acc[4 * n + 3] *= inv_hi;
         }
-        tc::fence_for_copy_engine();
-        sync_strip();
-        if (strip_part == 0 && lane == 0)
-          tc::store_swizzled_token_rows(&maps.out, stage.p, kTile * i + 16 * (strip % 4), h, b);
-        // S'_i and z'_i leave with its outputs: this warp's rows and columns, z' by the tile's
-        // first warp.
-        copy_state_rows<T, kCols>(st, 16 * (strip % 4), col0, mixed_set + i * kPackedFloats);
-        if (warp % (4 * kStripWarps) == 0) {
+        // Over this warp's own phi(q) rows (no other warp reads them), then out by the copy
+        // engine; the slot is released once that store has read them.
+        const rw::Strip<T> strip{qt.p + row0 * kD};
+        rw::store_strip(&maps.out, b, h, kTile * i + 16 * group_warp, strip, acc);
+        // S'_i and z'_i leave with its outputs: this warp's 16 rows, z' by the group's warp 0.
+        copy_state_rows<T, kD>(st, 16 * group_warp, 0, mixed_set + i * kPackedFloats);
+        if (group_warp == 0) {
           const float2 pair = *reinterpret_cast<const float2*>(zm + i * kD + 2 * lane);
           *reinterpret_cast<float2*>(mixed_set + i * kPackedFloats + kPackedZ + 2 * lane) = pair;
         }
@@ -432,7 +393,6 @@ bool sequence_state_forward_supported(const BlockLinearShape& s, DType dtype) {
 bool sequence_state_forward_takes(const SequenceStateForward& a) {
   const auto aligned = [](const void* data) { return reinterpret_cast<uintptr_t>(data) % 16 == 0; };
   return sequence_state_forward_supported(a.shape, a.dtype) && a.mixing != nullptr &&
-         (a.consumer_warps == 8 || a.consumer_warps == 16) &&
          rw::copyable(a.q) && rw::copyable(a.k) && rw::copyable(a.v) && rw::storable(a.out) &&
          aligned(a.states) && aligned(a.mixed);
 }
@@ -440,9 +400,7 @@ bool sequence_state_forward_takes(const SequenceStateForward& a) {
 cudaError_t sequence_state_forward(const SequenceStateForward& a, cudaStream_t stream) {
   if (!sequence_state_forward_takes(a)) return cudaErrorInvalidValue;
   const auto& s = a.shape;
-  const bool wide = a.consumer_warps == 16;
-  const auto kernel = wide ? sequence_state_forward_kernel<__nv_bfloat16, 16>
-                           : sequence_state_forward_kernel<__nv_bfloat16, 8>;
+  const auto kernel = sequence_state_forward_kernel<__nv_bfloat16>;
   cudaError_t err = tiles::allow_smem(kernel, SmemPlan::bytes);
   if (err != cudaSuccess) return err;
   Maps maps;
@@ -456,8 +414,7 @@ cudaError_t sequence_state_forward(const SequenceStateForward& a, cudaStream_t s
     return err;
   const int pairs = s.batch * s.heads;
   const int grid = pairs < multiprocessors() ? pairs : multiprocessors();
-  const int threads = wide ? Team<16>::threads : Team<8>::threads;
-  kernel<<<grid, threads, SmemPlan::bytes, stream>>>(a, maps);
+  kernel<<<grid, kThreads, SmemPlan::bytes, stream>>>(a, maps);
   return cudaGetLastError();
 }
 

@@ -113,9 +113,8 @@ float* data_or_null(const torch::Tensor& t) {
 // How MHLA's forward runs on the state kernels: `automatic` takes the one-kernel sequence forward
 // (sequence_state_forward.h) where it fits, unless MHLA_SEQUENCE_FORWARD=0 (A/B runs); `passes`
 // runs the states pass, the state mix and the output pass; `sequence` the one kernel (an error
-// where it does not fit) with 16 consumer warps, `sequence_eight` with 8 (the session-40 form;
-// MHLA_SEQUENCE_WIDE=0 makes `automatic` take it, for A/B runs).
-enum class StatesForward : int64_t { automatic = 0, passes = 1, sequence = 2, sequence_eight = 3 };
+// where it does not fit).
+enum class StatesForward : int64_t { automatic = 0, passes = 1, sequence = 2 };
 
 // The arguments of the sequence forward for these inputs (outputs left unset).
 kernels::SequenceStateForward sequence_forward_args(const torch::Tensor& q, const torch::Tensor& k,
@@ -138,14 +137,7 @@ bool sequence_forward_fits(const kernels::BlockLinearShape& shape, kernels::DTyp
 
 bool sequence_forward_wanted(StatesForward form) {
   static const bool enabled = environment_switch("MHLA_SEQUENCE_FORWARD", true);
-  return form == StatesForward::sequence || form == StatesForward::sequence_eight ||
-         (form == StatesForward::automatic && enabled);
-}
-
-int sequence_forward_warps(StatesForward form) {
-  static const bool wide = environment_switch("MHLA_SEQUENCE_WIDE", true);
-  if (form == StatesForward::automatic) return wide ? 16 : 8;
-  return form == StatesForward::sequence_eight ? 8 : 16;
+  return form == StatesForward::sequence || (form == StatesForward::automatic && enabled);
 }
 
 // One autograd function for both ops: without a mixing matrix it calls the linear-attention
@@ -178,11 +170,9 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
     if (mixes && sequence_forward_wanted(form) &&
         sequence_forward_fits(shape, kernel_dtype(dtype))) {
       sequence = sequence_forward_args(q, k, v, mixing, blocks);
-      sequence->consumer_warps = sequence_forward_warps(form);
       if (!kernels::sequence_state_forward_takes(*sequence)) sequence.reset();
     }
-    if (mixes && (form == StatesForward::sequence || form == StatesForward::sequence_eight) &&
-        !sequence) {
+    if (mixes && form == StatesForward::sequence && !sequence) {
       fail("mhla (cuda): the sequence forward does not take q {} ({}) with {} blocks",
            c10::str(q.sizes()), c10::toString(dtype), blocks);
     }
@@ -656,14 +646,14 @@ bool block_linear_family_takes(const std::string& family, const torch::Tensor& q
   }
   if (family == "cluster") return cluster_takes(q, v, blocks);
   if (family == "states" || family == "states-passes") return true;
-  if (family == "states-sequence" || family == "states-sequence-8") {  // MHLA only: linear attention has no forward to fuse
+  if (family == "states-sequence") {  // MHLA only: linear attention has no forward to fuse
     const auto type = v.scalar_type();
     return blocks > 1 && (type == torch::kFloat16 || type == torch::kBFloat16) &&
            sequence_forward_fits(shape_of(q, blocks), kernel_dtype(type));
   }
   fail(
       "unknown bidirectional kernel family '{}' (resident, resident-warpgroup, resident-state, "
-      "resident-scores, cluster, states, states-passes, states-sequence, states-sequence-8)",
+      "resident-scores, cluster, states, states-passes, states-sequence)",
       family);
 }
 
@@ -681,8 +671,7 @@ torch::Tensor block_linear_by_named_family(const std::string& family, const torc
   if (family == "cluster") return ClusterBlockLinearFunction::apply(q, k, v, mixing, blocks);
   const auto form = family == "states-passes"     ? StatesForward::passes
                     : family == "states-sequence" ? StatesForward::sequence
-                    : family == "states-sequence-8" ? StatesForward::sequence_eight
-                                                    : StatesForward::automatic;
+                                                  : StatesForward::automatic;
   return BlockLinearFunction::apply(q, k, v, mixing, blocks, static_cast<int64_t>(form));
 }
 

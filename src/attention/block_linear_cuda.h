@@ -27,8 +27,7 @@ torch::Tensor mhla_cuda_dense(const torch::Tensor& q, const torch::Tensor& k,
 // The bidirectional kernel families of the `cuda` backend, by name: "resident" (the whole
 // sequence of a (batch, head) in one CTA, dense form), "cluster" (one 16-CTA cluster per
 // (batch, head)) and "states" (block states through global memory; "states-passes" and
-// "states-sequence" ask for its forward as three passes or as one kernel (16 consumer warps;
-// "states-sequence-8" with 8),
+// "states-sequence" ask for its forward as three passes or as one kernel,
 // kernels/mhla/sequence_state_forward.h); "resident-warpgroup",
 // "resident-state" and "resident-scores" are the resident family with one backward form asked
 // for (kernels/mhla/resident_block_linear.h). The backend takes the resident kernels where they
