@@ -37,6 +37,7 @@ using wmma_tiles::detail::mma16816;
 constexpr int kD = 64, kTile = 64, kMaxBlocks = 16;
 constexpr int kConsumerWarps = 8, kConsumerThreads = 32 * kConsumerWarps;
 constexpr int kThreads = kConsumerThreads + 32;  // and one producer warp
+constexpr int kSlots = 5;                        // item n of a CTA goes to slot n % 5
 constexpr uint32_t kTileBytes = kTile * kD * 2;
 constexpr uint32_t kSlotBytes = 2 * kTileBytes;  // k and v, or two query tiles
 // States sit 16 bytes further apart than their size: the same 16-byte piece of eight
@@ -53,20 +54,9 @@ using RingTile = warpgroup::SwizzledTile<T, 2 * kTile>;  // a slot: rows 0-63 k 
 template <typename T>
 using StateTile = warpgroup::SwizzledTile<T, kTile>;  // the same swizzle, by row index
 
-// The ring's depth against the states' room: five slots beside 16 states, nine beside 8
-// (M <= 8; more bytes in flight per multiprocessor). Item n of a CTA goes to slot n % Slots.
-template <int Slots, int States>
-struct Layout {
-  static constexpr int slots = Slots, states = States;
-};
-using WideLayout = Layout<5, kMaxBlocks>;
-using DeepLayout = Layout<9, kMaxBlocks / 2>;
-
-template <typename L>
 struct SmemPlan {
-  static constexpr int kSlots = L::slots;
   static constexpr size_t ring = kSlots * static_cast<size_t>(kSlotBytes);
-  static constexpr size_t states = L::states * static_cast<size_t>(kStateBytes);
+  static constexpr size_t states = kMaxBlocks * static_cast<size_t>(kStateBytes);
   static constexpr size_t z = kMaxBlocks * kD * 4;               // z_j, then z'_i
   static constexpr size_t den = 2 * 2 * kTile * 4;               // two items (by parity), 128 rows
   static constexpr size_t mixing = kMaxBlocks * kMaxBlocks * 4;  // zero past M
@@ -92,7 +82,7 @@ __device__ __forceinline__ void sync_named(int id, int threads) {
 // (which it could if each warpgroup skipped the other's items).
 
 // The producer: one thread starts each item's copies once its slot's previous item is released.
-template <typename T, int kSlots>
+template <typename T>
 __device__ void produce(const Maps& maps, const BlockLinearShape& s, T* ring, uint64_t* full,
                         uint64_t* empty) {
   const int pairs = s.batch * s.heads, blocks = s.blocks, query_items = (blocks + 1) / 2;
@@ -175,11 +165,9 @@ __device__ __forceinline__ void copy_state_rows(StateTile<T> tile, int row0, int
   }
 }
 
-template <typename T, typename L>
+template <typename T>
 __global__ void __launch_bounds__(kThreads, 1)
     sequence_state_forward_kernel(SequenceStateForward p, const __grid_constant__ Maps maps) {
-  using SmemPlan = SmemPlan<L>;
-  constexpr int kSlots = L::slots;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* const smem = rw::align_tiles(smem_raw);
   const auto& s = p.shape;
@@ -208,7 +196,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (warp == kConsumerWarps) {
-    if (lane == 0) produce<T, kSlots>(maps, s, ring, full, empty);
+    if (lane == 0) produce<T>(maps, s, ring, full, empty);
     return;
   }
 
@@ -412,11 +400,8 @@ bool sequence_state_forward_takes(const SequenceStateForward& a) {
 cudaError_t sequence_state_forward(const SequenceStateForward& a, cudaStream_t stream) {
   if (!sequence_state_forward_takes(a)) return cudaErrorInvalidValue;
   const auto& s = a.shape;
-  const bool deep = a.deep_ring && s.blocks <= DeepLayout::states;
-  const auto kernel = deep ? sequence_state_forward_kernel<__nv_bfloat16, DeepLayout>
-                           : sequence_state_forward_kernel<__nv_bfloat16, WideLayout>;
-  const size_t smem_bytes = deep ? SmemPlan<DeepLayout>::bytes : SmemPlan<WideLayout>::bytes;
-  cudaError_t err = tiles::allow_smem(kernel, smem_bytes);
+  const auto kernel = sequence_state_forward_kernel<__nv_bfloat16>;
+  cudaError_t err = tiles::allow_smem(kernel, SmemPlan::bytes);
   if (err != cudaSuccess) return err;
   Maps maps;
   const auto encode = [&](CUtensorMap* map, const TokenTensor& t) {
@@ -429,7 +414,7 @@ cudaError_t sequence_state_forward(const SequenceStateForward& a, cudaStream_t s
     return err;
   const int pairs = s.batch * s.heads;
   const int grid = pairs < multiprocessors() ? pairs : multiprocessors();
-  kernel<<<grid, kThreads, smem_bytes, stream>>>(a, maps);
+  kernel<<<grid, kThreads, SmemPlan::bytes, stream>>>(a, maps);
   return cudaGetLastError();
 }
 

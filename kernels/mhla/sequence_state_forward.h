@@ -24,7 +24,6 @@ struct SequenceStateForward {
   void* out = nullptr;            // [B, N, H, D] contiguous
   float* states = nullptr;        // packed set (block_linear_packed_floats): S_j and z_j
   float* mixed = nullptr;         // packed set: S'_i and z'_i
-  bool deep_ring = true;          // M <= 8: nine copies in flight instead of five
 };
 
 // The shapes the kernel computes: bf16, head dim 64, N = 64 M with 1 <= M <= 16.

@@ -170,8 +170,6 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
     if (mixes && sequence_forward_wanted(form) &&
         sequence_forward_fits(shape, kernel_dtype(dtype))) {
       sequence = sequence_forward_args(q, k, v, mixing, blocks);
-      static const bool deep_ring = environment_switch("MHLA_SEQUENCE_DEEP_RING", true);
-      sequence->deep_ring = deep_ring;
       if (!kernels::sequence_state_forward_takes(*sequence)) sequence.reset();
     }
     if (mixes && form == StatesForward::sequence && !sequence) {

@@ -33,8 +33,7 @@ inline std::string environment_switches_set() {
         "MHLA_FRAGMENT_ONE_TILE", "MHLA_SCALAR_STATE_ADDS", "MHLA_PACKED_BLOCK_STATES",
         "MHLA_MIX_BACKWARD_STORES", "MHLA_PIPELINED_PASSES",
         "MHLA_PACKED_STATE_STORES", "MHLA_PACKED_STATE_MIX", "MHLA_DEPENDENT_LAUNCH",
-        "MHLA_QUERY_PASS_CTAS", "MHLA_MIX_GRID", "MHLA_FUSED_MLP", "MHLA_FUSED_MLP_BACKWARD",
-        "MHLA_SEQUENCE_FORWARD", "MHLA_SEQUENCE_DEEP_RING"}) {
+        "MHLA_QUERY_PASS_CTAS", "MHLA_MIX_GRID", "MHLA_FUSED_MLP", "MHLA_FUSED_MLP_BACKWARD"}) {
     // clang-format on
     if (const char* value = std::getenv(name)) {
       if (!out.empty()) out += ", ";
