@@ -5,7 +5,7 @@
 # memcheck / racecheck of the last setting on a shape with several (batch, head) items per CTA.
 # SETTINGS: space-separated, each a comma-separated VAR=value list ("-" for none).
 # SHAPES: space-separated "B,H,N,D,M". Run after `source scripts/gpu_env.sh`, carrying
-# .gpu_stage; results in $OUT/sequence_depth/.
+# .gpu_stage; results in $OUT/sequence_depth.tgz.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; V=$OUT/sequence_depth; mkdir -p "$V"
 bin=${MHLA_BIN:-build-gpu/mhla}; tests=${MHLA_TESTS_BIN:-build-gpu/tests/mhla_tests}
@@ -48,4 +48,5 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     done
   done
 fi
-gzip -f "$V"/*.csv 2> /dev/null; true
+gzip -f "$V"/*.csv 2> /dev/null
+tar czf "$OUT/sequence_depth.tgz" -C "$OUT" sequence_depth && rm -rf "$V"
