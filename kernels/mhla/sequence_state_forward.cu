@@ -285,28 +285,37 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     sync_named(kConsumersBarrier, kConsumerThreads);
 
-    // S' = m S in place, this warp's 64 pieces of every state; z' = m z.
-    const int piece0 = 64 * warp;
-    for (int it = 0; it < 32; ++it) {
-      const int piece = piece0 + 2 * it;
-      const int j = (quad % 2) * 8 + row8, mine = piece + quad / 2;
-      unsigned fb[4];
-      load_matrices<true>(fb, state_tile(j < blocks ? j : 0).at(mine / 8, 8 * (mine % 8)));
-      // Every lane's read of these two pieces comes before any lane's write of them (the
-      // products already order them; the warp barrier says so to the race checker).
-      __syncwarp();
-      float out[2][4] = {};
+    // S' = m S in place: warp w takes rows 8 w .. 8 w + 7 of every state, one row (eight
+    // 16-byte pieces) per step: the four two-piece loads first, then the eight products and
+    // their stores, so a step's loads and products overlap (one piece at a time left each
+    // product waiting on its load: 15,000 cycles per (batch, head), session 41). Lane rows of
+    // the loads: state (quad % 2) * 8 + row8, piece quad / 2 of each pair.
+    const int load_state = (quad % 2) * 8 + row8;
+    const StateTile<T> load_tile = state_tile(load_state < blocks ? load_state : 0);
+    const StateTile<T> low_tile = state_tile(g8 < blocks ? g8 : 0);
+    const StateTile<T> high_tile = state_tile(g8 + 8 < blocks ? g8 + 8 : 0);
+#pragma unroll 2
+    for (int d = 8 * warp; d < 8 * warp + 8; ++d) {
+      unsigned fb[4][4];
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        mma16816<T>(out[e], m_hi, fb[2 * e], fb[2 * e + 1]);
-        mma16816<T>(out[e], m_lo, fb[2 * e], fb[2 * e + 1]);
-        const int pe = piece + e, d = pe / 8, col = 8 * (pe % 8) + c0;
-        if (g8 < blocks)
-          *reinterpret_cast<unsigned*>(state_tile(g8).at(d, col)) =
-              pack_pair<T>(out[e][0], out[e][1]);
-        if (g8 + 8 < blocks)
-          *reinterpret_cast<unsigned*>(state_tile(g8 + 8).at(d, col)) =
-              pack_pair<T>(out[e][2], out[e][3]);
+      for (int pair = 0; pair < 4; ++pair)
+        load_matrices<true>(fb[pair], load_tile.at(d, 8 * (2 * pair + quad / 2)));
+      // Every lane's read of this row comes before any lane's write of it (the products
+      // already order them; the warp barrier says so to the race checker).
+      __syncwarp();
+#pragma unroll
+      for (int pair = 0; pair < 4; ++pair) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float out[4] = {};
+          mma16816<T>(out, m_hi, fb[pair][2 * e], fb[pair][2 * e + 1]);
+          mma16816<T>(out, m_lo, fb[pair][2 * e], fb[pair][2 * e + 1]);
+          const int col = 8 * (2 * pair + e) + c0;
+          if (g8 < blocks)
+            *reinterpret_cast<unsigned*>(low_tile.at(d, col)) = pack_pair<T>(out[0], out[1]);
+          if (g8 + 8 < blocks)
+            *reinterpret_cast<unsigned*>(high_tile.at(d, col)) = pack_pair<T>(out[2], out[3]);
+        }
       }
     }
     for (int e = threadIdx.x; e < blocks * kD; e += kConsumerThreads) {
