@@ -58,7 +58,7 @@ struct SmemPlan {
   static constexpr size_t ring = kSlots * static_cast<size_t>(kSlotBytes);
   static constexpr size_t states = kMaxBlocks * static_cast<size_t>(kStateBytes);
   static constexpr size_t z = kMaxBlocks * kD * 4;               // z_j, then z'_i
-  static constexpr size_t den = 2 * 2 * kTile * 4;               // a step's two items, 128 rows
+  static constexpr size_t den = 2 * 2 * kTile * 4;               // two items (by parity), 128 rows
   static constexpr size_t mixing = kMaxBlocks * kMaxBlocks * 4;  // zero past M
   static constexpr size_t barriers = 2 * kSlots * 8;
   static constexpr size_t bytes =
@@ -115,51 +115,39 @@ __device__ void produce(const Maps& maps, const BlockLinearShape& s, T* ring, ui
   }
 }
 
-// phi(x) in place for Pieces 16-byte pieces of row r from piece0 of each live tile (the rest of
-// the row held by the adjacent lanes of a group of Lanes, their squares summed by shuffles),
-// the tiles' chains side by side so their loads and shuffles overlap. dot[t]: this lane's part
-// of phi(x) . z[t] for tile t (phi as the products see it; z[t] from the row's column
-// 8 piece0), 0 where z[t] is null. Every lane calls it (the shuffles); live[t] is warp-uniform.
-template <typename T, int Pieces, int Lanes, int Tiles>
-__device__ __forceinline__ void features_in_place(const RingTile<T> (&tile)[Tiles],
-                                                  const bool (&live)[Tiles], int r, int piece0,
-                                                  const float* const (&z)[Tiles],
-                                                  float (&dot)[Tiles]) {
-  uint4 pieces[Tiles][Pieces];
+// phi(x) in place for Pieces 16-byte pieces of row r from piece0, the rest of the row held by
+// the adjacent lanes of a group of Lanes (their squares summed by shuffles). Returns this lane's
+// part of phi(x) . z (phi as the products see it; z from the row's column 8 piece0), or 0
+// without z.
+template <typename T, int Pieces, int Lanes>
+__device__ __forceinline__ float features_in_place(RingTile<T> tile, int r, int piece0,
+                                                   const float* z) {
+  uint4 pieces[Pieces];
 #pragma unroll
-  for (int t = 0; t < Tiles; ++t)
-#pragma unroll
-    for (int c = 0; c < Pieces; ++c)
-      pieces[t][c] = live[t] ? *reinterpret_cast<const uint4*>(tile[t].at(r, 8 * (piece0 + c)))
-                             : make_uint4(0, 0, 0, 0);
-  float squares[Tiles];
-#pragma unroll
-  for (int t = 0; t < Tiles; ++t) squares[t] = rw::sum_of_squares<T>(pieces[t]);
+  for (int c = 0; c < Pieces; ++c)
+    pieces[c] = *reinterpret_cast<const uint4*>(tile.at(r, 8 * (piece0 + c)));
+  float squares = rw::sum_of_squares<T>(pieces);
 #pragma unroll
   for (int offset = 1; offset < Lanes; offset *= 2)
+    squares += __shfl_xor_sync(0xffffffffu, squares, offset);
+  const auto f = rw::FeatureScale::of<T>(rsqrtf(squares / kD + tiles::kNormEps));
+  float dot = 0.f;
 #pragma unroll
-    for (int t = 0; t < Tiles; ++t) squares[t] += __shfl_xor_sync(0xffffffffu, squares[t], offset);
+  for (int c = 0; c < Pieces; ++c) {
+    unsigned* words = reinterpret_cast<unsigned*>(&pieces[c]);
 #pragma unroll
-  for (int t = 0; t < Tiles; ++t) {
-    const auto f = rw::FeatureScale::of<T>(rsqrtf(squares[t] / kD + tiles::kNormEps));
-    float parts[4] = {};  // four chains, not one 8 Pieces long
-#pragma unroll
-    for (int c = 0; c < Pieces; ++c) {
-      unsigned* words = reinterpret_cast<unsigned*>(&pieces[t][c]);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        words[i] = rw::scaled_relu_pair<T>(words[i], f.head, f.tail, f.floor);
-        if (z[t] != nullptr) {
-          const float2 zz = *reinterpret_cast<const float2*>(z[t] + 8 * (piece0 + c) + 2 * i);
-          float a, b;
-          unpack_pair<T>(words[i], a, b);
-          parts[i] = fmaf(a, zz.x, fmaf(b, zz.y, parts[i]));
-        }
+    for (int i = 0; i < 4; ++i) {
+      words[i] = rw::scaled_relu_pair<T>(words[i], f.head, f.tail, f.floor);
+      if (z != nullptr) {
+        const float2 zz = *reinterpret_cast<const float2*>(z + 8 * (piece0 + c) + 2 * i);
+        float a, b;
+        unpack_pair<T>(words[i], a, b);
+        dot = fmaf(a, zz.x, fmaf(b, zz.y, dot));
       }
-      if (live[t]) *reinterpret_cast<uint4*>(tile[t].at(r, 8 * (piece0 + c))) = pieces[t][c];
     }
-    dot[t] = (parts[0] + parts[1]) + (parts[2] + parts[3]);
+    *reinterpret_cast<uint4*>(tile.at(r, 8 * (piece0 + c))) = pieces[c];
   }
+  return dot;
 }
 
 // Rows row0 .. row0 + 15, columns col0 .. col0 + Cols - 1 of a state tile out to its packed
@@ -189,7 +177,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* const z =
       reinterpret_cast<float*>(smem + SmemPlan::ring + tiles::align128(SmemPlan::states));
   float* const zm = z + kMaxBlocks * kD;
-  float* const den = zm + kMaxBlocks * kD;  // [item of the step][128 rows]
+  float* const den = zm + kMaxBlocks * kD;  // [item parity][128 rows]
   float* const mix = den + 2 * 2 * kTile;   // [16][16], zero past M
   uint64_t* const full = reinterpret_cast<uint64_t*>(mix + kMaxBlocks * kMaxBlocks);
   uint64_t* const empty = full + kSlots;
@@ -249,73 +237,51 @@ __global__ void __launch_bounds__(kThreads, 1)
     float* const state_set = p.states + static_cast<size_t>(bh) * blocks * kPackedFloats;
     float* const mixed_set = p.mixed + static_cast<size_t>(bh) * blocks * kPackedFloats;
 
-    // Phase A, blocks j and j + 1 (two slots) per step: phi(k) in place (four threads per row),
-    // then warp w forms rows 16 (w % 4) .. + 15 (d) and columns 32 (w / 4) .. + 31 of
-    // phi(k)^T [v, 1] for both: A = phi(k) read transposed, B = v (rows 64 .. 127 of the slot),
-    // the tokens as the depth; warps 0-3 also the ones column (z_j). Two blocks a step give each
-    // warp eight independent product chains instead of four and halve the barriers (one block
-    // a step: 1,700 cycles a block, session 41). The first step's barrier also orders the last
-    // item's reads of S' before these writes.
-    for (int j = 0; j < blocks; j += 2) {
-      const bool two = j + 1 < blocks;  // uniform
-      const int slot0 = wait_item(first_item + j);
-      const int slot1 = two ? wait_item(first_item + j + 1) : slot0;
-      const RingTile<T> kv[2] = {{ring + slot0 * (kSlotBytes / 2)},
-                                 {ring + slot1 * (kSlotBytes / 2)}};
-      {
-        const bool live[2] = {true, two};
-        const float* const no_z[2] = {nullptr, nullptr};
-        float unused[2];
-        features_in_place<T, 2, 4, 2>(kv, live, threadIdx.x / 4, 2 * (threadIdx.x % 4), no_z,
-                                      unused);
-      }
+    // Phase A, block j: phi(k) in place (four threads per row), then warp w forms rows
+    // 16 (w % 4) .. + 15 (d) and columns 32 (w / 4) .. + 31 of phi(k)^T [v, 1]: A = phi(k) read
+    // transposed, B = v (rows 64 .. 127 of the slot), the tokens as the depth; warps 0-3 also
+    // the ones column (z_j). The first item's barrier also orders the last item's reads of S'
+    // before these writes.
+    for (int j = 0; j < blocks; ++j) {
+      const int slot = wait_item(first_item + j);
+      const RingTile<T> kv{ring + slot * (kSlotBytes / 2)};
+      features_in_place<T, 2, 4>(kv, threadIdx.x / 4, 2 * (threadIdx.x % 4), nullptr);
       sync_named(kConsumersBarrier, kConsumerThreads);
       const int row0 = 16 * group_warp, col0 = 32 * group;
-      // Without a second block the second products repeat the first's (results unused).
-      float acc[2][16] = {}, zacc[2][4] = {};
+      float acc[16] = {}, zacc[4] = {};
 #pragma unroll
       for (int kk = 0; kk < kTile; kk += 16) {
+        unsigned fa[4];
+        load_matrices<true>(fa, kv.at(kk + (quad / 2) * 8 + row8, row0 + (quad % 2) * 8));
 #pragma unroll
-        for (int t = 0; t < 2; ++t) {
-          unsigned fa[4];
-          load_matrices<true>(fa, kv[t].at(kk + (quad / 2) * 8 + row8, row0 + (quad % 2) * 8));
-#pragma unroll
-          for (int n = 0; n < 2; ++n) {
-            unsigned fb[4];
-            load_matrices<true>(fb, kv[t].at(kTile + kk + (quad % 2) * 8 + row8,
-                                             col0 + 16 * n + (quad / 2) * 8));
-            mma16816<T>(*reinterpret_cast<float(*)[4]>(&acc[t][8 * n]), fa, fb[0], fb[1]);
-            mma16816<T>(*reinterpret_cast<float(*)[4]>(&acc[t][8 * n + 4]), fa, fb[2], fb[3]);
-          }
-          if (group == 0) mma16816<T>(zacc[t], fa, ones, ones);
+        for (int n = 0; n < 2; ++n) {
+          unsigned fb[4];
+          load_matrices<true>(
+              fb, kv.at(kTile + kk + (quad % 2) * 8 + row8, col0 + 16 * n + (quad / 2) * 8));
+          mma16816<T>(*reinterpret_cast<float(*)[4]>(&acc[8 * n]), fa, fb[0], fb[1]);
+          mma16816<T>(*reinterpret_cast<float(*)[4]>(&acc[8 * n + 4]), fa, fb[2], fb[3]);
         }
+        if (group == 0) mma16816<T>(zacc, fa, ones, ones);
       }
-      release(slot0);
-      if (two) release(slot1);
+      release(slot);
+      const StateTile<T> st = state_tile(j);
       const int d = row0 + g8;
 #pragma unroll
-      for (int t = 0; t < 2; ++t) {
-        if (t == 1 && !two) break;
-        const StateTile<T> st = state_tile(j + t);
-#pragma unroll
-        for (int n = 0; n < 4; ++n) {
-          *reinterpret_cast<unsigned*>(st.at(d, col0 + 8 * n + c0)) =
-              pack_pair<T>(acc[t][4 * n], acc[t][4 * n + 1]);
-          *reinterpret_cast<unsigned*>(st.at(d + 8, col0 + 8 * n + c0)) =
-              pack_pair<T>(acc[t][4 * n + 2], acc[t][4 * n + 3]);
-        }
-        if (group == 0 && lane % 4 == 0) {
-          z[(j + t) * kD + d] = zacc[t][0];
-          z[(j + t) * kD + d + 8] = zacc[t][2];
-          state_set[(j + t) * kPackedFloats + kPackedZ + d] = zacc[t][0];
-          state_set[(j + t) * kPackedFloats + kPackedZ + d + 8] = zacc[t][2];
-        }
+      for (int n = 0; n < 4; ++n) {
+        *reinterpret_cast<unsigned*>(st.at(d, col0 + 8 * n + c0)) =
+            pack_pair<T>(acc[4 * n], acc[4 * n + 1]);
+        *reinterpret_cast<unsigned*>(st.at(d + 8, col0 + 8 * n + c0)) =
+            pack_pair<T>(acc[4 * n + 2], acc[4 * n + 3]);
       }
-      // This warp's parts of S_j and S_j+1 leave now, while the next items' copies are awaited.
+      if (group == 0 && lane % 4 == 0) {
+        z[j * kD + d] = zacc[0];
+        z[j * kD + d + 8] = zacc[2];
+        state_set[j * kPackedFloats + kPackedZ + d] = zacc[0];
+        state_set[j * kPackedFloats + kPackedZ + d + 8] = zacc[2];
+      }
+      // This warp's part of S_j leaves now, while the next item's copies are awaited.
       __syncwarp();
-      copy_state_rows<T, 32>(state_tile(j), row0, col0, state_set + j * kPackedFloats);
-      if (two)
-        copy_state_rows<T, 32>(state_tile(j + 1), row0, col0, state_set + (j + 1) * kPackedFloats);
+      copy_state_rows<T, 32>(st, row0, col0, state_set + j * kPackedFloats);
     }
     sync_named(kConsumersBarrier, kConsumerThreads);
 
@@ -362,87 +328,59 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     sync_named(kConsumersBarrier, kConsumerThreads);
 
-    // Phase C, items u and u + 1 (query tiles 2u .. 2u + 3, two slots) per step: phi(q) in
-    // place and den (two threads per row of every tile), then warpgroup g forms the outputs of
-    // tiles 2u + g and 2u + 2 + g, warp w their rows 16 (w % 4) .. + 15, the two tiles' products
-    // side by side.
-    for (int u = 0; u < query_items; u += 2) {
-      const bool two = u + 1 < query_items;  // uniform
-      const int slot0 = wait_item(first_item + blocks + u);
-      const int slot1 = two ? wait_item(first_item + blocks + u + 1) : slot0;
-      const RingTile<T> qt[2] = {{ring + slot0 * (kSlotBytes / 2)},
-                                 {ring + slot1 * (kSlotBytes / 2)}};
-      {
-        const int row = threadIdx.x / 2;
-        bool live[2];
-        const float* zs[2];
-#pragma unroll
-        for (int t = 0; t < 2; ++t) {
-          const int block_of_row = 2 * (u + t) + row / kTile;
-          live[t] = (t == 0 || two) && block_of_row < blocks;  // uniform in a warp
-          zs[t] = zm + (live[t] ? block_of_row : 0) * kD;
-        }
-        float part[2];
-        features_in_place<T, 4, 2, 2>(qt, live, row, 4 * (threadIdx.x % 2), zs, part);
-#pragma unroll
-        for (int t = 0; t < 2; ++t) {
-          const float total = part[t] + __shfl_xor_sync(0xffffffffu, part[t], 1);
-          if (threadIdx.x % 2 == 0 && live[t]) den[t * 2 * kTile + row] = total;
-        }
+    // Phase C, query tiles 2u and 2u + 1: phi(q) in place and den (two threads per row of both
+    // tiles), then warpgroup g forms tile 2u + g's outputs, warp w its rows 16 (w % 4) .. + 15.
+    for (int u = 0; u < query_items; ++u) {
+      const int slot = wait_item(first_item + blocks + u);
+      const RingTile<T> qt{ring + slot * (kSlotBytes / 2)};
+      float* const item_den = den + (u % 2) * 2 * kTile;
+      const int row = threadIdx.x / 2, block_of_row = 2 * u + row / kTile;
+      if (block_of_row < blocks) {
+        const float part =
+            features_in_place<T, 4, 2>(qt, row, 4 * (threadIdx.x % 2), zm + block_of_row * kD);
+        const float total = part + __shfl_xor_sync(0xffffffffu, part, 1);
+        if (threadIdx.x % 2 == 0) item_den[row] = total;
       }
-      // Warp w made the features (and den) of rows 16 w .. + 15 of each slot, which are the rows
-      // it takes below (64 g + 16 (w % 4)): no other warp reads them.
+      // Warp w made the features of rows 16 w .. + 15, which are the rows it takes below
+      // (64 g + 16 (w % 4)): no other warp reads them.
       __syncwarp();
-      const int row0 = kTile * group + 16 * group_warp;
-      // Tiles past the last block run products on whatever the slot holds (results unused).
-      float acc[2][32] = {};
+      const int i = 2 * u + group;
+      if (i < blocks) {
+        const int row0 = kTile * group + 16 * group_warp;
+        const StateTile<T> st = state_tile(i);
+        float acc[32] = {};
 #pragma unroll
-      for (int kk = 0; kk < kD; kk += 16) {
-#pragma unroll
-        for (int t = 0; t < 2; ++t) {
-          const int i = 2 * (u + t) + group;
-          const StateTile<T> st = state_tile(i < blocks ? i : 0);
+        for (int kk = 0; kk < kD; kk += 16) {
           unsigned fa[4];
-          load_matrices<false>(fa, qt[t].at(row0 + (quad % 2) * 8 + row8, kk + (quad / 2) * 8));
+          load_matrices<false>(fa, qt.at(row0 + (quad % 2) * 8 + row8, kk + (quad / 2) * 8));
 #pragma unroll
           for (int n = 0; n < 4; ++n) {
             unsigned fb[4];
             load_matrices<true>(fb, st.at(kk + (quad % 2) * 8 + row8, 16 * n + (quad / 2) * 8));
-            mma16816<T>(*reinterpret_cast<float(*)[4]>(&acc[t][8 * n]), fa, fb[0], fb[1]);
-            mma16816<T>(*reinterpret_cast<float(*)[4]>(&acc[t][8 * n + 4]), fa, fb[2], fb[3]);
+            mma16816<T>(*reinterpret_cast<float(*)[4]>(&acc[8 * n]), fa, fb[0], fb[1]);
+            mma16816<T>(*reinterpret_cast<float(*)[4]>(&acc[8 * n + 4]), fa, fb[2], fb[3]);
           }
         }
-      }
-#pragma unroll
-      for (int t = 0; t < 2; ++t) {
-        const int i = 2 * (u + t) + group;
-        if (i >= blocks) continue;  // uniform
-        const float inv_lo = 1.f / (den[t * 2 * kTile + row0 + g8] + tiles::kDenominatorEps);
-        const float inv_hi = 1.f / (den[t * 2 * kTile + row0 + g8 + 8] + tiles::kDenominatorEps);
-        // Over this warp's own phi(q) rows (no other warp reads them), then out by the copy
-        // engine; the slots are released once those stores have read them.
-        const rw::Strip<T> strip{qt[t].p + row0 * kD};
+        const float inv_lo = 1.f / (item_den[row0 + g8] + tiles::kDenominatorEps);
+        const float inv_hi = 1.f / (item_den[row0 + g8 + 8] + tiles::kDenominatorEps);
 #pragma unroll
         for (int n = 0; n < 8; ++n) {
-          *reinterpret_cast<unsigned*>(strip.at(g8, 8 * n + c0)) =
-              pack_pair<T>(acc[t][4 * n] * inv_lo, acc[t][4 * n + 1] * inv_lo);
-          *reinterpret_cast<unsigned*>(strip.at(g8 + 8, 8 * n + c0)) =
-              pack_pair<T>(acc[t][4 * n + 2] * inv_hi, acc[t][4 * n + 3] * inv_hi);
+          acc[4 * n] *= inv_lo, acc[4 * n + 1] *= inv_lo;
+          acc[4 * n + 2] *= inv_hi, acc[4 * n + 3] *= inv_hi;
         }
-        tc::fence_for_copy_engine();
-        __syncwarp();
-        if (lane == 0)
-          tc::store_swizzled_token_rows(&maps.out, strip.p, kTile * i + 16 * group_warp, h, b);
+        // Over this warp's own phi(q) rows (no other warp reads them), then out by the copy
+        // engine; the slot is released once that store has read them.
+        const rw::Strip<T> strip{qt.p + row0 * kD};
+        rw::store_strip(&maps.out, b, h, kTile * i + 16 * group_warp, strip, acc);
         // S'_i and z'_i leave with its outputs: this warp's 16 rows, z' by the group's warp 0.
-        copy_state_rows<T, kD>(state_tile(i), 16 * group_warp, 0, mixed_set + i * kPackedFloats);
+        copy_state_rows<T, kD>(st, 16 * group_warp, 0, mixed_set + i * kPackedFloats);
         if (group_warp == 0) {
           const float2 pair = *reinterpret_cast<const float2*>(zm + i * kD + 2 * lane);
           *reinterpret_cast<float2*>(mixed_set + i * kPackedFloats + kPackedZ + 2 * lane) = pair;
         }
       }
       if (lane == 0) tc::wait_stores_read();
-      release(slot0);
-      if (two) release(slot1);
+      release(slot);
     }
     // The next (batch, head)'s copies land in slots whose rows this one's warps wrote (phi(q),
     // outputs) and read: the slots' barriers order them, through the producer; this barrier
