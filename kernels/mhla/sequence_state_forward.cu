@@ -286,23 +286,33 @@ __global__ void __launch_bounds__(kThreads, 1)
     sync_named(kConsumersBarrier, kConsumerThreads);
 
     // S' = m S in place: warp w takes rows 8 w .. 8 w + 7 of every state, one row (eight
-    // 16-byte pieces) per step: the four two-piece loads first, then the eight products and
-    // their stores, so a step's loads and products overlap (one piece at a time left each
-    // product waiting on its load: 15,000 cycles per (batch, head), session 41). Lane rows of
-    // the loads: state (quad % 2) * 8 + row8, piece quad / 2 of each pair.
+    // 16-byte pieces) per step, with the next row's four two-piece loads issued before this
+    // row's eight product pairs and stores, so loads and products overlap (one piece at a time
+    // left each product waiting on its load: 15,000 cycles per (batch, head), session 41).
+    // Lane rows of the loads: state (quad % 2) * 8 + row8, piece quad / 2 of each pair.
     const int load_state = (quad % 2) * 8 + row8;
     const StateTile<T> load_tile = state_tile(load_state < blocks ? load_state : 0);
     const StateTile<T> low_tile = state_tile(g8 < blocks ? g8 : 0);
     const StateTile<T> high_tile = state_tile(g8 + 8 < blocks ? g8 + 8 : 0);
-#pragma unroll 2
-    for (int d = 8 * warp; d < 8 * warp + 8; ++d) {
-      unsigned fb[4][4];
+    auto load_row = [&](int d, unsigned (&fb)[4][4]) {
 #pragma unroll
       for (int pair = 0; pair < 4; ++pair)
         load_matrices<true>(fb[pair], load_tile.at(d, 8 * (2 * pair + quad / 2)));
-      // Every lane's read of this row comes before any lane's write of it (the products
-      // already order them; the warp barrier says so to the race checker).
+    };
+    unsigned next[4][4];
+    load_row(8 * warp, next);
+#pragma unroll
+    for (int step = 0; step < 8; ++step) {
+      const int d = 8 * warp + step;
+      unsigned fb[4][4];
+#pragma unroll
+      for (int pair = 0; pair < 4; ++pair)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) fb[pair][r] = next[pair][r];
+      // Every lane's read of row d comes before any lane's write of it (the products already
+      // order them; the warp barrier says so to the race checker).
       __syncwarp();
+      if (step + 1 < 8) load_row(d + 1, next);
 #pragma unroll
       for (int pair = 0; pair < 4; ++pair) {
 #pragma unroll
