@@ -3,15 +3,17 @@
 //
 // Why one CTA per sequence: session 16's walked its tiles with one load in flight and a CTA
 // barrier per step (4.5 GB/s per multiprocessor). Here a producer warp keeps a ring of 16 KiB
-// tensor copies in flight across the phases and the (batch, head) items; the states take 128 KiB
-// of shared memory, so the ring (what is in flight per multiprocessor, and so the bandwidth) is
-// as deep as the rest allows: five slots, with the outputs staged in the query tiles' own rows.
-// All eight consumer warps take every item.
+// tensor copies in flight across the phases and the (batch, head) items (five slots beside the
+// states' 128 KiB, with the outputs staged in the query tiles' own rows). All eight consumer
+// warps take every item.
 //
-// Measured on the H200 (session 40, B = 64, N = 1,024, H = 6, M = 16): 113 us against 107 us for
-// the three kernels it replaces, at about 2.6 TB/s: one CTA per multiprocessor with 80 KiB of
-// copies in flight does not reach the copy bandwidth (the consumers' largest stall is the wait
-// for their copies). Forward+backward is still 0.1-1.5 % faster (two fewer kernel boundaries).
+// What bounds it (session 41, clock64 per phase on two CTAs, B = 64, N = 1,024, H = 6, M = 16):
+// the consumers, not the copies: they wait about 130 cycles an item for their data, while the
+// producer waits about 2,000 for a free slot (nine slots at M <= 8 changed nothing; sixteen
+// consumer warps were slower). A (batch, head) took 67,000 cycles, 15,000 of them in the mix
+// while it mixed one piece pair at a time; a row of eight pieces a step, the next row's loads
+// issued before this row's products, brought it to about 4,700 and the kernel to 92.7 us per
+// launch against 105-108 us for the three kernels it replaces (Nsight, same call).
 //
 // Per (batch, head): phase A, block j's k and v arrive in one slot, phi(k) is written in place
 // (four threads per row), then each warp forms a 16 x 32 part of S_j = phi(k)^T [v, 1] (the ones
