@@ -133,23 +133,31 @@ __device__ __forceinline__ float features_in_place(RingTile<T> tile, int r, int 
   for (int offset = 1; offset < Lanes; offset *= 2)
     squares += __shfl_xor_sync(0xffffffffu, squares, offset);
   const auto f = rw::FeatureScale::of<T>(rsqrtf(squares / kD + tiles::kNormEps));
-  float dot = 0.f;
+  // Four product chains for the dot, not one 8 Pieces long: it sits before the warp barrier
+  // that precedes the products.
+  float dots[4] = {};
 #pragma unroll
   for (int c = 0; c < Pieces; ++c) {
     unsigned* words = reinterpret_cast<unsigned*>(&pieces[c]);
+    float4 zz[2];
+    if (z != nullptr) {
+      zz[0] = *reinterpret_cast<const float4*>(z + 8 * (piece0 + c));
+      zz[1] = *reinterpret_cast<const float4*>(z + 8 * (piece0 + c) + 4);
+    }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       words[i] = rw::scaled_relu_pair<T>(words[i], f.head, f.tail, f.floor);
       if (z != nullptr) {
-        const float2 zz = *reinterpret_cast<const float2*>(z + 8 * (piece0 + c) + 2 * i);
+        const float zx = i % 2 == 0 ? zz[i / 2].x : zz[i / 2].z;
+        const float zy = i % 2 == 0 ? zz[i / 2].y : zz[i / 2].w;
         float a, b;
         unpack_pair<T>(words[i], a, b);
-        dot = fmaf(a, zz.x, fmaf(b, zz.y, dot));
+        dots[i] = fmaf(a, zx, fmaf(b, zy, dots[i]));
       }
     }
     *reinterpret_cast<uint4*>(tile.at(r, 8 * (piece0 + c))) = pieces[c];
   }
-  return dot;
+  return (dots[0] + dots[1]) + (dots[2] + dots[3]);
 }
 
 // Rows row0 .. row0 + 15, columns col0 .. col0 + Cols - 1 of a state tile out to its packed
