@@ -304,7 +304,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const StateTile<T> load_tile = state_tile(load_state < blocks ? load_state : 0);
     const StateTile<T> low_tile = state_tile(g8 < blocks ? g8 : 0);
     const StateTile<T> high_tile = state_tile(g8 + 8 < blocks ? g8 + 8 : 0);
-    auto load_row = [&](int d, unsigned (&fb)[4][4]) {
+    auto load_row = [&](int d, unsigned(&fb)[4][4]) {
 #pragma unroll
       for (int pair = 0; pair < 4; ++pair)
         load_matrices<true>(fb[pair], load_tile.at(d, 8 * (2 * pair + quad / 2)));
