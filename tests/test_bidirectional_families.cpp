@@ -8,6 +8,7 @@
 #ifdef MHLA_WITH_CUDA_KERNELS
 #include "attention/attention_op.h"
 #include "attention/block_linear_cuda.h"
+#include "kernel_shape_predicate.h"
 #include "mhla/cluster_block_linear.h"
 #include "mhla/sequence_state_forward.h"
 #include "test_helpers.h"
@@ -16,10 +17,7 @@ using namespace mhla;
 
 TEST_CASE("cluster kernels: the shapes they take", "[attention]") {
   using mhla_kernels::DType;
-  auto takes = [](int batch, int tokens, int heads, int dim, int blocks,
-                  DType dtype = DType::bf16) {
-    return mhla_kernels::cluster_block_linear_shape_ok({batch, tokens, heads, dim, blocks}, dtype);
-  };
+  const auto takes = test::shape_predicate(mhla_kernels::cluster_block_linear_shape_ok);
   // One CTA per 1/16 of the sequence, inside one block: blocks divide 16 and tokens divide by 16.
   CHECK(takes(64, 1024, 6, 64, 16));
   CHECK(takes(4, 16384, 6, 64, 16, DType::f16));
@@ -38,11 +36,7 @@ TEST_CASE("cluster kernels: the shapes they take", "[attention]") {
 
 TEST_CASE("sequence forward: the shapes it takes", "[attention]") {
   using mhla_kernels::DType;
-  auto takes = [](int batch, int tokens, int heads, int dim, int blocks,
-                  DType dtype = DType::bf16) {
-    return mhla_kernels::sequence_state_forward_supported({batch, tokens, heads, dim, blocks},
-                                                          dtype);
-  };
+  const auto takes = test::shape_predicate(mhla_kernels::sequence_state_forward_supported);
   // Blocks of exactly 64 tokens, at most 16 of them (their states fill 128 KiB of shared
   // memory), bf16 (S and S' leave as packed bf16 sets), head dim 64.
   CHECK(takes(64, 1024, 6, 64, 16));

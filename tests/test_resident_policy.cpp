@@ -7,6 +7,7 @@
 #include "catch_compat.h"
 
 #ifdef MHLA_WITH_CUDA_KERNELS
+#include "kernel_shape_predicate.h"
 #include "mhla/block_fragment_passes.h"
 #include "mhla/resident_block_linear.h"
 #include "mhla/resident_state_backward.h"
@@ -14,11 +15,7 @@
 
 TEST_CASE("resident kernels: the shapes the cuda backend hands them", "[attention]") {
   using mhla_kernels::DType;
-  auto takes = [](int batch, int tokens, int heads, int dim, int blocks,
-                  DType dtype = DType::bf16) {
-    return mhla_kernels::resident_block_linear_supported({batch, tokens, heads, dim, blocks},
-                                                         dtype);
-  };
+  const auto takes = mhla::test::shape_predicate(mhla_kernels::resident_block_linear_supported);
   // Taken: the DeiT/DiT shape (16 blocks of 16 tokens), fp16, D = 32 up to 512 tokens, linear
   // attention (one block) with a partial 16-token strip.
   CHECK(takes(256, 256, 6, 64, 16));
@@ -41,11 +38,8 @@ TEST_CASE("resident kernels: the shapes the cuda backend hands them", "[attentio
 
 TEST_CASE("resident kernels: which MHLA backwards run in state form", "[attention]") {
   using mhla_kernels::DType;
-  auto state_form = [](int batch, int tokens, int heads, int dim, int blocks,
-                       DType dtype = DType::bf16) {
-    return mhla_kernels::resident_state_backward_supported({batch, tokens, heads, dim, blocks},
-                                                           dtype);
-  };
+  const auto state_form =
+      mhla::test::shape_predicate(mhla_kernels::resident_state_backward_supported);
   // D = 64 with at most 16 blocks (the mixing products' depth) and one strip per warp.
   CHECK(state_form(256, 256, 6, 64, 16));
   CHECK(state_form(256, 256, 6, 64, 16, DType::f16));
@@ -62,11 +56,8 @@ TEST_CASE("resident kernels: which MHLA backwards run in state form", "[attentio
 
 TEST_CASE("resident kernels: which backwards run on warpgroup products", "[attention]") {
   using mhla_kernels::DType;
-  auto warpgroup = [](int batch, int tokens, int heads, int dim, int blocks,
-                      DType dtype = DType::bf16) {
-    return mhla_kernels::resident_warpgroup_backward_supported({batch, tokens, heads, dim, blocks},
-                                                               dtype);
-  };
+  const auto warpgroup =
+      mhla::test::shape_predicate(mhla_kernels::resident_warpgroup_backward_supported);
   // D = 64, whole 64-token tiles up to 256 tokens, blocks of whole 16-token chunks.
   CHECK(warpgroup(256, 256, 6, 64, 16));
   CHECK(warpgroup(256, 256, 6, 64, 16, DType::f16));
