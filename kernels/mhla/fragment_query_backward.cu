@@ -13,6 +13,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <array>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 
@@ -22,6 +24,7 @@
 #include "mhla/fragment_launch.cuh"
 #include "mhla/fragment_pipeline.cuh"
 #include "mhla/fragment_rows.cuh"
+#include "mhla/query_state_mix.cuh"
 #include "mhla/state_tiles.cuh"
 #include "mhla/tiles.cuh"
 
@@ -209,7 +212,10 @@ struct QueryStageOneState {
   static_assert(4 * (smem + 1024) <= 228 * 1024, "four CTAs per SM");
 };
 
-template <int D, class Stage>
+// Mixes: the CTAs of a (batch, head) are one thread-block cluster, and each item ends with the
+// state mix backward of its rows (query_state_mix.cuh): dS out instead of dS' for the key pass,
+// and this CTA's part of dm at the end.
+template <int D, class Stage, bool Mixes = false>
 __global__ void __launch_bounds__(kFragmentThreads, Stage::kMinBlocks)
     pipelined_query_backward_kernel(BlockLinearBackward p) {
   using E = fragment_pipeline::Element;
@@ -243,6 +249,7 @@ __global__ void __launch_bounds__(kFragmentThreads, Stage::kMinBlocks)
   };
   const int warp = threadIdx.x / 32;
   const int row = lane_row(), seg = lane_half();
+  float dm_total[2] = {};  // Mixes: this CTA's dm entries threadIdx.x and + 128 (16 i + j)
   fragment_pipeline::walk_items(
       p.shape, issue, issue_late,
       [&](const fragment_pipeline::TileItem& it, int stage, auto&& late) {
@@ -286,13 +293,62 @@ __global__ void __launch_bounds__(kFragmentThreads, Stage::kMinBlocks)
         // Staged in the warp's own rows of q (its dq rows went out before the barrier).
         write_packed_state<D>(dstate, dz, p.grad_mixed + it.state * PackedState<D>::floats,
                               p.direct_packed_stores ? nullptr : q_raw + warp * 16 * Q::ld, Q::ld);
+        if constexpr (Mixes) {
+          namespace qm = query_state_mix;
+          qm::cluster_sync();  // every dS' of the (batch, head) is out; phi and dnum are free
+          // Every CTA of the cluster passed this barrier after its reads of the previous item's
+          // dS': this CTA's lines of it are dead.
+          if (p.discard_grad_mixed && it.state >= gridDim.x)
+            qm::discard_state(p.grad_mixed + (it.state - gridDim.x) * qm::kPacked);
+          const int blocks = p.shape.blocks, cta_rows = D / blocks, warp_rows = cta_rows / 4;
+          const size_t first = (it.state - it.block) * qm::kPacked;
+          E* const x_tile = phi + warp * qm::kTileElements;
+          E* const y_tile = dnum + warp * qm::kTileElements;
+          float dm[2][4] = {};
+          qm::mix_rows(p.grad_mixed + first, p.states + first, p.grad_states + first, p.mixing,
+                       blocks, it.block * cta_rows + warp * warp_rows, warp_rows, x_tile, y_tile,
+                       dm);
+          // The four warps' sums, added in warp order (deterministic): through their y tiles,
+          // which nothing writes again before the next item's barrier.
+          __syncwarp();
+          qm::store_dm(dm, reinterpret_cast<float*>(y_tile));
+          __syncthreads();
+#pragma unroll
+          for (int k = 0; k < 2; ++k) {
+            float sum = 0.f;
+#pragma unroll
+            for (int w = 0; w < 4; ++w)
+              sum += reinterpret_cast<const float*>(dnum +
+                                                    w * qm::kTileElements)[threadIdx.x + 128 * k];
+            dm_total[k] += sum;
+          }
+        }
       });
+  if constexpr (Mixes) {
+    namespace qm = query_state_mix;
+    const int blocks = p.shape.blocks;
+    const int items = p.shape.batch * p.shape.heads * blocks;
+    if (static_cast<int>(blockIdx.x) >= items) return;  // (a whole cluster: the grid is <= items)
+    qm::cluster_sync();  // every CTA's reads of the last item's dS' are done
+    if (p.discard_grad_mixed) {
+      const int last = static_cast<int>(blockIdx.x) + (items - 1 - static_cast<int>(blockIdx.x)) /
+                                                          static_cast<int>(gridDim.x) *
+                                                          static_cast<int>(gridDim.x);
+      qm::discard_state(p.grad_mixed + static_cast<size_t>(last) * qm::kPacked);
+    }
+    float* const part = p.grad_mixing_parts + static_cast<size_t>(blockIdx.x) * blocks * blocks;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int e = static_cast<int>(threadIdx.x) + 128 * k, i = e / 16, j = e % 16;
+      if (i < blocks && j < blocks) part[i * blocks + j] = dm_total[k];
+    }
+  }
 }
 
-template <int D, template <int> class Stage>
+template <int D, template <int> class Stage, bool Mixes = false>
 struct PipelinedQueryPass {
   static constexpr void (*kernel)(BlockLinearBackward) =
-      pipelined_query_backward_kernel<D, Stage<D>>;
+      pipelined_query_backward_kernel<D, Stage<D>, Mixes>;
   static constexpr size_t smem = Stage<D>::smem;
 };
 
@@ -305,9 +361,123 @@ bool query_pass_one_state() {
   return on;
 }
 
+// The query pass that also mixes the states back (query_state_mix.cuh), on clusters of M CTAs.
+using MixingQueryPass = PipelinedQueryPass<64, QueryStageOneState, true>;
+
+bool query_pass_mix_switched_on() {
+  static const bool on = [] {
+    const char* value = std::getenv("MHLA_QUERY_PASS_MIX");
+    return value == nullptr || std::string(value) != "0";
+  }();
+  return on;
+}
+
+// Whether it drops its dS' lines from L2 once read (MHLA_QUERY_PASS_DISCARD=0 keeps them, A/B).
+bool query_pass_discards() {
+  static const bool on = [] {
+    const char* value = std::getenv("MHLA_QUERY_PASS_DISCARD");
+    return value == nullptr || std::string(value) != "0";
+  }();
+  return on;
+}
+
+// A launch of `clusters` clusters of `blocks` CTAs; `attributes` must outlive the launch.
+cudaLaunchConfig_t mixing_config(int blocks, int clusters, cudaStream_t stream,
+                                 cudaLaunchAttribute (&attributes)[2]) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(clusters) * blocks);
+  config.blockDim = dim3(kFragmentThreads);
+  config.dynamicSmemBytes = MixingQueryPass::smem;
+  config.stream = stream;
+  attributes[0].id = cudaLaunchAttributeClusterDimension;
+  attributes[0].val.clusterDim.x = blocks;
+  attributes[0].val.clusterDim.y = 1;
+  attributes[0].val.clusterDim.z = 1;
+  attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[1].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attributes;
+  config.numAttrs = dependent_launch::enabled() ? 2 : 1;
+  return config;
+}
+
+// Clusters of M = 2, 4, 8, 16 CTAs the device holds at once (0: none, or no clusters).
+int resident_mixing_clusters(int blocks) {
+  static const std::array<int, 5> counts = [] {
+    std::array<int, 5> found{};
+    int device = 0, major = 0, cluster_launch = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, device) != cudaSuccess ||
+        major < 9 || cluster_launch == 0 ||
+        tiles::allow_smem(MixingQueryPass::kernel, MixingQueryPass::smem) != cudaSuccess ||
+        cudaFuncSetAttribute(MixingQueryPass::kernel,
+                             cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+      cudaGetLastError();
+      return found;
+    }
+    for (int k = 1; k <= 4; ++k) {
+      cudaLaunchAttribute attributes[2];
+      cudaLaunchConfig_t config = mixing_config(1 << k, 1024, nullptr, attributes);
+      config.numAttrs = 1;
+      int clusters = 0;
+      if (cudaOccupancyMaxActiveClusters(&clusters, MixingQueryPass::kernel, &config) ==
+          cudaSuccess)
+        found[k] = clusters;
+    }
+    cudaGetLastError();
+    return found;
+  }();
+  switch (blocks) {
+    case 2:
+      return counts[1];
+    case 4:
+      return counts[2];
+    case 8:
+      return counts[3];
+    case 16:
+      return counts[4];
+    default:
+      return 0;
+  }
+}
+
+int mixing_clusters(const BlockLinearShape& s) {
+  const int64_t pairs = static_cast<int64_t>(s.batch) * s.heads;
+  const int resident = resident_mixing_clusters(s.blocks);
+  return static_cast<int>(pairs < resident ? pairs : resident);
+}
+
 }  // namespace
 
+bool query_pass_mixes_states(const BlockLinearShape& s, DType dtype) {
+  const int m = s.blocks;
+  return query_pass_mix_switched_on() && dtype == DType::bf16 && s.head_dim == 64 &&
+         (m == 2 || m == 4 || m == 8 || m == 16) && s.batch > 0 && s.heads > 0 &&
+         s.tokens % m == 0 && s.tokens / m <= kTile &&
+         static_cast<int64_t>(s.batch) * s.heads * m <= 2147483647LL &&
+         fragment_passes_in_use(dtype, s.head_dim) && fragment_pipelined_variants(s, dtype, 1) &&
+         resident_mixing_clusters(m) > 0;
+}
+
+int query_pass_mixing_parts(const BlockLinearShape& s) {
+  if (!query_pass_mixes_states(s, DType::bf16)) return -1;
+  return mixing_clusters(s) * s.blocks;
+}
+
 cudaError_t fragment_query_backward(const BlockLinearBackward& a, int chunks, cudaStream_t stream) {
+  if (a.mix_in_query_pass) {
+    if (!query_pass_mixes_states(a.shape, a.dtype) || chunks != 1 || !a.packed_mixed ||
+        !a.packed_grad_mixed || a.states == nullptr || a.mixing == nullptr ||
+        a.grad_states == nullptr || a.grad_mixing_parts == nullptr)
+      return cudaErrorInvalidValue;
+    BlockLinearBackward b = a;
+    b.discard_grad_mixed =
+        query_pass_discards() && reinterpret_cast<uintptr_t>(a.grad_mixed) % 128 == 0;
+    cudaLaunchAttribute attributes[2];
+    const cudaLaunchConfig_t config =
+        mixing_config(a.shape.blocks, mixing_clusters(a.shape), stream, attributes);
+    return cudaLaunchKernelEx(&config, MixingQueryPass::kernel, b);
+  }
   if (fragment_pipelined_variants(a.shape, a.dtype, chunks) && a.packed_mixed &&
       a.packed_grad_mixed) {
     if (query_pass_one_state()) {
