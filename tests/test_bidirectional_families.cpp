@@ -202,6 +202,7 @@ TEST_CASE("query pass state mix: the shapes it takes", "[attention][gpu]") {
   CHECK_FALSE(takes(1, 384, 3, 32, 8));
   const mhla_kernels::BlockLinearShape vision{64, 1024, 6, 64, 16};
   const int parts = mhla_kernels::query_pass_mixing_parts(vision);
+  WARN("query pass mixing: " << parts << " CTAs at B = 64, N = 1,024, H = 6, M = 16");
   CHECK(parts >= 16);
   CHECK(parts % 16 == 0);
   CHECK(parts <= 64 * 6 * 16);

@@ -249,7 +249,45 @@ __global__ void __launch_bounds__(kFragmentThreads, Stage::kMinBlocks)
   };
   const int warp = threadIdx.x / 32;
   const int row = lane_row(), seg = lane_half();
-  float dm_total[2] = {};  // Mixes: this CTA's dm entries threadIdx.x and + 128 (16 i + j)
+  // Mixes: item i's dS' is mixed back during item i + gridDim.x (after its step 3), so that the
+  // wait for the cluster's other CTAs and the loads of their rows overlap a whole item.
+  float dm_total[2] = {};  // this CTA's dm entries threadIdx.x and + 128 (16 i + j)
+  struct Sets {
+    const float *grad_mixed, *states;
+    float* grad_states;
+    int first_row;  // of this warp
+  };
+  auto sets_of = [&](size_t state, int block) {
+    const size_t first = (state - block) * query_state_mix::kPacked;
+    const int cta_rows = D / p.shape.blocks, warp_rows = cta_rows / 4;
+    return Sets{p.grad_mixed + first, p.states + first, p.grad_states + first,
+                block * cta_rows + warp * warp_rows};
+  };
+  // The mix of item `state` (block `block`): this warp's rows in its tiles of `phi` and `dnum`,
+  // then the four warps' dm sums added in warp order (deterministic) through their y tiles,
+  // which nothing writes again before the next item's barrier.
+  auto mix_previous = [&](const query_state_mix::RowInputs& first_rows, size_t state, int block,
+                          E* x_tiles, E* y_tiles) {
+    namespace qm = query_state_mix;
+    const Sets sets = sets_of(state, block);
+    E* const x_tile = x_tiles + warp * qm::kTileElements;
+    E* const y_tile = y_tiles + warp * qm::kTileElements;
+    float dm[2][4] = {};
+    qm::mix_rows(first_rows, sets.grad_mixed, sets.states, sets.grad_states, p.mixing,
+                 p.shape.blocks, sets.first_row, D / p.shape.blocks / 4, x_tile, y_tile, dm);
+    __syncwarp();
+    qm::store_dm(dm, reinterpret_cast<float*>(y_tile));
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      float sum = 0.f;
+#pragma unroll
+      for (int w = 0; w < 4; ++w)
+        sum +=
+            reinterpret_cast<const float*>(y_tiles + w * qm::kTileElements)[threadIdx.x + 128 * k];
+      dm_total[k] += sum;
+    }
+  };
   fragment_pipeline::walk_items(
       p.shape, issue, issue_late,
       [&](const fragment_pipeline::TileItem& it, int stage, auto&& late) {
@@ -282,6 +320,22 @@ __global__ void __launch_bounds__(kFragmentThreads, Stage::kMinBlocks)
         if (warp * 16 < it.valid)
           query_rows_out<E, D, Stage::ldn>(dnum, mixed, phi, q_raw, inv_den_rows, scale_rows, z, p,
                                            it.b, it.h, it.begin, it.valid);
+        // Mixes: the previous item's dS' rows are all out once the cluster's CTAs have passed
+        // this wait (each arrived after writing its own); their loads fly through step 3.
+        query_state_mix::RowInputs previous_rows;
+        const bool has_previous = Mixes && it.state >= gridDim.x;
+        if constexpr (Mixes) {
+          if (has_previous) {
+            query_state_mix::cluster_wait();
+            const Sets sets = sets_of(it.state - gridDim.x, it.block);
+            query_state_mix::load_row_inputs(sets.grad_mixed, sets.states, p.shape.blocks,
+                                             sets.first_row, previous_rows);
+            // Every CTA arrived after its reads of the item before: this CTA's dS' of it is dead.
+            if (p.discard_grad_mixed && it.state >= 2 * gridDim.x)
+              query_state_mix::discard_state(p.grad_mixed +
+                                             (it.state - 2 * gridDim.x) * query_state_mix::kPacked);
+          }
+        }
         __syncthreads();  // phi and dnum of all rows are in; S' and z' are read
         late();           // one S' buffer: the next item's
         // 3. dS' = phi(Q)^T dnum and dz' = phi(Q)^T dden over the tile, packed out.
@@ -294,34 +348,11 @@ __global__ void __launch_bounds__(kFragmentThreads, Stage::kMinBlocks)
         write_packed_state<D>(dstate, dz, p.grad_mixed + it.state * PackedState<D>::floats,
                               p.direct_packed_stores ? nullptr : q_raw + warp * 16 * Q::ld, Q::ld);
         if constexpr (Mixes) {
-          namespace qm = query_state_mix;
-          qm::cluster_sync();  // every dS' of the (batch, head) is out; phi and dnum are free
-          // Every CTA of the cluster passed this barrier after its reads of the previous item's
-          // dS': this CTA's lines of it are dead.
-          if (p.discard_grad_mixed && it.state >= gridDim.x)
-            qm::discard_state(p.grad_mixed + (it.state - gridDim.x) * qm::kPacked);
-          const int blocks = p.shape.blocks, cta_rows = D / blocks, warp_rows = cta_rows / 4;
-          const size_t first = (it.state - it.block) * qm::kPacked;
-          E* const x_tile = phi + warp * qm::kTileElements;
-          E* const y_tile = dnum + warp * qm::kTileElements;
-          float dm[2][4] = {};
-          qm::mix_rows(p.grad_mixed + first, p.states + first, p.grad_states + first, p.mixing,
-                       blocks, it.block * cta_rows + warp * warp_rows, warp_rows, x_tile, y_tile,
-                       dm);
-          // The four warps' sums, added in warp order (deterministic): through their y tiles,
-          // which nothing writes again before the next item's barrier.
-          __syncwarp();
-          qm::store_dm(dm, reinterpret_cast<float*>(y_tile));
-          __syncthreads();
-#pragma unroll
-          for (int k = 0; k < 2; ++k) {
-            float sum = 0.f;
-#pragma unroll
-            for (int w = 0; w < 4; ++w)
-              sum += reinterpret_cast<const float*>(dnum +
-                                                    w * qm::kTileElements)[threadIdx.x + 128 * k];
-            dm_total[k] += sum;
+          if (has_previous) {
+            __syncthreads();  // every warp's step 3 is done: phi and dnum take the mix's tiles
+            mix_previous(previous_rows, it.state - gridDim.x, it.block, phi, dnum);
           }
+          query_state_mix::cluster_arrive();  // this item's dS' is out
         }
       });
   if constexpr (Mixes) {
@@ -329,13 +360,21 @@ __global__ void __launch_bounds__(kFragmentThreads, Stage::kMinBlocks)
     const int blocks = p.shape.blocks;
     const int items = p.shape.batch * p.shape.heads * blocks;
     if (static_cast<int>(blockIdx.x) >= items) return;  // (a whole cluster: the grid is <= items)
-    qm::cluster_sync();  // every CTA's reads of the last item's dS' are done
-    if (p.discard_grad_mixed) {
-      const int last = static_cast<int>(blockIdx.x) + (items - 1 - static_cast<int>(blockIdx.x)) /
-                                                          static_cast<int>(gridDim.x) *
-                                                          static_cast<int>(gridDim.x);
+    // The last item: mixed after one more wait, in the stages' free memory.
+    const int grid = static_cast<int>(gridDim.x), first = static_cast<int>(blockIdx.x);
+    const int last = first + (items - 1 - first) / grid * grid;
+    const int rank = first % blocks;
+    qm::cluster_wait();
+    if (p.discard_grad_mixed && last >= grid)
+      qm::discard_state(p.grad_mixed + static_cast<size_t>(last - grid) * qm::kPacked);
+    const Sets sets = sets_of(last, rank);
+    qm::RowInputs rows;
+    qm::load_row_inputs(sets.grad_mixed, sets.states, blocks, sets.first_row, rows);
+    mix_previous(rows, last, rank, phi, reinterpret_cast<E*>(smem + Stage::rows));
+    qm::cluster_arrive();
+    qm::cluster_wait();  // every CTA's reads of the last item's dS' are done
+    if (p.discard_grad_mixed)
       qm::discard_state(p.grad_mixed + static_cast<size_t>(last) * qm::kPacked);
-    }
     float* const part = p.grad_mixing_parts + static_cast<size_t>(blockIdx.x) * blocks * blocks;
 #pragma unroll
     for (int k = 0; k < 2; ++k) {

@@ -44,13 +44,13 @@ constexpr int kPacked = fragment_rows::PackedState<kD>::floats,
 constexpr int kLineBytes = 128, kStateLines = kPacked * 4 / kLineBytes;
 static_assert(kPacked * 4 % kLineBytes == 0, "packed states are whole L2 lines");
 
-// Every thread of every CTA of the cluster: the writes before it (global included) are visible
-// to the reads after it in any CTA of the cluster.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile(
-      "barrier.cluster.arrive.release.aligned;\n"
-      "barrier.cluster.wait.acquire.aligned;\n" ::
-          : "memory");
+// The cluster barrier in two halves (every thread of every CTA, alternating): the writes before
+// a thread's arrive (global included) are visible to the reads after any thread's wait.
+__device__ __forceinline__ void cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
 // Drops a packed state's lines from L2 without writing them back (their contents become
@@ -81,9 +81,8 @@ __device__ __forceinline__ void transposed_mixing(const float* m, int blocks, un
   }
 }
 
-// Row d of the M states of a packed set (from `first`, the (batch, head)'s block 0) into the
-// warp's 16-row tile, rows past M zero. Loads at L2 (dS' was written by other CTAs during this
-// grid).
+// Row d of the M states of a packed set (from `first`, the (batch, head)'s block 0), 16-byte
+// pieces of states 0-15 (zero past M). Loads at L2: dS' was written by other CTAs of this grid.
 __device__ __forceinline__ void load_rows(const float* first, int blocks, int d,
                                           uint4 (&words)[4]) {
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -107,88 +106,108 @@ __device__ __forceinline__ void store_rows(Element* tile, const uint4 (&words)[4
   }
 }
 
-// The warp's rows of one item. grad_mixed, states, grad_states: the (batch, head)'s block 0 of
-// the packed sets dS', S and dS; x_tile and y_tile: the warp's two 16-row tiles; dm: this warp's
-// 16 x 16 sum over its rows, in accumulator form (two n8 halves), added to.
-__device__ __forceinline__ void mix_rows(const float* grad_mixed, const float* states,
-                                         float* grad_states, const float* mixing, int blocks,
-                                         int first_row, int rows, Element* x_tile, Element* y_tile,
-                                         float (&dm)[2][4]) {
+// What a warp's row d takes from global memory: row d of every dS'_i (x) and S_j (y); lanes
+// 0-15 dz'_i[d] (i = lane), lanes 16-31 z_j[d] (j = lane - 16), zero past M. Loaded apart from
+// the products so the kernel can issue them early.
+struct RowInputs {
+  uint4 x[4], y[4];
+  float v;
+};
+
+__device__ __forceinline__ void load_row_inputs(const float* grad_mixed, const float* states,
+                                                int blocks, int d, RowInputs& in) {
+  const int lane = static_cast<int>(threadIdx.x % 32), k = lane % 16;
+  load_rows(grad_mixed, blocks, d, in.x);
+  load_rows(states, blocks, d, in.y);
+  const float* normalizers = lane < 16 ? grad_mixed : states;
+  in.v = k < blocks ? __ldcg(normalizers + k * kPacked + kPackedZ + d) : 0.f;
+}
+
+// Row d: dm += X Y^T (+ the normalizer part), dS(row d) = m^T X out to grad_states (the
+// (batch, head)'s block 0 of the packed dS set). x_tile, y_tile: the warp's two 16-row tiles.
+__device__ __forceinline__ void mix_row(const RowInputs& in, float* grad_states,
+                                        const float* mixing, int blocks, int d,
+                                        const unsigned (&m_hi)[4], const unsigned (&m_lo)[4],
+                                        Element* x_tile, Element* y_tile, float (&dm)[2][4]) {
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int g8 = lane / 4, c0 = 2 * (lane % 4), quad = lane / 8, row8 = lane % 8;
+  __syncwarp();  // the previous row's reads of the tiles are done
+  store_rows(x_tile, in.x);
+  store_rows(y_tile, in.y);
+  __syncwarp();
+  // dm += X Y^T over the row's 64 columns.
+#pragma unroll
+  for (int kk = 0; kk < kD; kk += 16) {
+    unsigned a[4], b[4];
+    load_matrices<false>(a, x_tile + ((quad % 2) * 8 + row8) * kLd + kk + (quad / 2) * 8);
+    load_matrices<false>(b, y_tile + ((quad / 2) * 8 + row8) * kLd + kk + (quad % 2) * 8);
+    mma16816<Element>(dm[0], a, b[0], b[1]);
+    mma16816<Element>(dm[1], a, b[2], b[3]);
+  }
+  // ... and the normalizer part dz'_i[d] z_j[d] in fp32.
+  const float v = in.v;
+  const float dz_lo = __shfl_sync(0xffffffffu, v, g8), dz_hi = __shfl_sync(0xffffffffu, v, g8 + 8);
+#pragma unroll
+  for (int n = 0; n < 2; ++n) {
+    const float z0 = __shfl_sync(0xffffffffu, v, 16 + 8 * n + c0);
+    const float z1 = __shfl_sync(0xffffffffu, v, 16 + 8 * n + c0 + 1);
+    dm[n][0] = fmaf(dz_lo, z0, dm[n][0]);
+    dm[n][1] = fmaf(dz_lo, z1, dm[n][1]);
+    dm[n][2] = fmaf(dz_hi, z0, dm[n][2]);
+    dm[n][3] = fmaf(dz_hi, z1, dm[n][3]);
+  }
+  // dS(row d) = m^T X: B = X read transposed (rows i, eight columns per matrix).
+  unsigned b[4][4];
+#pragma unroll
+  for (int pair = 0; pair < 4; ++pair)
+    load_matrices<true>(b[pair],
+                        x_tile + ((quad % 2) * 8 + row8) * kLd + 8 * (2 * pair + quad / 2));
+  // dz_j[d] = sum_i m_ij dz'_i[d] (lane j < M).
+  float dz = 0.f;
+  for (int i = 0; i < blocks; ++i) {
+    const float dzi = __shfl_sync(0xffffffffu, v, i);
+    if (lane < blocks) dz = fmaf(__ldg(mixing + i * blocks + lane), dzi, dz);
+  }
+  __syncwarp();  // every lane's reads of X are done: its rows take dS
+#pragma unroll
+  for (int pair = 0; pair < 4; ++pair) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float out[4] = {};
+      mma16816<Element>(out, m_hi, b[pair][2 * e], b[pair][2 * e + 1]);
+      mma16816<Element>(out, m_lo, b[pair][2 * e], b[pair][2 * e + 1]);
+      const int col = 8 * (2 * pair + e) + c0;
+      *reinterpret_cast<unsigned*>(x_tile + g8 * kLd + col) = pack_pair<Element>(out[0], out[1]);
+      *reinterpret_cast<unsigned*>(x_tile + (g8 + 8) * kLd + col) =
+          pack_pair<Element>(out[2], out[3]);
+    }
+  }
+  __syncwarp();
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const int piece = lane + 32 * u, state = piece / 8, column = 8 * (piece % 8);
+    if (state < blocks) {
+      Element* matrix = reinterpret_cast<Element*>(grad_states + state * kPacked);
+      *reinterpret_cast<uint4*>(matrix + d * kD + column) =
+          *reinterpret_cast<const uint4*>(x_tile + state * kLd + column);
+    }
+  }
+  if (lane < blocks) grad_states[lane * kPacked + kPackedZ + d] = dz;
+}
+
+// The warp's `rows` rows from first_row, the first one's inputs already loaded (`first`); the
+// sets from the (batch, head)'s block 0. dm: this warp's 16 x 16 sum, accumulator form, added to.
+__device__ __forceinline__ void mix_rows(const RowInputs& first, const float* grad_mixed,
+                                         const float* states, float* grad_states,
+                                         const float* mixing, int blocks, int first_row, int rows,
+                                         Element* x_tile, Element* y_tile, float (&dm)[2][4]) {
   unsigned m_hi[4], m_lo[4];
   transposed_mixing(mixing, blocks, m_hi, m_lo);
-  for (int r = 0; r < rows; ++r) {
-    const int d = first_row + r;
-    uint4 x[4], y[4];
-    load_rows(grad_mixed, blocks, d, x);
-    load_rows(states, blocks, d, y);
-    // Lanes 0-15: dz'_i[d] (i = lane); lanes 16-31: z_j[d] (j = lane - 16); zero past M.
-    const int k = lane % 16;
-    const float* normalizers = lane < 16 ? grad_mixed : states;
-    const float v = k < blocks ? __ldcg(normalizers + k * kPacked + kPackedZ + d) : 0.f;
-    __syncwarp();  // the previous row's reads of the tiles are done
-    store_rows(x_tile, x);
-    store_rows(y_tile, y);
-    __syncwarp();
-    // dm += X Y^T over the row's 64 columns.
-#pragma unroll
-    for (int kk = 0; kk < kD; kk += 16) {
-      unsigned a[4], b[4];
-      load_matrices<false>(a, x_tile + ((quad % 2) * 8 + row8) * kLd + kk + (quad / 2) * 8);
-      load_matrices<false>(b, y_tile + ((quad / 2) * 8 + row8) * kLd + kk + (quad % 2) * 8);
-      mma16816<Element>(dm[0], a, b[0], b[1]);
-      mma16816<Element>(dm[1], a, b[2], b[3]);
-    }
-    // ... and the normalizer part dz'_i[d] z_j[d] in fp32.
-    const float dz_lo = __shfl_sync(0xffffffffu, v, g8),
-                dz_hi = __shfl_sync(0xffffffffu, v, g8 + 8);
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-      const float z0 = __shfl_sync(0xffffffffu, v, 16 + 8 * n + c0);
-      const float z1 = __shfl_sync(0xffffffffu, v, 16 + 8 * n + c0 + 1);
-      dm[n][0] = fmaf(dz_lo, z0, dm[n][0]);
-      dm[n][1] = fmaf(dz_lo, z1, dm[n][1]);
-      dm[n][2] = fmaf(dz_hi, z0, dm[n][2]);
-      dm[n][3] = fmaf(dz_hi, z1, dm[n][3]);
-    }
-    // dS(row d) = m^T X: B = X read transposed (rows i, eight columns per matrix).
-    unsigned b[4][4];
-#pragma unroll
-    for (int pair = 0; pair < 4; ++pair)
-      load_matrices<true>(b[pair],
-                          x_tile + ((quad % 2) * 8 + row8) * kLd + 8 * (2 * pair + quad / 2));
-    // dz_j[d] = sum_i m_ij dz'_i[d] (lane j < M).
-    float dz = 0.f;
-    for (int i = 0; i < blocks; ++i) {
-      const float dzi = __shfl_sync(0xffffffffu, v, i);
-      if (lane < blocks) dz = fmaf(__ldg(mixing + i * blocks + lane), dzi, dz);
-    }
-    __syncwarp();  // every lane's reads of X are done: its rows take dS
-#pragma unroll
-    for (int pair = 0; pair < 4; ++pair) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float out[4] = {};
-        mma16816<Element>(out, m_hi, b[pair][2 * e], b[pair][2 * e + 1]);
-        mma16816<Element>(out, m_lo, b[pair][2 * e], b[pair][2 * e + 1]);
-        const int col = 8 * (2 * pair + e) + c0;
-        *reinterpret_cast<unsigned*>(x_tile + g8 * kLd + col) = pack_pair<Element>(out[0], out[1]);
-        *reinterpret_cast<unsigned*>(x_tile + (g8 + 8) * kLd + col) =
-            pack_pair<Element>(out[2], out[3]);
-      }
-    }
-    __syncwarp();
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int piece = lane + 32 * u, state = piece / 8, column = 8 * (piece % 8);
-      if (state < blocks) {
-        Element* matrix = reinterpret_cast<Element*>(grad_states + state * kPacked);
-        *reinterpret_cast<uint4*>(matrix + d * kD + column) =
-            *reinterpret_cast<const uint4*>(x_tile + state * kLd + column);
-      }
-    }
-    if (lane < blocks) grad_states[lane * kPacked + kPackedZ + d] = dz;
+  mix_row(first, grad_states, mixing, blocks, first_row, m_hi, m_lo, x_tile, y_tile, dm);
+  for (int r = 1; r < rows; ++r) {
+    RowInputs in;
+    load_row_inputs(grad_mixed, states, blocks, first_row + r, in);
+    mix_row(in, grad_states, mixing, blocks, first_row + r, m_hi, m_lo, x_tile, y_tile, dm);
   }
 }
 
