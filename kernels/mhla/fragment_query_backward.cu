@@ -13,7 +13,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <array>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -249,45 +248,6 @@ __global__ void __launch_bounds__(kFragmentThreads, Stage::kMinBlocks)
   };
   const int warp = threadIdx.x / 32;
   const int row = lane_row(), seg = lane_half();
-  // Mixes: item i's dS' is mixed back during item i + gridDim.x (after its step 3), so that the
-  // wait for the cluster's other CTAs and the loads of their rows overlap a whole item.
-  float dm_total[2] = {};  // this CTA's dm entries threadIdx.x and + 128 (16 i + j)
-  struct Sets {
-    const float *grad_mixed, *states;
-    float* grad_states;
-    int first_row;  // of this warp
-  };
-  auto sets_of = [&](size_t state, int block) {
-    const size_t first = (state - block) * query_state_mix::kPacked;
-    const int cta_rows = D / p.shape.blocks, warp_rows = cta_rows / 4;
-    return Sets{p.grad_mixed + first, p.states + first, p.grad_states + first,
-                block * cta_rows + warp * warp_rows};
-  };
-  // The mix of item `state` (block `block`): this warp's rows in its tiles of `phi` and `dnum`,
-  // then the four warps' dm sums added in warp order (deterministic) through their y tiles,
-  // which nothing writes again before the next item's barrier.
-  auto mix_previous = [&](const query_state_mix::RowInputs& first_rows, size_t state, int block,
-                          E* x_tiles, E* y_tiles) {
-    namespace qm = query_state_mix;
-    const Sets sets = sets_of(state, block);
-    E* const x_tile = x_tiles + warp * qm::kTileElements;
-    E* const y_tile = y_tiles + warp * qm::kTileElements;
-    float dm[2][4] = {};
-    qm::mix_rows(first_rows, sets.grad_mixed, sets.states, sets.grad_states, p.mixing,
-                 p.shape.blocks, sets.first_row, D / p.shape.blocks / 4, x_tile, y_tile, dm);
-    __syncwarp();
-    qm::store_dm(dm, reinterpret_cast<float*>(y_tile));
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      float sum = 0.f;
-#pragma unroll
-      for (int w = 0; w < 4; ++w)
-        sum +=
-            reinterpret_cast<const float*>(y_tiles + w * qm::kTileElements)[threadIdx.x + 128 * k];
-      dm_total[k] += sum;
-    }
-  };
   fragment_pipeline::walk_items(
       p.shape, issue, issue_late,
       [&](const fragment_pipeline::TileItem& it, int stage, auto&& late) {
@@ -320,22 +280,6 @@ __global__ void __launch_bounds__(kFragmentThreads, Stage::kMinBlocks)
         if (warp * 16 < it.valid)
           query_rows_out<E, D, Stage::ldn>(dnum, mixed, phi, q_raw, inv_den_rows, scale_rows, z, p,
                                            it.b, it.h, it.begin, it.valid);
-        // Mixes: the previous item's dS' rows are all out once the cluster's CTAs have passed
-        // this wait (each arrived after writing its own); their loads fly through step 3.
-        query_state_mix::RowInputs previous_rows;
-        const bool has_previous = Mixes && it.state >= gridDim.x;
-        if constexpr (Mixes) {
-          if (has_previous) {
-            query_state_mix::cluster_wait();
-            const Sets sets = sets_of(it.state - gridDim.x, it.block);
-            query_state_mix::load_row_inputs(sets.grad_mixed, sets.states, p.shape.blocks,
-                                             sets.first_row, previous_rows);
-            // Every CTA arrived after its reads of the item before: this CTA's dS' of it is dead.
-            if (p.discard_grad_mixed && it.state >= 2 * gridDim.x)
-              query_state_mix::discard_state(p.grad_mixed +
-                                             (it.state - 2 * gridDim.x) * query_state_mix::kPacked);
-          }
-        }
         __syncthreads();  // phi and dnum of all rows are in; S' and z' are read
         late();           // one S' buffer: the next item's
         // 3. dS' = phi(Q)^T dnum and dz' = phi(Q)^T dden over the tile, packed out.
@@ -348,40 +292,24 @@ __global__ void __launch_bounds__(kFragmentThreads, Stage::kMinBlocks)
         write_packed_state<D>(dstate, dz, p.grad_mixed + it.state * PackedState<D>::floats,
                               p.direct_packed_stores ? nullptr : q_raw + warp * 16 * Q::ld, Q::ld);
         if constexpr (Mixes) {
-          if (has_previous) {
-            __syncthreads();  // every warp's step 3 is done: phi and dnum take the mix's tiles
-            mix_previous(previous_rows, it.state - gridDim.x, it.block, phi, dnum);
+          // The CTA that writes a (batch, head)'s last dS' mixes all of them (query_state_mix.cuh):
+          // the classic last-block pattern, each thread's stores fenced before the count.
+          __threadfence();
+          __syncthreads();
+          const size_t pair = it.state / p.shape.blocks;
+          int last = 0;
+          if (threadIdx.x == 0) last = atomicAdd(p.mix_counters + pair, 1) == p.shape.blocks - 1;
+          if (__syncthreads_or(last)) {
+            __threadfence();
+            namespace qm = query_state_mix;
+            const size_t first = pair * p.shape.blocks * qm::kPacked;
+            qm::mix_state_set(p.grad_mixed + first, p.states + first, p.grad_states + first,
+                              p.mixing, p.shape.blocks, phi, dnum,
+                              p.grad_mixing_parts + pair * p.shape.blocks * p.shape.blocks);
+            if (p.discard_grad_mixed) qm::discard_states(p.grad_mixed + first, p.shape.blocks);
           }
-          query_state_mix::cluster_arrive();  // this item's dS' is out
         }
       });
-  if constexpr (Mixes) {
-    namespace qm = query_state_mix;
-    const int blocks = p.shape.blocks;
-    const int items = p.shape.batch * p.shape.heads * blocks;
-    if (static_cast<int>(blockIdx.x) >= items) return;  // (a whole cluster: the grid is <= items)
-    // The last item: mixed after one more wait, in the stages' free memory.
-    const int grid = static_cast<int>(gridDim.x), first = static_cast<int>(blockIdx.x);
-    const int last = first + (items - 1 - first) / grid * grid;
-    const int rank = first % blocks;
-    qm::cluster_wait();
-    if (p.discard_grad_mixed && last >= grid)
-      qm::discard_state(p.grad_mixed + static_cast<size_t>(last - grid) * qm::kPacked);
-    const Sets sets = sets_of(last, rank);
-    qm::RowInputs rows;
-    qm::load_row_inputs(sets.grad_mixed, sets.states, blocks, sets.first_row, rows);
-    mix_previous(rows, last, rank, phi, reinterpret_cast<E*>(smem + Stage::rows));
-    qm::cluster_arrive();
-    qm::cluster_wait();  // every CTA's reads of the last item's dS' are done
-    if (p.discard_grad_mixed)
-      qm::discard_state(p.grad_mixed + static_cast<size_t>(last) * qm::kPacked);
-    float* const part = p.grad_mixing_parts + static_cast<size_t>(blockIdx.x) * blocks * blocks;
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int e = static_cast<int>(threadIdx.x) + 128 * k, i = e / 16, j = e % 16;
-      if (i < blocks && j < blocks) part[i * blocks + j] = dm_total[k];
-    }
-  }
 }
 
 template <int D, template <int> class Stage, bool Mixes = false>
@@ -400,7 +328,7 @@ bool query_pass_one_state() {
   return on;
 }
 
-// The query pass that also mixes the states back (query_state_mix.cuh), on clusters of M CTAs.
+// The query pass that also mixes the states back (query_state_mix.cuh).
 using MixingQueryPass = PipelinedQueryPass<64, QueryStageOneState, true>;
 
 bool query_pass_mix_switched_on() {
@@ -411,7 +339,7 @@ bool query_pass_mix_switched_on() {
   return on;
 }
 
-// Whether it drops its dS' lines from L2 once read (MHLA_QUERY_PASS_DISCARD=0 keeps them, A/B).
+// Whether it drops dS' from L2 once mixed (MHLA_QUERY_PASS_DISCARD=0 keeps it, A/B runs).
 bool query_pass_discards() {
   static const bool on = [] {
     const char* value = std::getenv("MHLA_QUERY_PASS_DISCARD");
@@ -420,102 +348,26 @@ bool query_pass_discards() {
   return on;
 }
 
-// A launch of `clusters` clusters of `blocks` CTAs; `attributes` must outlive the launch.
-cudaLaunchConfig_t mixing_config(int blocks, int clusters, cudaStream_t stream,
-                                 cudaLaunchAttribute (&attributes)[2]) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(clusters) * blocks);
-  config.blockDim = dim3(kFragmentThreads);
-  config.dynamicSmemBytes = MixingQueryPass::smem;
-  config.stream = stream;
-  attributes[0].id = cudaLaunchAttributeClusterDimension;
-  attributes[0].val.clusterDim.x = blocks;
-  attributes[0].val.clusterDim.y = 1;
-  attributes[0].val.clusterDim.z = 1;
-  attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attributes[1].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attributes;
-  config.numAttrs = dependent_launch::enabled() ? 2 : 1;
-  return config;
-}
-
-// Clusters of M = 2, 4, 8, 16 CTAs the device holds at once (0: none, or no clusters).
-int resident_mixing_clusters(int blocks) {
-  static const std::array<int, 5> counts = [] {
-    std::array<int, 5> found{};
-    int device = 0, major = 0, cluster_launch = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, device) != cudaSuccess ||
-        major < 9 || cluster_launch == 0 ||
-        tiles::allow_smem(MixingQueryPass::kernel, MixingQueryPass::smem) != cudaSuccess ||
-        cudaFuncSetAttribute(MixingQueryPass::kernel,
-                             cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
-      cudaGetLastError();
-      return found;
-    }
-    for (int k = 1; k <= 4; ++k) {
-      cudaLaunchAttribute attributes[2];
-      cudaLaunchConfig_t config = mixing_config(1 << k, 1024, nullptr, attributes);
-      config.numAttrs = 1;
-      int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, MixingQueryPass::kernel, &config) ==
-          cudaSuccess)
-        found[k] = clusters;
-    }
-    cudaGetLastError();
-    return found;
-  }();
-  switch (blocks) {
-    case 2:
-      return counts[1];
-    case 4:
-      return counts[2];
-    case 8:
-      return counts[3];
-    case 16:
-      return counts[4];
-    default:
-      return 0;
-  }
-}
-
-int mixing_clusters(const BlockLinearShape& s) {
-  const int64_t pairs = static_cast<int64_t>(s.batch) * s.heads;
-  const int resident = resident_mixing_clusters(s.blocks);
-  return static_cast<int>(pairs < resident ? pairs : resident);
-}
-
 }  // namespace
 
 bool query_pass_mixes_states(const BlockLinearShape& s, DType dtype) {
-  const int m = s.blocks;
   return query_pass_mix_switched_on() && dtype == DType::bf16 && s.head_dim == 64 &&
-         (m == 2 || m == 4 || m == 8 || m == 16) && s.batch > 0 && s.heads > 0 &&
-         s.tokens % m == 0 && s.tokens / m <= kTile &&
-         static_cast<int64_t>(s.batch) * s.heads * m <= 2147483647LL &&
-         fragment_passes_in_use(dtype, s.head_dim) && fragment_pipelined_variants(s, dtype, 1) &&
-         resident_mixing_clusters(m) > 0;
-}
-
-int query_pass_mixing_parts(const BlockLinearShape& s) {
-  if (!query_pass_mixes_states(s, DType::bf16)) return -1;
-  return mixing_clusters(s) * s.blocks;
+         s.blocks >= 2 && s.blocks <= query_state_mix::kMaxBlocks && s.batch > 0 && s.heads > 0 &&
+         s.tokens % s.blocks == 0 && s.tokens / s.blocks <= kTile &&
+         static_cast<int64_t>(s.batch) * s.heads * s.blocks <= 2147483647LL &&
+         fragment_passes_in_use(dtype, s.head_dim) && fragment_pipelined_variants(s, dtype, 1);
 }
 
 cudaError_t fragment_query_backward(const BlockLinearBackward& a, int chunks, cudaStream_t stream) {
   if (a.mix_in_query_pass) {
     if (!query_pass_mixes_states(a.shape, a.dtype) || chunks != 1 || !a.packed_mixed ||
         !a.packed_grad_mixed || a.states == nullptr || a.mixing == nullptr ||
-        a.grad_states == nullptr || a.grad_mixing_parts == nullptr)
+        a.grad_states == nullptr || a.grad_mixing_parts == nullptr || a.mix_counters == nullptr)
       return cudaErrorInvalidValue;
     BlockLinearBackward b = a;
     b.discard_grad_mixed =
         query_pass_discards() && reinterpret_cast<uintptr_t>(a.grad_mixed) % 128 == 0;
-    cudaLaunchAttribute attributes[2];
-    const cudaLaunchConfig_t config =
-        mixing_config(a.shape.blocks, mixing_clusters(a.shape), stream, attributes);
-    return cudaLaunchKernelEx(&config, MixingQueryPass::kernel, b);
+    return launch_pipelined<MixingQueryPass>(b, stream);
   }
   if (fragment_pipelined_variants(a.shape, a.dtype, chunks) && a.packed_mixed &&
       a.packed_grad_mixed) {
