@@ -6,18 +6,21 @@
 //                                              (batch, head), which the caller sums in order)
 // Why here: as its own kernel (block_mix_backward.h) the mix read dS' back from DRAM and wrote dS
 // for the key pass: 150 MB and 42 us of the 0.285 ms forward+backward at B = 64, N = 1,024,
-// H = 6, M = 16 (session 41). In the query pass, the CTA that writes the last dS' of a (batch,
-// head) (a counter per (batch, head)) reads all M of them back from L2 a moment later, mixes
-// them and drops their lines from L2 (discard.global.L2), so dS' never goes to DRAM at all.
-// The M CTAs of a (batch, head) need not wait for each other: one 16-CTA cluster per (batch,
-// head) with a barrier per item ran the pass at 160 us against 78 + 42 (session 42, calls 1-3).
+// H = 6, M = 16 (session 41). Here the CTA of block r of a (batch, head) takes rows
+// [r 64 / M, (r + 1) 64 / M) of all M states, reading those rows of every dS'_i from L2 (written
+// a moment ago by the (batch, head)'s other CTAs), the same rows of S from the forward, and
+// writing the same rows of every dS_j: each dS' element is read once, by one CTA. A counter per
+// (batch, head) says when its M dS' are out; a CTA mixes an item's rows during its next item
+// (after that item's step 3), so it rarely waits. Session 42 tried two other orders first: a
+// 16-CTA cluster per (batch, head) with a cluster barrier per item (160 us against 78 + 42, the
+// CTAs in lockstep and 448 of them resident instead of 528), and the CTA that writes the last dS'
+// of a (batch, head) mixing all of it (the late CTAs took every mix and ran 500 us longer).
 //
-// The CTA's four warps take 16 rows d each: row d of the M states of dS' (X, 16 x 64, rows past
-// M zero; dz'_i[d] as bf16 high and low parts in columns 64 and 65) and of S (Y) go to two
-// 16-row tiles in the stage's free shared memory; then dm += X Y^T (m16n8k16 products) plus
-// dz'_i[d] z_j[d] in fp32, and dS(row d) = m^T X (A = m^T as bf16 high and low parts, B = X read
-// transposed; columns 64 and 65 give dz_j[d]). The next row's loads are issued before this
-// row's products.
+// Warp w of the four takes 16 / M of the CTA's rows, one at a time: row d of the M states of
+// dS' (X, 16 x 64, rows past M zero; dz'_i[d] as bf16 high and low parts in columns 64 and 65)
+// and of S (Y) go to two 16-row tiles in the stage's free shared memory; then dm += X Y^T
+// (m16n8k16 products) plus dz'_i[d] z_j[d] in fp32, and dS(row d) = m^T X (A = m^T as bf16 high
+// and low parts, B = X read transposed; columns 64 and 65 give dz_j[d]).
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -38,19 +41,24 @@ constexpr int kD = 64, kMaxBlocks = 16;
 // carry the normalizer (64, 65) and zeros.
 constexpr int kLd = kD + 8;
 constexpr int kTileElements = kMaxBlocks * kLd;  // one warp's 16-row tile
-constexpr int kRowsPerWarp = kD / 4;
 constexpr int kPacked = fragment_rows::PackedState<kD>::floats;
 constexpr int kPackedZ = fragment_rows::PackedState<kD>::z;
-constexpr int kLineBytes = 128, kStateLines = kPacked * 4 / kLineBytes;
-static_assert(kPacked * 4 % kLineBytes == 0, "packed states are whole L2 lines");
 
-// Drops the lines of `count` consecutive packed states from L2 without writing them back (their
-// contents become undefined). The CTA's threads share the lines.
-__device__ __forceinline__ void discard_states(const float* first, int count) {
-  const char* base = reinterpret_cast<const char*>(first);
-  for (int line = static_cast<int>(threadIdx.x); line < count * kStateLines;
-       line += static_cast<int>(blockDim.x)) {
-    asm volatile("discard.global.L2 [%0], 128;\n" ::"l"(base + line * kLineBytes) : "memory");
+// A (batch, head)'s count of dS' out: after a CTA barrier that follows every thread's stores of
+// its dS', one thread adds with release semantics (covering the CTA's stores through the
+// barrier); a CTA that waits for all M spins on one thread with acquire loads, then takes a CTA
+// barrier before any thread reads them.
+__device__ __forceinline__ void count_written(int* counter) {
+  if (threadIdx.x == 0)
+    asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
+}
+__device__ __forceinline__ void wait_written(const int* counter, int target) {
+  if (threadIdx.x != 0) return;
+  int seen;
+  while (true) {
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
+    if (seen >= target) break;
+    __nanosleep(64);
   }
 }
 
@@ -195,49 +203,32 @@ __device__ __forceinline__ void mix_row(const RowInputs& in, float* grad_states,
   }
 }
 
-// The whole mix of one (batch, head), by one CTA of four warps: warp w rows 16 w .. 16 w + 15.
-// grad_mixed, states, grad_states: the (batch, head)'s block 0 of the packed sets; x_tiles and
-// y_tiles: four 16-row tiles each (the warps'); part: the (batch, head)'s M x M part of dm
-// (the four warps' sums added in warp order through their y tiles). Ends with a CTA barrier.
-__device__ __forceinline__ void mix_state_set(const float* grad_mixed, const float* states,
-                                              float* grad_states, const float* mixing, int blocks,
-                                              Element* x_tiles, Element* y_tiles, float* part) {
-  const int warp = static_cast<int>(threadIdx.x / 32);
-  Element* const x_tile = x_tiles + warp * kTileElements;
-  Element* const y_tile = y_tiles + warp * kTileElements;
+// The warp's `rows` rows from first_row, the first one's inputs already loaded (`first`); the
+// sets from the (batch, head)'s block 0. dm: this warp's 16 x 16 sum, accumulator form, added to.
+__device__ __forceinline__ void mix_rows(const RowInputs& first, const float* grad_mixed,
+                                         const float* states, float* grad_states,
+                                         const float* mixing, int blocks, int first_row, int rows,
+                                         Element* x_tile, Element* y_tile, float (&dm)[2][4]) {
   unsigned m_hi[4], m_lo[4];
   transposed_mixing(mixing, blocks, m_hi, m_lo);
-  float dm[2][4] = {};
-  const int first = kRowsPerWarp * warp;
-  RowInputs next;
-  load_row_inputs(grad_mixed, states, blocks, first, next);
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    const RowInputs in = next;
-    if (r + 1 < kRowsPerWarp) load_row_inputs(grad_mixed, states, blocks, first + r + 1, next);
-    mix_row(in, grad_states, blocks, first + r, m_hi, m_lo, x_tile, y_tile, dm);
+  mix_row(first, grad_states, blocks, first_row, m_hi, m_lo, x_tile, y_tile, dm);
+  for (int r = 1; r < rows; ++r) {
+    RowInputs in;
+    load_row_inputs(grad_mixed, states, blocks, first_row + r, in);
+    mix_row(in, grad_states, blocks, first_row + r, m_hi, m_lo, x_tile, y_tile, dm);
   }
-  __syncwarp();
+}
+
+// dm's 16 x 16 accumulator form into 256 floats (row i, column j at 16 i + j).
+__device__ __forceinline__ void store_dm(const float (&dm)[2][4], float* out) {
   const int lane = static_cast<int>(threadIdx.x % 32), g8 = lane / 4, c0 = 2 * (lane % 4);
-  float* const sums = reinterpret_cast<float*>(y_tile);
 #pragma unroll
   for (int n = 0; n < 2; ++n) {
-    sums[g8 * 16 + 8 * n + c0] = dm[n][0];
-    sums[g8 * 16 + 8 * n + c0 + 1] = dm[n][1];
-    sums[(g8 + 8) * 16 + 8 * n + c0] = dm[n][2];
-    sums[(g8 + 8) * 16 + 8 * n + c0 + 1] = dm[n][3];
+    out[g8 * 16 + 8 * n + c0] = dm[n][0];
+    out[g8 * 16 + 8 * n + c0 + 1] = dm[n][1];
+    out[(g8 + 8) * 16 + 8 * n + c0] = dm[n][2];
+    out[(g8 + 8) * 16 + 8 * n + c0 + 1] = dm[n][3];
   }
-  __syncthreads();
-  for (int e = static_cast<int>(threadIdx.x); e < kMaxBlocks * kMaxBlocks;
-       e += static_cast<int>(blockDim.x)) {
-    const int i = e / kMaxBlocks, j = e % kMaxBlocks;
-    if (i >= blocks || j >= blocks) continue;
-    float sum = 0.f;
-#pragma unroll
-    for (int w = 0; w < 4; ++w)
-      sum += reinterpret_cast<const float*>(y_tiles + w * kTileElements)[e];
-    part[i * blocks + j] = sum;
-  }
-  __syncthreads();  // the tiles' last reads, before the caller's next writes
 }
 
 }  // namespace query_state_mix

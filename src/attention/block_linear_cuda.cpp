@@ -274,11 +274,13 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
       if (mix == StatesBackwardMix::automatic && packed && packed_states &&
           kernels::query_pass_mixes_states(shape, a.dtype)) {
         // The query pass mixes dS' back itself (kernels/mhla/query_state_mix.cuh): dS for the
-        // key pass and one dm part per (batch, head), summed here in a fixed order.
-        const int64_t pairs = q.size(0) * q.size(2);
+        // key pass and one dm part per CTA, summed here in a fixed order.
+        const int parts = kernels::query_pass_mixing_parts(shape);
+        if (parts < 1) fail("mhla backward: the query pass's mix cannot be configured on this GPU");
         auto grad_states = torch::empty_like(states);  // packed like S
-        auto dm_parts = torch::empty({pairs, blocks, blocks}, mixing.options());
-        auto counters = torch::zeros({pairs}, mixing.options().dtype(torch::kInt32));
+        auto dm_parts = torch::empty({parts, blocks, blocks}, mixing.options());
+        auto counters =
+            torch::zeros({q.size(0) * q.size(2)}, mixing.options().dtype(torch::kInt32));
         a.mix_in_query_pass = true;
         a.grad_states = grad_states.data_ptr<float>();
         a.grad_mixing_parts = dm_parts.data_ptr<float>();
@@ -289,7 +291,7 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
         a.passes = kernels::kBlockKeyPass;
         check_launch(kernels::block_linear_backward(a, stream), "mhla backward (key pass)");
         dmixing = torch::empty({blocks, blocks}, mixing.options());
-        column_sums_into(dm_parts.view({pairs, -1}), dmixing.view({-1}));
+        column_sums_into(dm_parts.view({parts, -1}), dmixing.view({-1}));
       } else {
         auto zeroed_dm = torch::empty({blocks, blocks}, mixing.options());
         a.zero_on_entry = zeroed_dm.data_ptr<float>();
