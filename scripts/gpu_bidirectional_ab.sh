@@ -42,7 +42,7 @@ with() {
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   step tests
-  run_gpu_tests "$V" tests_bidirectional.txt 240 "$tests" "*bidirectional*,*query pass state mix*"
+  run_gpu_tests "$V" tests_bidirectional.txt 240 "$tests" "*bidirectional*"
   run_gpu_tests "$V" tests_mixing.txt 200 "$tests" "*block state mix*,*block pair products*,*fused block mix*"
   last=${settings[${#settings[@]}-1]}
   with "$last" run_gpu_tests "$V" tests_ops.txt 240 "$tests" "ops: every op and GPU backend*"

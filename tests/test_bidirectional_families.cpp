@@ -9,7 +9,6 @@
 #include "attention/attention_op.h"
 #include "attention/block_linear_cuda.h"
 #include "kernel_shape_predicate.h"
-#include "mhla/block_linear_attention.h"
 #include "mhla/cluster_block_linear.h"
 #include "mhla/sequence_state_forward.h"
 #include "test_helpers.h"
@@ -142,7 +141,7 @@ TEST_CASE(
   int runs = 0, sequence_runs = 0;
   for (const std::string family :
        {"resident", "resident-warpgroup", "resident-state", "resident-scores", "cluster", "states",
-        "states-passes", "states-sequence", "states-separate-mix"}) {
+        "states-passes", "states-sequence"}) {
     for (auto dtype : {torch::kBFloat16, torch::kFloat16}) {
       for (const auto& s : kFamilyShapes) {
         const std::vector<int64_t> dims = {s.batch, s.tokens, s.heads, s.head_dim};
@@ -179,78 +178,6 @@ TEST_CASE(
   CHECK(runs >= 2 * (3 + 7 + 5 + 3 + 8 + 8));
   // The one-kernel MHLA forward: the bf16 shapes of 2 to 16 blocks of 64 tokens (six).
   CHECK(sequence_runs >= 6);
-}
-
-TEST_CASE("query pass state mix: the shapes it takes", "[attention][gpu]") {
-  if (!torch::cuda::is_available()) {
-    WARN("no CUDA device: skipped");
-    return;
-  }
-  using mhla_kernels::DType;
-  const auto takes = test::shape_predicate(mhla_kernels::query_pass_mixes_states);
-  // bf16, D = 64, M a power of two from 2 to 16 (the rows of a state split evenly between its
-  // blocks' CTAs), blocks of at most 64 tokens.
-  CHECK(takes(64, 1024, 6, 64, 16));
-  CHECK(takes(8, 720, 8, 64, 16));  // 45-token blocks
-  CHECK(takes(2, 512, 2, 64, 8));
-  CHECK(takes(2, 256, 3, 64, 4));
-  CHECK(takes(3, 128, 2, 64, 2));
-  CHECK_FALSE(takes(30, 576, 10, 64, 9));  // 9 blocks
-  CHECK_FALSE(takes(4, 2048, 6, 64, 32));  // 32 states
-  CHECK_FALSE(takes(4, 2048, 6, 64, 16));  // 128-token blocks
-  CHECK_FALSE(takes(2, 512, 2, 64, 1));    // linear attention: nothing to mix
-  CHECK_FALSE(takes(64, 1024, 6, 64, 16, DType::f16));
-  CHECK_FALSE(takes(1, 384, 3, 32, 8));
-  const mhla_kernels::BlockLinearShape vision{64, 1024, 6, 64, 16};
-  const int parts = mhla_kernels::query_pass_mixing_parts(vision);
-  WARN("query pass mixing: " << parts << " CTAs at B = 64, N = 1,024, H = 6, M = 16");
-  CHECK(parts >= 132);
-  CHECK(parts <= 64 * 6 * 16);
-  CHECK(mhla_kernels::query_pass_mixing_parts({64, 1024, 6, 64, 9}) == -1);
-}
-
-TEST_CASE("query pass state mix: the same gradients as the separate mix kernel",
-          "[attention][gpu]") {
-  if (!torch::cuda::is_available()) {
-    WARN("no CUDA device: skipped");
-    return;
-  }
-  torch::manual_seed(5);
-  int compared = 0;
-  for (const auto& s : kFamilyShapes) {
-    if (s.blocks < 2) continue;
-    const mhla_kernels::BlockLinearShape shape{
-        static_cast<int>(s.batch), static_cast<int>(s.tokens), static_cast<int>(s.heads),
-        static_cast<int>(s.head_dim), static_cast<int>(s.blocks)};
-    if (!mhla_kernels::query_pass_mixes_states(shape, mhla_kernels::DType::bf16)) continue;
-    INFO(s.what << " (B=" << s.batch << " H=" << s.heads << " N=" << s.tokens << " M=" << s.blocks
-                << ")");
-    const std::vector<int64_t> dims = {s.batch, s.tokens, s.heads, s.head_dim};
-    auto q = (torch::randn(dims) * s.scale).to(torch::kBFloat16).to(torch::kFloat32);
-    auto k = (torch::randn(dims) * s.scale).to(torch::kBFloat16).to(torch::kFloat32);
-    auto v = (torch::randn(dims) * s.scale).to(torch::kBFloat16).to(torch::kFloat32);
-    auto grad_out = torch::randn(dims).to(torch::kBFloat16).to(torch::kFloat32);
-    auto mixing = torch::rand({s.blocks, s.blocks}) + 0.05;
-    const auto in_query =
-        run_family("states", q, k, v, mixing, s.blocks, grad_out, torch::kBFloat16, s.fused_qkv);
-    const auto separate = run_family("states-separate-mix", q, k, v, mixing, s.blocks, grad_out,
-                                     torch::kBFloat16, s.fused_qkv);
-    // The forward and the query pass's dq are the same kernels' work: equal to the bit.
-    CHECK(torch::equal(in_query.out, separate.out));
-    CHECK(torch::equal(in_query.dq, separate.dq));
-    // dS and dm: the same products, summed in another order.
-    CHECK(test::relative_error(in_query.dk, separate.dk) < 2e-3);
-    CHECK(test::relative_error(in_query.dv, separate.dv) < 2e-3);
-    CHECK(test::relative_error(in_query.dm, separate.dm) < 2e-3);
-    // A repeated run gives the same bits (dm's parts are summed in a fixed order).
-    const auto again =
-        run_family("states", q, k, v, mixing, s.blocks, grad_out, torch::kBFloat16, s.fused_qkv);
-    CHECK(torch::equal(again.dm, in_query.dm));
-    CHECK(torch::equal(again.dk, in_query.dk));
-    ++compared;
-  }
-  // N = 1,024 (twice), 45-token blocks, 4 and 8 blocks of 64 tokens, 16-token blocks, ...
-  CHECK(compared >= 6);
 }
 
 TEST_CASE("bidirectional kernel families: a family asked for a shape it does not take says so",

@@ -111,23 +111,7 @@ struct BlockLinearBackward {
   float* zero_on_entry = nullptr;
   int zero_floats = 0;
   float* chunk_parts = nullptr;  // as in BlockLinearForward, for dS' (grad_mixed)
-  // The query pass also runs the state mix backward (query_pass_mixes_states): besides dq it
-  // writes dS_j = sum_i m_ij dS'_i into grad_states (packed, for the key pass) and each CTA's part
-  // of dm into grad_mixing_parts ([query_pass_mixing_parts(shape), M, M], every element; the
-  // caller sums them in order). grad_mixed (packed dS') is still written, as the exchange between
-  // the CTAs of a (batch, head), whose count of dS' out is mix_counters[b * H + h] (B * H ints,
-  // zero on entry). Query pass only; needs packed_mixed, packed_grad_mixed and packed S.
-  bool mix_in_query_pass = false;
-  float* grad_mixing_parts = nullptr;
-  int* mix_counters = nullptr;
 };
-
-// Whether the query pass can mix the states back for this shape (mix_in_query_pass): bf16, D =
-// 64, M in {2, 4, 8, 16} blocks of at most 64 tokens, on the pipelined fragment passes.
-// MHLA_QUERY_PASS_MIX=0 says no (A/B runs).
-bool query_pass_mixes_states(const BlockLinearShape& shape, DType dtype);
-// How many dm parts it writes (its CTAs), or -1 where it does not mix.
-int query_pass_mixing_parts(const BlockLinearShape& shape);
 
 // Return cudaSuccess or the first launch error; a shape the kernels do not cover returns
 // cudaErrorInvalidValue (the binding checks shapes first and reports them in words).

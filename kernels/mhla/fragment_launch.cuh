@@ -56,9 +56,8 @@ cudaError_t launch_pass(const Args& a, int chunks, cudaStream_t stream) {
 // A pipelined one-tile pass (fragment_pipeline.cuh): Pass::kernel(args) over persistent CTAs, as
 // many as fit on the device at once (at most one per item), launched as a dependent grid
 // (common/dependent_launch.cuh). Pass::smem as above.
-// The CTAs of a pipelined pass's launch for this shape (0 where the kernel cannot be configured).
-template <class Pass>
-int pipelined_ctas(const BlockLinearShape& shape) {
+template <class Pass, typename Args>
+cudaError_t launch_pipelined(const Args& a, cudaStream_t stream) {
   static const int per_multiprocessor = [] {
     int count = 0;
     if (tiles::allow_smem(Pass::kernel, Pass::smem) != cudaSuccess ||
@@ -67,15 +66,10 @@ int pipelined_ctas(const BlockLinearShape& shape) {
       return 0;
     return count;
   }();
-  const int64_t items = static_cast<int64_t>(shape.batch) * shape.heads * shape.blocks;
+  if (per_multiprocessor < 1) return cudaErrorInvalidConfiguration;
+  const int64_t items = static_cast<int64_t>(a.shape.batch) * a.shape.heads * a.shape.blocks;
   const int64_t resident = static_cast<int64_t>(per_multiprocessor) * multiprocessors();
-  return static_cast<int>(items < resident ? items : resident);
-}
-
-template <class Pass, typename Args>
-cudaError_t launch_pipelined(const Args& a, cudaStream_t stream) {
-  const int ctas = pipelined_ctas<Pass>(a.shape);
-  if (ctas < 1) return cudaErrorInvalidConfiguration;
+  const int ctas = static_cast<int>(items < resident ? items : resident);
   return dependent_launch::launch(Pass::kernel, dim3(ctas), dim3(kFragmentThreads), Pass::smem,
                                   stream, a);
 }

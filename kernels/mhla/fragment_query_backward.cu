@@ -13,7 +13,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <cstdint>
 #include <cstdlib>
 #include <string>
 
@@ -23,7 +22,6 @@
 #include "mhla/fragment_launch.cuh"
 #include "mhla/fragment_pipeline.cuh"
 #include "mhla/fragment_rows.cuh"
-#include "mhla/query_state_mix.cuh"
 #include "mhla/state_tiles.cuh"
 #include "mhla/tiles.cuh"
 
@@ -211,17 +209,7 @@ struct QueryStageOneState {
   static_assert(4 * (smem + 1024) <= 228 * 1024, "four CTAs per SM");
 };
 
-// Whether the mixing query pass loads its rows of the previous item's states before step 3
-// (in flight through it, 33 registers held) or after it (A/B builds: -DMHLA_QUERY_MIX_PREFETCH=0).
-#ifndef MHLA_QUERY_MIX_PREFETCH
-#define MHLA_QUERY_MIX_PREFETCH 1
-#endif
-constexpr bool kPrefetchMixRows = MHLA_QUERY_MIX_PREFETCH != 0;
-
-// Mixes: the CTAs of a (batch, head) are one thread-block cluster, and each item ends with the
-// state mix backward of its rows (query_state_mix.cuh): dS out instead of dS' for the key pass,
-// and this CTA's part of dm at the end.
-template <int D, class Stage, bool Mixes = false>
+template <int D, class Stage>
 __global__ void __launch_bounds__(kFragmentThreads, Stage::kMinBlocks)
     pipelined_query_backward_kernel(BlockLinearBackward p) {
   using E = fragment_pipeline::Element;
@@ -255,45 +243,6 @@ __global__ void __launch_bounds__(kFragmentThreads, Stage::kMinBlocks)
   };
   const int warp = threadIdx.x / 32;
   const int row = lane_row(), seg = lane_half();
-  // Mixes: item i's dS' is mixed back during item i + gridDim.x (after its step 3), so that the
-  // wait for the (batch, head)'s other CTAs and the loads of their rows overlap a whole item.
-  float dm_total[2] = {};  // this CTA's dm entries threadIdx.x and + 128 (16 i + j)
-  struct Sets {
-    const float *grad_mixed, *states;
-    float* grad_states;
-    int first_row;  // of this warp
-  };
-  auto sets_of = [&](size_t state, int block) {
-    const size_t first = (state - block) * query_state_mix::kPacked;
-    const int cta_rows = D / p.shape.blocks, warp_rows = cta_rows / 4;
-    return Sets{p.grad_mixed + first, p.states + first, p.grad_states + first,
-                block * cta_rows + warp * warp_rows};
-  };
-  // The mix of item `state` (block `block`): this warp's rows in its tiles of `phi` and `dnum`,
-  // then the four warps' dm sums added in warp order (deterministic) through their y tiles,
-  // which nothing writes again before the next item's barrier.
-  auto mix_previous = [&](const query_state_mix::RowInputs& first_rows, size_t state, int block,
-                          E* x_tiles, E* y_tiles) {
-    namespace qm = query_state_mix;
-    const Sets sets = sets_of(state, block);
-    E* const x_tile = x_tiles + warp * qm::kTileElements;
-    E* const y_tile = y_tiles + warp * qm::kTileElements;
-    float dm[2][4] = {};
-    qm::mix_rows(first_rows, sets.grad_mixed, sets.states, sets.grad_states, p.mixing,
-                 p.shape.blocks, sets.first_row, D / p.shape.blocks / 4, x_tile, y_tile, dm);
-    __syncwarp();
-    qm::store_dm(dm, reinterpret_cast<float*>(y_tile));
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      float sum = 0.f;
-#pragma unroll
-      for (int w = 0; w < 4; ++w)
-        sum +=
-            reinterpret_cast<const float*>(y_tiles + w * qm::kTileElements)[threadIdx.x + 128 * k];
-      dm_total[k] += sum;
-    }
-  };
   fragment_pipeline::walk_items(
       p.shape, issue, issue_late,
       [&](const fragment_pipeline::TileItem& it, int stage, auto&& late) {
@@ -326,25 +275,8 @@ __global__ void __launch_bounds__(kFragmentThreads, Stage::kMinBlocks)
         if (warp * 16 < it.valid)
           query_rows_out<E, D, Stage::ldn>(dnum, mixed, phi, q_raw, inv_den_rows, scale_rows, z, p,
                                            it.b, it.h, it.begin, it.valid);
-        // Mixes: the previous item's (batch, head) has all its dS' out once its count says so
-        // (one thread waits; the barrier below orders every thread's loads after it). The
-        // loads of this CTA's rows of it fly through step 3.
-        const bool has_previous = Mixes && it.state >= gridDim.x;
-        const size_t previous = it.state - gridDim.x;
-        if constexpr (Mixes)
-          if (has_previous)
-            query_state_mix::wait_written(p.mix_counters + previous / p.shape.blocks,
-                                          p.shape.blocks);
         __syncthreads();  // phi and dnum of all rows are in; S' and z' are read
         late();           // one S' buffer: the next item's
-        query_state_mix::RowInputs previous_rows;
-        if constexpr (Mixes && kPrefetchMixRows) {
-          if (has_previous) {
-            const Sets sets = sets_of(previous, it.block);
-            query_state_mix::load_row_inputs(sets.grad_mixed, sets.states, p.shape.blocks,
-                                             sets.first_row, previous_rows);
-          }
-        }
         // 3. dS' = phi(Q)^T dnum and dz' = phi(Q)^T dden over the tile, packed out.
         TileAccumulator dstate[1][StateSlices<D>::col_tiles], dz;
 #pragma unroll
@@ -354,47 +286,13 @@ __global__ void __launch_bounds__(kFragmentThreads, Stage::kMinBlocks)
         // Staged in the warp's own rows of q (its dq rows went out before the barrier).
         write_packed_state<D>(dstate, dz, p.grad_mixed + it.state * PackedState<D>::floats,
                               p.direct_packed_stores ? nullptr : q_raw + warp * 16 * Q::ld, Q::ld);
-        if constexpr (Mixes) {
-          __syncthreads();  // every thread's dS' stores are issued; step 3 is done everywhere
-          query_state_mix::count_written(p.mix_counters + it.state / p.shape.blocks);
-          if (has_previous) {
-            if constexpr (!kPrefetchMixRows) {
-              const Sets sets = sets_of(previous, it.block);
-              query_state_mix::load_row_inputs(sets.grad_mixed, sets.states, p.shape.blocks,
-                                               sets.first_row, previous_rows);
-            }
-            mix_previous(previous_rows, previous, it.block, phi, dnum);
-          }
-        }
       });
-  if constexpr (Mixes) {
-    namespace qm = query_state_mix;
-    const int blocks = p.shape.blocks;
-    const int items = p.shape.batch * p.shape.heads * blocks;
-    if (static_cast<int>(blockIdx.x) >= items) return;
-    // The last item, in the stages' free memory (no copies are in flight).
-    const int grid = static_cast<int>(gridDim.x), first = static_cast<int>(blockIdx.x);
-    const size_t last = first + (items - 1 - first) / grid * grid;
-    const int block = static_cast<int>(last % blocks);
-    qm::wait_written(p.mix_counters + last / blocks, blocks);
-    __syncthreads();
-    const Sets sets = sets_of(last, block);
-    qm::RowInputs rows;
-    qm::load_row_inputs(sets.grad_mixed, sets.states, blocks, sets.first_row, rows);
-    mix_previous(rows, last, block, phi, reinterpret_cast<E*>(smem + Stage::rows));
-    float* const part = p.grad_mixing_parts + static_cast<size_t>(blockIdx.x) * blocks * blocks;
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int e = static_cast<int>(threadIdx.x) + 128 * k, i = e / 16, j = e % 16;
-      if (i < blocks && j < blocks) part[i * blocks + j] = dm_total[k];
-    }
-  }
 }
 
-template <int D, template <int> class Stage, bool Mixes = false>
+template <int D, template <int> class Stage>
 struct PipelinedQueryPass {
   static constexpr void (*kernel)(BlockLinearBackward) =
-      pipelined_query_backward_kernel<D, Stage<D>, Mixes>;
+      pipelined_query_backward_kernel<D, Stage<D>>;
   static constexpr size_t smem = Stage<D>::smem;
 };
 
@@ -407,41 +305,9 @@ bool query_pass_one_state() {
   return on;
 }
 
-// The query pass that also mixes the states back (query_state_mix.cuh).
-using MixingQueryPass = PipelinedQueryPass<64, QueryStageOneState, true>;
-
-bool query_pass_mix_switched_on() {
-  static const bool on = [] {
-    const char* value = std::getenv("MHLA_QUERY_PASS_MIX");
-    return value == nullptr || std::string(value) != "0";
-  }();
-  return on;
-}
-
 }  // namespace
 
-bool query_pass_mixes_states(const BlockLinearShape& s, DType dtype) {
-  return query_pass_mix_switched_on() && dtype == DType::bf16 && s.head_dim == 64 &&
-         (s.blocks == 2 || s.blocks == 4 || s.blocks == 8 || s.blocks == 16) && s.batch > 0 &&
-         s.heads > 0 && s.tokens % s.blocks == 0 && s.tokens / s.blocks <= kTile &&
-         static_cast<int64_t>(s.batch) * s.heads * s.blocks <= 2147483647LL &&
-         fragment_passes_in_use(dtype, s.head_dim) && fragment_pipelined_variants(s, dtype, 1);
-}
-
-int query_pass_mixing_parts(const BlockLinearShape& s) {
-  if (!query_pass_mixes_states(s, DType::bf16)) return -1;
-  return pipelined_ctas<MixingQueryPass>(s);
-}
-
 cudaError_t fragment_query_backward(const BlockLinearBackward& a, int chunks, cudaStream_t stream) {
-  if (a.mix_in_query_pass) {
-    if (!query_pass_mixes_states(a.shape, a.dtype) || chunks != 1 || !a.packed_mixed ||
-        !a.packed_grad_mixed || a.states == nullptr || a.mixing == nullptr ||
-        a.grad_states == nullptr || a.grad_mixing_parts == nullptr || a.mix_counters == nullptr)
-      return cudaErrorInvalidValue;
-    BlockLinearBackward b = a;
-    return launch_pipelined<MixingQueryPass>(b, stream);
-  }
   if (fragment_pipelined_variants(a.shape, a.dtype, chunks) && a.packed_mixed &&
       a.packed_grad_mixed) {
     if (query_pass_one_state()) {

@@ -135,11 +135,6 @@ bool sequence_forward_fits(const kernels::BlockLinearShape& shape, kernels::DTyp
          packs_block_states(shape, dtype);
 }
 
-// How MHLA's backward mixes dS' back on the state kernels: `automatic` inside the query pass
-// (kernels/mhla/query_state_mix.cuh) where it can, unless MHLA_QUERY_PASS_MIX=0 (A/B runs);
-// `separate` by its own kernel between the query and key passes (state_mixing.h).
-enum class StatesBackwardMix : int64_t { automatic = 0, separate = 1 };
-
 bool sequence_forward_wanted(StatesForward form) {
   static const bool enabled = environment_switch("MHLA_SEQUENCE_FORWARD", true);
   return form == StatesForward::sequence || (form == StatesForward::automatic && enabled);
@@ -153,7 +148,7 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q_in,
                                const torch::Tensor& k_in, const torch::Tensor& v_in,
                                const torch::Tensor& mixing_in, int64_t blocks,
-                               int64_t forward_form = 0, int64_t backward_mix = 0) {
+                               int64_t forward_form = 0) {
     const auto dtype = v_in.scalar_type();
     auto q = readable(q_in, dtype), k = readable(k_in, dtype), v = readable(v_in, dtype);
     const bool mixes = mixing_in.numel() > 0;  // an empty tensor stands for "no mixing"
@@ -229,7 +224,6 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
     ctx->save_for_backward({q, k, v, out, mixing, states, mixed});
     ctx->saved_data["blocks"] = blocks;
     ctx->saved_data["packed_states"] = packed_states;
-    ctx->saved_data["backward_mix"] = backward_mix;
     remember_input_dtypes(ctx, q_in, k_in);
     return out;
   }
@@ -270,49 +264,25 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
       a.packed_mixed = packed;
       a.packed_grad_mixed = packed_states;
       a.passes = kernels::kBlockQueryPass;
-      const auto mix = static_cast<StatesBackwardMix>(ctx->saved_data["backward_mix"].toInt());
-      if (mix == StatesBackwardMix::automatic && packed && packed_states &&
-          kernels::query_pass_mixes_states(shape, a.dtype)) {
-        // The query pass mixes dS' back itself (kernels/mhla/query_state_mix.cuh): dS for the
-        // key pass and one dm part per CTA, summed here in a fixed order.
-        const int parts = kernels::query_pass_mixing_parts(shape);
-        if (parts < 1) fail("mhla backward: the query pass's mix cannot be configured on this GPU");
-        auto grad_states = torch::empty_like(states);  // packed like S
-        auto dm_parts = torch::empty({parts, blocks, blocks}, mixing.options());
-        auto counters =
-            torch::zeros({q.size(0) * q.size(2)}, mixing.options().dtype(torch::kInt32));
-        a.mix_in_query_pass = true;
-        a.grad_states = grad_states.data_ptr<float>();
-        a.grad_mixing_parts = dm_parts.data_ptr<float>();
-        a.mix_counters = counters.data_ptr<int>();
-        check_launch(kernels::block_linear_backward(a, stream), "mhla backward (query pass)");
-        a.mix_in_query_pass = false;
-        a.packed_grad_states = true;
-        a.passes = kernels::kBlockKeyPass;
-        check_launch(kernels::block_linear_backward(a, stream), "mhla backward (key pass)");
-        dmixing = torch::empty({blocks, blocks}, mixing.options());
-        column_sums_into(dm_parts.view({parts, -1}), dmixing.view({-1}));
-      } else {
-        auto zeroed_dm = torch::empty({blocks, blocks}, mixing.options());
-        a.zero_on_entry = zeroed_dm.data_ptr<float>();
-        a.zero_floats = static_cast<int>(blocks * blocks);
-        a.chunk_parts = data_or_null(chunk_parts);
-        check_launch(kernels::block_linear_backward(a, stream), "mhla backward (query pass)");
-        a.zero_on_entry = nullptr;
-        const auto grad_mixed_blocks = by_block(grad_mixed, q, blocks);
-        torch::Tensor grad_states;
-        const int64_t d = q.size(3);
-        torch::Tensor dm_parts;  // deterministic sums: summed after the key pass
-        std::tie(grad_states, dmixing) =
-            mix_block_states_backward(mixing, grad_mixed_blocks, by_block(states, q, blocks),
-                                      packed ? d * d : 0, packed_states, zeroed_dm, &dm_parts);
-        a.grad_states = grad_states.data_ptr<float>();
-        a.packed_grad_states = packed;
-        a.passes = kernels::kBlockKeyPass;
-        check_launch(kernels::block_linear_backward(a, stream), "mhla backward (key pass)");
-        if (dm_parts.defined())
-          column_sums_into(dm_parts.view({dm_parts.size(0), -1}), dmixing.view({-1}));
-      }
+      auto zeroed_dm = torch::empty({blocks, blocks}, mixing.options());
+      a.zero_on_entry = zeroed_dm.data_ptr<float>();
+      a.zero_floats = static_cast<int>(blocks * blocks);
+      a.chunk_parts = data_or_null(chunk_parts);
+      check_launch(kernels::block_linear_backward(a, stream), "mhla backward (query pass)");
+      a.zero_on_entry = nullptr;
+      const auto grad_mixed_blocks = by_block(grad_mixed, q, blocks);
+      torch::Tensor grad_states;
+      const int64_t d = q.size(3);
+      torch::Tensor dm_parts;  // deterministic sums: summed after the key pass
+      std::tie(grad_states, dmixing) =
+          mix_block_states_backward(mixing, grad_mixed_blocks, by_block(states, q, blocks),
+                                    packed ? d * d : 0, packed_states, zeroed_dm, &dm_parts);
+      a.grad_states = grad_states.data_ptr<float>();
+      a.packed_grad_states = packed;
+      a.passes = kernels::kBlockKeyPass;
+      check_launch(kernels::block_linear_backward(a, stream), "mhla backward (key pass)");
+      if (dm_parts.defined())
+        column_sums_into(dm_parts.view({dm_parts.size(0), -1}), dmixing.view({-1}));
     } else {
       kernels::LinearAttentionBackward a;
       a.batch = shape.batch, a.tokens = shape.tokens, a.heads = shape.heads,
@@ -327,8 +297,7 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
       check_launch(kernels::linear_attention_backward(a, stream), "linear attention backward");
     }
     const auto [q_type, k_type] = input_dtypes(ctx);
-    return {dq.to(q_type),   dk.to(k_type),  dv, dmixing, torch::Tensor(),
-            torch::Tensor(), torch::Tensor()};
+    return {dq.to(q_type), dk.to(k_type), dv, dmixing, torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -677,7 +646,6 @@ bool block_linear_family_takes(const std::string& family, const torch::Tensor& q
   }
   if (family == "cluster") return cluster_takes(q, v, blocks);
   if (family == "states" || family == "states-passes") return true;
-  if (family == "states-separate-mix") return blocks > 1;  // MHLA only: the mix's backward
   if (family == "states-sequence") {  // MHLA only: linear attention has no forward to fuse
     const auto type = v.scalar_type();
     return blocks > 1 && (type == torch::kFloat16 || type == torch::kBFloat16) &&
@@ -685,7 +653,7 @@ bool block_linear_family_takes(const std::string& family, const torch::Tensor& q
   }
   fail(
       "unknown bidirectional kernel family '{}' (resident, resident-warpgroup, resident-state, "
-      "resident-scores, cluster, states, states-passes, states-sequence, states-separate-mix)",
+      "resident-scores, cluster, states, states-passes, states-sequence)",
       family);
 }
 
@@ -704,10 +672,7 @@ torch::Tensor block_linear_by_named_family(const std::string& family, const torc
   const auto form = family == "states-passes"     ? StatesForward::passes
                     : family == "states-sequence" ? StatesForward::sequence
                                                   : StatesForward::automatic;
-  const auto mix =
-      family == "states-separate-mix" ? StatesBackwardMix::separate : StatesBackwardMix::automatic;
-  return BlockLinearFunction::apply(q, k, v, mixing, blocks, static_cast<int64_t>(form),
-                                    static_cast<int64_t>(mix));
+  return BlockLinearFunction::apply(q, k, v, mixing, blocks, static_cast<int64_t>(form));
 }
 
 torch::Tensor linear_attention_cuda(const torch::Tensor& q, const torch::Tensor& k,

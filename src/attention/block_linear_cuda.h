@@ -28,15 +28,14 @@ torch::Tensor mhla_cuda_dense(const torch::Tensor& q, const torch::Tensor& k,
 // sequence of a (batch, head) in one CTA, dense form), "cluster" (one 16-CTA cluster per
 // (batch, head)) and "states" (block states through global memory; "states-passes" and
 // "states-sequence" ask for its forward as three passes or as one kernel,
-// kernels/mhla/sequence_state_forward.h; "states-separate-mix" for its backward's state mix as its
-// own kernel rather than inside the query pass, kernels/mhla/query_state_mix.cuh);
-// "resident-warpgroup", "resident-state" and "resident-scores" are the resident family with one
-// backward form asked for (kernels/mhla/resident_block_linear.h). The backend takes the resident
-// kernels where they fit and the state kernels otherwise; MHLA_BIDIRECTIONAL_KERNEL=cluster /
-// states moves one family first (the cluster kernels are slower than the state kernels:
-// block_linear_cuda.cpp says by how much). For tests and A/B runs: whether `family` takes the
-// inputs, and the op run by it (an error if it does not take them). mixing: [blocks, blocks] fp32,
-// or an empty tensor for linear attention (blocks = 1).
+// kernels/mhla/sequence_state_forward.h); "resident-warpgroup",
+// "resident-state" and "resident-scores" are the resident family with one backward form asked
+// for (kernels/mhla/resident_block_linear.h). The backend takes the resident kernels where they
+// fit and the state kernels otherwise; MHLA_BIDIRECTIONAL_KERNEL=cluster / states moves one
+// family first (the cluster kernels are slower than the state kernels: block_linear_cuda.cpp
+// says by how much). For tests and A/B runs:
+// whether `family` takes the inputs, and the op run by it (an error if it does not take them).
+// mixing: [blocks, blocks] fp32, or an empty tensor for linear attention (blocks = 1).
 bool block_linear_family_takes(const std::string& family, const torch::Tensor& q,
                                const torch::Tensor& v, int64_t blocks);
 torch::Tensor block_linear_by_named_family(const std::string& family, const torch::Tensor& q,
