@@ -111,10 +111,6 @@ struct BlockLinearBackward {
   float* zero_on_entry = nullptr;
   int zero_floats = 0;
   float* chunk_parts = nullptr;  // as in BlockLinearForward, for dS' (grad_mixed)
-  // The pipelined key pass drops each packed dS state from L2 once it has read it (the caller's
-  // workspace, dead after the key pass: common/l2_discard.cuh). Taken where grad_states is
-  // 128-byte aligned.
-  bool discard_grad_states = false;
 };
 
 // Return cudaSuccess or the first launch error; a shape the kernels do not cover returns

@@ -247,9 +247,6 @@ packed_mix::PackedMix packed_args(const BlockMixBackward& p) {
   args.grad_mixing_parts = p.grad_mixing_parts;
   args.batch_heads = p.batch_heads, args.blocks = p.blocks;
   args.elements = p.elements, args.matrix = p.packed_inputs_matrix;
-  const int64_t row_bytes = (p.packed_inputs_matrix / 2 + p.elements - p.packed_inputs_matrix) * 4;
-  args.discard_in = p.discard_grad_mixed && reinterpret_cast<uintptr_t>(p.grad_mixed) % 128 == 0 &&
-                    row_bytes % 128 == 0;
   return args;
 }
 bool direct_stores() {

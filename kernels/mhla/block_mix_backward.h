@@ -38,10 +38,6 @@ struct BlockMixBackward {
   // into grad_mixing with atomics, whose order changes from run to run; the caller sums the
   // parts in a fixed order. grad_mixing is then not touched.
   float* grad_mixing_parts = nullptr;
-  // Packed inputs only: grad_mixed is dead once read (a workspace of the caller's), so the kernel
-  // drops its lines from L2 instead of letting them be written back (common/l2_discard.cuh).
-  // Taken where grad_mixed is 128-byte aligned and its states whole 128-byte lines.
-  bool discard_grad_mixed = false;
 };
 
 // How many CTAs (so parts) a call with these arguments runs: 0 with nothing to do, -1 when the

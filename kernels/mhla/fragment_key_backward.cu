@@ -9,7 +9,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "common/l2_discard.cuh"
 #include "common/wmma_gemm.cuh"
 #include "mhla/block_fragment_passes.h"
 #include "mhla/block_work.cuh"
@@ -164,10 +163,6 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
         const E* v_raw = v_of(stage);
         const E* dstate = dstate_of(stage);
         const float* dz = dz_of(stage);
-        if (p.discard_grad_states) {  // dS_j is in the stage: its lines in L2 are dead
-          l2_discard::discard_lines(p.grad_states + it.state * PackedState<D>::floats,
-                                    PackedState<D>::floats * 4, threadIdx.x, blockDim.x);
-        }
         {  // 1. Row form: phi(k) and 1/rms(k) of the lane's half row.
           const bool live = row < it.valid;
           uint4 raw_k[R::words];
@@ -193,12 +188,8 @@ struct PipelinedKeyPass {
 
 cudaError_t fragment_key_backward(const BlockLinearBackward& a, int chunks, cudaStream_t stream) {
   if (fragment_pipelined_variants(a.shape, a.dtype, chunks) && a.packed_grad_states) {
-    BlockLinearBackward b = a;
-    b.discard_grad_states =
-        a.discard_grad_states && reinterpret_cast<uintptr_t>(a.grad_states) % 128 == 0 &&
-        PackedState<64>::floats * 4 % 128 == 0 && PackedState<32>::floats * 4 % 128 == 0;
-    return a.shape.head_dim == 64 ? launch_pipelined<PipelinedKeyPass<64>>(b, stream)
-                                  : launch_pipelined<PipelinedKeyPass<32>>(b, stream);
+    return a.shape.head_dim == 64 ? launch_pipelined<PipelinedKeyPass<64>>(a, stream)
+                                  : launch_pipelined<PipelinedKeyPass<32>>(a, stream);
   }
   return launch_pass<KeyPass>(a, chunks, stream);
 }

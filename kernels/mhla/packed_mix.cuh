@@ -31,7 +31,6 @@
 
 #include "common/async_copy.cuh"
 #include "common/dependent_launch.cuh"
-#include "common/l2_discard.cuh"
 #include "common/wmma_gemm.cuh"
 
 namespace mhla_kernels {
@@ -48,9 +47,6 @@ struct PackedMix {
   int64_t elements = 0;                // per state (matrix + rest), the rest a multiple of 4
   int64_t matrix = 0;                  // bf16 elements per state: a multiple of kColumns
   bool reverse = false;                // walk the items last to first (see launch())
-  // Backward: drop each item's rows of `in` (dS', dead once read) from L2 (common/l2_discard.cuh);
-  // needs `in` 128-byte aligned and rows of whole 128-byte lines.
-  bool discard_in = false;
 };
 
 constexpr int kThreads = 256, kWarps = kThreads / 32;
@@ -157,22 +153,6 @@ __global__ void __launch_bounds__(kThreads, 2) packed_mix_kernel(PackedMix p) {
     issue(item_at(w + gridDim.x), stage ^ 1);
     asm volatile("cp.async.wait_group 1;\n" ::);
     __syncthreads();  // this item's rows (every thread's copies) and the weights are in
-    if constexpr (Backward) {
-      if (p.discard_in) {  // dS' is dead once its rows are in the stage
-        const int64_t bh = item / columns;
-        const bool rest = item % columns >= matrix_items;
-        // The item's columns as bytes of each state row: bf16 matrix, then the fp32 rest.
-        const int64_t first = rest ? matrix * 2 + (item % columns - matrix_items) * kRestColumns * 4
-                                   : (item % columns) * kColumns * 2;
-        const int64_t end = rest ? std::min<int64_t>(first + kRestColumns * 4, row_floats * 4)
-                                 : first + kColumns * 2;
-        for (int r = 0; r < p.blocks; ++r) {
-          const char* row = reinterpret_cast<const char*>(
-              p.in + (static_cast<size_t>(bh) * p.blocks + r) * row_floats);
-          l2_discard::discard_lines(row + first, end - first, t, kThreads);
-        }
-      }
-    }
     if (item % columns >= matrix_items) {
       // Rest: thread t forms output rows 4 (t / 64) to + 3 at column t % 64 in fp32 (forward
       // out_i = sum_j m_ij x_j, backward out_j = sum_i m_ij x_i) and, backward, dm's pair

@@ -276,11 +276,9 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
       torch::Tensor dm_parts;  // deterministic sums: summed after the key pass
       std::tie(grad_states, dmixing) =
           mix_block_states_backward(mixing, grad_mixed_blocks, by_block(states, q, blocks),
-                                    packed ? d * d : 0, packed_states, zeroed_dm, &dm_parts,
-                                    /*grad_mixed_dead=*/true);
+                                    packed ? d * d : 0, packed_states, zeroed_dm, &dm_parts);
       a.grad_states = grad_states.data_ptr<float>();
       a.packed_grad_states = packed;
-      a.discard_grad_states = discard_dead_states();  // dS is dead after the key pass
       a.passes = kernels::kBlockKeyPass;
       check_launch(kernels::block_linear_backward(a, stream), "mhla backward (key pass)");
       if (dm_parts.defined())

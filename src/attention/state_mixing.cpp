@@ -110,15 +110,10 @@ torch::Tensor block_pair_products(const torch::Tensor& x, const torch::Tensor& y
   return grad;
 }
 
-bool discard_dead_states() {
-  static const bool on = environment_switch("MHLA_DISCARD_DEAD_STATES", true);
-  return on;
-}
-
 std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(
     const torch::Tensor& mixing, const torch::Tensor& grad_mixed, const torch::Tensor& states,
-    int64_t packed_matrix, bool packed_inputs, torch::Tensor zeroed_dm, torch::Tensor* mixing_parts,
-    bool grad_mixed_dead) {
+    int64_t packed_matrix, bool packed_inputs, torch::Tensor zeroed_dm,
+    torch::Tensor* mixing_parts) {
   static const bool fused = environment_switch("MHLA_FUSED_MIX_BACKWARD", true);
   const int64_t blocks = states.size(1);
   // Logical elements per state (a packed row holds packed_matrix / 2 fewer floats).
@@ -175,7 +170,6 @@ std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(
   a.elements = elements;
   a.packed_matrix = packed_matrix;
   a.packed_inputs_matrix = packed_inputs ? packed_matrix : 0;
-  a.discard_grad_mixed = grad_mixed_dead && discard_dead_states();
   // Deterministic: one part per CTA, summed in a fixed order (core/determinism.h) here or, when
   // the caller asks for them, by the caller.
   torch::Tensor parts;

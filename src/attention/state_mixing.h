@@ -45,18 +45,10 @@ torch::Tensor block_pair_products(const torch::Tensor& x, const torch::Tensor& y
 // CTA, summed in a fixed order into the returned d mixing here, or, given `mixing_parts`, handed
 // there [parts, nb, nb] for the caller to sum into it (column_sums_into, models/linear.h) after its
 // next launch, so that no reduction stands between this kernel and that one.
-// grad_mixed_dead: the caller never reads grad_mixed again, so the packed kernel may drop its
-// lines from L2 instead of writing them back (kernels/common/l2_discard.cuh), unless
-// MHLA_DISCARD_DEAD_STATES=0.
-// Whether the backward kernels drop dead state workspaces (dS', dS) from L2 once read instead of
-// letting L2 write them back (kernels/common/l2_discard.cuh); MHLA_DISCARD_DEAD_STATES=0 keeps
-// them (A/B runs).
-bool discard_dead_states();
-
 std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(
     const torch::Tensor& mixing, const torch::Tensor& grad_mixed, const torch::Tensor& states,
     int64_t packed_matrix = 0, bool packed_inputs = false, torch::Tensor zeroed_dm = {},
-    torch::Tensor* mixing_parts = nullptr, bool grad_mixed_dead = false);
+    torch::Tensor* mixing_parts = nullptr);
 
 }  // namespace mhla
 #endif
