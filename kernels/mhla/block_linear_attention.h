@@ -111,9 +111,6 @@ struct BlockLinearBackward {
   float* zero_on_entry = nullptr;
   int zero_floats = 0;
   float* chunk_parts = nullptr;  // as in BlockLinearForward, for dS' (grad_mixed)
-  // packed_mixed's matrices in the sequence forward's swizzled order (sequence_state_forward.h);
-  // the query pass reads them so.
-  bool swizzled_packed_mixed = false;
 };
 
 // Return cudaSuccess or the first launch error; a shape the kernels do not cover returns

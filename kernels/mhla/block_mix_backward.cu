@@ -247,7 +247,6 @@ packed_mix::PackedMix packed_args(const BlockMixBackward& p) {
   args.grad_mixing_parts = p.grad_mixing_parts;
   args.batch_heads = p.batch_heads, args.blocks = p.blocks;
   args.elements = p.elements, args.matrix = p.packed_inputs_matrix;
-  args.swizzled_states = p.swizzled_states;
   return args;
 }
 bool direct_stores() {
@@ -295,7 +294,6 @@ cudaError_t block_mix_backward(const BlockMixBackward& p, cudaStream_t stream) {
     if (p.packed_inputs_matrix != p.packed_matrix) return cudaErrorInvalidValue;
     return launch_packed(p, stream);
   }
-  if (p.swizzled_states) return cudaErrorInvalidValue;  // the fp32 kernels read plain order
   return p.blocks <= 16 ? launch<16>(p, stream) : launch<32>(p, stream);
 }
 

@@ -38,9 +38,6 @@ struct BlockMixBackward {
   // into grad_mixing with atomics, whose order changes from run to run; the caller sums the
   // parts in a fixed order. grad_mixing is then not touched.
   float* grad_mixing_parts = nullptr;
-  // Packed inputs only: S's matrices in the sequence forward's swizzled order
-  // (sequence_state_forward.h), read so (D = 64: packed_inputs_matrix 4096).
-  bool swizzled_states = false;
 };
 
 // How many CTAs (so parts) a call with these arguments runs: 0 with nothing to do, -1 when the

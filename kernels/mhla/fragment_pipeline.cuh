@@ -90,23 +90,21 @@ __device__ __forceinline__ void copy_rows_async(const TokenTensor& x, const Tile
 }
 
 // A state of a packed set (D x D bf16, then D fp32): the matrix rows into s (row stride D + 8),
-// z into its own array. `swizzled`: the set's rows hold their 16-byte pieces in the order
-// c ^ (r % 8) (the sequence forward's sets, D = 64).
+// z into its own array.
 template <int D>
 __device__ __forceinline__ void copy_packed_state_async(const float* set, size_t index, Element* s,
-                                                        float* z, bool swizzled = false) {
+                                                        float* z) {
   constexpr int kWordsPerRow = D / 8, kZWords = D / 4;
   constexpr int kRowsPerPass = fragment_rows::kFragmentThreads / kWordsPerRow;
   const float* state = set + index * fragment_rows::PackedState<D>::floats;
   const int row = static_cast<int>(threadIdx.x) / kWordsPerRow;
   const int column = static_cast<int>(threadIdx.x) % kWordsPerRow * 8;
+  const Element* src = reinterpret_cast<const Element*>(state) + row * D + column;
   Element* dst = s + row * (D + 8) + column;
 #pragma unroll
   for (int pass = 0; pass < D / kRowsPerPass; ++pass) {
-    const int r = row + pass * kRowsPerPass;
-    const int piece = swizzled ? (column / 8 ^ r % 8) % kWordsPerRow : column / 8;
-    async_copy::copy_streaming16(dst + pass * kRowsPerPass * (D + 8),
-                                 reinterpret_cast<const Element*>(state) + r * D + 8 * piece, true);
+    async_copy::copy_streaming16(dst + pass * kRowsPerPass * (D + 8), src + pass * kRowsPerPass * D,
+                                 true);
   }
   if (threadIdx.x < kZWords)
     async_copy::copy_streaming16(z + threadIdx.x * 4,

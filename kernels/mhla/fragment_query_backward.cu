@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
     load_half<T, D>(p.grad_out, w.b, n0 + row, w.h, live, raw_g);
   };
   if (w.begin < w.end) issue(w.begin);
-  load_any_state<T, D>(p.mixed, state_index, p.packed_mixed, mixed, z, p.swizzled_packed_mixed);
+  load_any_state<T, D>(p.mixed, state_index, p.packed_mixed, mixed, z);
   __syncthreads();
 
   TileAccumulator dstate[1][StateSlices<D>::col_tiles], dz;
@@ -231,8 +231,7 @@ __global__ void __launch_bounds__(kFragmentThreads, Stage::kMinBlocks)
   float* scale_rows = inv_den_rows + align128(kTile * 4) / 4;
 
   auto issue_state = [&](const fragment_pipeline::TileItem& it, int s) {
-    fragment_pipeline::copy_packed_state_async<D>(p.mixed, it.state, mixed_of(s), z_of(s),
-                                                  p.swizzled_packed_mixed);
+    fragment_pipeline::copy_packed_state_async<D>(p.mixed, it.state, mixed_of(s), z_of(s));
   };
   auto issue = [&](const fragment_pipeline::TileItem& it, int s) {
     fragment_pipeline::copy_rows_async<D>(p.q, it, q_of(s), Q::ld);

@@ -479,8 +479,7 @@ __device__ __forceinline__ void write_packed_state(
 // the matrix rows into s (row stride D + 8), z into its fp32 array. Every load is issued before
 // any store. The CTA's threads share it; a barrier must follow.
 template <int D>
-__device__ __forceinline__ void load_packed_state(const float* state, __nv_bfloat16* s, float* z,
-                                                  bool swizzled = false) {
+__device__ __forceinline__ void load_packed_state(const float* state, __nv_bfloat16* s, float* z) {
   constexpr int kWordsPerRow = D / 8, kWords = D * kWordsPerRow;
   constexpr int kPerThread = (kWords + kFragmentThreads - 1) / kFragmentThreads;
   const uint4* src = reinterpret_cast<const uint4*>(state);
@@ -488,10 +487,7 @@ __device__ __forceinline__ void load_packed_state(const float* state, __nv_bfloa
 #pragma unroll
   for (int u = 0; u < kPerThread; ++u) {
     const int c = static_cast<int>(threadIdx.x) + u * kFragmentThreads;
-    const int r = c / kWordsPerRow, piece = c % kWordsPerRow;
-    if (c < kWords)
-      words[u] =
-          __ldg(src + r * kWordsPerRow + (swizzled ? (piece ^ r % 8) % kWordsPerRow : piece));
+    if (c < kWords) words[u] = __ldg(src + c);
   }
 #pragma unroll
   for (int u = 0; u < kPerThread; ++u) {
@@ -509,10 +505,10 @@ __device__ __forceinline__ void load_packed_state(const float* state, __nv_bfloa
 // refuses packed sets for other inputs), else from fp32 (tiles::load_state).
 template <typename T, int D>
 __device__ __forceinline__ void load_any_state(const float* set, size_t state_index, bool packed,
-                                               T* s, float* z, bool swizzled = false) {
+                                               T* s, float* z) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     if (packed) {
-      load_packed_state<D>(set + state_index * PackedState<D>::floats, s, z, swizzled);
+      load_packed_state<D>(set + state_index * PackedState<D>::floats, s, z);
       return;
     }
   }

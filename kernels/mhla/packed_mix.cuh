@@ -47,9 +47,6 @@ struct PackedMix {
   int64_t elements = 0;                // per state (matrix + rest), the rest a multiple of 4
   int64_t matrix = 0;                  // bf16 elements per state: a multiple of kColumns
   bool reverse = false;                // walk the items last to first (see launch())
-  // Backward: S's matrices in the sequence forward's order, 16-byte piece c of each 64-element
-  // row r at piece c ^ (r % 8) (sequence_state_forward.h).
-  bool swizzled_states = false;
 };
 
 constexpr int kThreads = 256, kWarps = kThreads / 32;
@@ -132,16 +129,11 @@ __global__ void __launch_bounds__(kThreads, 2) packed_mix_kernel(PackedMix p) {
         const int row = piece / kPiecesPerRow, column = piece % kPiecesPerRow;  // [tensors][kRows]
         const int r = row % kRows;
         const bool in = r < p.blocks;
-        int64_t e = e0 + 8 * column;
-        if (Backward && p.swizzled_states && row >= kRows) {  // S: piece c of row e / 64 at c ^ row
-          const int64_t state_row = e / 64;
-          e = state_row * 64 + 8 * ((e % 64 / 8) ^ (state_row % 8));
-        }
         const __nv_bfloat16* src =
             reinterpret_cast<const __nv_bfloat16*>(
                 set_of(row / kRows) +
                 (static_cast<size_t>(bh) * p.blocks + (in ? r : 0)) * row_floats) +
-            e;
+            e0 + 8 * column;
         async_copy::copy_streaming16(stage_rows + stage * St::elements + row * kLd + 8 * column,
                                      src, in);
       }

@@ -160,17 +160,19 @@ __device__ __forceinline__ float features_in_place(RingTile<T> tile, int r, int 
   return (dots[0] + dots[1]) + (dots[2] + dots[3]);
 }
 
-// A state tile's D x D matrix out to its packed state as one bulk copy, in the tile's own
-// (swizzled) order: sequence_state_forward.h. Issued by kStateStoreThread only, so that its bulk
-// group holds these stores alone (the warps' lane 0 wait for their output strips' groups).
-constexpr int kStateStoreThread = 1;
-template <typename T>
-__device__ __forceinline__ void store_state(StateTile<T> tile, float* packed) {
-  asm volatile(
-      "cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
-      "cp.async.bulk.commit_group;\n" ::"l"(reinterpret_cast<uint64_t>(packed)),
-      "r"(tc::smem(tile.p)), "r"(kTileBytes)
-      : "memory");
+// Rows row0 .. row0 + 15, columns col0 .. col0 + Cols - 1 of a state tile out to its packed
+// state (row-major D x D) in 16-byte pieces.
+template <typename T, int Cols>
+__device__ __forceinline__ void copy_state_rows(StateTile<T> tile, int row0, int col0,
+                                                float* packed) {
+  constexpr int kPiecesPerRow = Cols / 8;
+  T* const matrix = reinterpret_cast<T*>(packed);
+#pragma unroll
+  for (int k = 0; k < 16 * kPiecesPerRow / 32; ++k) {
+    const int e = static_cast<int>(threadIdx.x % 32) + 32 * k;
+    const int r = row0 + e / kPiecesPerRow, c = col0 + 8 * (e % kPiecesPerRow);
+    *reinterpret_cast<uint4*>(matrix + r * kD + c) = *reinterpret_cast<const uint4*>(tile.at(r, c));
+  }
 }
 
 template <typename T>
@@ -244,10 +246,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int b = bh / s.heads, h = bh % s.heads;
     float* const state_set = p.states + static_cast<size_t>(bh) * blocks * kPackedFloats;
     float* const mixed_set = p.mixed + static_cast<size_t>(bh) * blocks * kPackedFloats;
-    const bool stores_states = threadIdx.x == kStateStoreThread;
-    // The previous (batch, head)'s S' tiles have left before block 0's barrier below lets any
-    // warp write state tile 0 (they had all of its phase C).
-    if (stores_states) tc::wait_stores_read();
 
     // Phase A, block j: phi(k) in place (four threads per row), then warp w forms rows
     // 16 (w % 4) .. + 15 (d) and columns 32 (w / 4) .. + 31 of phi(k)^T [v, 1]: A = phi(k) read
@@ -259,9 +257,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       const RingTile<T> kv{ring + slot * (kSlotBytes / 2)};
       features_in_place<T, 2, 4>(kv, threadIdx.x / 4, 2 * (threadIdx.x % 4), nullptr);
       sync_named(kConsumersBarrier, kConsumerThreads);
-      // Every warp wrote (and fenced) its part of S_{j-1} before this barrier.
-      if (stores_states && j > 0)
-        store_state(state_tile(j - 1), state_set + (j - 1) * kPackedFloats);
       const int row0 = 16 * group_warp, col0 = 32 * group;
       float acc[16] = {}, zacc[4] = {};
 #pragma unroll
@@ -294,15 +289,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         state_set[j * kPackedFloats + kPackedZ + d] = zacc[0];
         state_set[j * kPackedFloats + kPackedZ + d + 8] = zacc[2];
       }
-      // S_j leaves by one bulk copy after the next barrier (store_state): the warps' own 16-byte
-      // stores of it held each warp about 545 cycles a block (session 41's phase timings).
-      tc::fence_for_copy_engine();
-    }
-    sync_named(kConsumersBarrier, kConsumerThreads);
-    // The mix rewrites every tile in place: the last tile's store, then every store's reads.
-    if (stores_states) {
-      store_state(state_tile(blocks - 1), state_set + (blocks - 1) * kPackedFloats);
-      tc::wait_stores_read();
+      // This warp's part of S_j leaves now, while the next item's copies are awaited.
+      __syncwarp();
+      copy_state_rows<T, 32>(st, row0, col0, state_set + j * kPackedFloats);
     }
     sync_named(kConsumersBarrier, kConsumerThreads);
 
@@ -349,7 +338,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
-    tc::fence_for_copy_engine();  // this thread's S' writes, for the bulk stores below
     for (int e = threadIdx.x; e < blocks * kD; e += kConsumerThreads) {
       const int i = e / kD, d = e % kD;
       float total = 0.f;
@@ -359,9 +347,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       zm[e] = total;
     }
     sync_named(kConsumersBarrier, kConsumerThreads);
-    // Every S'_i leaves now, by bulk copies that run beside phase C (which only reads the tiles).
-    if (stores_states)
-      for (int i = 0; i < blocks; ++i) store_state(state_tile(i), mixed_set + i * kPackedFloats);
 
     // Phase C, query tiles 2u and 2u + 1: phi(q) in place and den (two threads per row of both
     // tiles), then warpgroup g forms tile 2u + g's outputs, warp w its rows 16 (w % 4) .. + 15.
@@ -407,7 +392,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         // engine; the slot is released once that store has read them.
         const rw::Strip<T> strip{qt.p + row0 * kD};
         rw::store_strip(&maps.out, b, h, kTile * i + 16 * group_warp, strip, acc);
-        // z'_i leaves with its outputs (S'_i left after the mix), by the group's warp 0.
+        // S'_i and z'_i leave with its outputs: this warp's 16 rows, z' by the group's warp 0.
+        copy_state_rows<T, kD>(st, 16 * group_warp, 0, mixed_set + i * kPackedFloats);
         if (group_warp == 0) {
           const float2 pair = *reinterpret_cast<const float2*>(zm + i * kD + 2 * lane);
           *reinterpret_cast<float2*>(mixed_set + i * kPackedFloats + kPackedZ + 2 * lane) = pair;
@@ -423,7 +409,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     sync_named(kConsumersBarrier, kConsumerThreads);
   }
   rw::finish_strip_stores();
-  if (threadIdx.x == kStateStoreThread) tc::wait_stores_done();
 }
 
 }  // namespace

@@ -11,10 +11,7 @@
 //
 // with the token tiles brought by the tensor copy engine into a ring that a producer warp keeps
 // full. S and S' still leave as packed sets (block_linear_attention.h: D x D bf16, then D fp32),
-// for the backward passes that read them (query pass, mix backward), with each matrix in its
-// shared-memory tile's swizzled order: 16-byte piece c of row r at piece c ^ (r % 8) of the row.
-// It leaves as one bulk copy per state; readers take BlockLinearBackward::swizzled_packed_mixed
-// and BlockMixBackward::swizzled_states.
+// for the backward passes that read them (query pass, mix backward).
 #include "mhla/block_linear_attention.h"
 
 namespace mhla_kernels {

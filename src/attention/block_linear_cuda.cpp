@@ -185,7 +185,6 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
       sequence->mixed = mixed.data_ptr<float>();
       check_launch(kernels::sequence_state_forward(*sequence, stream), "mhla forward (sequence)");
       ctx->saved_data["packed_mixed"] = true;
-      ctx->saved_data["swizzled_states"] = true;  // S and S' in its tiles' order
     } else if (mixes) {
       // States and output by the kernels, the mix between them by the state-mix kernel of
       // src/attention/state_mixing.h (the kernels' own mixing pass, latency-bound, took 125 us
@@ -239,7 +238,6 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
     // The forward's choices.
     const bool packed = mixes && ctx->saved_data["packed_mixed"].toBool();
     const bool packed_states = ctx->saved_data["packed_states"].toBool();
-    const bool swizzled = ctx->saved_data.count("swizzled_states") > 0;
     auto grad_out = readable(grads[0], v.scalar_type());
     const auto shape = shape_of(q, blocks);
     auto contiguous = v.options().memory_format(torch::MemoryFormat::Contiguous);
@@ -265,7 +263,6 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
       a.grad_mixed = grad_mixed.data_ptr<float>();
       a.packed_mixed = packed;
       a.packed_grad_mixed = packed_states;
-      a.swizzled_packed_mixed = swizzled;
       a.passes = kernels::kBlockQueryPass;
       auto zeroed_dm = torch::empty({blocks, blocks}, mixing.options());
       a.zero_on_entry = zeroed_dm.data_ptr<float>();
@@ -277,9 +274,9 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
       torch::Tensor grad_states;
       const int64_t d = q.size(3);
       torch::Tensor dm_parts;  // deterministic sums: summed after the key pass
-      std::tie(grad_states, dmixing) = mix_block_states_backward(
-          mixing, grad_mixed_blocks, by_block(states, q, blocks), packed ? d * d : 0, packed_states,
-          zeroed_dm, &dm_parts, swizzled);
+      std::tie(grad_states, dmixing) =
+          mix_block_states_backward(mixing, grad_mixed_blocks, by_block(states, q, blocks),
+                                    packed ? d * d : 0, packed_states, zeroed_dm, &dm_parts);
       a.grad_states = grad_states.data_ptr<float>();
       a.packed_grad_states = packed;
       a.passes = kernels::kBlockKeyPass;

@@ -112,8 +112,8 @@ torch::Tensor block_pair_products(const torch::Tensor& x, const torch::Tensor& y
 
 std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(
     const torch::Tensor& mixing, const torch::Tensor& grad_mixed, const torch::Tensor& states,
-    int64_t packed_matrix, bool packed_inputs, torch::Tensor zeroed_dm, torch::Tensor* mixing_parts,
-    bool swizzled_states) {
+    int64_t packed_matrix, bool packed_inputs, torch::Tensor zeroed_dm,
+    torch::Tensor* mixing_parts) {
   static const bool fused = environment_switch("MHLA_FUSED_MIX_BACKWARD", true);
   const int64_t blocks = states.size(1);
   // Logical elements per state (a packed row holds packed_matrix / 2 fewer floats).
@@ -128,12 +128,6 @@ std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(
   if (!fused || !mhla_kernels::block_mix_backward_supported(static_cast<int>(blocks), elements) ||
       !mhla_kernels::block_mix_backward_takes_packed(static_cast<int>(blocks),
                                                      packed_inputs ? packed_matrix : 0)) {
-    if (swizzled_states) {
-      fail(
-          "block mix backward: the sequence forward's swizzled states need the fused packed "
-          "kernel ({} blocks, {} elements per state{})",
-          blocks, elements, fused ? "" : ", MHLA_FUSED_MIX_BACKWARD=0");
-    }
     require_ordered_sums(fmt::format(
         "the mixing gradient's pair-products kernel ({} blocks, {} elements per state{})", blocks,
         elements, fused ? "" : ", MHLA_FUSED_MIX_BACKWARD=0"));
@@ -176,7 +170,6 @@ std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(
   a.elements = elements;
   a.packed_matrix = packed_matrix;
   a.packed_inputs_matrix = packed_inputs ? packed_matrix : 0;
-  a.swizzled_states = swizzled_states;
   // Deterministic: one part per CTA, summed in a fixed order (core/determinism.h) here or, when
   // the caller asks for them, by the caller.
   torch::Tensor parts;

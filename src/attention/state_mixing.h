@@ -45,12 +45,10 @@ torch::Tensor block_pair_products(const torch::Tensor& x, const torch::Tensor& y
 // CTA, summed in a fixed order into the returned d mixing here, or, given `mixing_parts`, handed
 // there [parts, nb, nb] for the caller to sum into it (column_sums_into, models/linear.h) after its
 // next launch, so that no reduction stands between this kernel and that one.
-// swizzled_states: the packed S came from the sequence forward, its matrices in swizzled order
-// (kernels/mhla/sequence_state_forward.h); only the fused packed kernel reads them.
 std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(
     const torch::Tensor& mixing, const torch::Tensor& grad_mixed, const torch::Tensor& states,
     int64_t packed_matrix = 0, bool packed_inputs = false, torch::Tensor zeroed_dm = {},
-    torch::Tensor* mixing_parts = nullptr, bool swizzled_states = false);
+    torch::Tensor* mixing_parts = nullptr);
 
 }  // namespace mhla
 #endif
