@@ -80,6 +80,10 @@ const FamilyShape kFamilyShapes[] = {
     {"9 blocks of 64 tokens, 300 items: several per persistent CTA, an odd block count", 30, 10,
      576, 64, 9},
     {"large magnitude in 8 blocks of 64 tokens", 2, 2, 512, 64, 8, 30.0},
+    // Blocks longer than one tile: the chunk walk of the pipelined passes.
+    {"D = 32, 250-token blocks: four tiles a chunk, the last partial", 2, 3, 1000, 32, 4},
+    {"256-token blocks, 768 chunks: several per persistent CTA", 48, 8, 512, 32, 2},
+    {"600-token blocks of three chunks, 768 chunks: summed across CTAs", 16, 8, 1200, 32, 2},
 };
 
 struct Grads {

@@ -40,6 +40,12 @@ bool fragment_one_tile_variants(const BlockLinearShape& shape);
 // state sets. MHLA_PIPELINED_PASSES=0 keeps the one-shot CTAs (A/B runs).
 bool fragment_pipelined_variants(const BlockLinearShape& shape, DType dtype, int chunks);
 
+// Whether the four passes take the chunk form of the pipelined variants (fragment_pipeline.cuh's
+// chunk walk): bf16 inputs and blocks longer than one tile; each pass also needs the packed sets
+// it reads (the states and query passes write fp32 sums where chunks share a state).
+// MHLA_PIPELINED_CHUNKS=0 keeps the one-shot CTAs (A/B runs).
+bool fragment_chunk_pipelined(const BlockLinearShape& shape, DType dtype);
+
 // Each launches its pass over `chunks` chunks per block; with more than one chunk per block the
 // states and query passes add into their state set, which must then be zero on entry.
 cudaError_t fragment_states(const BlockLinearForward& args, int chunks, cudaStream_t stream);

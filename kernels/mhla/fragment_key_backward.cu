@@ -131,9 +131,11 @@ struct KeyStage {
   static constexpr size_t smem = 2 * bytes + tile + align128(kTile * 4);
 };
 
-template <int D>
+// kChunks: the chunk walk (blocks longer than one tile); each tile copies its block's dS again
+// (from L2: the CTA read it for the tile before).
+template <int D, bool kChunks>
 __global__ void __launch_bounds__(kFragmentThreads, 3)
-    pipelined_key_backward_kernel(BlockLinearBackward p) {
+    pipelined_key_backward_kernel(BlockLinearBackward p, int chunks) {
   using E = fragment_pipeline::Element;
   using R = RowHalves<D>;
   using Stage = KeyStage<D>;
@@ -157,8 +159,8 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
   };
   const int warp = threadIdx.x / 32;
   const int row = lane_row(), seg = lane_half();
-  fragment_pipeline::walk_items(
-      p.shape, issue, [&](const fragment_pipeline::TileItem& it, int stage) {
+  fragment_pipeline::walk<kChunks>(
+      p.shape, chunks, issue, [&](const fragment_pipeline::TileItem& it, int stage) {
         E* k_raw = k_of(stage);  // then dk
         const E* v_raw = v_of(stage);
         const E* dstate = dstate_of(stage);
@@ -178,19 +180,21 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
       });
 }
 
-template <int D>
+template <int D, bool ByChunks>
 struct PipelinedKeyPass {
-  static constexpr void (*kernel)(BlockLinearBackward) = pipelined_key_backward_kernel<D>;
+  static constexpr bool kChunks = ByChunks;
+  static constexpr void (*kernel)(BlockLinearBackward, int) =
+      pipelined_key_backward_kernel<D, ByChunks>;
   static constexpr size_t smem = KeyStage<D>::smem;
 };
 
 }  // namespace
 
 cudaError_t fragment_key_backward(const BlockLinearBackward& a, int chunks, cudaStream_t stream) {
-  if (fragment_pipelined_variants(a.shape, a.dtype, chunks) && a.packed_grad_states) {
-    return a.shape.head_dim == 64 ? launch_pipelined<PipelinedKeyPass<64>>(a, stream)
-                                  : launch_pipelined<PipelinedKeyPass<32>>(a, stream);
-  }
+  if (fragment_pipelined_variants(a.shape, a.dtype, chunks) && a.packed_grad_states)
+    return launch_pipelined_form<PipelinedKeyPass>(a, chunks, false, stream);
+  if (fragment_chunk_pipelined(a.shape, a.dtype) && a.packed_grad_states)
+    return launch_pipelined_form<PipelinedKeyPass>(a, chunks, true, stream);
   return launch_pass<KeyPass>(a, chunks, stream);
 }
 

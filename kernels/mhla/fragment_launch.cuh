@@ -53,11 +53,11 @@ cudaError_t launch_pass(const Args& a, int chunks, cudaStream_t stream) {
   return launch_pass<Pass, Pass>(a, chunks, stream);
 }
 
-// A pipelined one-tile pass (fragment_pipeline.cuh): Pass::kernel(args) over persistent CTAs, as
-// many as fit on the device at once (at most one per item), launched as a dependent grid
-// (common/dependent_launch.cuh). Pass::smem as above.
+// A pipelined pass (fragment_pipeline.cuh): Pass::kernel(args, chunks) over persistent CTAs, as
+// many as fit on the device at once (at most one per item: per block, or per chunk where
+// Pass::kChunks), launched as a dependent grid (common/dependent_launch.cuh). Pass::smem as above.
 template <class Pass, typename Args>
-cudaError_t launch_pipelined(const Args& a, cudaStream_t stream) {
+cudaError_t launch_pipelined(const Args& a, int chunks, cudaStream_t stream) {
   static const int per_multiprocessor = [] {
     int count = 0;
     if (tiles::allow_smem(Pass::kernel, Pass::smem) != cudaSuccess ||
@@ -67,11 +67,24 @@ cudaError_t launch_pipelined(const Args& a, cudaStream_t stream) {
     return count;
   }();
   if (per_multiprocessor < 1) return cudaErrorInvalidConfiguration;
-  const int64_t items = static_cast<int64_t>(a.shape.batch) * a.shape.heads * a.shape.blocks;
+  const int64_t items = static_cast<int64_t>(a.shape.batch) * a.shape.heads * a.shape.blocks *
+                        (Pass::kChunks ? chunks : 1);
   const int64_t resident = static_cast<int64_t>(per_multiprocessor) * multiprocessors();
   const int ctas = static_cast<int>(items < resident ? items : resident);
   return dependent_launch::launch(Pass::kernel, dim3(ctas), dim3(kFragmentThreads), Pass::smem,
-                                  stream, a);
+                                  stream, a, chunks);
+}
+
+// Runs a pipelined pass in its one-tile form (blocks of at most one tile) or its chunk form
+// (longer blocks): Pass<D, kChunks>, D = 32 or 64.
+template <template <int, bool> class Pass, typename Args>
+cudaError_t launch_pipelined_form(const Args& a, int chunks, bool by_chunks, cudaStream_t stream) {
+  if (a.shape.head_dim == 64) {
+    return by_chunks ? launch_pipelined<Pass<64, true>>(a, chunks, stream)
+                     : launch_pipelined<Pass<64, false>>(a, chunks, stream);
+  }
+  return by_chunks ? launch_pipelined<Pass<32, true>>(a, chunks, stream)
+                   : launch_pipelined<Pass<32, false>>(a, chunks, stream);
 }
 
 }  // namespace fragment_rows

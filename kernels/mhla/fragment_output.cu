@@ -115,9 +115,11 @@ struct OutputStage {
   static constexpr size_t smem = 2 * bytes + align128(kTile * 4);
 };
 
-template <int D>
+// kChunks: the chunk walk (blocks longer than one tile); each tile copies its block's S' again
+// (from L2: the CTA read it for the tile before).
+template <int D, bool kChunks>
 __global__ void __launch_bounds__(kFragmentThreads, 6)
-    pipelined_output_kernel(BlockLinearForward p) {
+    pipelined_output_kernel(BlockLinearForward p, int chunks) {
   using E = fragment_pipeline::Element;
   using R = RowHalves<D>;
   using Stage = OutputStage<D>;
@@ -138,8 +140,8 @@ __global__ void __launch_bounds__(kFragmentThreads, 6)
   };
   const int warp = threadIdx.x / 32;
   const int row = lane_row(), seg = lane_half();
-  fragment_pipeline::walk_items(
-      p.shape, issue, [&](const fragment_pipeline::TileItem& it, int stage) {
+  fragment_pipeline::walk<kChunks>(
+      p.shape, chunks, issue, [&](const fragment_pipeline::TileItem& it, int stage) {
         E* rows = rows_of(stage);  // q, then phi(q), then the output rows
         const E* mixed = mixed_of(stage);
         {  // 1. Row form: phi(q) in place, 1 / den.
@@ -157,9 +159,10 @@ __global__ void __launch_bounds__(kFragmentThreads, 6)
       });
 }
 
-template <int D>
+template <int D, bool ByChunks>
 struct PipelinedOutputPass {
-  static constexpr void (*kernel)(BlockLinearForward) = pipelined_output_kernel<D>;
+  static constexpr bool kChunks = ByChunks;
+  static constexpr void (*kernel)(BlockLinearForward, int) = pipelined_output_kernel<D, ByChunks>;
   static constexpr size_t smem = OutputStage<D>::smem;
 };
 
@@ -178,10 +181,10 @@ bool fragment_one_tile_variants(const BlockLinearShape& shape) {
 }
 
 cudaError_t fragment_output(const BlockLinearForward& a, int chunks, cudaStream_t stream) {
-  if (fragment_pipelined_variants(a.shape, a.dtype, chunks) && a.packed_mixed) {
-    return a.shape.head_dim == 64 ? launch_pipelined<PipelinedOutputPass<64>>(a, stream)
-                                  : launch_pipelined<PipelinedOutputPass<32>>(a, stream);
-  }
+  if (fragment_pipelined_variants(a.shape, a.dtype, chunks) && a.packed_mixed)
+    return launch_pipelined_form<PipelinedOutputPass>(a, chunks, false, stream);
+  if (fragment_chunk_pipelined(a.shape, a.dtype) && a.packed_mixed)
+    return launch_pipelined_form<PipelinedOutputPass>(a, chunks, true, stream);
   return launch_pass<OutputPass, OutputPassOneTile>(a, chunks, stream);
 }
 

@@ -28,9 +28,14 @@ using Element = __nv_bfloat16;  // packed states exist for bf16 inputs only
 
 // One item: block `block` of (batch b, head h), its tokens [begin, begin + valid), valid <= 64.
 // Items are numbered bh * blocks + block, which is also the index of the block's state.
+// In the chunk walk (walk_chunk_tiles) an item is one tile of a chunk [begin of its first tile,
+// end) of block `block`: `opens` marks its first tile, `closes` its last; one-tile items open and
+// close their chunk 0.
 struct TileItem {
   int b, h, block, begin, valid;
   size_t state;
+  int chunk = 0, end = 0;
+  bool opens = true, closes = true;
 };
 
 // A CTA's walk over the items: item, item + step, ... The first item takes divisions by the
@@ -45,7 +50,8 @@ class ItemWalk {
   }
   __device__ TileItem at(int item) const {
     const int bh = item / blocks_, block = item % blocks_;
-    return {bh / heads_, bh % heads_, block, block * length_, length_, static_cast<size_t>(item)};
+    return {bh / heads_,  bh % heads_, block, block * length_, length_, static_cast<size_t>(item),
+            0,           (block + 1) * length_};
   }
   __device__ TileItem next(TileItem it) const {
     it.block += step_block_;
@@ -56,6 +62,7 @@ class ItemWalk {
     it.h -= head_carry * heads_;
     it.b += step_b_ + head_carry;
     it.begin = it.block * length_;
+    it.end = it.begin + length_;
     it.state += step_;
     return it;
   }
@@ -155,6 +162,115 @@ __device__ __forceinline__ void walk_items(const BlockLinearShape& shape, Issue&
   walk_items(
       shape, issue, [](const TileItem&) {},
       [&](const TileItem& it, int stage, auto&&) { body(it, stage); });
+}
+
+// The chunk walk, for blocks longer than one tile (MHLA at N >= 4,096, linear attention): the
+// items are the 64-token tiles of the passes' chunks (block_work.cuh: at most kChunk tokens of one
+// block). A CTA takes chunks blockIdx.x, + gridDim.x, ... and walks each one's tiles in order, so
+// the states and query passes sum a chunk in registers and write it once, as the one-shot CTAs
+// do; the copies of the next tile (of this chunk or the next) overlap the current one's work.
+// Why: the one-shot CTAs of those shapes load a tile ahead into registers, but a CTA covers only
+// four tiles and starts and ends with nothing in flight; at N = 4,096 their passes moved their
+// bytes at 2.3-3.2 TB/s against 3.3-3.8 for the pipelined one-tile passes at N = 1,024.
+class ChunkWalk {
+ public:
+  __device__ ChunkWalk(const BlockLinearShape& s, int chunks)
+      : chunks_(chunks), blocks_(s.blocks), heads_(s.heads), length_(s.tokens / s.blocks) {}
+  __device__ TileItem first_tile(int64_t chunk_index) const {
+    const int64_t per_bh = static_cast<int64_t>(blocks_) * chunks_;
+    const int bh = static_cast<int>(chunk_index / per_bh);
+    const int rest = static_cast<int>(chunk_index % per_bh);
+    TileItem it;
+    it.b = bh / heads_;
+    it.h = bh % heads_;
+    it.block = rest / chunks_;
+    it.chunk = rest % chunks_;
+    it.begin = it.block * length_ + it.chunk * tiles::kChunk;
+    it.end = min(it.begin + tiles::kChunk, (it.block + 1) * length_);
+    it.valid = min(tiles::kTile, it.end - it.begin);
+    it.state = static_cast<size_t>(bh) * blocks_ + it.block;
+    it.opens = true;
+    it.closes = it.begin + tiles::kTile >= it.end;
+    return it;
+  }
+  __device__ static TileItem next_tile(TileItem it) {
+    it.begin += tiles::kTile;
+    it.valid = min(tiles::kTile, it.end - it.begin);
+    it.opens = false;
+    it.closes = it.begin + tiles::kTile >= it.end;
+    return it;
+  }
+
+ private:
+  int chunks_, blocks_, heads_, length_;
+};
+
+// walk_items for the chunk walk: the same stages, barrier and hooks, over this CTA's chunks'
+// tiles.
+template <typename Issue, typename IssueLate, typename Body>
+__device__ __forceinline__ void walk_chunk_tiles(const BlockLinearShape& shape, int chunks,
+                                                 Issue&& issue, IssueLate&& issue_late,
+                                                 Body&& body) {
+  dependent_launch::wait_for_previous_grid();
+  dependent_launch::allow_next_grid();
+  const int64_t total =
+      static_cast<int64_t>(shape.batch) * shape.heads * shape.blocks * static_cast<int64_t>(chunks);
+  int64_t chunk = blockIdx.x;
+  if (chunk >= total) return;
+  const ChunkWalk walk(shape, chunks);
+  TileItem current = walk.first_tile(chunk);
+  issue(current, 0);
+  issue_late(current);
+  async_copy::commit();
+  for (int stage = 0;; stage ^= 1) {
+    async_copy::wait<0>();
+    __syncthreads();  // this tile's inputs are in, from every thread's copies
+    bool more = true;
+    TileItem next;
+    if (!current.closes) {
+      next = ChunkWalk::next_tile(current);
+    } else {
+      chunk += gridDim.x;
+      more = chunk < total;
+      if (more) next = walk.first_tile(chunk);
+    }
+    if (more) issue(next, stage ^ 1);
+    async_copy::commit();
+    body(current, stage, [&] {
+      if (more) issue_late(next);
+      async_copy::commit();
+    });
+    if (!more) break;
+    current = next;
+  }
+}
+
+// The walk of a pipelined pass: the chunk walk where kChunks, else the one-tile walk.
+template <bool kChunks, typename Issue, typename IssueLate, typename Body>
+__device__ __forceinline__ void walk(const BlockLinearShape& shape, int chunks, Issue&& issue,
+                                     IssueLate&& issue_late, Body&& body) {
+  if constexpr (kChunks) {
+    walk_chunk_tiles(shape, chunks, issue, issue_late, body);
+  } else {
+    walk_items(shape, issue, issue_late, body);
+  }
+}
+template <bool kChunks, typename Issue, typename Body>
+__device__ __forceinline__ void walk(const BlockLinearShape& shape, int chunks, Issue&& issue,
+                                     Body&& body) {
+  walk<kChunks>(
+      shape, chunks, issue, [](const TileItem&) {},
+      [&](const TileItem& it, int stage, auto&&) { body(it, stage); });
+}
+
+// Where a chunk's state (floats per state `state_floats`) goes when the CTA that summed it writes
+// it as fp32 (block_work.cuh's state_target for a chunk-walk item).
+__device__ __forceinline__ float* chunk_state_target(float* set, float* chunk_parts,
+                                                     const BlockLinearShape& s,
+                                                     const TileItem& it, size_t state_floats) {
+  if (chunk_parts == nullptr) return set + it.state * state_floats;
+  const size_t states = static_cast<size_t>(s.batch) * s.heads * s.blocks;
+  return chunk_parts + (static_cast<size_t>(it.chunk) * states + it.state) * state_floats;
 }
 
 }  // namespace fragment_pipeline

@@ -209,9 +209,13 @@ struct QueryStageOneState {
   static_assert(4 * (smem + 1024) <= 228 * 1024, "four CTAs per SM");
 };
 
-template <int D, class Stage>
+// kChunks: the chunk walk (blocks longer than one tile), dS' summed over the chunk's tiles in
+// registers and written after its last tile: packed where one CTA owns each state, else fp32
+// (atomic adds, or the chunk's part of the ordered sums). With one S' buffer a tile of the same
+// block keeps the S' that is there.
+template <int D, class Stage, bool kChunks>
 __global__ void __launch_bounds__(kFragmentThreads, Stage::kMinBlocks)
-    pipelined_query_backward_kernel(BlockLinearBackward p) {
+    pipelined_query_backward_kernel(BlockLinearBackward p, int chunks) {
   using E = fragment_pipeline::Element;
   using Q = QueryLayout<D>;
   using R = RowHalves<D>;
@@ -238,20 +242,25 @@ __global__ void __launch_bounds__(kFragmentThreads, Stage::kMinBlocks)
     fragment_pipeline::copy_rows_async<D>(p.grad_out, it, dnum_of(s), Stage::ldn);
     if constexpr (!Stage::kOneState) issue_state(it, s);
   };
+  size_t held_state = ~size_t{0};  // the block whose S' the one buffer holds (or is receiving)
   auto issue_late = [&](const fragment_pipeline::TileItem& it) {
-    if constexpr (Stage::kOneState) issue_state(it, 0);
+    if constexpr (Stage::kOneState) {
+      if (!kChunks || it.state != held_state) issue_state(it, 0);
+      held_state = it.state;
+    }
   };
   const int warp = threadIdx.x / 32;
   const int row = lane_row(), seg = lane_half();
-  fragment_pipeline::walk_items(
-      p.shape, issue, issue_late,
+  TileAccumulator dstate[1][StateSlices<D>::col_tiles], dz;
+  fragment_pipeline::walk<kChunks>(
+      p.shape, chunks, issue, issue_late,
       [&](const fragment_pipeline::TileItem& it, int stage, auto&& late) {
         E* q_raw = q_of(stage);  // then dq, per warp's rows
         E* dnum = dnum_of(stage);
         const E* mixed = mixed_of(stage);
         const float* z = z_of(stage);
         // CTA 0's first item.
-        if (it.state == 0) zero_on_entry(p);
+        if (it.state == 0 && it.opens && it.chunk == 0) zero_on_entry(p);
         {  // 1. Row form: phi(q), den, dnum = dO / den in place.
           const bool live = row < it.valid;
           uint4 raw_q[R::words];
@@ -277,23 +286,38 @@ __global__ void __launch_bounds__(kFragmentThreads, Stage::kMinBlocks)
                                            it.b, it.h, it.begin, it.valid);
         __syncthreads();  // phi and dnum of all rows are in; S' and z' are read
         late();           // one S' buffer: the next item's
-        // 3. dS' = phi(Q)^T dnum and dz' = phi(Q)^T dden over the tile, packed out.
-        TileAccumulator dstate[1][StateSlices<D>::col_tiles], dz;
+        // 3. dS' += phi(Q)^T dnum and dz' += phi(Q)^T dden over the tile; out after the
+        // chunk's last tile.
+        if (!kChunks || it.opens) {
 #pragma unroll
-        for (int j = 0; j < StateSlices<D>::col_tiles; ++j) dstate[0][j].zero();
-        dz.zero();
+          for (int j = 0; j < StateSlices<D>::col_tiles; ++j) dstate[0][j].zero();
+          dz.zero();
+        }
         accumulate_state<E, D, Stage::ldn>(dstate, dz, phi, dnum, (it.valid + 15) / 16 * 16);
+        if (kChunks && !it.closes) return;
+        if (kChunks && !p.packed_grad_mixed) {
+          write_state<D>(dstate, dz,
+                         fragment_pipeline::chunk_state_target(p.grad_mixed, p.chunk_parts,
+                                                               p.shape, it, Q::state),
+                         p.chunk_parts != nullptr ? StateWrite::store
+                                                  : state_write(chunks, p.scalar_state_adds));
+          return;
+        }
         // Staged in the warp's own rows of q (its dq rows went out before the barrier).
         write_packed_state<D>(dstate, dz, p.grad_mixed + it.state * PackedState<D>::floats,
                               p.direct_packed_stores ? nullptr : q_raw + warp * 16 * Q::ld, Q::ld);
       });
 }
 
-template <int D, template <int> class Stage>
-struct PipelinedQueryPass {
-  static constexpr void (*kernel)(BlockLinearBackward) =
-      pipelined_query_backward_kernel<D, Stage<D>>;
-  static constexpr size_t smem = Stage<D>::smem;
+template <template <int> class Stage>
+struct PipelinedQueryPassIn {
+  template <int D, bool ByChunks>
+  struct Pass {
+    static constexpr bool kChunks = ByChunks;
+    static constexpr void (*kernel)(BlockLinearBackward, int) =
+        pipelined_query_backward_kernel<D, Stage<D>, ByChunks>;
+    static constexpr size_t smem = Stage<D>::smem;
+  };
 };
 
 // The pipelined pass at four CTAs per SM unless MHLA_QUERY_PASS_CTAS=3.
@@ -308,15 +332,16 @@ bool query_pass_one_state() {
 }  // namespace
 
 cudaError_t fragment_query_backward(const BlockLinearBackward& a, int chunks, cudaStream_t stream) {
-  if (fragment_pipelined_variants(a.shape, a.dtype, chunks) && a.packed_mixed &&
-      a.packed_grad_mixed) {
+  const bool one_tile =
+      fragment_pipelined_variants(a.shape, a.dtype, chunks) && a.packed_mixed &&
+      a.packed_grad_mixed;
+  if (one_tile || (fragment_chunk_pipelined(a.shape, a.dtype) && a.packed_mixed)) {
     if (query_pass_one_state()) {
-      return a.shape.head_dim == 64
-                 ? launch_pipelined<PipelinedQueryPass<64, QueryStageOneState>>(a, stream)
-                 : launch_pipelined<PipelinedQueryPass<32, QueryStageOneState>>(a, stream);
+      return launch_pipelined_form<PipelinedQueryPassIn<QueryStageOneState>::Pass>(
+          a, chunks, !one_tile, stream);
     }
-    return a.shape.head_dim == 64 ? launch_pipelined<PipelinedQueryPass<64, QueryStage>>(a, stream)
-                                  : launch_pipelined<PipelinedQueryPass<32, QueryStage>>(a, stream);
+    return launch_pipelined_form<PipelinedQueryPassIn<QueryStage>::Pass>(a, chunks, !one_tile,
+                                                                          stream);
   }
   return launch_pass<QueryPass>(a, chunks, stream);
 }

@@ -110,9 +110,12 @@ struct StatesStage {
   static constexpr size_t smem = 2 * bytes;
 };
 
-template <int D, int MinBlocks>
+// kChunks: the chunk walk (blocks longer than one tile), the state summed over the chunk's tiles
+// in registers and written when its last tile is done: packed where one CTA owns each state,
+// else fp32 (atomic adds, or the chunk's part of the ordered sums).
+template <int D, bool kChunks, int MinBlocks>
 __global__ void __launch_bounds__(kFragmentThreads, MinBlocks)
-    pipelined_states_kernel(BlockLinearForward p) {
+    pipelined_states_kernel(BlockLinearForward p, int chunks) {
   using E = fragment_pipeline::Element;
   using R = RowHalves<D>;
   using S = StateSlices<D>;
@@ -129,8 +132,9 @@ __global__ void __launch_bounds__(kFragmentThreads, MinBlocks)
     fragment_pipeline::copy_rows_async<D>(p.v, it, values_of(s), S::ld_extra);
   };
   const int row = lane_row();
-  fragment_pipeline::walk_items(
-      p.shape, issue, [&](const fragment_pipeline::TileItem& it, int stage) {
+  TileAccumulator state[1][S::col_tiles], z;
+  fragment_pipeline::walk<kChunks>(
+      p.shape, chunks, issue, [&](const fragment_pipeline::TileItem& it, int stage) {
         E* phi = keys_of(stage);  // k, then phi(k)
         E* values = values_of(stage);
         {  // 1. Row form: phi(k) in place, the column of ones.
@@ -142,12 +146,22 @@ __global__ void __launch_bounds__(kFragmentThreads, MinBlocks)
           store_extra_column<E, D>(values, row, live ? 1.f : 0.f);
         }
         __syncthreads();  // phi and v of all rows are in
-        // 2. S = phi(K)^T [V, 1] over the tile, packed out.
-        TileAccumulator state[1][S::col_tiles], z;
+        // 2. S += phi(K)^T [V, 1] over the tile; out after the chunk's last tile.
+        if (!kChunks || it.opens) {
 #pragma unroll
-        for (int j = 0; j < S::col_tiles; ++j) state[0][j].zero();
-        z.zero();
+          for (int j = 0; j < S::col_tiles; ++j) state[0][j].zero();
+          z.zero();
+        }
         accumulate_state<E, D>(state, z, phi, values, (it.valid + 15) / 16 * 16);
+        if (kChunks && !it.closes) return;
+        if (kChunks && !p.packed_states) {
+          write_state<D>(state, z,
+                         fragment_pipeline::chunk_state_target(p.states, p.chunk_parts, p.shape,
+                                                               it, D * D + D),
+                         p.chunk_parts != nullptr ? StateWrite::store
+                                                  : state_write(chunks, p.scalar_state_adds));
+          return;
+        }
         float* out = p.states + it.state * PackedState<D>::floats;
         if (p.direct_packed_stores) {
           write_packed_state<D>(state, z, out);
@@ -158,19 +172,23 @@ __global__ void __launch_bounds__(kFragmentThreads, MinBlocks)
       });
 }
 
-template <int D>
-struct PipelinedStatesPass {  // five CTAs per SM: 60.9 us at N = 1,024, four (no spill) 61.8
-  static constexpr void (*kernel)(BlockLinearForward) = pipelined_states_kernel<D, 5>;
+// Five CTAs per SM for one-tile blocks: 60.9 us at N = 1,024, four (no spill) 61.8. The chunk
+// form holds the state across tiles: at five CTAs per SM it spilled.
+template <int D, bool ByChunks>
+struct PipelinedStatesPass {
+  static constexpr bool kChunks = ByChunks;
+  static constexpr void (*kernel)(BlockLinearForward, int) =
+      pipelined_states_kernel<D, ByChunks, ByChunks ? 4 : 5>;
   static constexpr size_t smem = StatesStage<D>::smem;
 };
 
 }  // namespace
 
 cudaError_t fragment_states(const BlockLinearForward& a, int chunks, cudaStream_t stream) {
-  if (fragment_pipelined_variants(a.shape, a.dtype, chunks) && a.packed_states) {
-    return a.shape.head_dim == 64 ? launch_pipelined<PipelinedStatesPass<64>>(a, stream)
-                                  : launch_pipelined<PipelinedStatesPass<32>>(a, stream);
-  }
+  if (fragment_pipelined_variants(a.shape, a.dtype, chunks) && a.packed_states)
+    return launch_pipelined_form<PipelinedStatesPass>(a, chunks, false, stream);
+  if (fragment_chunk_pipelined(a.shape, a.dtype))
+    return launch_pipelined_form<PipelinedStatesPass>(a, chunks, true, stream);
   return launch_pass<StatesPass, StatesPassOneTile>(a, chunks, stream);
 }
 
