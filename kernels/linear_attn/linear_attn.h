@@ -18,6 +18,10 @@ struct LinearAttentionForward {
   // Ordered sums over the 256-token chunks (train.deterministic): block_linear_chunk_parts_floats
   // of the one-block shape, or nullptr for atomic adds (BlockLinearForward::chunk_parts).
   float* chunk_parts = nullptr;
+  // Where linear_attention_packs_states: linear_attention_packed_floats for a packed copy of S
+  // (pack_state_set.h), which the output pass (and the backward's query pass) read; nullptr to
+  // read the fp32 set.
+  float* packed_state = nullptr;
 };
 
 struct LinearAttentionBackward {
@@ -30,9 +34,17 @@ struct LinearAttentionBackward {
   void* grad_v = nullptr;
   float* grad_state = nullptr;   // workspace, linear_attention_state_floats()
   float* chunk_parts = nullptr;  // as in LinearAttentionForward
+  // The forward's packed copy of S (or nullptr, then both are ignored), and room for a packed
+  // copy of dS (linear_attention_packed_floats) that the key pass reads.
+  const float* packed_state = nullptr;
+  float* packed_grad_state = nullptr;
 };
 
 size_t linear_attention_state_floats(int batch, int heads, int head_dim);
+size_t linear_attention_packed_floats(int batch, int heads, int head_dim);
+// Whether the passes would read packed copies of S and dS for these inputs: bf16 on the
+// fragment passes, with sequences longer than one tile (their pipelined chunk forms).
+bool linear_attention_packs_states(int tokens, int head_dim, DType dtype);
 cudaError_t linear_attention_forward(const LinearAttentionForward& args, cudaStream_t stream);
 cudaError_t linear_attention_backward(const LinearAttentionBackward& args, cudaStream_t stream);
 

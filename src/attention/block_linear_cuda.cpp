@@ -96,6 +96,17 @@ bool packs_block_states(const kernels::BlockLinearShape& shape, kernels::DType d
   return enabled && packs_state_sets(shape, dtype) && kernels::block_states_packable(shape, dtype);
 }
 
+// Whether linear attention's passes read packed copies of S and dS (linear_attn.h); its fp32
+// sets get room for them behind. MHLA_PACKED_STATE_SETS=0 keeps them fp32 (A/B runs).
+bool linear_packs_states(const kernels::BlockLinearShape& shape, kernels::DType dtype) {
+  return packs_state_sets(shape, dtype) &&
+         kernels::linear_attention_packs_states(shape.tokens, shape.head_dim, dtype);
+}
+
+size_t linear_packed_floats(const kernels::BlockLinearShape& shape) {
+  return kernels::linear_attention_packed_floats(shape.batch, shape.heads, shape.head_dim);
+}
+
 // With train.deterministic, where a block spans several 256-token chunks whose CTAs would add
 // into its state (and dS') with atomics: the workspace in which each chunk stores its part, summed
 // in chunk order by the kernels (BlockLinearForward::chunk_parts). Undefined otherwise.
@@ -157,9 +168,13 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
     const auto chunk_parts = ordered_chunk_sums_workspace(shape, q);
     auto floats = q.options().dtype(torch::kFloat32);
     const bool packed_states = mixes && packs_block_states(shape, kernel_dtype(dtype));
+    // Linear attention on its pipelined passes: S in fp32 (the chunks' sums), then a packed copy
+    // behind it for the passes that read S.
+    const bool linear_packs = !mixes && linear_packs_states(shape, kernel_dtype(dtype));
     auto states = torch::empty(
         {static_cast<int64_t>(packed_states ? kernels::block_linear_packed_floats(shape)
-                                            : kernels::block_linear_state_floats(shape))},
+                                            : kernels::block_linear_state_floats(shape) +
+                                                  (linear_packs ? linear_packed_floats(shape) : 0))},
         floats);
     auto mixed = states;  // MHLA: replaced by the mixed states below
     auto out = torch::empty(q.sizes(), v.options().memory_format(torch::MemoryFormat::Contiguous));
@@ -219,6 +234,7 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
       a.out = out.data_ptr();
       a.state = states.data_ptr<float>();
       a.chunk_parts = data_or_null(chunk_parts);
+      if (linear_packs) a.packed_state = a.state + kernels::block_linear_state_floats(shape);
       check_launch(kernels::linear_attention_forward(a, stream), "linear attention forward");
     }
     ctx->save_for_backward({q, k, v, out, mixing, states, mixed});
@@ -294,6 +310,11 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
       a.grad_q = dq.data_ptr(), a.grad_k = dk.data_ptr(), a.grad_v = dv.data_ptr();
       a.grad_state = grad_mixed.data_ptr<float>();
       a.chunk_parts = data_or_null(chunk_parts);
+      const auto fp32_floats = static_cast<int64_t>(kernels::block_linear_state_floats(shape));
+      if (states.numel() > fp32_floats) {  // the forward packed S behind the fp32 set
+        a.packed_state = a.state + fp32_floats;
+        a.packed_grad_state = a.grad_state + fp32_floats;
+      }
       check_launch(kernels::linear_attention_backward(a, stream), "linear attention backward");
     }
     const auto [q_type, k_type] = input_dtypes(ctx);
