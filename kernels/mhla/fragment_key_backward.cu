@@ -131,8 +131,8 @@ struct KeyStage {
   static constexpr size_t smem = 2 * bytes + tile + align128(kTile * 4);
 };
 
-// kChunks: the chunk walk (blocks longer than one tile); each tile copies its block's dS again
-// (from L2: the CTA read it for the tile before).
+// kChunks: the chunk walk (blocks longer than one tile); a stage is refilled with dS only for a
+// tile of another block than the stage's last.
 template <int D, bool kChunks>
 __global__ void __launch_bounds__(kFragmentThreads, 3)
     pipelined_key_backward_kernel(BlockLinearBackward p, int chunks) {
@@ -152,10 +152,14 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
   E* phi = reinterpret_cast<E*>(smem + 2 * Stage::bytes);  // then dv
   float* scale_rows = reinterpret_cast<float*>(smem + 2 * Stage::bytes + Stage::tile);
 
+  fragment_pipeline::StageStates held;
   auto issue = [&](const fragment_pipeline::TileItem& it, int s) {
     fragment_pipeline::copy_rows_async<D>(p.k, it, k_of(s), ld);
     fragment_pipeline::copy_rows_async<D>(p.v, it, v_of(s), ld);
-    fragment_pipeline::copy_packed_state_async<D>(p.grad_states, it.state, dstate_of(s), dz_of(s));
+    if (!kChunks || held.needs(s, it.state)) {
+      fragment_pipeline::copy_packed_state_async<D>(p.grad_states, it.state, dstate_of(s),
+                                                    dz_of(s));
+    }
   };
   const int warp = threadIdx.x / 32;
   const int row = lane_row(), seg = lane_half();

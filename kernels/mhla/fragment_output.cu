@@ -115,8 +115,8 @@ struct OutputStage {
   static constexpr size_t smem = 2 * bytes + align128(kTile * 4);
 };
 
-// kChunks: the chunk walk (blocks longer than one tile); each tile copies its block's S' again
-// (from L2: the CTA read it for the tile before).
+// kChunks: the chunk walk (blocks longer than one tile); a stage is refilled with S' only for a
+// tile of another block than the stage's last.
 template <int D, bool kChunks>
 __global__ void __launch_bounds__(kFragmentThreads, 6)
     pipelined_output_kernel(BlockLinearForward p, int chunks) {
@@ -134,9 +134,11 @@ __global__ void __launch_bounds__(kFragmentThreads, 6)
   };
   float* inv_den = reinterpret_cast<float*>(smem + 2 * Stage::bytes);
 
+  fragment_pipeline::StageStates held;
   auto issue = [&](const fragment_pipeline::TileItem& it, int s) {
     fragment_pipeline::copy_rows_async<D>(p.q, it, rows_of(s), ld);
-    fragment_pipeline::copy_packed_state_async<D>(p.mixed, it.state, mixed_of(s), z_of(s));
+    if (!kChunks || held.needs(s, it.state))
+      fragment_pipeline::copy_packed_state_async<D>(p.mixed, it.state, mixed_of(s), z_of(s));
   };
   const int warp = threadIdx.x / 32;
   const int row = lane_row(), seg = lane_half();

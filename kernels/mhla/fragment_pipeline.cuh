@@ -263,6 +263,22 @@ __device__ __forceinline__ void walk(const BlockLinearShape& shape, int chunks, 
       [&](const TileItem& it, int stage, auto&&) { body(it, stage); });
 }
 
+// Which state each of the two stages holds (or is receiving). In the chunk walk consecutive tiles
+// mostly share their block's state: a stage that holds it already is not refilled (its buffer is
+// only read while the tiles use it).
+class StageStates {
+ public:
+  __device__ bool needs(int stage, size_t state) {
+    size_t& held = stage != 0 ? second_ : first_;
+    if (held == state) return false;
+    held = state;
+    return true;
+  }
+
+ private:
+  size_t first_ = ~size_t{0}, second_ = ~size_t{0};
+};
+
 // Where a chunk's state (floats per state `state_floats`) goes when the CTA that summed it writes
 // it as fp32 (block_work.cuh's state_target for a chunk-walk item).
 __device__ __forceinline__ float* chunk_state_target(float* set, float* chunk_parts,

@@ -211,8 +211,8 @@ struct QueryStageOneState {
 
 // kChunks: the chunk walk (blocks longer than one tile), dS' summed over the chunk's tiles in
 // registers and written after its last tile: packed where one CTA owns each state, else fp32
-// (atomic adds, or the chunk's part of the ordered sums). With one S' buffer a tile of the same
-// block keeps the S' that is there.
+// (atomic adds, or the chunk's part of the ordered sums). A tile of the same block as the last
+// one in its S' buffer (one buffer, or its stage's) keeps the S' that is there.
 template <int D, class Stage, bool kChunks>
 __global__ void __launch_bounds__(kFragmentThreads, Stage::kMinBlocks)
     pipelined_query_backward_kernel(BlockLinearBackward p, int chunks) {
@@ -237,10 +237,13 @@ __global__ void __launch_bounds__(kFragmentThreads, Stage::kMinBlocks)
   auto issue_state = [&](const fragment_pipeline::TileItem& it, int s) {
     fragment_pipeline::copy_packed_state_async<D>(p.mixed, it.state, mixed_of(s), z_of(s));
   };
+  fragment_pipeline::StageStates held_in_stage;
   auto issue = [&](const fragment_pipeline::TileItem& it, int s) {
     fragment_pipeline::copy_rows_async<D>(p.q, it, q_of(s), Q::ld);
     fragment_pipeline::copy_rows_async<D>(p.grad_out, it, dnum_of(s), Stage::ldn);
-    if constexpr (!Stage::kOneState) issue_state(it, s);
+    if constexpr (!Stage::kOneState) {
+      if (!kChunks || held_in_stage.needs(s, it.state)) issue_state(it, s);
+    }
   };
   size_t held_state = ~size_t{0};  // the block whose S' the one buffer holds (or is receiving)
   auto issue_late = [&](const fragment_pipeline::TileItem& it) {
