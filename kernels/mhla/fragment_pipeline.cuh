@@ -174,17 +174,22 @@ __device__ __forceinline__ void walk_items(const BlockLinearShape& shape, Issue&
 // bytes at 2.3-3.2 TB/s against 3.3-3.8 for the pipelined one-tile passes at N = 1,024.
 class ChunkWalk {
  public:
-  __device__ ChunkWalk(const BlockLinearShape& s, int chunks)
-      : chunks_(chunks), blocks_(s.blocks), heads_(s.heads), length_(s.tokens / s.blocks) {}
+  __device__ ChunkWalk(const BlockLinearShape& s)
+      : batch_heads_(s.batch * s.heads),
+        blocks_(s.blocks),
+        heads_(s.heads),
+        length_(s.tokens / s.blocks) {}
+  // Chunks are numbered chunk-major (chunk c of every state, then c + 1): the CTAs that run at
+  // the same time sum into different states, where chunks share one by atomic adds.
   __device__ TileItem first_tile(int64_t chunk_index) const {
-    const int64_t per_bh = static_cast<int64_t>(blocks_) * chunks_;
-    const int bh = static_cast<int>(chunk_index / per_bh);
-    const int rest = static_cast<int>(chunk_index % per_bh);
+    const int64_t states = static_cast<int64_t>(batch_heads_) * blocks_;
+    const int state = static_cast<int>(chunk_index % states);
+    const int bh = state / blocks_;
     TileItem it;
     it.b = bh / heads_;
     it.h = bh % heads_;
-    it.block = rest / chunks_;
-    it.chunk = rest % chunks_;
+    it.block = state % blocks_;
+    it.chunk = static_cast<int>(chunk_index / states);
     it.begin = it.block * length_ + it.chunk * tiles::kChunk;
     it.end = min(it.begin + tiles::kChunk, (it.block + 1) * length_);
     it.valid = min(tiles::kTile, it.end - it.begin);
@@ -202,7 +207,7 @@ class ChunkWalk {
   }
 
  private:
-  int chunks_, blocks_, heads_, length_;
+  int batch_heads_, blocks_, heads_, length_;
 };
 
 // walk_items for the chunk walk: the same stages, barrier and hooks, over this CTA's chunks'
@@ -217,7 +222,7 @@ __device__ __forceinline__ void walk_chunk_tiles(const BlockLinearShape& shape, 
       static_cast<int64_t>(shape.batch) * shape.heads * shape.blocks * static_cast<int64_t>(chunks);
   int64_t chunk = blockIdx.x;
   if (chunk >= total) return;
-  const ChunkWalk walk(shape, chunks);
+  const ChunkWalk walk(shape);
   TileItem current = walk.first_tile(chunk);
   issue(current, 0);
   issue_late(current);
