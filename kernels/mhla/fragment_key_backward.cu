@@ -187,8 +187,8 @@ __global__ void __launch_bounds__(kFragmentThreads, 3)
 template <int D, bool ByChunks>
 struct PipelinedKeyPass {
   static constexpr bool kChunks = ByChunks;
-  static constexpr void (*kernel)(BlockLinearBackward, int) =
-      pipelined_key_backward_kernel<D, ByChunks>;
+  static constexpr void (*kernel)(BlockLinearBackward,
+                                  int) = pipelined_key_backward_kernel<D, ByChunks>;
   static constexpr size_t smem = KeyStage<D>::smem;
 };
 

@@ -50,7 +50,9 @@ class ItemWalk {
   }
   __device__ TileItem at(int item) const {
     const int bh = item / blocks_, block = item % blocks_;
-    return {bh / heads_,  bh % heads_, block, block * length_, length_, static_cast<size_t>(item),
+    return {bh / heads_, bh % heads_,
+            block,       block * length_,
+            length_,     static_cast<size_t>(item),
             0,           (block + 1) * length_};
   }
   __device__ TileItem next(TileItem it) const {
@@ -287,8 +289,8 @@ class StageStates {
 // Where a chunk's state (floats per state `state_floats`) goes when the CTA that summed it writes
 // it as fp32 (block_work.cuh's state_target for a chunk-walk item).
 __device__ __forceinline__ float* chunk_state_target(float* set, float* chunk_parts,
-                                                     const BlockLinearShape& s,
-                                                     const TileItem& it, size_t state_floats) {
+                                                     const BlockLinearShape& s, const TileItem& it,
+                                                     size_t state_floats) {
   if (chunk_parts == nullptr) return set + it.state * state_floats;
   const size_t states = static_cast<size_t>(s.batch) * s.heads * s.blocks;
   return chunk_parts + (static_cast<size_t>(it.chunk) * states + it.state) * state_floats;

@@ -300,8 +300,8 @@ __global__ void __launch_bounds__(kFragmentThreads, Stage::kMinBlocks)
         if (kChunks && !it.closes) return;
         if (kChunks && !p.packed_grad_mixed) {
           write_state<D>(dstate, dz,
-                         fragment_pipeline::chunk_state_target(p.grad_mixed, p.chunk_parts,
-                                                               p.shape, it, Q::state),
+                         fragment_pipeline::chunk_state_target(p.grad_mixed, p.chunk_parts, p.shape,
+                                                               it, Q::state),
                          p.chunk_parts != nullptr ? StateWrite::store
                                                   : state_write(chunks, p.scalar_state_adds));
           return;
@@ -317,8 +317,8 @@ struct PipelinedQueryPassIn {
   template <int D, bool ByChunks>
   struct Pass {
     static constexpr bool kChunks = ByChunks;
-    static constexpr void (*kernel)(BlockLinearBackward, int) =
-        pipelined_query_backward_kernel<D, Stage<D>, ByChunks>;
+    static constexpr void (*kernel)(BlockLinearBackward,
+                                    int) = pipelined_query_backward_kernel<D, Stage<D>, ByChunks>;
     static constexpr size_t smem = Stage<D>::smem;
   };
 };
@@ -335,16 +335,15 @@ bool query_pass_one_state() {
 }  // namespace
 
 cudaError_t fragment_query_backward(const BlockLinearBackward& a, int chunks, cudaStream_t stream) {
-  const bool one_tile =
-      fragment_pipelined_variants(a.shape, a.dtype, chunks) && a.packed_mixed &&
-      a.packed_grad_mixed;
+  const bool one_tile = fragment_pipelined_variants(a.shape, a.dtype, chunks) && a.packed_mixed &&
+                        a.packed_grad_mixed;
   if (one_tile || (fragment_chunk_pipelined(a.shape, a.dtype) && a.packed_mixed)) {
     if (query_pass_one_state()) {
       return launch_pipelined_form<PipelinedQueryPassIn<QueryStageOneState>::Pass>(
           a, chunks, !one_tile, stream);
     }
     return launch_pipelined_form<PipelinedQueryPassIn<QueryStage>::Pass>(a, chunks, !one_tile,
-                                                                          stream);
+                                                                         stream);
   }
   return launch_pass<QueryPass>(a, chunks, stream);
 }

@@ -159,8 +159,8 @@ __global__ void __launch_bounds__(kFragmentThreads, MinBlocks)
         if (kChunks && !it.closes) return;
         if (kChunks && !p.packed_states) {
           write_state<D>(state, z,
-                         fragment_pipeline::chunk_state_target(p.states, p.chunk_parts, p.shape,
-                                                               it, D * D + D),
+                         fragment_pipeline::chunk_state_target(p.states, p.chunk_parts, p.shape, it,
+                                                               D * D + D),
                          p.chunk_parts != nullptr ? StateWrite::store
                                                   : state_write(chunks, p.scalar_state_adds));
           return;
@@ -183,8 +183,8 @@ struct PipelinedStatesPassAt {
   template <int D, bool ByChunks>
   struct Pass {
     static constexpr bool kChunks = ByChunks;
-    static constexpr void (*kernel)(BlockLinearForward, int) =
-        pipelined_states_kernel<D, ByChunks, ByChunks ? ChunkMinBlocks : 5>;
+    static constexpr void (*kernel)(BlockLinearForward, int) = pipelined_states_kernel < D,
+                                                        ByChunks, ByChunks ? ChunkMinBlocks : 5 > ;
     static constexpr size_t smem = StatesStage<D>::smem;
   };
 };

@@ -10,10 +10,9 @@ namespace {
 constexpr int kPackThreads = 256;
 
 template <int D>
-__global__ void __launch_bounds__(kPackThreads) pack_state_set_kernel(const float* set,
-                                                                      float* packed,
-                                                                      int64_t states) {
-  constexpr int kGroups = D * D / 4;                      // float4 groups of S
+__global__ void __launch_bounds__(kPackThreads)
+    pack_state_set_kernel(const float* set, float* packed, int64_t states) {
+  constexpr int kGroups = D * D / 4;                        // float4 groups of S
   constexpr int64_t kIn = D * D + D, kOut = D * D / 2 + D;  // floats per state
   for (int64_t state = blockIdx.x; state < states; state += gridDim.x) {
     const float4* src = reinterpret_cast<const float4*>(set + state * kIn);
@@ -39,12 +38,17 @@ cudaError_t pack_state_set(const float* set, float* packed, int64_t states, int 
     return cudaErrorInvalidValue;
   const int grid = static_cast<int>(states < 65535 ? states : 65535);
   switch (head_dim) {
-    case 32: pack_state_set_kernel<32><<<grid, kPackThreads, 0, stream>>>(set, packed, states); break;
-    case 64: pack_state_set_kernel<64><<<grid, kPackThreads, 0, stream>>>(set, packed, states); break;
+    case 32:
+      pack_state_set_kernel<32><<<grid, kPackThreads, 0, stream>>>(set, packed, states);
+      break;
+    case 64:
+      pack_state_set_kernel<64><<<grid, kPackThreads, 0, stream>>>(set, packed, states);
+      break;
     case 128:
       pack_state_set_kernel<128><<<grid, kPackThreads, 0, stream>>>(set, packed, states);
       break;
-    default: return cudaErrorInvalidValue;
+    default:
+      return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }

@@ -172,9 +172,10 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
     // behind it for the passes that read S.
     const bool linear_packs = !mixes && linear_packs_states(shape, kernel_dtype(dtype));
     auto states = torch::empty(
-        {static_cast<int64_t>(packed_states ? kernels::block_linear_packed_floats(shape)
-                                            : kernels::block_linear_state_floats(shape) +
-                                                  (linear_packs ? linear_packed_floats(shape) : 0))},
+        {static_cast<int64_t>(packed_states
+                                  ? kernels::block_linear_packed_floats(shape)
+                                  : kernels::block_linear_state_floats(shape) +
+                                        (linear_packs ? linear_packed_floats(shape) : 0))},
         floats);
     auto mixed = states;  // MHLA: replaced by the mixed states below
     auto out = torch::empty(q.sizes(), v.options().memory_format(torch::MemoryFormat::Contiguous));
