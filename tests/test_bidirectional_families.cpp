@@ -84,6 +84,8 @@ const FamilyShape kFamilyShapes[] = {
     {"D = 32, 250-token blocks: four tiles a chunk, the last partial", 2, 3, 1000, 32, 4},
     {"256-token blocks, 768 chunks: several per persistent CTA", 48, 8, 512, 32, 2},
     {"600-token blocks of three chunks, 768 chunks: summed across CTAs", 16, 8, 1200, 32, 2},
+    {"linear attention over 17 chunks, the last partial: the chunk-major walk", 3, 2, 4150, 32,
+     1},
 };
 
 struct Grads {
