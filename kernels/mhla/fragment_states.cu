@@ -9,9 +9,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <cstdlib>
-#include <string>
-
 #include "common/wmma_gemm.cuh"
 #include "mhla/block_fragment_passes.h"
 #include "mhla/block_work.cuh"
@@ -176,39 +173,23 @@ __global__ void __launch_bounds__(kFragmentThreads, MinBlocks)
 }
 
 // Five CTAs per SM for one-tile blocks: 60.9 us at N = 1,024, four (no spill) 61.8. The chunk
-// form holds the state across tiles: at five CTAs per SM it spills 20 bytes, so four unless
-// MHLA_STATES_CHUNK_CTAS=5 (A/B runs).
-template <int ChunkMinBlocks>
-struct PipelinedStatesPassAt {
-  template <int D, bool ByChunks>
-  struct Pass {
-    static constexpr bool kChunks = ByChunks;
-    static constexpr void (*kernel)(BlockLinearForward, int) = pipelined_states_kernel < D,
-                                                        ByChunks, ByChunks ? ChunkMinBlocks : 5 > ;
-    static constexpr size_t smem = StatesStage<D>::smem;
-  };
-};
+// form holds the state across tiles and runs four: five took 38.0 against 35.8 us at N = 4,096
+// (session 43, call 3). At D = 64 it still spills 76 bytes at its 128 registers (ptxas).
 template <int D, bool ByChunks>
-using PipelinedStatesPass = PipelinedStatesPassAt<4>::Pass<D, ByChunks>;
-
-bool states_chunk_five_ctas() {
-  static const bool on = [] {
-    const char* value = std::getenv("MHLA_STATES_CHUNK_CTAS");
-    return value != nullptr && std::string(value) == "5";
-  }();
-  return on;
-}
+struct PipelinedStatesPass {
+  static constexpr bool kChunks = ByChunks;
+  static constexpr void (*kernel)(BlockLinearForward, int) = pipelined_states_kernel < D, ByChunks,
+                                                      ByChunks ? 4 : 5 > ;
+  static constexpr size_t smem = StatesStage<D>::smem;
+};
 
 }  // namespace
 
 cudaError_t fragment_states(const BlockLinearForward& a, int chunks, cudaStream_t stream) {
   if (fragment_pipelined_variants(a.shape, a.dtype, chunks) && a.packed_states)
     return launch_pipelined_form<PipelinedStatesPass>(a, chunks, false, stream);
-  if (fragment_chunk_pipelined(a.shape, a.dtype)) {
-    if (states_chunk_five_ctas())
-      return launch_pipelined_form<PipelinedStatesPassAt<5>::Pass>(a, chunks, true, stream);
-    return launch_pipelined_form<PipelinedStatesPassAt<4>::Pass>(a, chunks, true, stream);
-  }
+  if (fragment_chunk_pipelined(a.shape, a.dtype))
+    return launch_pipelined_form<PipelinedStatesPass>(a, chunks, true, stream);
   return launch_pass<StatesPass, StatesPassOneTile>(a, chunks, stream);
 }
 
