@@ -6,6 +6,10 @@
 #include "catch_compat.h"
 
 #ifdef MHLA_WITH_CUDA_KERNELS
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+
 #include "attention/attention_op.h"
 #include "attention/block_linear_cuda.h"
 #include "kernel_shape_predicate.h"
@@ -83,7 +87,11 @@ const FamilyShape kFamilyShapes[] = {
     // Blocks longer than one tile: the chunk walk of the pipelined passes.
     {"D = 32, 250-token blocks: four tiles a chunk, the last partial", 2, 3, 1000, 32, 4},
     {"256-token blocks, 768 chunks: several per persistent CTA", 48, 8, 512, 32, 2},
-    {"600-token blocks of three chunks, 768 chunks: summed across CTAs", 16, 8, 1200, 32, 2},
+    // M = 4, not 2: with two blocks dm has one free component per row, and the sum over batch and
+    // heads can cancel to a few percent of its terms' size, so that bf16-correct kernels fail
+    // the relative bound (session 44: a draw of 16 x 8 x 1,200, M = 2 summed to 8 % of its
+    // items' root-sum-square; the kernels' 0.043 matched a float64 model of their roundings).
+    {"600-token blocks of three chunks, 768 chunks: summed across CTAs", 8, 8, 2400, 32, 4},
     {"linear attention over 17 chunks, the last partial: the chunk-major walk", 3, 2, 4150, 32,
      1},
 };
@@ -174,6 +182,19 @@ TEST_CASE(
           CHECK(test::relative_error(without_row_directions(got.dm, mixing),
                                      without_row_directions(expected.dm, mixing)) < 2e-2);
         }
+        if (std::getenv("MHLA_FAMILY_ERRORS")) {  // one line per case, to compare two builds
+          std::printf("family-errors %s %s B=%lld H=%lld N=%lld D=%lld M=%lld out %.5f dq %.5f "
+                      "dk %.5f dv %.5f dm %.5f\n",
+                      family.c_str(), c10::toString(dtype), (long long)s.batch,
+                      (long long)s.heads, (long long)s.tokens, (long long)s.head_dim,
+                      (long long)s.blocks, test::relative_error(got.out, expected.out),
+                      test::relative_error(got.dq, expected.dq),
+                      test::relative_error(got.dk, expected.dk),
+                      test::relative_error(got.dv, expected.dv),
+                      s.blocks > 1 ? test::relative_error(without_row_directions(got.dm, mixing),
+                                                          without_row_directions(expected.dm, mixing))
+                                   : 0.0);
+        }
         ++runs;
         if (family == "states-sequence") ++sequence_runs;
       }
@@ -184,6 +205,46 @@ TEST_CASE(
   CHECK(runs >= 2 * (3 + 7 + 5 + 3 + 8 + 8));
   // The one-kernel MHLA forward: the bf16 shapes of 2 to 16 blocks of 64 tokens (six).
   CHECK(sequence_runs >= 6);
+}
+
+// Not part of the suite (hidden tag): the distribution of dm's error over many draws of one shape,
+// against a float64 reference, with the float32 reference's own error beside it. Shape and draw
+// count from MHLA_DM_SHAPE ("B,H,N,D,M") and MHLA_DM_DRAWS.
+TEST_CASE("bidirectional kernel families: dm error over many draws", "[.][diagnostic]") {
+  if (!torch::cuda::is_available()) return;
+  std::vector<int64_t> shape = {16, 8, 1200, 32, 2};
+  if (const char* text = std::getenv("MHLA_DM_SHAPE")) {
+    shape.clear();
+    std::istringstream in(text);
+    for (std::string part; std::getline(in, part, ',');) shape.push_back(std::stoll(part));
+    REQUIRE(shape.size() == 5);
+  }
+  const int draws = std::getenv("MHLA_DM_DRAWS") ? std::atoi(std::getenv("MHLA_DM_DRAWS")) : 32;
+  const int64_t blocks = shape[4];
+  const std::vector<int64_t> dims = {shape[0], shape[2], shape[1], shape[3]};
+  torch::manual_seed(5);
+  for (int draw = 0; draw < draws; ++draw) {
+    auto q = torch::randn(dims).to(torch::kBFloat16).to(torch::kFloat64);
+    auto k = torch::randn(dims).to(torch::kBFloat16).to(torch::kFloat64);
+    auto v = torch::randn(dims).to(torch::kBFloat16).to(torch::kFloat64);
+    auto grad_out = torch::randn(dims).to(torch::kBFloat16).to(torch::kFloat64);
+    auto mixing = torch::rand({blocks, blocks}, torch::kFloat64) + 0.05;
+    const auto exact = run_reference(q, k, v, mixing, blocks, grad_out);
+    auto f32 = [](const torch::Tensor& t) { return t.to(torch::kFloat32); };
+    const auto single = run_reference(f32(q), f32(k), f32(v), f32(mixing), blocks, f32(grad_out));
+    auto dm_error = [&](const torch::Tensor& dm) {
+      return test::relative_error(without_row_directions(dm.to(torch::kFloat64), mixing),
+                                  without_row_directions(exact.dm, mixing));
+    };
+    std::printf("dm-draw %d reference32 %.5f", draw, dm_error(single.dm));
+    for (const std::string family : {"states", "states-passes"}) {
+      const auto got = run_family(family, f32(q), f32(k), f32(v), f32(mixing), blocks,
+                                  f32(grad_out), torch::kBFloat16, false);
+      std::printf(" %s dm %.5f dq %.5f", family.c_str(), dm_error(got.dm),
+                  test::relative_error(got.dq.to(torch::kFloat64), exact.dq));
+    }
+    std::printf("\n");
+  }
 }
 
 TEST_CASE("bidirectional kernel families: a family asked for a shape it does not take says so",
