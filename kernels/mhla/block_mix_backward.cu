@@ -152,30 +152,41 @@ __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackw
   asm volatile("cp.async.wait_group 0;\n" ::);  // no copy may land after the stages are reused
   // Sum the corners over the warp's lanes (every lane of a warp has the same role when quads is a
   // multiple of 32; with 16 quads a warp holds two roles, summed over their own 16 lanes), then
-  // over the warps of a role.
+  // over the warps of a role. Over the lanes as a reduce-scatter: at each step a lane keeps half
+  // of its values and adds its partner's half, so 32 lanes end with two sums each after 62
+  // shuffles instead of a butterfly of all 64 values (320 shuffles and adds a thread, as much
+  // as 1.5 items' work when the CTAs have one or two items: N = 16,384, session 44).
   constexpr int kLanesPerRole = S::quads < 32 ? S::quads : 32;
+  constexpr int kKept = 64 / kLanesPerRole;  // sums per lane at the end
   const int warp = t / 32, lane = t % 32;
+  float v[64];
 #pragma unroll
   for (int a = 0; a < 4; ++a) {
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      float v = dm[a][j];
+    for (int j = 0; j < 16; ++j) v[a * 16 + j] = dm[a][j];
+  }
+  // Step with offset o halves the values: the lane with bit o set keeps the upper half.
+  int first = 0;  // flat index (a * 16 + j) of v[0] once the steps are done
+  constexpr int kSteps = kLanesPerRole == 32 ? 5 : 4;
 #pragma unroll
-      for (int offset = kLanesPerRole / 2; offset > 0; offset /= 2)
-        v += __shfl_xor_sync(0xffffffffu, v, offset);
-      dm[a][j] = v;
+  for (int step = 0; step < kSteps; ++step) {
+    const int offset = kLanesPerRole >> (step + 1), half = 32 >> step;
+    const bool upper = lane & offset;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      if (i < half) {
+        const float send = upper ? v[i] : v[i + half];
+        const float keep = upper ? v[i + half] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
+      }
     }
+    if (upper) first += half;
   }
   __syncthreads();  // the stages are free: per-role sums go there when a warp holds two roles
   float* role_sums = reinterpret_cast<float*>(stages);  // [roles][4][16]
   if constexpr (S::quads >= 32) {
-    if (lane == 0) {
 #pragma unroll
-      for (int a = 0; a < 4; ++a) {
-#pragma unroll
-        for (int j = 0; j < 16; ++j) corner[warp][a][j] = dm[a][j];
-      }
-    }
+    for (int i = 0; i < kKept; ++i) (&corner[warp][0][0])[first + i] = v[i];
     __syncthreads();
     constexpr int kWarpsPerRole = S::quads / 32;
     for (int e = t; e < S::roles * 64; e += kThreads) {
@@ -185,13 +196,8 @@ __global__ void __launch_bounds__(kThreads, 2) mix_backward_kernel(BlockMixBackw
       role_sums[e] = sum;
     }
   } else {
-    if (q == 0) {  // the first lane of each role
 #pragma unroll
-      for (int a = 0; a < 4; ++a) {
-#pragma unroll
-        for (int j = 0; j < 16; ++j) role_sums[(role * 4 + a) * 16 + j] = dm[a][j];
-      }
-    }
+    for (int i = 0; i < kKept; ++i) role_sums[role * 64 + first + i] = v[i];
   }
   __syncthreads();
   for (int e = t; e < S::roles * 64; e += kThreads) {

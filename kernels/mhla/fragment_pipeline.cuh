@@ -79,7 +79,11 @@ class ItemWalk {
 // of every (threads / words per row)-th row, so its addresses are one 64-bit base and fixed
 // steps: computing a row, a column and a [B, N, H, D] offset per copy made the copies and the
 // item walk 25-32 % of the query and key passes' instructions (session 29, call 1).
-template <int D>
+// FullTiles: a branch for full tiles, whose copies then need no row test. Session 44 (Nsight at
+// N = 4,096 and 16,384, one binary per form): it took the states pass's chunk form from 76 bytes
+// of spills to none (36.8 -> 33.1 us) and the query pass 1-3 us faster, but made the output pass
+// 2 us and the key pass 6-7 us slower, so those two leave it off.
+template <int D, bool FullTiles = false>
 __device__ __forceinline__ void copy_rows_async(const TokenTensor& x, const TileItem& item,
                                                 Element* tile, int ld) {
   constexpr int kWordsPerRow = D / 8, kRowsPerPass = fragment_rows::kFragmentThreads / kWordsPerRow;
@@ -90,6 +94,12 @@ __device__ __forceinline__ void copy_rows_async(const TokenTensor& x, const Tile
   const Element* src = first + row * x.token_stride;
   const int64_t step = kRowsPerPass * x.token_stride;
   Element* dst = tile + row * ld + column;
+  if (FullTiles && item.valid == tiles::kTile) {  // warp-uniform: no per-copy row test
+#pragma unroll
+    for (int pass = 0; pass < tiles::kTile / kRowsPerPass; ++pass)
+      async_copy::copy_streaming16(dst + pass * kRowsPerPass * ld, src + pass * step, true);
+    return;
+  }
 #pragma unroll
   for (int pass = 0; pass < tiles::kTile / kRowsPerPass; ++pass) {
     const bool live = row + pass * kRowsPerPass < item.valid;

@@ -239,8 +239,8 @@ __global__ void __launch_bounds__(kFragmentThreads, Stage::kMinBlocks)
   };
   fragment_pipeline::StageStates held_in_stage;
   auto issue = [&](const fragment_pipeline::TileItem& it, int s) {
-    fragment_pipeline::copy_rows_async<D>(p.q, it, q_of(s), Q::ld);
-    fragment_pipeline::copy_rows_async<D>(p.grad_out, it, dnum_of(s), Stage::ldn);
+    fragment_pipeline::copy_rows_async<D, true>(p.q, it, q_of(s), Q::ld);
+    fragment_pipeline::copy_rows_async<D, true>(p.grad_out, it, dnum_of(s), Stage::ldn);
     if constexpr (!Stage::kOneState) {
       if (!kChunks || held_in_stage.needs(s, it.state)) issue_state(it, s);
     }

@@ -202,6 +202,10 @@ __device__ __forceinline__ int accumulator_row(int r) {
 // without the normalizer's term, which is row_coef[r] * col_add[c] (dden * z' for queries,
 // dz for keys). x_tile holds the raw rows (tile row stride ld); 1/rms per row in scale.
 // Writes dx as element pairs into out_tile (may be x_tile: every read is done first).
+// With y = s x (s = 1/rms > 0, so y > 0 exactly where x > 0) and g masked to y > 0:
+//   dx = s (g - y (g . y) / D) = s g - x (s^3 (g . x) / D),
+// so the row sum runs on the raw x and each element takes one product and one fused
+// multiply-add (session 44: 6.5 -> 5 instructions an element in the sum, 3.5 in the output).
 template <typename E, int D>
 __device__ __forceinline__ void feature_backward(TileAccumulator (&g)[1][D / 16], const E* x_tile,
                                                  E* out_tile, int ld, const float (&scale)[2],
@@ -217,7 +221,7 @@ __device__ __forceinline__ void feature_backward(TileAccumulator (&g)[1][D / 16]
     mma::load_matrices<false>(
         xf[j], x_tile + (first + (quad % 2) * 8 + row8) * ld + j * 16 + (quad / 2) * 8);
   }
-  float dot[2] = {0.f, 0.f};
+  float dot[2] = {0.f, 0.f};  // g . x per row
 #pragma unroll
   for (int j = 0; j < D / 16; ++j) {
 #pragma unroll
@@ -228,20 +232,21 @@ __device__ __forceinline__ void feature_backward(TileAccumulator (&g)[1][D / 16]
       for (int r = 0; r < 2; ++r) {
         float x0, x1;
         unpack_pair<E>(xf[j][h * 2 + r], x0, x1);
-        const float y0 = x0 * scale[r], y1 = x1 * scale[r];
         float& g0 = g[0][j].x[h][2 * r];
         float& g1 = g[0][j].x[h][2 * r + 1];
-        g0 = y0 > 0.f ? g0 + row_coef[r] * add.x : 0.f;
-        g1 = y1 > 0.f ? g1 + row_coef[r] * add.y : 0.f;
-        dot[r] += g0 * y0 + g1 * y1;
+        g0 = x0 > 0.f ? fmaf(row_coef[r], add.x, g0) : 0.f;
+        g1 = x1 > 0.f ? fmaf(row_coef[r], add.y, g1) : 0.f;
+        dot[r] = fmaf(g0, x0, dot[r]);
+        dot[r] = fmaf(g1, x1, dot[r]);
       }
     }
   }
+  float coef[2];  // s^3 (g . x) / D
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     dot[r] += __shfl_xor_sync(0xffffffffu, dot[r], 1);
     dot[r] += __shfl_xor_sync(0xffffffffu, dot[r], 2);
-    dot[r] /= D;
+    coef[r] = scale[r] * scale[r] * scale[r] * (dot[r] * (1.f / D));
   }
   __syncwarp();  // every lane's reads of x_tile are done before out_tile is written
 #pragma unroll
@@ -253,8 +258,8 @@ __device__ __forceinline__ void feature_backward(TileAccumulator (&g)[1][D / 16]
       for (int r = 0; r < 2; ++r) {
         float x0, x1;
         unpack_pair<E>(xf[j][h * 2 + r], x0, x1);
-        const float dx0 = scale[r] * (g[0][j].x[h][2 * r] - x0 * scale[r] * dot[r]);
-        const float dx1 = scale[r] * (g[0][j].x[h][2 * r + 1] - x1 * scale[r] * dot[r]);
+        const float dx0 = fmaf(-x0, coef[r], scale[r] * g[0][j].x[h][2 * r]);
+        const float dx1 = fmaf(-x1, coef[r], scale[r] * g[0][j].x[h][2 * r + 1]);
         *reinterpret_cast<unsigned*>(out_tile + (first + lane / 4 + 8 * r) * ld + c) =
             pack_pair<E>(dx0, dx1);
       }

@@ -128,8 +128,8 @@ __global__ void __launch_bounds__(kFragmentThreads, MinBlocks)
   };
 
   auto issue = [&](const fragment_pipeline::TileItem& it, int s) {
-    fragment_pipeline::copy_rows_async<D>(p.k, it, keys_of(s), ld);
-    fragment_pipeline::copy_rows_async<D>(p.v, it, values_of(s), S::ld_extra);
+    fragment_pipeline::copy_rows_async<D, true>(p.k, it, keys_of(s), ld);
+    fragment_pipeline::copy_rows_async<D, true>(p.v, it, values_of(s), S::ld_extra);
   };
   const int row = lane_row();
   TileAccumulator state[1][S::col_tiles], z;
@@ -174,7 +174,8 @@ __global__ void __launch_bounds__(kFragmentThreads, MinBlocks)
 
 // Five CTAs per SM for one-tile blocks: 60.9 us at N = 1,024, four (no spill) 61.8. The chunk
 // form holds the state across tiles and runs four: five took 38.0 against 35.8 us at N = 4,096
-// (session 43, call 3). At D = 64 it still spills 76 bytes at its 128 registers (ptxas).
+// (session 43, call 3). At D = 64 it spilled 76 bytes at its 128 registers until its copies took
+// copy_rows_async's full-tile branch (session 44: no spill, 36.8 -> 33.1 us at N = 4,096).
 template <int D, bool ByChunks>
 struct PipelinedStatesPass {
   static constexpr bool kChunks = ByChunks;
