@@ -66,8 +66,7 @@ __global__ void __launch_bounds__(kThreads, MinCtas) state_mix_kernel(BlockState
       *reinterpret_cast<float4*>(row + matrix / 2 + e - matrix) = v;
     }
   };
-  // blockIdx.z splits the output groups when (batch*head, column) CTAs are few (group_splits).
-  for (int i0 = blockIdx.z * Group; i0 < p.blocks; i0 += gridDim.z * Group) {
+  for (int i0 = 0; i0 < p.blocks; i0 += Group) {
     float4 acc[Group];
 #pragma unroll
     for (int r = 0; r < Group; ++r) acc[r] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -201,17 +200,6 @@ __global__ void __launch_bounds__(kThreads, MinCtas) packed_state_mix_kernel(Blo
   }
 }
 
-// How many CTAs share a (batch*head, column) item of state_mix_kernel, each taking every
-// splits-th group of eight output blocks: enough for four CTAs per SM where the items are few.
-// A thread otherwise runs every group in turn, each a chain of 16 loads and 512 multiply-adds:
-// MHLA at N = 16,384 (B = 4, H = 6, M = 16, four chunks a block, fp32 states) had 216 CTAs at
-// 9 % occupancy and took 7.7 us for 10 MB (session 44, Nsight).
-unsigned group_splits(int64_t items, int blocks) {
-  const int64_t groups = (blocks + 7) / 8;
-  const int64_t wanted = (4 * static_cast<int64_t>(multiprocessors()) + items - 1) / items;
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min(groups, wanted)));
-}
-
 }  // namespace
 
 cudaError_t block_state_mix(const BlockStateMix& p, cudaStream_t stream) {
@@ -259,9 +247,7 @@ cudaError_t block_state_mix(const BlockStateMix& p, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
   }
   const int64_t quads = p.elements / 4;
-  const int64_t columns = (quads + kThreads - 1) / kThreads;
-  const dim3 grid(static_cast<unsigned>(columns), p.batch_heads,
-                  group_splits(columns * p.batch_heads, p.blocks));
+  const dim3 grid(static_cast<unsigned>((quads + kThreads - 1) / kThreads), p.batch_heads);
   kernel<<<grid, kThreads, bytes, stream>>>(p);
   return cudaGetLastError();
 }
