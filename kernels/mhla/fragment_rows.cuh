@@ -206,7 +206,8 @@ __device__ __forceinline__ int accumulator_row(int r) {
 //   dx = s (g - y (g . y) / D) = s g - x (s^3 (g . x) / D),
 // so the row sum runs on the raw x and each element takes one product and one fused
 // multiply-add (session 44: 6.5 -> 5 instructions an element in the sum, 3.5 in the output).
-template <typename E, int D>
+// Without kColumnTerm, g holds the whole d(loss)/d(phi) already (row_coef, col_add unread).
+template <typename E, int D, bool kColumnTerm = true>
 __device__ __forceinline__ void feature_backward(TileAccumulator (&g)[1][D / 16], const E* x_tile,
                                                  E* out_tile, int ld, const float (&scale)[2],
                                                  const float (&row_coef)[2], const float* col_add) {
@@ -227,15 +228,21 @@ __device__ __forceinline__ void feature_backward(TileAccumulator (&g)[1][D / 16]
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int c = j * 16 + h * 8 + (lane % 4) * 2;
-      const float2 add = *reinterpret_cast<const float2*>(col_add + c);
+      const float2 add =
+          kColumnTerm ? *reinterpret_cast<const float2*>(col_add + c) : make_float2(0.f, 0.f);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         float x0, x1;
         unpack_pair<E>(xf[j][h * 2 + r], x0, x1);
         float& g0 = g[0][j].x[h][2 * r];
         float& g1 = g[0][j].x[h][2 * r + 1];
-        g0 = x0 > 0.f ? fmaf(row_coef[r], add.x, g0) : 0.f;
-        g1 = x1 > 0.f ? fmaf(row_coef[r], add.y, g1) : 0.f;
+        if constexpr (kColumnTerm) {
+          g0 = x0 > 0.f ? fmaf(row_coef[r], add.x, g0) : 0.f;
+          g1 = x1 > 0.f ? fmaf(row_coef[r], add.y, g1) : 0.f;
+        } else {
+          g0 = x0 > 0.f ? g0 : 0.f;
+          g1 = x1 > 0.f ? g1 : 0.f;
+        }
         dot[r] = fmaf(g0, x0, dot[r]);
         dot[r] = fmaf(g1, x1, dot[r]);
       }
