@@ -6,7 +6,7 @@ def phi(x):
     return torch.relu(n) + 1e-6
 def bf16(x): return x.to(torch.bfloat16).to(torch.float64)
 def perp(gm,m): return gm - (gm*m).sum(1,keepdim=True)/(m*m).sum(1,keepdim=True)*m
-def grads(q,k,v,g,m,M,D,B,H,L,rounded):
+def grads(q,k,v,g,m,M,D,B,H,L,rounded,per_item=False):
     r = bf16 if rounded else (lambda x: x)
     def blocks(x): return x.transpose(1,2).reshape(B*H,M,L,x.size(3))
     qf=blocks(phi(q)); kf=blocks(phi(k)); vb=blocks(v); gb=blocks(g)
@@ -20,6 +20,8 @@ def grads(q,k,v,g,m,M,D,B,H,L,rounded):
     g_dot_o=(r(qf)*dphi).sum(-1,keepdim=True)
     dden=r(-g_dot_o/den)
     dSm=torch.einsum('bild,bile->bide',r(qf),torch.cat([dnum,dden],-1))
+    if per_item:  # dm of each (batch, head) item (session 44's draw replay)
+        return torch.einsum('bide,bjde->bij',dSm,S)
     return torch.einsum('bide,bjde->ij',dSm,S)
 def run(B,H,N,D,M,seed):
     torch.manual_seed(seed)
@@ -28,6 +30,7 @@ def run(B,H,N,D,M,seed):
     L=N//M
     exact=grads(q,k,v,g,m,M,D,B,H,L,False); got=grads(q,k,v,g,m,M,D,B,H,L,True)
     return ((perp(got,m)-perp(exact,m)).norm()/perp(exact,m).norm()).item()
-shape=tuple(int(x) for x in sys.argv[1:6]); n=int(sys.argv[6])
-e=sorted(run(*shape,s) for s in range(n))
-print(shape, 'median %.4f max %.4f' % (e[len(e)//2], e[-1]), ' '.join('%.4f'%x for x in e[-5:]))
+if __name__ == '__main__':
+    shape=tuple(int(x) for x in sys.argv[1:6]); n=int(sys.argv[6])
+    e=sorted(run(*shape,s) for s in range(n))
+    print(shape, 'median %.4f max %.4f' % (e[len(e)//2], e[-1]), ' '.join('%.4f'%x for x in e[-5:]))

@@ -5,28 +5,11 @@
 # kernels' bf16 roundings (as session43/dm_rounding_emulation.py) on that very draw.
 # The model rounds to bf16 in every case: its error on the Half cases means nothing; their
 # conditioning (the ratio) does.
-import torch, sys
+import os, sys
+import torch
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'session43'))
+from dm_rounding_emulation import grads, perp  # the rounding model of session 43
 torch.set_num_threads(2)
-def phi(x):
-    n = x * torch.rsqrt((x*x).mean(-1, keepdim=True) + 1e-6)
-    return torch.relu(n) + 1e-6
-def bf16(x): return x.to(torch.bfloat16).to(torch.float64)
-def perp(gm,m): return gm - (gm*m).sum(1,keepdim=True)/(m*m).sum(1,keepdim=True)*m
-def grads(q,k,v,g,m,M,D,B,H,L,rounded):
-    r = bf16 if rounded else (lambda x: x)
-    def blocks(x): return x.transpose(1,2).reshape(B*H,M,L,x.size(3))
-    qf=blocks(phi(q)); kf=blocks(phi(k)); vb=blocks(v); gb=blocks(g)
-    v1=torch.cat([vb,torch.ones(B*H,M,L,1,dtype=torch.float64)],-1)
-    S=torch.einsum('bmld,bmle->bmde',r(kf),v1)
-    Sm=torch.einsum('im,bmde->bide',m,S)
-    Smr=Sm.clone(); Smr[...,:D]=r(Sm[...,:D])
-    den=torch.einsum('bild,bid->bil',qf,Smr[...,D])[...,None]+1e-6
-    dnum=r(gb/den)
-    dphi=torch.einsum('bile,bide->bild',dnum,Smr[...,:D])
-    g_dot_o=(r(qf)*dphi).sum(-1,keepdim=True)
-    dden=r(-g_dot_o/den)
-    dSm=torch.einsum('bild,bile->bide',r(qf),torch.cat([dnum,dden],-1))
-    return torch.einsum('bide,bjde->ij',dSm,S), torch.einsum('bide,bjde->bij',dSm,S)
 torch.manual_seed(21)
 for idx,line in enumerate(open(sys.argv[1] if len(sys.argv) > 1 else 'call1_family_cases.txt'),1):
     fam,dt,B,H,N,D,M=line.split(); B,H,N,D,M=[int(x.split('=')[1]) for x in (B,H,N,D,M)]
@@ -36,7 +19,8 @@ for idx,line in enumerate(open(sys.argv[1] if len(sys.argv) > 1 else 'call1_fami
     g=torch.randn(dims).to(dtype).double()
     m=(torch.rand(M,M)+0.05).double() if M>1 else None
     if N==1200 and D==32:
-        exact,per=grads(q,k,v,g,m,M,D,B,H,N//M,False); emu,_=grads(q,k,v,g,m,M,D,B,H,N//M,True)
+        exact=grads(q,k,v,g,m,M,D,B,H,N//M,False); emu=grads(q,k,v,g,m,M,D,B,H,N//M,True)
+        per=grads(q,k,v,g,m,M,D,B,H,N//M,False,per_item=True)
         pe=perp(exact,m); 
         # natural scale: root-sum-square over (batch, head) items of their own dm (row directions
         # removed); the ratio says how far the sum over items cancelled
