@@ -34,7 +34,8 @@ constexpr int kLd = D + 8;  // elements per row of every tile (ldmatrix without 
 // barrier (every read of dS and dz is in the first):
 //   key_products: dv = phi(K) dS, out through the warp's rows of phi, then d(phi) = V dS^T + dz
 //     (the normalizer's term, the same for every row), one product after the other so that only
-//     one set of accumulators is live (126 registers at D = 64, from 160-168 with both);
+//     one set of accumulators is live (the chunk form then fits four CTAs' 128 registers at
+//     D = 64 without spills; with both products live the passes took 160-168);
 //   key_rows_out: the feature backward, dk and dv out.
 template <typename E, int D>
 __device__ __forceinline__ void key_products(TileAccumulator (&dphi)[1][D / 16], E* phi,
