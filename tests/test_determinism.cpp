@@ -111,9 +111,9 @@ void check_deterministic(const Gradients& first, const Gradients& second, const 
 }  // namespace
 
 // Each shape reaches one family: the resident kernels' scores-form backward (D = 32), their
-// warpgroup kernels (N = 256 in 16 blocks, D = 64: DeiT-T/2 and DiT-S/2), the sequence forward
-// and the one-kernel mix backward and key pass (bf16, N = 1,024 in 16 blocks: DiT at 64 x 64),
-// the fp32-state mix backward (fp16 inputs), the packed mix backward (bf16, 256-token blocks); blocks of 512 tokens (two chunks per block state) on the fragment passes (bf16,
+// warpgroup kernels (N = 256 in 16 blocks, D = 64: DeiT-T/2 and DiT-S/2), the fragment passes
+// with the packed mix backward (bf16, N = 1,024: DiT at 64 x 64) and the fp32-state mix backward
+// (fp16 inputs); blocks of 512 tokens (two chunks per block state) on the fragment passes (bf16,
 // D = 64) and on the general kernels (D = 128; fp32 inputs with a partial chunk). In
 // deterministic mode two runs give the same bits, and the ordered sums agree with the atomic
 // ones to rounding.

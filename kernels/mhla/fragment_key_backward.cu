@@ -18,7 +18,6 @@
 #include "mhla/fragment_launch.cuh"
 #include "mhla/fragment_pipeline.cuh"
 #include "mhla/fragment_rows.cuh"
-#include "mhla/key_rows.cuh"
 #include "mhla/state_tiles.cuh"
 #include "mhla/tiles.cuh"
 
@@ -27,18 +26,62 @@ namespace {
 
 using namespace tiles;
 using namespace fragment_rows;
-using key_rows::kLd;
-using key_rows::key_products;
 
-// key_rows::key_rows_out into the backward's dk and dv.
+template <int D>
+constexpr int kLd = D + 8;  // elements per row of every tile (ldmatrix without bank conflicts)
+
+// Step 2 of a tile for the warp's rows (some valid), in two parts around the chunk form's
+// barrier (every read of dS and dz is in the first):
+//   key_products: dv = phi(K) dS, out through the warp's rows of phi, then d(phi) = V dS^T + dz
+//     (the normalizer's term, the same for every row), one product after the other so that only
+//     one set of accumulators is live (the chunk form then fits four CTAs' 128 registers at
+//     D = 64 without spills; with both products live the passes took 160-168);
+//   key_rows_out: the feature backward, dk and dv out.
+template <typename E, int D>
+__device__ __forceinline__ void key_products(TileAccumulator (&dphi)[1][D / 16], E* phi,
+                                             const E* v_raw, const E* dstate, const float* dz) {
+  constexpr int ld = kLd<D>;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const float ones[2] = {1.f, 1.f};
+  {
+    TileAccumulator dv[1][D / 16];
+#pragma unroll
+    for (int j = 0; j < D / 16; ++j) dv[0][j].zero();
+    wmma_tiles::mma_block<E, false, false, 1, D / 16>(dv, phi, ld, dstate, ld, warp, 0, D);
+    __syncwarp();  // the warp's reads of phi are done: dv goes there
+    store_rows<E, D>(dv, ones, phi, ld);
+  }
+#pragma unroll
+  for (int j = 0; j < D / 16; ++j) dphi[0][j].zero();
+  wmma_tiles::mma_block<E, false, true, 1, D / 16>(dphi, v_raw, ld, dstate, ld, warp, 0, D);
+#pragma unroll
+  for (int j = 0; j < D / 16; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float2 add = *reinterpret_cast<const float2*>(dz + j * 16 + h * 8 + (lane % 4) * 2);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        dphi[0][j].x[h][2 * r] += add.x;
+        dphi[0][j].x[h][2 * r + 1] += add.y;
+      }
+    }
+  }
+}
+
 template <typename E, int D>
 __device__ __forceinline__ void key_rows_out(TileAccumulator (&dphi)[1][D / 16], const E* phi,
                                              E* k_raw, const float* scale_rows,
                                              const BlockLinearBackward& p, int b, int h, int n0,
                                              int valid) {
-  key_rows::key_rows_out<E, D>(dphi, phi, k_raw, scale_rows, static_cast<E*>(p.grad_k),
-                               static_cast<E*>(p.grad_v), p.shape.tokens, p.shape.heads, b, h, n0,
-                               valid);
+  constexpr int ld = kLd<D>;
+  const float unused[2] = {0.f, 0.f};
+  const float scale[2] = {scale_rows[accumulator_row(0)], scale_rows[accumulator_row(1)]};
+  feature_backward<E, D, false>(dphi, k_raw, k_raw, ld, scale, unused, nullptr);
+  __syncwarp();
+  copy_rows_out<E, D>(phi, ld, static_cast<E*>(p.grad_v), p.shape.tokens, p.shape.heads, b, h, n0,
+                      valid);
+  copy_rows_out<E, D>(k_raw, ld, static_cast<E*>(p.grad_k), p.shape.tokens, p.shape.heads, b, h, n0,
+                      valid);
 }
 
 template <int D>

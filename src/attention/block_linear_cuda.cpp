@@ -26,7 +26,6 @@
 #include "mhla/resident_block_linear.h"
 #include "mhla/resident_state_backward.h"
 #include "mhla/resident_warpgroup_backward.h"
-#include "mhla/sequence_key_backward.h"
 #include "mhla/sequence_state_forward.h"
 #include "models/linear.h"
 
@@ -152,15 +151,6 @@ bool sequence_forward_wanted(StatesForward form) {
   return form == StatesForward::sequence || (form == StatesForward::automatic && enabled);
 }
 
-// Whether MHLA's backward runs the mix backward and the key pass as one kernel
-// (sequence_key_backward.h) where it fits: with `sequence`, or `automatic` when
-// MHLA_SEQUENCE_KEY_BACKWARD=1 (off by default: its first version took 130 us against 108 for the
-// two kernels at B = 64, N = 1,024, H = 6, M = 16); `passes` keeps the separate kernels.
-bool sequence_key_backward_wanted(StatesForward form) {
-  static const bool enabled = environment_switch("MHLA_SEQUENCE_KEY_BACKWARD", false);
-  return form == StatesForward::sequence || (form == StatesForward::automatic && enabled);
-}
-
 // One autograd function for both ops: without a mixing matrix it calls the linear-attention
 // kernels, with one the MHLA kernels. Saves q, k, v, the output, the fp32 block states and (MHLA)
 // the mixed states.
@@ -251,7 +241,6 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
     ctx->save_for_backward({q, k, v, out, mixing, states, mixed});
     ctx->saved_data["blocks"] = blocks;
     ctx->saved_data["packed_states"] = packed_states;
-    ctx->saved_data["forward_form"] = forward_form;
     remember_input_dtypes(ctx, q_in, k_in);
     return out;
   }
@@ -298,36 +287,6 @@ class BlockLinearFunction : public torch::autograd::Function<BlockLinearFunction
       a.chunk_parts = data_or_null(chunk_parts);
       check_launch(kernels::block_linear_backward(a, stream), "mhla backward (query pass)");
       a.zero_on_entry = nullptr;
-      const auto form = static_cast<StatesForward>(ctx->saved_data["forward_form"].toInt());
-      std::optional<kernels::SequenceKeyBackward> fused;
-      if (packed && packed_states && sequence_key_backward_wanted(form)) {
-        fused.emplace();
-        fused->shape = shape;
-        fused->dtype = a.dtype;
-        fused->k = a.k, fused->v = a.v;
-        fused->mixing = a.mixing;
-        fused->grad_mixed = a.grad_mixed;
-        fused->states = a.states;
-        fused->grad_k = a.grad_k, fused->grad_v = a.grad_v;
-        fused->grad_mixing = zeroed_dm.data_ptr<float>();
-        if (!kernels::sequence_key_backward_takes(*fused)) fused.reset();
-      }
-      if (fused) {
-        // dS in shared memory: the mix backward and the key pass in one kernel.
-        torch::Tensor dm_parts;  // deterministic sums: one part per CTA, added in a fixed order
-        if (deterministic_sums()) {
-          dm_parts = torch::empty({kernels::sequence_key_backward_parts(shape), blocks, blocks},
-                                  zeroed_dm.options());
-          fused->grad_mixing_parts = dm_parts.data_ptr<float>();
-        }
-        check_launch(kernels::sequence_key_backward(*fused, stream),
-                     "mhla backward (mix and key pass)");
-        dmixing = zeroed_dm;
-        if (dm_parts.defined())
-          column_sums_into(dm_parts.view({dm_parts.size(0), -1}), dmixing.view({-1}));
-        const auto [q_type, k_type] = input_dtypes(ctx);
-        return {dq.to(q_type), dk.to(k_type), dv, dmixing, torch::Tensor(), torch::Tensor()};
-      }
       const auto grad_mixed_blocks = by_block(grad_mixed, q, blocks);
       torch::Tensor grad_states;
       const int64_t d = q.size(3);
