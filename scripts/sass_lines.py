@@ -5,7 +5,9 @@ here with the same flags (-lineinfo). Addresses are taken relative to the kernel
 instruction.
 Usage: sass_lines.py PROFILE.csv[.gz] CUBIN KERNEL-SUBSTRING [lines] [--outer]
                      [--column=NAME]   (default "Warp Stall Sampling (All Samples)"; e.g.
-                                        "Instructions Executed" for where the instructions are)"""
+                                        "Instructions Executed" for where the instructions are)
+                     [--reasons]       (beside each line, its three largest stall reasons, as
+                                        shares of all the kernel's stall samples)"""
 import csv, gzip, re, subprocess, sys, glob, os
 
 prof, cubin, kname = sys.argv[1:4]
@@ -17,10 +19,13 @@ head, rows = rows[start], rows[start + 1:]
 column = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--column=")),
               "Warp Stall Sampling (All Samples)")
 key = head.index(column)
+reasons = [(c[len("stall_"):], i) for i, c in enumerate(head)
+           if c.startswith("stall_") and "Not Issued" not in c] if "--reasons" in sys.argv else []
 samples = []
 for r in rows:
     try:
-        samples.append((int(r[0], 16), float(r[key] or 0)))
+        samples.append((int(r[0], 16), float(r[key] or 0),
+                        {name: float(r[i] or 0) for name, i in reasons}))
     except ValueError:
         pass
 base = samples[0][0]
@@ -47,11 +52,18 @@ for l in text.splitlines():
     m = re.search(r"/\*([0-9a-f]{4,})\*/", l)
     if m and cur:
         line_of[int(m.group(1), 16)] = cur
-by_line, total = {}, 0.0
-for addr, s in samples:
+by_line, why, total, stalls = {}, {}, 0.0, 0.0
+for addr, s, parts in samples:
     where = line_of.get(addr - base, "?")
     by_line[where] = by_line.get(where, 0.0) + s
     total += s
+    for name, v in parts.items():
+        why.setdefault(where, {})[name] = why.get(where, {}).get(name, 0.0) + v
+        stalls += v
 print(f"total {column}: {total:.0f}, {len(line_of)} mapped offsets")
 for where, s in sorted(by_line.items(), key=lambda x: -x[1])[:top]:
-    print(f"  {100 * s / total:5.1f}%  {where}")
+    detail = ""
+    if reasons:
+        largest = sorted(why.get(where, {}).items(), key=lambda x: -x[1])[:3]
+        detail = "  (" + ", ".join(f"{n} {100 * v / stalls:.1f}" for n, v in largest if v) + ")"
+    print(f"  {100 * s / total:5.1f}%  {where}{detail}")

@@ -5,7 +5,7 @@ for l in open(os.path.join(d,'peers_vision.jsonl')):
     if l.startswith('{'):
         x=json.loads(l)
         if x.get('kind')=='vision': peer[(x['op'],x['N'])]=x['fwdbwd_ms']
-for s in sorted({f.split('_')[1] for f in glob.glob(os.path.join(d,'vision_s*_r*_mhla.jsonl'))}):
+for s in sorted({os.path.basename(f).split('_')[1] for f in glob.glob(os.path.join(d,'vision_s*_r*_mhla.jsonl'))}):
     for op in ['mhla','linear']:
         rows={}
         for f in sorted(glob.glob(os.path.join(d,f'vision_{s}_r*_{op}.jsonl'))):
