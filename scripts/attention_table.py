@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Markdown table of attention timings: our `mhla bench attention` lines beside the peers'
-(peers_attention.py) from the same GPU run, with the ratios the issues ask for.
-Usage: attention_table.py OURS.jsonl PEERS.jsonl"""
+(peers_attention.py) from the same GPU run, with the ratios the issues ask for; with a third file
+(peer_gpu_time.py's lines from the same run) also how much of each peer's time was GPU work.
+Usage: attention_table.py OURS.jsonl PEERS.jsonl [PEERS_GPU_TIME.jsonl]"""
 import os
 import sys
 
@@ -49,3 +50,23 @@ if dense_rows:
         print(f"| {n} | {d['fwd_bwd_ms']:.3f} ({d['fwd_ms']:.3f}) | {dl['fwd_bwd_ms']:.3f} |" if dl else f"| {n} | {d['fwd_bwd_ms']:.3f} | — |",
               f"{r(m and m['fwd_bwd_ms'], d['fwd_bwd_ms'])} | {r(pm and pm['fwdbwd_ms'], d['fwd_bwd_ms'])} "
               f"| {r(cu and cu['fwdbwd_ms'], d['fwd_bwd_ms'])} |")
+
+if len(sys.argv) > 3:
+    gpu = {(r["op"], r["N"]): r for r in load(sys.argv[3])
+           if "error" not in r and r.get("kind") == "vision_gpu_time"}
+    names = {"mhla_torch_M16": "plain-PyTorch MHLA", "linear_torch": "plain-PyTorch linear",
+             "sdpa_cudnn": "SDPA cuDNN", "sdpa_flash": "SDPA FA2"}
+    print("\nThe peers' GPU work (scripts/peer_gpu_time.py, same run): each peer's forward+backward "
+          "timed as peers_attention.py times it, several runs in a row, and the sum of its GPU "
+          "kernels per iteration under torch.profiler. A share well below 1 means the GPU waited "
+          "for the host's launches, so that peer's time depends on the host CPU; the last column "
+          "sets our MHLA against its GPU work alone.\n")
+    print("| N | peer | event-timed ms (runs) | GPU kernels ms | kernels / fastest run "
+          "| its GPU work / ours MHLA |")
+    print("|---|---|---|---|---|---|")
+    for (op, n), r in sorted(gpu.items(), key=lambda x: (x[0][1], x[0][0])):
+        m = mine.get(("mhla", "cuda", n))
+        against = f"{r['gpu_kernels_ms'] / m['fwd_bwd_ms']:.2f}×" if m else "—"
+        runs = " ".join(f"{t:.3f}" for t in r["event_ms"])
+        print(f"| {n} | {names.get(op, op)} | {runs} | {r['gpu_kernels_ms']:.3f} "
+              f"| {r['kernels_share']:.2f} | {against} |")

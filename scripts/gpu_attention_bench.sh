@@ -3,7 +3,8 @@
 # .gpu_stage/bench by scripts/stage_gpu.sh) in one GPU run and writes the ratio table.
 # Usage: scripts/gpu_attention_bench.sh [vision|lm]   (results in $OUT)
 #   vision: bidirectional linear/MHLA (cuda, cuda_dense, reference) and softmax at the vision
-#           shapes (B*N = 65,536, H = 6, D = 64) -> attention_vision.md
+#           shapes (B*N = 65,536, H = 6, D = 64), and the peers' GPU work (peer_gpu_time.py)
+#           -> attention_vision.md
 #   lm:     causal softmax, linear, MHLA (reference, cuda_dense), gated DeltaNet and KDA
 #           (reference, cuda) at the LM shapes (B*T = 32,768, H = 8, D = 128) beside SDPA and fla ->
 #           attention_lm.md. fla comes from wheels in .whl (carry it; see README "GPU bench"),
@@ -50,5 +51,8 @@ for op in mhla linear softmax; do
     --warmup 5 --iters 20 | grep '^{' >> "$ours"
 done
 OUT=$OUT python3 .gpu_stage/bench/peers_attention.py vision | grep '^{' > "$OUT/peers_vision.jsonl"
-python3 scripts/attention_table.py "$ours" "$OUT/peers_vision.jsonl" > "$OUT/attention_vision.md"
+# How much of each peer's time is GPU work (a host-bound peer's time follows the host CPU).
+python3 scripts/peer_gpu_time.py .gpu_stage/bench | grep '^{' > "$OUT/peers_vision_gpu_time.jsonl"
+python3 scripts/attention_table.py "$ours" "$OUT/peers_vision.jsonl" \
+  "$OUT/peers_vision_gpu_time.jsonl" > "$OUT/attention_vision.md"
 cat "$OUT/attention_vision.md"
