@@ -20,7 +20,8 @@ struct SmemPlan {
   __host__ __device__ explicit SmemPlan(int n)
       : chunk_pairs(tiles::align128(static_cast<size_t>(n / kChunk) * (n / kChunk) * 4)),
         stage(static_cast<size_t>(kWarps) * kStripBytes) {}
-  // Two sets of q, k, v tiles; staging strips; the weight table; one barrier per set.
+  // Two sets of q, k, v tiles; staging strips; the weight table; per set a barrier for q and k
+  // and one for v.
   __host__ __device__ size_t bytes() const {
     return kTileAlignment + kSets * 3 * static_cast<size_t>(kTileBytes) + chunk_pairs + stage + 128;
   }
@@ -57,7 +58,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   tiles::Carver carve{smem + kSets * 3 * static_cast<size_t>(kTileBytes)};
   T* stage = carve.take<T>(plan.stage);  // 1024-byte aligned: it follows whole tiles
   float* weight_by_query = carve.take<float>(plan.chunk_pairs);  // [query chunk][key chunk]
-  uint64_t* arrived = carve.take<uint64_t>(128);                 // one barrier per set
+  uint64_t* arrived = carve.take<uint64_t>(128);  // [set]: q and k; [kSets + set]: v
 
   const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const Strip<T> strip_stage{stage + (threadIdx.x / 32) * kStripRows * kD};
@@ -65,17 +66,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int pairs = s.batch * s.heads;
   const int stride = gridDim.x;
-  // One thread starts the copies of pair bh into set `set`.
+  // One thread starts the copies of pair bh into set `set`: q and k on one barrier, v, which only
+  // the products read, on another, so the feature map can start before v is in.
   auto issue = [&](int bh, int set) {
     const int b = bh / s.heads, h = bh % s.heads;
     const TileSet<T> into(smem, set);
-    tc::arrive_expecting(arrived + set, 3 * kTileBytes);
+    tc::arrive_expecting(arrived + set, 2 * kTileBytes);
     copy_pair_rows(into.q, &maps.q, b, h, arrived + set);
     copy_pair_rows(into.k, &maps.k, b, h, arrived + set);
-    copy_pair_rows(into.v, &maps.v, b, h, arrived + set);
+    tc::arrive_expecting(arrived + kSets + set, kTileBytes);
+    copy_pair_rows(into.v, &maps.v, b, h, arrived + kSets + set);
   };
   if (threadIdx.x == 0) {
-    for (int i = 0; i < kSets; ++i) tc::init(arrived + i);
+    for (int i = 0; i < 2 * kSets; ++i) tc::init(arrived + i);
     tc::fence_init();
     if (blockIdx.x < pairs) issue(blockIdx.x, 0);
   }
@@ -88,13 +91,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     // The other set was released at the end of the last pair: the next pair starts into it.
     if (threadIdx.x == 0 && bh + stride < pairs) issue(bh + stride, set ^ 1);
     const TileSet<T> tiles_now(smem, set);
-    tc::wait(arrived + set, (parities >> set) & 1);
+    const uint32_t parity = (parities >> set) & 1;
     parities ^= 1u << set;
+    tc::wait(arrived + set, parity);
     const int row = threadIdx.x;
     if (row < n) {
       features_of_row(tiles_now.q, tiles_now.q, row);
       features_of_row(tiles_now.k, tiles_now.k, row);
     }
+    tc::wait(arrived + kSets + set, parity);
     wg::fence_shared_for_mma();
     __syncthreads();
 
