@@ -6,7 +6,8 @@
 #      the resident kernels at N = 256, 45-token blocks with several items per persistent CTA of
 #      the pipelined passes, and nine 64-token blocks with several items per CTA of the sequence
 #      forward; blocks of several tiles and of several chunks, many chunks per CTA of the
-#      pipelined passes' chunk walk);
+#      pipelined passes' chunk walk; up to three pairs per CTA of the resident kernels at N = 256,
+#      so each tile set is filled twice);
 #   2. forward+backward at the vision shapes of ../shared/ANCHORS.md (B*N = 65,536, H = 6,
 #      D = 64, M = 16), MHLA and linear attention, every setting, ROUNDS rounds;
 #      ../shared/bench/peers_attention.py's vision peers once;
@@ -50,7 +51,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   for tool in memcheck racecheck; do
     for shape in "2,3,1200,64 --blocks 2" "8,6,1024,64 --blocks 16" "2,2,96,32 --blocks 4" \
       "3,2,256,64 --blocks 16" "8,8,720,64 --blocks 16" "24,8,576,64 --blocks 9" \
-      "2,4,1000,32 --blocks 4" "16,8,1200,32 --blocks 2"; do
+      "2,4,1000,32 --blocks 4" "16,8,1200,32 --blocks 2" "280,1,256,64 --blocks 16"; do
       f="$V/${tool}_$(echo "$shape" | tr -c 'A-Za-z0-9\n' _).txt"  # one file per shape
       with "$last" timeout 150 compute-sanitizer --tool $tool "$bin" bench attention --op mhla \
         --backend cuda --shape $shape --warmup 0 --iters 1 > "$f" 2>&1
