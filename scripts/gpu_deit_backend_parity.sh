@@ -6,7 +6,8 @@
 #   2. accuracy: both backends trained for EPOCHS epochs (default 14, the protocol of
 #      experiments/deit_t2_fmnist.md's session 4: the full 47-epoch recipe takes the reference
 #      backend longer than one device call), same config and seed, side by side on the one GPU
-#      (their own rates are therefore not compared), and their final test accuracies printed.
+#      (their own rates are therefore not compared), their final test accuracies printed, and
+#      their loss curves compared (scripts/compare_loss_curves.py: comparison.json).
 # EXTRA adds --set options to every run. Run from the repository root after
 # `source scripts/gpu_env.sh`, carrying .gpu_stage and data/fashion-mnist. Results in
 # $OUT/deit_parity.tgz.
@@ -36,4 +37,6 @@ for backend in reference cuda; do
   cp "runs/parity_$backend/metrics.jsonl" "$V/metrics_$backend.jsonl" 2> /dev/null
   cp "runs/parity_$backend/config.yaml" "$V/config_$backend.yaml" 2> /dev/null
 done
+python3 scripts/compare_loss_curves.py "$V/metrics_cuda.jsonl" "$V/metrics_reference.jsonl" \
+  cuda reference | tee "$V/comparison.json"
 tar czf "$OUT/deit_parity.tgz" -C "$OUT" deit_parity
