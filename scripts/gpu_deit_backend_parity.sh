@@ -18,6 +18,7 @@ config=configs/deit_t2_fmnist.yaml
 epochs=${EPOCHS:-14}
 extra=${EXTRA:-}
 t0=$(date +%s)
+tag=parity_$t0  # a fresh run folder per call: an old one would be resumed, not retrained
 OUT=$V STEPS=${STEPS:-60} scripts/gpu_throughput_probe.sh \
   "reference1 $config --set attention.backend=reference $extra" \
   "cuda1 $config --set attention.backend=cuda $extra" \
@@ -27,15 +28,15 @@ echo "probes done at t=$(( $(date +%s) - t0 ))s"
 for backend in reference cuda; do
   # shellcheck disable=SC2086
   timeout "${LIMIT:-400}" "$bin" train "$config" --set attention.backend=$backend \
-    --set train.epochs="$epochs" --set run.name=parity_$backend $extra \
+    --set train.epochs="$epochs" --set run.name=${tag}_$backend $extra \
     > "$V/train_$backend.log" 2>&1 &
 done
 wait
 echo "training done at t=$(( $(date +%s) - t0 ))s"
 for backend in reference cuda; do
   echo "== $backend"; grep -iE "test|acc" "$V/train_$backend.log" | tail -4
-  cp "runs/parity_$backend/metrics.jsonl" "$V/metrics_$backend.jsonl" 2> /dev/null
-  cp "runs/parity_$backend/config.yaml" "$V/config_$backend.yaml" 2> /dev/null
+  cp "runs/${tag}_$backend/metrics.jsonl" "$V/metrics_$backend.jsonl" 2> /dev/null
+  cp "runs/${tag}_$backend/config.yaml" "$V/config_$backend.yaml" 2> /dev/null
 done
 python3 scripts/compare_loss_curves.py "$V/metrics_cuda.jsonl" "$V/metrics_reference.jsonl" \
   cuda reference | tee "$V/comparison.json"
