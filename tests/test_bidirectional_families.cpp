@@ -69,7 +69,8 @@ const FamilyShape kFamilyShapes[] = {
     {"N = 1,024, q, k, v views of a fused qkv tensor", 1, 2, 1024, 64, 16, 1.0, true},
     {"N = 256 in 4 blocks (64-token blocks)", 2, 3, 256, 64, 4},
     {"N = 128 in 8 blocks: fewer strips than warps", 3, 2, 128, 64, 8},
-    {"N = 192 in 3 blocks: three tiles, one warpgroup owns two", 2, 3, 192, 64, 3},
+    {"N = 192 in 3 blocks: three tiles (forward: three warpgroups; backward: one owns two)", 2, 3,
+     192, 64, 3},
     {"N = 64, one tile: linear attention", 3, 2, 64, 64, 1},
     {"large magnitude at N = 256 in 16 blocks", 2, 2, 256, 64, 16, 30.0},
     {"N = 1,024 in 16 blocks", 1, 2, 1024, 64, 16},
@@ -92,8 +93,7 @@ const FamilyShape kFamilyShapes[] = {
     // the relative bound (session 44: a draw of 16 x 8 x 1,200, M = 2 summed to 8 % of its
     // items' root-sum-square; the kernels' 0.043 matched a float64 model of their roundings).
     {"600-token blocks of three chunks, 768 chunks: summed across CTAs", 8, 8, 2400, 32, 4},
-    {"linear attention over 17 chunks, the last partial: the chunk-major walk", 3, 2, 4150, 32,
-     1},
+    {"linear attention over 17 chunks, the last partial: the chunk-major walk", 3, 2, 4150, 32, 1},
 };
 
 struct Grads {
@@ -183,17 +183,17 @@ TEST_CASE(
                                      without_row_directions(expected.dm, mixing)) < 2e-2);
         }
         if (std::getenv("MHLA_FAMILY_ERRORS")) {  // one line per case, to compare two builds
-          std::printf("family-errors %s %s B=%lld H=%lld N=%lld D=%lld M=%lld out %.5f dq %.5f "
-                      "dk %.5f dv %.5f dm %.5f\n",
-                      family.c_str(), c10::toString(dtype), (long long)s.batch,
-                      (long long)s.heads, (long long)s.tokens, (long long)s.head_dim,
-                      (long long)s.blocks, test::relative_error(got.out, expected.out),
-                      test::relative_error(got.dq, expected.dq),
-                      test::relative_error(got.dk, expected.dk),
-                      test::relative_error(got.dv, expected.dv),
-                      s.blocks > 1 ? test::relative_error(without_row_directions(got.dm, mixing),
-                                                          without_row_directions(expected.dm, mixing))
-                                   : 0.0);
+          std::printf(
+              "family-errors %s %s B=%lld H=%lld N=%lld D=%lld M=%lld out %.5f dq %.5f "
+              "dk %.5f dv %.5f dm %.5f\n",
+              family.c_str(), c10::toString(dtype), (long long)s.batch, (long long)s.heads,
+              (long long)s.tokens, (long long)s.head_dim, (long long)s.blocks,
+              test::relative_error(got.out, expected.out),
+              test::relative_error(got.dq, expected.dq), test::relative_error(got.dk, expected.dk),
+              test::relative_error(got.dv, expected.dv),
+              s.blocks > 1 ? test::relative_error(without_row_directions(got.dm, mixing),
+                                                  without_row_directions(expected.dm, mixing))
+                           : 0.0);
         }
         ++runs;
         if (family == "states-sequence") ++sequence_runs;

@@ -1,7 +1,11 @@
-// The short-sequence forward on warpgroup products: see resident_warpgroup_forward.h. Warpgroup
-// w owns the query tiles w, w + 2. The scores of the next key tile are issued ahead of the
+// The short-sequence forward on warpgroup products: see resident_warpgroup_forward.h. With three
+// or four query tiles each has a warpgroup of its own (64-key products, at most 128 registers a
+// thread at four: session 47 measured 74.0 -> 71.9 us at N = 256 against two warpgroups of
+// 128-key products, whose turns at the tensor cores left more of them idle); with one or two,
+// two warpgroups own the tiles w, w + 2. The scores of the next key tile are issued ahead of the
 // product that takes this tile's, which then runs while the next tile's elementwise work is done
-// (pipelined_sweep, the pattern of the backward's sweeps).
+// (pipelined_sweep, the pattern of the backward's sweeps). MHLA_WARPGROUP_FORWARD_GROUPS=2 keeps
+// two warpgroups at every N (A/B runs).
 #include "common/device_info.h"
 #include "common/tensor_copy.cuh"
 #include "mhla/resident_warpgroup_forward.h"
@@ -17,9 +21,9 @@ constexpr int kSets = 2;  // tile sets: one computed, one filling
 
 struct SmemPlan {
   size_t chunk_pairs, stage;
-  __host__ __device__ explicit SmemPlan(int n)
+  __host__ __device__ SmemPlan(int n, int warps)
       : chunk_pairs(tiles::align128(static_cast<size_t>(n / kChunk) * (n / kChunk) * 4)),
-        stage(static_cast<size_t>(kWarps) * kStripBytes) {}
+        stage(static_cast<size_t>(warps) * kStripBytes) {}
   // Two sets of q, k, v tiles; staging strips; the weight table; per set a barrier for q and k
   // and one for v.
   __host__ __device__ size_t bytes() const {
@@ -44,9 +48,10 @@ struct TileSet {
 };
 
 // Tiles: N / 64; KeyTile: keys per scores product (64, or 128 when N is a multiple of 128: wider
-// products read less shared memory per flop and halve the waits).
-template <typename T, int Tiles, int KeyTile>
-__global__ void __launch_bounds__(kThreads, 1)
+// products read less shared memory per flop and halve the waits); Groups: warpgroups, each owning
+// the query tiles group, group + Groups, ...
+template <typename T, int Tiles, int KeyTile, int Groups>
+__global__ void __launch_bounds__(Groups * 128, 1)
     resident_warpgroup_forward_kernel(ResidentBlockLinearForward p,
                                       const __grid_constant__ InputMaps maps) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -54,11 +59,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const auto& s = p.shape;
   constexpr int n = Tiles * kTile, tile_count = Tiles, chunks = n / kChunk;
   const int blocks = p.mixing != nullptr ? s.blocks : 1;
-  const SmemPlan plan(n);
+  constexpr int threads = Groups * 128;
+  const SmemPlan plan(n, threads / 32);
   tiles::Carver carve{smem + kSets * 3 * static_cast<size_t>(kTileBytes)};
   T* stage = carve.take<T>(plan.stage);  // 1024-byte aligned: it follows whole tiles
   float* weight_by_query = carve.take<float>(plan.chunk_pairs);  // [query chunk][key chunk]
-  uint64_t* arrived = carve.take<uint64_t>(128);  // [set]: q and k; [kSets + set]: v
+  uint64_t* arrived = carve.take<uint64_t>(128);                 // [set]: q and k; [kSets + set]: v
 
   const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const Strip<T> strip_stage{stage + (threadIdx.x / 32) * kStripRows * kD};
@@ -94,16 +100,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t parity = (parities >> set) & 1;
     parities ^= 1u << set;
     tc::wait(arrived + set, parity);
-    const int row = threadIdx.x;
-    if (row < n) {
-      features_of_row(tiles_now.q, tiles_now.q, row);
-      features_of_row(tiles_now.k, tiles_now.k, row);
+    // Rows 0 .. n - 1 of q, then of k.
+    for (int row = threadIdx.x; row < 2 * n; row += threads) {
+      const Tile<T> tile = row < n ? tiles_now.q : tiles_now.k;
+      const int r = row < n ? row : row - n;
+      features_of_row(tile, tile, r);
     }
     tc::wait(arrived + kSets + set, parity);
     wg::fence_shared_for_mma();
     __syncthreads();
 
-    for (int qt = group; qt < tile_count; qt += 2) {
+    for (int qt = group; qt < tile_count; qt += Groups) {
       const int query0 = qt * kTile, strip0 = query0 + 16 * warp;
       const int query_chunk = qt * (kTile / kChunk) + warp;
       const int row0 = strip0 + lane / 4;
@@ -166,12 +173,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   finish_strip_stores();
 }
 
-template <typename T, int Tiles, int KeyTile>
+template <typename T, int Tiles, int KeyTile, int Groups>
 cudaError_t launch(const ResidentBlockLinearForward& a, cudaStream_t stream) {
   const auto& s = a.shape;
   cudaError_t err = cudaSuccess;
-  const auto kernel = resident_warpgroup_forward_kernel<T, Tiles, KeyTile>;
-  const size_t bytes = SmemPlan(s.tokens).bytes();
+  const auto kernel = resident_warpgroup_forward_kernel<T, Tiles, KeyTile, Groups>;
+  const size_t bytes = SmemPlan(s.tokens, Groups * 4).bytes();
   if ((err = tiles::allow_smem(kernel, bytes)) != cudaSuccess) return err;
   InputMaps maps;
   if ((err = encode_rows(&maps.q, a.q, s)) != cudaSuccess ||
@@ -181,7 +188,7 @@ cudaError_t launch(const ResidentBlockLinearForward& a, cudaStream_t stream) {
     return err;
   const int pairs = s.batch * s.heads;
   const int grid = pairs < multiprocessors() ? pairs : multiprocessors();
-  kernel<<<grid, kThreads, bytes, stream>>>(a, maps);
+  kernel<<<grid, Groups * 128, bytes, stream>>>(a, maps);
   return cudaGetLastError();
 }
 
@@ -197,10 +204,22 @@ cudaError_t resident_warpgroup_forward(const ResidentBlockLinearForward& args,
   if (!resident_warpgroup_forward_takes(args) || args.den == nullptr ||
       (args.mixing == nullptr && args.shape.blocks != 1))
     return cudaErrorInvalidValue;
+  static const bool two_groups = [] {
+    const char* value = std::getenv("MHLA_WARPGROUP_FORWARD_GROUPS");
+    return value != nullptr && std::string(value) == "2";
+  }();
   return dispatch_tiles(args.shape.tokens, [&](auto tiles, auto key_tile) {
     constexpr int kTiles = decltype(tiles)::value, kKeyTile = decltype(key_tile)::value;
-    return args.dtype == DType::bf16 ? launch<__nv_bfloat16, kTiles, kKeyTile>(args, stream)
-                                     : launch<__half, kTiles, kKeyTile>(args, stream);
+    if constexpr (kTiles >= 3) {
+      // One warpgroup per query tile: each holds one sweep's registers (at most 128 per thread
+      // at four warpgroups: 64-key products).
+      if (!two_groups)
+        return args.dtype == DType::bf16
+                   ? launch<__nv_bfloat16, kTiles, kTile, kTiles>(args, stream)
+                   : launch<__half, kTiles, kTile, kTiles>(args, stream);
+    }
+    return args.dtype == DType::bf16 ? launch<__nv_bfloat16, kTiles, kKeyTile, 2>(args, stream)
+                                     : launch<__half, kTiles, kKeyTile, 2>(args, stream);
   });
 }
 

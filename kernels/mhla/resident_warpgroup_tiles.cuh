@@ -255,7 +255,7 @@ __device__ __forceinline__ void tile_weights(float (&w)[Chunks], const float* ta
 __device__ __forceinline__ void fill_weight_tables(const float* mixing, int chunks, int blocks,
                                                    float* by_query, float* by_key) {
   const int block_chunks = chunks / blocks;
-  for (int e = threadIdx.x; e < chunks * chunks; e += kThreads) {
+  for (int e = threadIdx.x; e < chunks * chunks; e += blockDim.x) {
     const int qc = e / chunks, kc = e % chunks;
     const float w =
         mixing != nullptr ? mixing[(qc / block_chunks) * blocks + kc / block_chunks] : 1.f;
