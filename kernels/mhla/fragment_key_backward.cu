@@ -9,9 +9,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <cstdlib>
-#include <string>
-
 #include "common/wmma_gemm.cuh"
 #include "mhla/block_fragment_passes.h"
 #include "mhla/block_work.cuh"
@@ -250,20 +247,13 @@ __global__ void __launch_bounds__(kFragmentThreads, Stage::kMinBlocks)
 template <template <int> class Stage>
 struct PipelinedKeyPassIn {
   template <int D, bool ByChunks>
-  struct Pass {
-    static constexpr bool kChunks = ByChunks;
-    static constexpr void (*kernel)(BlockLinearBackward,
-                                    int) = pipelined_key_backward_kernel<D, Stage<D>, ByChunks>;
-    static constexpr size_t smem = Stage<D>::smem;
-  };
+  using Pass =
+      PipelinedPass<Stage<D>, pipelined_key_backward_kernel<D, Stage<D>, ByChunks>, ByChunks>;
 };
 
 // The chunk form at four CTAs per SM unless MHLA_KEY_PASS_CTAS=3.
 bool key_pass_one_state() {
-  static const bool on = [] {
-    const char* value = std::getenv("MHLA_KEY_PASS_CTAS");
-    return value == nullptr || std::string(value) != "3";
-  }();
+  static const bool on = one_state_unless_three_ctas("MHLA_KEY_PASS_CTAS");
   return on;
 }
 

@@ -6,6 +6,8 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "common/dependent_launch.cuh"
@@ -73,6 +75,23 @@ cudaError_t launch_pipelined(const Args& a, int chunks, cudaStream_t stream) {
   const int ctas = static_cast<int>(items < resident ? items : resident);
   return dependent_launch::launch(Pass::kernel, dim3(ctas), dim3(kFragmentThreads), Pass::smem,
                                   stream, a, chunks);
+}
+
+// What launch_pipelined needs of a pipelined pass: its kernel instance, whether it walks chunks,
+// and its stage's shared memory.
+template <class Stage, void (*Kernel)(BlockLinearBackward, int), bool ByChunks>
+struct PipelinedPass {
+  static constexpr bool kChunks = ByChunks;
+  static constexpr void (*kernel)(BlockLinearBackward, int) = Kernel;
+  static constexpr size_t smem = Stage::smem;
+};
+
+// Whether a pipelined backward pass takes its one-state stage (four CTAs per SM): yes unless the
+// environment variable `name` is "3" (three CTAs, kept for A/B runs). Read once per name by the
+// caller's static.
+inline bool one_state_unless_three_ctas(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr || std::string(value) != "3";
 }
 
 // Runs a pipelined pass in its one-tile form (blocks of at most one tile) or its chunk form
