@@ -72,16 +72,6 @@ __device__ __forceinline__ void copy_swizzled_token_rows(void* dst, const CUtens
       : "memory");
 }
 
-// Starts bringing the same box into L2 only (no shared memory, no barrier), so that a later copy
-// of it waits for L2 instead of DRAM.
-__device__ __forceinline__ void prefetch_token_rows(const CUtensorMap* map, int token, int head,
-                                                    int batch) {
-  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(0), "r"(token), "r"(head), "r"(batch)
-               : "memory");
-}
-
 // The other direction: a box of a swizzled token-major map from shared memory at `src` to
 // (token, head, batch), as one bulk group of the calling thread (rows past the map's end are not
 // written). The writes of every thread that filled `src` must be fenced for the async proxy

@@ -8,18 +8,14 @@
 // tensor cores: a fifth of the time went to loading each pair with nothing else resident, a
 // third to the elementwise work between products, an eighth to the gradient stores. Hence: the
 // tensor copy engine (TMA) brings whole 32 KiB tiles, the next pair's q and k already during this
-// pair's dq sweep (an L2 prefetch of those rows instead cost 25 us of 289 in session 37, and 2 us
-// of 226 again in session 39 with whole-row copies), and the next pair's do, output and v into L2
-// during the key sweep, when no tile slot is free for them (session 48); the mixing weights are
-// read per 16 x 16 chunk pair from a table (no divisions), dm's four chunk sums of a warp are
-// reduced together; the sweeps are pipelined (the next tile's products are committed ahead of the
-// ones that consume this tile, which then run during the next tile's elementwise work: 227 -> 218
-// us in session 39); the raw q and k that the feature map's backward needs stay in shared memory
-// beside their features; and the gradients leave through a per-warp staging strip through the
-// copy engine.
-#include <cstdlib>
-#include <string>
-
+// pair's dq sweep (an L2 prefetch of the next pair's rows cost 25 us of 289 in session 37, and
+// 2 us of 226 again in session 39 with whole-row copies: no prefetch); the mixing weights are read
+// per 16 x 16 chunk pair from a table (no divisions), dm's four chunk sums of a warp are reduced
+// together; the sweeps are pipelined (the next tile's products are committed ahead of the ones
+// that consume this tile, which then run during the next tile's elementwise work: 227 -> 218 us in
+// session 39); the raw q and k that the feature map's
+// backward needs stay in shared memory beside their features; and the gradients leave through a
+// per-warp staging strip through the copy engine.
 #include "common/device_info.h"
 #include "common/tensor_copy.cuh"
 #include "mhla/resident_warpgroup_backward.h"
@@ -148,7 +144,7 @@ __device__ __forceinline__ float warp_sum4(const float (&v)[4]) {
 template <typename T, int Tiles, int KeyTile>
 __global__ void __launch_bounds__(kThreads, 1)
     resident_warpgroup_backward_kernel(ResidentBlockLinearBackward p,
-                                       const __grid_constant__ InputMaps maps, bool prefetch) {
+                                       const __grid_constant__ InputMaps maps) {
   extern __shared__ __align__(128) unsigned char smem[];
   const auto& s = p.shape;
   constexpr int n = Tiles * kTile, tile_count = Tiles, chunks = n / kChunk;
@@ -222,15 +218,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     tc::wait(arrived + 2, parity);
     wg::fence_shared_for_mma();
     __syncthreads();
-    // The next pair's do, output and v start into L2 while the key sweep runs (no tile slot is
-    // free for them), so the copies at that pair's start wait for L2 rather than DRAM (session
-    // 48: 217.7 -> 213.2 us per launch; started at the dq sweep instead, 218.6: too late).
-    if (threadIdx.x == 0 && next < pairs && prefetch) {
-      const int nb = next / s.heads, nh = next % s.heads;
-      tc::prefetch_token_rows(&maps.grad_out, 0, nh, nb);
-      tc::prefetch_token_rows(&maps.out, 0, nh, nb);
-      tc::prefetch_token_rows(&maps.v, 0, nh, nb);
-    }
 
     // Keys: dv, dk and dm's parts. The scores and dP of the next query tile are issued right
     // behind the products that take this tile's, so one wait covers both.
@@ -404,12 +391,7 @@ cudaError_t launch(const ResidentBlockLinearBackward& a, cudaStream_t stream) {
     return err;
   const int pairs = s.batch * s.heads;
   const int grid = pairs < multiprocessors() ? pairs : multiprocessors();
-  // MHLA_BACKWARD_PREFETCH=0 leaves out the L2 prefetch of the next pair (A/B runs).
-  static const bool prefetch = [] {
-    const char* value = std::getenv("MHLA_BACKWARD_PREFETCH");
-    return value == nullptr || std::string(value) != "0";
-  }();
-  kernel<<<grid, kThreads, bytes, stream>>>(a, maps, prefetch);
+  kernel<<<grid, kThreads, bytes, stream>>>(a, maps);
   return cudaGetLastError();
 }
 
