@@ -11,9 +11,12 @@
 #   2. forward+backward at the vision shapes of ../shared/ANCHORS.md (B*N = 65,536, H = 6,
 #      D = 64, M = 16), MHLA and linear attention, every setting, ROUNDS rounds;
 #      ../shared/bench/peers_attention.py's vision peers once;
+#      EXTRA_SHAPES, space-separated B,H,N,D/M (M blocks), are benched the same way, MHLA only
+#      (e.g. the resident kernels' other sizes: "1024,6,64,64/4 340,6,192,64/12");
 #   3. Nsight Compute durations per kernel of MHLA under every setting, at the shapes of
-#      NCU_SHAPES (default "64,6,1024,64": B,H,N,D); NCU_CACHE=none keeps L2 as the kernel before
-#      left it (Nsight's default flushes it before each kernel, which hides reuse across kernels);
+#      NCU_SHAPES (default "64,6,1024,64": B,H,N,D, optionally /M, else M = 16); NCU_CACHE=none
+#      keeps L2 as the kernel before left it (Nsight's default flushes it before each kernel,
+#      which hides reuse across kernels);
 #   4. 60-step DiT-S/2 probes at 1,024 tokens with MHLA under every setting (when
 #      data/fashion-mnist was carried and PROBES != 0).
 # AB: the settings, space-separated; each a comma-separated list of VAR=value (or "-" for none),
@@ -51,7 +54,8 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   for tool in memcheck racecheck; do
     for shape in "2,3,1200,64 --blocks 2" "8,6,1024,64 --blocks 16" "2,2,96,32 --blocks 4" \
       "3,2,256,64 --blocks 16" "8,8,720,64 --blocks 16" "24,8,576,64 --blocks 9" \
-      "2,4,1000,32 --blocks 4" "16,8,1200,32 --blocks 2" "280,1,256,64 --blocks 16"; do
+      "2,4,1000,32 --blocks 4" "16,8,1200,32 --blocks 2" "280,1,256,64 --blocks 16" \
+      "300,1,192,64 --blocks 12" "400,1,64,64 --blocks 4"; do
       f="$V/${tool}_$(echo "$shape" | tr -c 'A-Za-z0-9\n' _).txt"  # one file per shape
       with "$last" timeout 150 compute-sanitizer --tool $tool "$bin" bench attention --op mhla \
         --backend cuda --shape $shape --warmup 0 --iters 1 > "$f" 2>&1
@@ -71,6 +75,14 @@ for round in $(seq 1 "$rounds"); do
       python3 -c "import json,sys; print(sys.argv[2], ' '.join('%.3f' % json.loads(l)['fwd_bwd_ms'] for l in open(sys.argv[1])))" \
         "$f" "vision [${settings[$i]}] r$round $op"
     done
+    for shape in ${EXTRA_SHAPES:-}; do
+      f="$V/extra_$(echo "$shape" | tr -c 'A-Za-z0-9\n' _)_s${i}_r${round}.jsonl"
+      with "${settings[$i]}" timeout 100 @mhla bench attention --op mhla --backend cuda \
+        --shape "${shape%/*}" --blocks "${shape#*/}" --warmup 5 --iters 20 2>> "$V/bench.err" |
+        grep '^{' > "$f"
+      python3 -c "import json,sys; print(sys.argv[2], ' '.join('%.4f' % json.loads(l)['fwd_bwd_ms'] for l in open(sys.argv[1])))" \
+        "$f" "extra $shape [${settings[$i]}] r$round mhla"
+    done
   done
 done
 OUT=$V timeout 150 python3 .gpu_stage/bench/peers_attention.py vision 2> "$V/peers_vision.err" |
@@ -80,12 +92,14 @@ python3 -c "import json,sys; [print('vision peer', d['op'], d['N'], '%.3f' % d['
 if command -v ncu > /dev/null && [ "${SKIP_NCU:-0}" != 1 ]; then
   step ncu
   for shape in ${NCU_SHAPES:-64,6,1024,64}; do
+    blocks=16
+    case $shape in */*) blocks=${shape#*/}; shape=${shape%/*} ;; esac
     n=$(echo "$shape" | cut -d, -f3)
     for i in "${!settings[@]}"; do
-      echo "ncu N=$n [${settings[$i]}]"
+      echo "ncu N=$n M=$blocks [${settings[$i]}]"
       with "${settings[$i]}" timeout 120 ncu --clock-control none --cache-control ${NCU_CACHE:-all} --metrics \
         gpu__time_duration.sum --csv @mhla bench attention --op mhla --backend cuda \
-        --shape "$shape" --blocks 16 --warmup 0 --iters 1 > "$V/ncu_${n}_s$i.csv" 2> /dev/null
+        --shape "$shape" --blocks $blocks --warmup 0 --iters 1 > "$V/ncu_${n}_s$i.csv" 2> /dev/null
       python3 scripts/ncu_kernel_sums.py "$V/ncu_${n}_s$i.csv" 10
     done
   done

@@ -69,9 +69,14 @@ const FamilyShape kFamilyShapes[] = {
     {"N = 1,024, q, k, v views of a fused qkv tensor", 1, 2, 1024, 64, 16, 1.0, true},
     {"N = 256 in 4 blocks (64-token blocks)", 2, 3, 256, 64, 4},
     {"N = 128 in 8 blocks: fewer strips than warps", 3, 2, 128, 64, 8},
-    {"N = 192 in 3 blocks: three tiles (forward: three warpgroups; backward: one owns two)", 2, 3,
-     192, 64, 3},
+    {"N = 192 in 3 blocks: three tiles (forward: three warpgroups; backward: one warpgroup owns "
+     "two key tiles and one query tile, the other one and two)",
+     2, 3, 192, 64, 3},
+    {"N = 192 in 12 blocks, 300 pairs: several per persistent CTA", 30, 10, 192, 64, 12},
     {"N = 64, one tile: linear attention", 3, 2, 64, 64, 1},
+    {"N = 64 in 4 blocks, 400 pairs: the backward's key and query sweeps side by side, several "
+     "pairs per persistent CTA",
+     40, 10, 64, 64, 4},
     {"large magnitude at N = 256 in 16 blocks", 2, 2, 256, 64, 16, 30.0},
     {"N = 1,024 in 16 blocks", 1, 2, 1024, 64, 16},
     {"linear attention (one block)", 2, 2, 512, 64, 1},
