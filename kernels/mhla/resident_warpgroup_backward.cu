@@ -1,8 +1,10 @@
 // The dense-form short-sequence backward on warpgroup products: see
 // resident_warpgroup_backward.h. A persistent grid (one CTA of two warpgroups per multiprocessor)
 // walks the (batch, head) pairs; warpgroup w owns the key tiles w, w + 2 (first sweep: dv, dk,
-// dm) and then the query tiles w, w + 2 (second sweep: dq); each sweep walks all tiles of the
-// other side (64 tokens; 128 keys in the dq sweep when N is a multiple of 128).
+// dm) and then the query tiles w, w + 2 (second sweep: dq; with an odd number of tiles the query
+// tiles go the other way round, so that both warpgroups get the same number of tiles in all);
+// each sweep walks all tiles of the other side (64 tokens; 128 keys in the dq sweep when N is a
+// multiple of 128).
 //
 // Measured on the H200 (session 36), the first version was bound by issue latency, not by the
 // tensor cores: a fifth of the time went to loading each pair with nothing else resident, a
@@ -166,7 +168,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* weight_by_query = carve.take<float>(plan.chunk_pairs);  // [query chunk][key chunk]
   float* weight_by_key = carve.take<float>(plan.chunk_pairs);    // [key chunk][query chunk]
   float* dm_parts = carve.take<float>(plan.chunk_pairs);         // [key chunk][query chunk]
-  uint64_t* arrived = carve.take<uint64_t>(128);  // [0]: raw q and k; [1]: do, out; [2]: v
+  // [0]: raw q and k; [1]: do, out; [2]: v; [3]: every thread through the key sweep (odd tile
+  // counts).
+  uint64_t* arrived = carve.take<uint64_t>(128);
+  uint64_t* key_sweep_done = arrived + 3;
 
   const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int c0 = 2 * (lane % 4);
@@ -181,10 +186,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     tc::init(arrived);
     tc::init(arrived + 1);
     tc::init(arrived + 2);
+    if constexpr (tile_count % 2 == 1) tc::init(key_sweep_done, kThreads);
     tc::fence_init();
     if (blockIdx.x < pairs) {
       const int b = blockIdx.x / s.heads, h = blockIdx.x % s.heads;
-      tc::arrive_expecting(arrived, 2 * kTileBytes);
+      tc::arrive_expecting(arrived, 2 * pair_tile_bytes(n));
       copy_pair_rows(q_raw, &maps.q, b, h, arrived);
       copy_pair_rows(k_raw, &maps.k, b, h, arrived);
     }
@@ -200,10 +206,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     // the output start now (the output through phi(k)'s tile) and arrive while phi(q) is made; v,
     // which only the sweeps read, comes last, on its own barrier, while g and phi(k) are made.
     if (threadIdx.x == 0) {
-      tc::arrive_expecting(arrived + 1, 2 * kTileBytes);
+      tc::arrive_expecting(arrived + 1, 2 * pair_tile_bytes(n));
       copy_pair_rows(gs, &maps.grad_out, b, h, arrived + 1);
       copy_pair_rows(kf, &maps.out, b, h, arrived + 1);
-      tc::arrive_expecting(arrived + 2, kTileBytes);
+      tc::arrive_expecting(arrived + 2, pair_tile_bytes(n));
       copy_pair_rows(vs, &maps.v, b, h, arrived + 2);
     }
     const int row = threadIdx.x;
@@ -287,18 +293,30 @@ __global__ void __launch_bounds__(kThreads, 1)
       store_strip(&maps.grad_k, b, h, strip0, strip_stage, dk);
     }
 
-    // phi(q) and the raw k are free: the next pair's q and k start into them.
+    // phi(q) and the raw k are free once every thread is through the key sweep; the next pair's
+    // q and k start into them. With an odd number of tiles warpgroup 0 owns one key tile more,
+    // so warpgroup 1 takes query tiles 0, 2, ... in the dq sweep (which reads neither tile) and
+    // starts it at once: the threads only arrive on a barrier, and thread 0 waits for all of
+    // them before the copies (N = 64: backward 252.7 -> 234.6 us at B = 1,024, H = 6, session
+    // 49). With an even number both own as many tiles and meet at a CTA barrier (the arrival
+    // form measured 1.6 us slower at N = 256).
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();
+    constexpr bool odd_tiles = tile_count % 2 == 1;
+    if constexpr (odd_tiles) {
+      tc::arrive(key_sweep_done);
+    } else {
+      __syncthreads();
+    }
     if (threadIdx.x == 0 && next < pairs) {
+      if constexpr (odd_tiles) tc::wait(key_sweep_done, parity);
       const int nb = next / s.heads, nh = next % s.heads;
-      tc::arrive_expecting(arrived, 2 * kTileBytes);
+      tc::arrive_expecting(arrived, 2 * pair_tile_bytes(n));
       copy_pair_rows(qf, &maps.q, nb, nh, arrived);
       copy_pair_rows(k_raw, &maps.k, nb, nh, arrived);
     }
 
     // Queries: dq, recomputing dP with the queries as rows.
-    for (int qt = group; qt < tile_count; qt += 2) {
+    for (int qt = odd_tiles ? 1 - group : group; qt < tile_count; qt += 2) {
       const int query0 = qt * kTile, strip0 = query0 + 16 * warp;
       const int query_chunk = qt * (kTile / kChunk) + warp;
       const int row0 = strip0 + lane / 4;

@@ -77,10 +77,10 @@ __global__ void __launch_bounds__(Groups * 128, 1)
   auto issue = [&](int bh, int set) {
     const int b = bh / s.heads, h = bh % s.heads;
     const TileSet<T> into(smem, set);
-    tc::arrive_expecting(arrived + set, 2 * kTileBytes);
+    tc::arrive_expecting(arrived + set, 2 * pair_tile_bytes(n));
     copy_pair_rows(into.q, &maps.q, b, h, arrived + set);
     copy_pair_rows(into.k, &maps.k, b, h, arrived + set);
-    tc::arrive_expecting(arrived + kSets + set, kTileBytes);
+    tc::arrive_expecting(arrived + kSets + set, pair_tile_bytes(n));
     copy_pair_rows(into.v, &maps.v, b, h, arrived + kSets + set);
   };
   if (threadIdx.x == 0) {

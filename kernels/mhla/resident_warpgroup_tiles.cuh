@@ -32,10 +32,15 @@ constexpr int kAcc = kTile / 2;  // accumulator floats per thread of a 64 x 64 p
 constexpr int kWarps = kThreads / 32;
 
 // All N <= 256 rows of one (batch, head) as the tensor copy engine writes them: whole 128-byte
-// rows in the 128-byte swizzle (rows past N arrive as zeros).
+// rows in the 128-byte swizzle. A tile has room for 256 rows; a copy writes the first N (rows
+// past N are never read: N is a whole number of 64-row tiles).
 template <typename T>
 using Tile = wg::SwizzledTile<T, kMaxTokens>;
 constexpr uint32_t kTileBytes = kMaxTokens * kD * 2;
+// The bytes one copy of a pair's N rows brings (what its barrier expects). Why not whole
+// 256-row boxes with rows past N read as zeros: at N = 64 the copy engine then wrote 24 KiB of
+// zeros per tile, 72 KiB a pair in the forward, 120 KiB in the backward.
+constexpr uint32_t pair_tile_bytes(int tokens) { return static_cast<uint32_t>(tokens) * kD * 2; }
 // The swizzle needs 1024-byte aligned tiles: the kernels ask for this much more shared memory
 // and start their tiles at the first aligned byte.
 constexpr size_t kTileAlignment = 1024;
@@ -321,10 +326,10 @@ inline bool copyable(const TokenTensor& t) {
          (t.token_stride * 2) % 16 == 0 && (t.head_stride * 2) % 16 == 0;
 }
 
-// Its tensor map: one box = all rows of one (batch, head), rows past N read as zeros.
+// Its tensor map: one box = the N rows of one (batch, head) (pair_tile_bytes).
 inline cudaError_t encode_rows(CUtensorMap* map, const TokenTensor& t, const BlockLinearShape& s) {
   return encode_swizzled_token_view_map(map, t.data, s.batch, s.tokens, s.heads, t.batch_stride,
-                                        t.token_stride, t.head_stride, kMaxTokens);
+                                        t.token_stride, t.head_stride, s.tokens);
 }
 // One thread starts the copy of pair (b, h)'s rows of `map` into `tile`, completing on `bar`.
 template <typename T>
