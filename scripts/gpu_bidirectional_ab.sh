@@ -7,7 +7,8 @@
 #      the pipelined passes, and nine 64-token blocks with several items per CTA of the sequence
 #      forward; blocks of several tiles and of several chunks, many chunks per CTA of the
 #      pipelined passes' chunk walk; up to three pairs per CTA of the resident kernels at N = 256,
-#      so each tile set is filled twice);
+#      so each tile set is filled twice; several pairs per CTA at N = 192, and at N = 64 and 128,
+#      where the forward's four tile sets are refilled);
 #   2. forward+backward at the vision shapes of ../shared/ANCHORS.md (B*N = 65,536, H = 6,
 #      D = 64, M = 16), MHLA and linear attention, every setting, ROUNDS rounds;
 #      ../shared/bench/peers_attention.py's vision peers once;
@@ -55,7 +56,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     for shape in "2,3,1200,64 --blocks 2" "8,6,1024,64 --blocks 16" "2,2,96,32 --blocks 4" \
       "3,2,256,64 --blocks 16" "8,8,720,64 --blocks 16" "24,8,576,64 --blocks 9" \
       "2,4,1000,32 --blocks 4" "16,8,1200,32 --blocks 2" "280,1,256,64 --blocks 16" \
-      "300,1,192,64 --blocks 12" "400,1,64,64 --blocks 4"; do
+      "300,1,192,64 --blocks 12" "1200,1,64,64 --blocks 4" "700,1,128,64 --blocks 8"; do
       f="$V/${tool}_$(echo "$shape" | tr -c 'A-Za-z0-9\n' _).txt"  # one file per shape
       with "$last" timeout 150 compute-sanitizer --tool $tool "$bin" bench attention --op mhla \
         --backend cuda --shape $shape --warmup 0 --iters 1 > "$f" 2>&1

@@ -74,9 +74,10 @@ const FamilyShape kFamilyShapes[] = {
      2, 3, 192, 64, 3},
     {"N = 192 in 12 blocks, 300 pairs: several per persistent CTA", 30, 10, 192, 64, 12},
     {"N = 64, one tile: linear attention", 3, 2, 64, 64, 1},
-    {"N = 64 in 4 blocks, 400 pairs: the backward's key and query sweeps side by side, several "
-     "pairs per persistent CTA",
-     40, 10, 64, 64, 4},
+    {"N = 64 in 4 blocks, 1,200 pairs: the backward's key and query sweeps side by side; the "
+     "forward's four tile sets each filled twice or more per persistent CTA",
+     120, 10, 64, 64, 4},
+    {"N = 128 in 8 blocks, 700 pairs: the forward's four tile sets refilled", 70, 10, 128, 64, 8},
     {"large magnitude at N = 256 in 16 blocks", 2, 2, 256, 64, 16, 30.0},
     {"N = 1,024 in 16 blocks", 1, 2, 1024, 64, 16},
     {"linear attention (one block)", 2, 2, 512, 64, 1},

@@ -17,17 +17,23 @@ namespace {
 using namespace resident_warpgroup;
 namespace tc = tensor_copy;
 
-constexpr int kSets = 2;  // tile sets: one computed, one filling
+// Tile sets of q, k and v, each N rows: one computed while the others fill. Two at N = 192 and
+// 256 (all that fits); four where N <= 128, whose short pairs otherwise wait longer for their
+// copies (Nsight per launch, session 49: N = 64 77.0 -> 75.0 us, N = 128 59.7 -> 56.7 us).
+constexpr int tile_sets(int tiles) { return tiles <= 2 ? 4 : 2; }
 
 struct SmemPlan {
-  size_t chunk_pairs, stage;
+  size_t tile, chunk_pairs, stage;
+  int sets;
   __host__ __device__ SmemPlan(int n, int warps)
-      : chunk_pairs(tiles::align128(static_cast<size_t>(n / kChunk) * (n / kChunk) * 4)),
-        stage(static_cast<size_t>(warps) * kStripBytes) {}
-  // Two sets of q, k, v tiles; staging strips; the weight table; per set a barrier for q and k
-  // and one for v.
+      : tile(pair_tile_bytes(n)),
+        chunk_pairs(tiles::align128(static_cast<size_t>(n / kChunk) * (n / kChunk) * 4)),
+        stage(static_cast<size_t>(warps) * kStripBytes),
+        sets(tile_sets(n / kTile)) {}
+  __host__ __device__ size_t tiles_bytes() const { return sets * 3 * tile; }
+  // The tile sets; staging strips; the weight table; per set a barrier for q and k and one for v.
   __host__ __device__ size_t bytes() const {
-    return kTileAlignment + kSets * 3 * static_cast<size_t>(kTileBytes) + chunk_pairs + stage + 128;
+    return kTileAlignment + tiles_bytes() + chunk_pairs + stage + 128;
   }
 };
 
@@ -37,14 +43,14 @@ struct InputMaps {
   CUtensorMap q, k, v, out;
 };
 
-// Set i holds q, k and v, one tile each, from 3 i tiles into the shared memory.
+// Set i holds q, k and v, one tile of `tile` bytes each, from 3 i tiles into the shared memory.
 template <typename T>
 struct TileSet {
   Tile<T> q, k, v;
-  __device__ TileSet(unsigned char* base, int i)
-      : q{reinterpret_cast<T*>(base + (3 * i) * kTileBytes)},
-        k{reinterpret_cast<T*>(base + (3 * i + 1) * kTileBytes)},
-        v{reinterpret_cast<T*>(base + (3 * i + 2) * kTileBytes)} {}
+  __device__ TileSet(unsigned char* base, int i, uint32_t tile)
+      : q{reinterpret_cast<T*>(base + (3 * i) * tile)},
+        k{reinterpret_cast<T*>(base + (3 * i + 1) * tile)},
+        v{reinterpret_cast<T*>(base + (3 * i + 2) * tile)} {}
 };
 
 // Tiles: N / 64; KeyTile: keys per scores product (64, or 128 when N is a multiple of 128: wider
@@ -61,7 +67,9 @@ __global__ void __launch_bounds__(Groups * 128, 1)
   const int blocks = p.mixing != nullptr ? s.blocks : 1;
   constexpr int threads = Groups * 128;
   const SmemPlan plan(n, threads / 32);
-  tiles::Carver carve{smem + kSets * 3 * static_cast<size_t>(kTileBytes)};
+  constexpr int kSets = tile_sets(Tiles);
+  constexpr uint32_t tile_bytes = pair_tile_bytes(n);
+  tiles::Carver carve{smem + plan.tiles_bytes()};
   T* stage = carve.take<T>(plan.stage);  // 1024-byte aligned: it follows whole tiles
   float* weight_by_query = carve.take<float>(plan.chunk_pairs);  // [query chunk][key chunk]
   uint64_t* arrived = carve.take<uint64_t>(128);                 // [set]: q and k; [kSets + set]: v
@@ -76,17 +84,24 @@ __global__ void __launch_bounds__(Groups * 128, 1)
   // the products read, on another, so the feature map can start before v is in.
   auto issue = [&](int bh, int set) {
     const int b = bh / s.heads, h = bh % s.heads;
-    const TileSet<T> into(smem, set);
-    tc::arrive_expecting(arrived + set, 2 * pair_tile_bytes(n));
+    const TileSet<T> into(smem, set, tile_bytes);
+    tc::arrive_expecting(arrived + set, 2 * tile_bytes);
     copy_pair_rows(into.q, &maps.q, b, h, arrived + set);
     copy_pair_rows(into.k, &maps.k, b, h, arrived + set);
-    tc::arrive_expecting(arrived + kSets + set, pair_tile_bytes(n));
+    tc::arrive_expecting(arrived + kSets + set, tile_bytes);
     copy_pair_rows(into.v, &maps.v, b, h, arrived + kSets + set);
   };
   if (threadIdx.x == 0) {
     for (int i = 0; i < 2 * kSets; ++i) tc::init(arrived + i);
     tc::fence_init();
-    if (blockIdx.x < pairs) issue(blockIdx.x, 0);
+    if constexpr (kSets == 2) {
+      if (blockIdx.x < pairs) issue(blockIdx.x, 0);
+    } else {
+      for (int ahead = 0; ahead + 1 < kSets; ++ahead) {
+        const int bh = blockIdx.x + ahead * stride;
+        if (bh < pairs) issue(bh, ahead);
+      }
+    }
   }
   __syncthreads();
 
@@ -94,9 +109,12 @@ __global__ void __launch_bounds__(Groups * 128, 1)
   uint32_t parities = 0;  // bit i: the phase of set i's barrier to wait for
   for (int bh = blockIdx.x; bh < pairs; bh += stride) {
     const int b = bh / s.heads, h = bh % s.heads;
-    // The other set was released at the end of the last pair: the next pair starts into it.
-    if (threadIdx.x == 0 && bh + stride < pairs) issue(bh + stride, set ^ 1);
-    const TileSet<T> tiles_now(smem, set);
+    // The set the last pair used was released at its end: the pair kSets - 1 ahead starts into
+    // it.
+    const int refill = kSets == 2 ? set ^ 1 : (set == 0 ? kSets - 1 : set - 1);
+    if (threadIdx.x == 0 && bh + (kSets - 1) * stride < pairs)
+      issue(bh + (kSets - 1) * stride, refill);
+    const TileSet<T> tiles_now(smem, set, tile_bytes);
     const uint32_t parity = (parities >> set) & 1;
     parities ^= 1u << set;
     tc::wait(arrived + set, parity);
@@ -168,7 +186,7 @@ __global__ void __launch_bounds__(Groups * 128, 1)
     // Every product and read of this set is done before its next copies start.
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
-    set ^= 1;
+    set = kSets == 2 ? set ^ 1 : (set + 1 == kSets ? 0 : set + 1);
   }
   finish_strip_stores();
 }
