@@ -20,7 +20,9 @@ namespace tc = tensor_copy;
 // Tile sets of q, k and v, each N rows: one computed while the others fill. Two at N = 192 and
 // 256 (all that fits); four where N <= 128, whose short pairs otherwise wait longer for their
 // copies (Nsight per launch, session 49: N = 64 77.0 -> 75.0 us, N = 128 59.7 -> 56.7 us).
-constexpr int tile_sets(int tiles) { return tiles <= 2 ? 4 : 2; }
+constexpr int tile_sets(int tiles) {
+  return tiles <= 2 ? 4 : 2;
+}
 
 struct SmemPlan {
   size_t tile, chunk_pairs, stage;

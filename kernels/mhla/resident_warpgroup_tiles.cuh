@@ -40,7 +40,9 @@ constexpr uint32_t kTileBytes = kMaxTokens * kD * 2;
 // The bytes one copy of a pair's N rows brings (what its barrier expects). Why not whole
 // 256-row boxes with rows past N read as zeros: at N = 64 the copy engine then wrote 24 KiB of
 // zeros per tile, 72 KiB a pair in the forward, 120 KiB in the backward.
-constexpr uint32_t pair_tile_bytes(int tokens) { return static_cast<uint32_t>(tokens) * kD * 2; }
+constexpr uint32_t pair_tile_bytes(int tokens) {
+  return static_cast<uint32_t>(tokens) * kD * 2;
+}
 // The swizzle needs 1024-byte aligned tiles: the kernels ask for this much more shared memory
 // and start their tiles at the first aligned byte.
 constexpr size_t kTileAlignment = 1024;
