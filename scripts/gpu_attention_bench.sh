@@ -7,7 +7,7 @@
 #           -> attention_vision.md
 #   lm:     causal softmax, linear, MHLA (reference, cuda_dense), gated DeltaNet and KDA
 #           (reference, cuda) at the LM shapes (B*T = 32,768, H = 8, D = 128) beside SDPA and fla ->
-#           attention_lm.md. fla comes from wheels in .whl (carry it; see README "GPU bench"),
+#           attention_lm.md. fla comes from wheels in .whl (carry it; see the README's "GPU build"),
 #           installed without dependencies into /tmp/site. PEER_TIMEOUT (default 300 s) bounds
 #           the peer script; the lines it printed before the limit are kept. Triton's compile
 #           cache comes back as $OUT/triton_cache.tgz (stage it as .gpu_stage/triton_cache.tgz to
