@@ -6,6 +6,7 @@
 #include "bench/decode_bench.h"
 #include "cli/commands.h"
 #include "core/determinism.h"
+#include "core/environment.h"
 #include "core/error.h"
 
 namespace mhla {
@@ -75,7 +76,19 @@ AttentionBenchCase parse_shape(const std::string& text, AttentionBenchCase base)
   return base;
 }
 
+// A bench line says which kernel switches were set (A/B runs compare lines of one binary), and
+// a misspelt switch is named on stderr before any timing.
+nlohmann::json with_switches(nlohmann::json row) {
+  row["switches"] = environment_switches_set();
+  return row;
+}
+void warn_unknown_switches() {
+  for (const auto& name : unknown_environment_switches())
+    std::cerr << "warning: " << name << " is set but no kernel of this build reads it\n";
+}
+
 int run_decode_bench(const DecodeArgs& args) {
+  warn_unknown_switches();
   const torch::Device device = bench_device(args.device);
   const double bandwidth = measure_copy_bandwidth(device);
   const auto shapes = args.shapes.empty() ? std::vector<std::string>{"64,8,128"} : args.shapes;
@@ -88,13 +101,14 @@ int run_decode_bench(const DecodeArgs& args) {
       c.batch = values[0], c.heads = values[1], c.head_dim = values[2];
       c.dtype = parse_dtype(args.dtype);
       c.warmup = args.warmup, c.iters = args.iters;
-      std::cout << bench_decode(c, device, bandwidth).dump() << std::endl;
+      std::cout << with_switches(bench_decode(c, device, bandwidth)).dump() << std::endl;
     }
   }
   return 0;
 }
 
 int run_bench(const BenchArgs& args) {
+  warn_unknown_switches();
   const torch::Device device = bench_device(args.device);
   AttentionBenchCase base;
   base.op = args.op;
@@ -113,7 +127,7 @@ int run_bench(const BenchArgs& args) {
       if (attention_registry().get(c.op).uses_blocks && c.tokens % c.blocks != 0) {
         fail("--shape {}: N must be a multiple of --blocks {}", shape, c.blocks);
       }
-      std::cout << bench_attention(c, device, bandwidth).dump() << std::endl;
+      std::cout << with_switches(bench_attention(c, device, bandwidth)).dump() << std::endl;
     }
   }
   return 0;

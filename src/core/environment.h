@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace mhla {
 
@@ -16,31 +18,18 @@ inline bool environment_switch(const char* name, bool default_on) {
   return default_on;
 }
 
-// "NAME=value, ..." for the switches that are set, "" when none is: runs log it, so a run folder
-// says when a kernel was swapped out.
-inline std::string environment_switches_set() {
-  std::string out;
-  // clang-format off
-  for (const char* name :
-       {"MHLA_FUSED_NORM", "MHLA_FUSED_RESIDUAL_NORM", "MHLA_LINEAR_BIAS_KERNEL", "MHLA_FUSED_CE",
-        "MHLA_FUSED_QKV_ROTARY", "MHLA_FUSED_GATED_NORM", "MHLA_DECODE_VEC", "MHLA_CAUSAL_MIX_GEMM",
-        "MHLA_BIDIRECTIONAL_KERNEL", "MHLA_DELTA_GRADS_PERSISTENT", "MHLA_FUSED_SHORT_CONV",
-        "MHLA_SHORT_CONV_GROUP", "MHLA_FUSED_ADALN", "MHLA_FUSED_MIX_BACKWARD",
-        "MHLA_CAUSAL_LEAN_PASSES", "MHLA_CAUSAL_PACKED_PREFIX", "MHLA_CAUSAL_PACKED_STATES",
-        "MHLA_PAIR_PRODUCTS_SHARED", "MHLA_SWEEP_AHEAD", "MHLA_FRAGMENT_PASSES",
-        "MHLA_PACKED_STATE_SETS", "MHLA_STATE_MIX", "MHLA_RESIDENT_STATE_BACKWARD",
-        "MHLA_RESIDENT_BACKWARD", "MHLA_RESIDENT_FORWARD",
-        "MHLA_FRAGMENT_ONE_TILE", "MHLA_SCALAR_STATE_ADDS", "MHLA_PACKED_BLOCK_STATES",
-        "MHLA_MIX_BACKWARD_STORES", "MHLA_PIPELINED_PASSES",
-        "MHLA_PACKED_STATE_STORES", "MHLA_PACKED_STATE_MIX", "MHLA_DEPENDENT_LAUNCH",
-        "MHLA_QUERY_PASS_CTAS", "MHLA_MIX_GRID", "MHLA_FUSED_MLP", "MHLA_FUSED_MLP_BACKWARD"}) {
-    // clang-format on
-    if (const char* value = std::getenv(name)) {
-      if (!out.empty()) out += ", ";
-      out += std::string(name) + "=" + value;
-    }
-  }
-  return out;
-}
+// Every kernel switch some part of this build reads (the README's "Kernel switches" lists them;
+// scripts/tests/test_kernel_switches.py checks both against the sources).
+const std::vector<std::string_view>& kernel_switch_names();
+
+// "NAME=value, ..." for the MHLA_* variables set in the environment, "" when none is: runs and
+// benchmarks record it, so a run folder or a bench line says when a kernel was swapped out. Every
+// MHLA_* name counts except the paths the scripts and data loaders read (MHLA_DATA_DIR,
+// MHLA_BIN, MHLA_TESTS_BIN); a name that no part of the build reads is marked "(unknown)", so a
+// misspelt switch shows instead of silently changing nothing.
+std::string environment_switches_set();
+
+// The MHLA_* names set in the environment that no part of this build reads (sorted).
+std::vector<std::string> unknown_environment_switches();
 
 }  // namespace mhla

@@ -138,6 +138,10 @@ TrainOutcome Trainer::run() {
   if (const auto switches = environment_switches_set(); !switches.empty()) {
     logger().info("kernel switches from the environment: {}", switches);
   }
+  for (const auto& name : unknown_environment_switches()) {
+    logger().info("warning: {} is set but no kernel of this build reads it (a misspelt switch?)",
+                  name);
+  }
   if (state_.step > 0) {
     logger().info("resuming at step {} (epoch {}, batch {})", state_.step, state_.epoch + 1,
                   state_.batch_in_epoch);

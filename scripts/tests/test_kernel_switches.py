@@ -1,0 +1,63 @@
+"""The kernel switches (MHLA_* environment variables) that the sources read, the list that run
+logs and bench lines check names against (src/core/environment.cpp), and the README's table of
+them: the three must name the same switches, so a new switch is recorded in run folders, and a
+reader can look every one up."""
+import os
+import re
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Variables that are paths, not kernel switches (environment.cpp leaves them out of the logs).
+PATHS = {"MHLA_DATA_DIR", "MHLA_BIN", "MHLA_TESTS_BIN"}
+# How the sources read a switch: getenv, environment_switch or the pipelined passes' CTA switch,
+# always with the name as a literal.
+READ = re.compile(r'(?:getenv|environment_switch|one_state_unless_three_ctas)\(\s*"(MHLA_[A-Z0-9_]+)"')
+
+
+def switches_read():
+    names = set()
+    for top in ("src", "kernels"):
+        for folder, _, files in os.walk(os.path.join(ROOT, top)):
+            for name in files:
+                if name.endswith((".cpp", ".h", ".cu", ".cuh")):
+                    with open(os.path.join(folder, name), encoding="utf-8") as source:
+                        names.update(READ.findall(source.read()))
+    return names - PATHS
+
+
+def switches_listed():
+    with open(os.path.join(ROOT, "src", "core", "environment.cpp"), encoding="utf-8") as source:
+        text = source.read()
+    body = text[text.index("kernel_switch_names()"):]
+    body = body[body.index("{"):body.index("};")]
+    return re.findall(r'"(MHLA_[A-Z0-9_]+)"', body)
+
+
+def readme_table_switches():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as readme:
+        text = readme.read()
+    section = text[text.index("\n## Kernel switches"):]
+    section = section[:section.index("\n## ", 1)]
+    return re.findall(r"^\| `(MHLA_[A-Z0-9_]+)", section, flags=re.M)
+
+
+class KernelSwitches(unittest.TestCase):
+    def test_every_switch_read_is_listed(self):
+        read, listed = switches_read(), set(switches_listed())
+        self.assertTrue(read, "no switch found in the sources: the pattern is stale")
+        self.assertEqual(sorted(read - listed), [], "read by the sources but not in environment.cpp")
+        self.assertEqual(sorted(listed - read), [], "in environment.cpp but read by no source")
+
+    def test_list_is_sorted_without_repeats(self):
+        listed = switches_listed()
+        self.assertEqual(listed, sorted(set(listed)))
+
+    def test_readme_table_names_every_switch_once(self):
+        table = readme_table_switches()
+        self.assertEqual(len(table), len(set(table)), "a switch has two rows")
+        self.assertEqual(sorted(set(table) ^ set(switches_listed())), [],
+                         "README's switch table and environment.cpp differ")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,71 @@
+// Kernel switches from the environment: what a run log and a bench line record of them.
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+#include "catch_compat.h"
+#include "core/environment.h"
+
+using namespace mhla;
+
+namespace {
+
+// Sets a variable for one scope and restores what was there.
+class ScopedVariable {
+ public:
+  ScopedVariable(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedVariable() {
+    if (had_) {
+      ::setenv(name_.c_str(), old_.c_str(), 1);
+    } else {
+      ::unsetenv(name_.c_str());
+    }
+  }
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
+
+}  // namespace
+
+TEST_CASE("environment: the switches set are recorded, misspelt ones marked", "[core]") {
+  const ScopedVariable known("MHLA_WARPGROUP_KEY_TILE", "64");
+  const ScopedVariable typo("MHLA_WARPGRUP_KEY_TILE", "64");
+  const ScopedVariable path("MHLA_DATA_DIR", "/somewhere");
+  const std::string set = environment_switches_set();
+  CHECK(set.find("MHLA_WARPGROUP_KEY_TILE=64") != std::string::npos);
+  CHECK(set.find("MHLA_WARPGRUP_KEY_TILE=64 (unknown)") != std::string::npos);
+  // The known switch is not marked; the data path is not a switch.
+  CHECK(set.find("MHLA_WARPGROUP_KEY_TILE=64 (unknown)") == std::string::npos);
+  CHECK(set.find("MHLA_DATA_DIR") == std::string::npos);
+  const auto unknown = unknown_environment_switches();
+  REQUIRE(unknown.size() >= 1);
+  CHECK(std::find(unknown.begin(), unknown.end(), "MHLA_WARPGRUP_KEY_TILE") != unknown.end());
+  CHECK(std::find(unknown.begin(), unknown.end(), "MHLA_WARPGROUP_KEY_TILE") == unknown.end());
+}
+
+TEST_CASE("environment: on/off switches read 0 and 1, anything else is the default", "[core]") {
+  {
+    const ScopedVariable off("MHLA_FUSED_NORM", "0");
+    CHECK_FALSE(environment_switch("MHLA_FUSED_NORM", true));
+  }
+  {
+    const ScopedVariable on("MHLA_FUSED_NORM", "1");
+    CHECK(environment_switch("MHLA_FUSED_NORM", false));
+  }
+  {
+    const ScopedVariable other("MHLA_FUSED_NORM", "yes");
+    CHECK(environment_switch("MHLA_FUSED_NORM", true));
+    CHECK_FALSE(environment_switch("MHLA_FUSED_NORM", false));
+  }
+}
+
+TEST_CASE("environment: the switch list is sorted and has no repeats", "[core]") {
+  const auto& names = kernel_switch_names();
+  REQUIRE(!names.empty());
+  for (size_t i = 1; i < names.size(); ++i) CHECK(names[i - 1] < names[i]);
+}
