@@ -5,6 +5,7 @@
 
 #include "catch_compat.h"
 #include "core/environment.h"
+#include "test_helpers.h"
 
 using namespace mhla;
 
@@ -68,4 +69,21 @@ TEST_CASE("environment: the switch list is sorted and has no repeats", "[core]")
   const auto& names = kernel_switch_names();
   REQUIRE(!names.empty());
   for (size_t i = 1; i < names.size(); ++i) CHECK(names[i - 1] < names[i]);
+}
+
+TEST_CASE("environment: mhla info says which switches are set", "[core][cli]") {
+  {
+    const ScopedVariable known("MHLA_FUSED_NORM", "0");
+    const ScopedVariable typo("MHLA_FUSD_NORM", "0");
+    const auto r = test::run_mhla("info");
+    REQUIRE(r.exit_code == 0);
+    CHECK(test::contains(r.output,
+                         "set in the environment: MHLA_FUSD_NORM=0 (unknown), "
+                         "MHLA_FUSED_NORM=0"));
+  }
+  // "none" only where this process itself runs without switches (a GPU A/B run may set some).
+  if (environment_switches_set().empty()) {
+    const auto r = test::run_mhla("info");
+    CHECK(test::contains(r.output, "set in the environment: none"));
+  }
 }
