@@ -114,7 +114,9 @@ void check_deterministic(const Gradients& first, const Gradients& second, const 
 // warpgroup kernels (N = 256 in 16 blocks, D = 64: DeiT-T/2 and DiT-S/2), the fragment passes
 // with the packed mix backward (bf16, N = 1,024: DiT at 64 x 64) and the fp32-state mix backward
 // (fp16 inputs); blocks of 512 tokens (two chunks per block state) on the fragment passes (bf16,
-// D = 64) and on the general kernels (D = 128; fp32 inputs with a partial chunk). In
+// D = 64) and on the general kernels (D = 128; fp32 inputs with a partial chunk); 32 and 64
+// blocks, whose mixing gradient comes from the pair-products kernel (its parts summed in order:
+// register fragments up to 32 rows, shared-memory tiles above). In
 // deterministic mode two runs give the same bits, and the ordered sums agree with the atomic
 // ones to rounding.
 TEST_CASE(
@@ -134,7 +136,8 @@ TEST_CASE(
       {8, 64, 2, 32, 4, torch::kBFloat16},    {8, 256, 6, 64, 16, torch::kBFloat16},
       {4, 1024, 6, 64, 16, torch::kBFloat16}, {4, 1024, 6, 64, 16, torch::kFloat16},
       {2, 1024, 2, 64, 4, torch::kBFloat16},  {2, 1024, 2, 64, 2, torch::kBFloat16},
-      {2, 1024, 2, 128, 2, torch::kBFloat16}, {2, 600, 2, 64, 2, torch::kFloat32}};
+      {2, 1024, 2, 128, 2, torch::kBFloat16}, {2, 600, 2, 64, 2, torch::kFloat32},
+      {2, 1024, 2, 64, 32, torch::kBFloat16}, {2, 1024, 2, 64, 64, torch::kBFloat16}};
   torch::manual_seed(41);
   for (const auto& c : cases) {
     INFO("B " << c.b << " N " << c.n << " H " << c.h << " D " << c.d << " M " << c.blocks << " "

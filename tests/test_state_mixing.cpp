@@ -8,9 +8,10 @@
 // (64), and element counts that end inside an item (D = 32: 1,056 floats per state); and the fused
 // backward of the mix (d states and d mixing in one pass) against float64, with more items than
 // its persistent CTAs.
-#include "catch_compat.h"
-
 #include <cmath>
+
+#include "catch_compat.h"
+#include "core/determinism.h"
 #include "test_helpers.h"
 
 #ifdef MHLA_WITH_CUDA_KERNELS
@@ -142,6 +143,25 @@ TEST_CASE("attention: block pair products (mixing gradient) against float64", "[
     auto expected = torch::einsum("bie,bje->ij", {unpacked(x), unpacked(y)});
     REQUIRE(got.sizes() == expected.sizes());
     CHECK(test::relative_error(got, expected) < 1e-4);
+  }
+  // train.deterministic: each CTA's (or warp's) part summed in a fixed order, the same bits on
+  // every run, equal to the atomic sums up to their order (both kernels: fragments up to 32
+  // rows, shared-memory tiles above).
+  for (const Case& c : {Case{7, 16, 16, 4160}, Case{9, 20, 20, 1056}, Case{2, 64, 64, 1056},
+                        Case{3, 48, 40, 4160}}) {
+    INFO("deterministic: BH=" << c.batch_heads << " blocks=" << c.blocks << " rows=" << c.rows
+                              << " E=" << c.elements);
+    auto x = torch::randn({c.batch_heads, c.blocks, c.elements}, cuda);
+    auto y = torch::randn({c.batch_heads, c.blocks, c.elements}, cuda);
+    const auto atomic = block_pair_products(x, y, c.rows);
+    const DeterministicSumsScope ordered(true);
+    const auto first = block_pair_products(x, y, c.rows);
+    const auto second = block_pair_products(x, y, c.rows);
+    CHECK(torch::equal(first, second));
+    CHECK(test::relative_error(first, atomic) < 1e-5);
+    auto expected = torch::einsum("bie,bje->ij", {x.narrow(1, 0, c.rows).to(torch::kFloat64),
+                                                  y.narrow(1, 0, c.rows).to(torch::kFloat64)});
+    CHECK(test::relative_error(first, expected) < 1e-4);
   }
   // Bad input is refused by name, not read out of bounds.
   auto x = torch::randn({2, 4, 8}, cuda);

@@ -115,7 +115,8 @@ __global__ void __launch_bounds__(kThreads) pair_products_kernel(BlockPairProduc
       }
     }
   }
-  // Each tile of G has one owner warp: through shared memory, then one atomic add per entry.
+  // Each tile of G has one owner warp: through shared memory, then one atomic add per entry (or,
+  // for ordered sums, the CTA's part written whole).
   __syncthreads();
   float* g = reinterpret_cast<float*>(smem);  // [padded][padded]
 #pragma unroll
@@ -125,9 +126,17 @@ __global__ void __launch_bounds__(kThreads) pair_products_kernel(BlockPairProduc
     acc[u].store(g + (unit / side) * 16 * padded + (unit % side) * 16, padded);
   }
   __syncthreads();
+  float* const cta_part = p.grad_parts != nullptr
+                              ? p.grad_parts + static_cast<size_t>(blockIdx.x) * p.rows * p.rows
+                              : nullptr;
   for (int entry = t; entry < padded * padded; entry += kThreads) {
     const int i = entry / padded, j = entry % padded;
-    if (i < p.rows && j < p.rows) atomicAdd(p.grad + i * p.rows + j, g[entry]);
+    if (i >= p.rows || j >= p.rows) continue;
+    if (cta_part != nullptr) {
+      cta_part[i * p.rows + j] = g[entry];
+    } else {
+      atomicAdd(p.grad + i * p.rows + j, g[entry]);
+    }
   }
 }
 
@@ -220,6 +229,22 @@ __global__ void __launch_bounds__(kThreads, 2) fragment_pair_products_kernel(Blo
     }
   }
   // acc[m][n]: G rows 16 m + lane / 4 (+ 8 for [2], [3]), columns 8 n + 2 (lane % 4) (+ 1).
+  if (p.grad_parts != nullptr) {
+    // Ordered sums: each warp writes its own part whole (its lanes hold every entry once).
+    float* const part =
+        p.grad_parts +
+        (static_cast<size_t>(blockIdx.x) * (kThreads / 32) + t / 32) * p.rows * p.rows;
+#pragma unroll
+    for (int m = 0; m < RowTiles; ++m)
+#pragma unroll
+      for (int n = 0; n < kRowGroups; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int row = 16 * m + lane / 4 + (i / 2) * 8, col = 8 * n + (lane % 4) * 2 + i % 2;
+          if (row < p.rows && col < p.rows) part[row * p.rows + col] = acc[m][n][i];
+        }
+    return;
+  }
   __syncthreads();  // g is zeroed
 #pragma unroll
   for (int m = 0; m < RowTiles; ++m) {
@@ -240,7 +265,7 @@ __global__ void __launch_bounds__(kThreads, 2) fragment_pair_products_kernel(Blo
 }
 
 template <int RowTiles>
-cudaError_t launch_fragment_products(const BlockPairProducts& p, cudaStream_t stream) {
+int fragment_ctas(const BlockPairProducts& p) {
   const int64_t chunks = (p.elements + kFragmentChunk - 1) / kFragmentChunk;
   const int64_t warp_items = static_cast<int64_t>(p.batch_heads) * chunks;
   const int64_t wanted = (warp_items + kWarps - 1) / kWarps;
@@ -252,9 +277,28 @@ cudaError_t launch_fragment_products(const BlockPairProducts& p, cudaStream_t st
     return std::max(1, count);
   }();
   const int resident = per_sm * multiprocessors();
-  const int ctas = static_cast<int>(std::min<int64_t>(wanted, resident));
-  fragment_pair_products_kernel<RowTiles><<<ctas, kThreads, 0, stream>>>(p);
+  return static_cast<int>(std::min<int64_t>(wanted, resident));
+}
+
+template <int RowTiles>
+cudaError_t launch_fragment_products(const BlockPairProducts& p, cudaStream_t stream) {
+  fragment_pair_products_kernel<RowTiles><<<fragment_ctas<RowTiles>(p), kThreads, 0, stream>>>(p);
   return cudaGetLastError();
+}
+
+// The tiled kernel's grid: several CTAs per SM so that one's loads overlap another's products.
+int tiled_ctas(const BlockPairProducts& p) {
+  const size_t bytes = shared_bytes(p.rows);
+  const int64_t items =
+      static_cast<int64_t>(p.batch_heads) * ((p.elements + kColumns - 1) / kColumns);
+  const int per_sm = std::max<int>(1, std::min<int>(8, static_cast<int>((200 * 1024) / bytes)));
+  return static_cast<int>(std::min<int64_t>(items, int64_t{per_sm} * multiprocessors()));
+}
+
+bool valid(const BlockPairProducts& p) {
+  return p.x != nullptr && p.y != nullptr && p.batch_heads > 0 && p.rows >= 1 &&
+         p.rows <= kMaxRows && p.rows <= p.blocks && p.elements > 0 && p.elements % 4 == 0 &&
+         p.packed_matrix >= 0 && p.packed_matrix % 8 == 0 && p.packed_matrix <= p.elements;
 }
 
 // MHLA_PAIR_PRODUCTS_SHARED=1 keeps the tiled shared-memory kernel at every size (A/B runs); read
@@ -266,11 +310,15 @@ bool shared_products_forced() {
 
 }  // namespace
 
+int64_t block_pair_products_parts(const BlockPairProducts& p) {
+  if (!valid(p)) return -1;
+  if (!shared_products_forced() && p.rows <= 16) return int64_t{fragment_ctas<1>(p)} * kWarps;
+  if (!shared_products_forced() && p.rows <= 32) return int64_t{fragment_ctas<2>(p)} * kWarps;
+  return tiled_ctas(p);
+}
+
 cudaError_t block_pair_products(const BlockPairProducts& p, cudaStream_t stream) {
-  if (p.x == nullptr || p.y == nullptr || p.grad == nullptr || p.batch_heads <= 0 || p.rows < 1 ||
-      p.rows > kMaxRows || p.rows > p.blocks || p.elements <= 0 || p.elements % 4 != 0 ||
-      p.packed_matrix < 0 || p.packed_matrix % 8 != 0 || p.packed_matrix > p.elements)
-    return cudaErrorInvalidValue;
+  if (!valid(p) || (p.grad == nullptr && p.grad_parts == nullptr)) return cudaErrorInvalidValue;
   if (!shared_products_forced() && p.rows <= 16) return launch_fragment_products<1>(p, stream);
   if (!shared_products_forced() && p.rows <= 32) return launch_fragment_products<2>(p, stream);
   const size_t bytes = shared_bytes(p.rows);
@@ -279,12 +327,7 @@ cudaError_t block_pair_products(const BlockPairProducts& p, cudaStream_t stream)
         pair_products_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
     if (err != cudaSuccess) return err;
   }
-  const int64_t items =
-      static_cast<int64_t>(p.batch_heads) * ((p.elements + kColumns - 1) / kColumns);
-  // Several CTAs per SM so that one's loads overlap another's products.
-  const int per_sm = std::max<int>(1, std::min<int>(8, static_cast<int>((200 * 1024) / bytes)));
-  const int ctas = static_cast<int>(std::min<int64_t>(items, int64_t{per_sm} * multiprocessors()));
-  pair_products_kernel<<<ctas, kThreads, bytes, stream>>>(p);
+  pair_products_kernel<<<tiled_ctas(p), kThreads, bytes, stream>>>(p);
   return cudaGetLastError();
 }
 

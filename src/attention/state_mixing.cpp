@@ -104,9 +104,18 @@ torch::Tensor block_pair_products(const torch::Tensor& x, const torch::Tensor& y
   a.packed_matrix = packed_matrix;
   a.grad = grad.data_ptr<float>();
   const c10::cuda::CUDAGuard on_device(x.device());
+  // Deterministic: one part per CTA (or warp), summed here in a fixed order.
+  torch::Tensor parts;
+  if (deterministic_sums()) {
+    const int64_t count = mhla_kernels::block_pair_products_parts(a);
+    if (count < 1) fail("block pair products: the kernel cannot be configured for these sizes");
+    parts = torch::empty({count, rows, rows}, x.options());
+    a.grad_parts = parts.data_ptr<float>();
+  }
   check_launch(mhla_kernels::block_pair_products(
                    a, c10::cuda::getCurrentCUDAStream(x.device().index()).stream()),
                "block pair products");
+  if (parts.defined()) column_sums_into(parts.view({parts.size(0), -1}), grad.view({-1}));
   return grad;
 }
 
@@ -128,9 +137,8 @@ std::pair<torch::Tensor, torch::Tensor> mix_block_states_backward(
   if (!fused || !mhla_kernels::block_mix_backward_supported(static_cast<int>(blocks), elements) ||
       !mhla_kernels::block_mix_backward_takes_packed(static_cast<int>(blocks),
                                                      packed_inputs ? packed_matrix : 0)) {
-    require_ordered_sums(fmt::format(
-        "the mixing gradient's pair-products kernel ({} blocks, {} elements per state{})", blocks,
-        elements, fused ? "" : ", MHLA_FUSED_MIX_BACKWARD=0"));
+    // The transposed mix writes each element once; the pair products sum their parts in order
+    // under train.deterministic.
     return {mix_block_states(mixing.t(), grad_mixed, mhla_kernels::MixPattern::dense, packed_matrix,
                              packed_inputs),
             block_pair_products(grad_mixed, states, blocks, packed_inputs ? packed_matrix : 0)};
