@@ -187,7 +187,8 @@ TEST_CASE("attention: with train.deterministic linear attention's CUDA kernels g
 }
 
 // Causal MHLA (GPT): inside the trained length the query pass stores its diagonal dm_ii parts
-// and the fused mix backward its pair-product parts, both summed in order; the general query
+// and the fused mix backward (up to 32 blocks) or the pair-products kernel (40 blocks here) its
+// pair-product parts, all summed in order; the general query
 // kernel (fp32 inputs) and the lean one (16-bit). Causal linear attention has no atomics.
 TEST_CASE(
     "attention: with train.deterministic causal MHLA's and linear attention's CUDA gradients "
@@ -206,6 +207,7 @@ TEST_CASE(
                                    {"mhla", 2, 512, 3, 64, 8, torch::kBFloat16},
                                    {"mhla", 2, 256, 2, 32, 4, torch::kFloat16},
                                    {"mhla", 1, 320, 2, 64, 5, torch::kFloat32},
+                                   {"mhla", 1, 2560, 2, 64, 40, torch::kBFloat16},
                                    {"linear", 2, 512, 2, 64, 1, torch::kBFloat16}};
   torch::manual_seed(47);
   for (const auto& c : cases) {

@@ -132,16 +132,16 @@ class CausalBlockLinearFunction : public torch::autograd::Function<CausalBlockLi
     const int64_t blocks = states.size(1), d = q.size(3);
     const bool by_gemm = mixes && mix_by_gemm(blocks, mixing.size(0));
     // Ordered sums (train.deterministic): inside the trained length the mixing gradient is the
-    // query pass's diagonal parts (summed below) and the fused mix backward's pair products
-    // (which sum their own parts); past it the sweeps and the expansion's gradient add with
-    // atomics.
+    // query pass's diagonal parts (summed below) and the pair products of the fused mix backward
+    // (up to kMixBackwardMaxBlocks) or of the pair-products kernel (beyond), which sum their own
+    // parts; past it the sweeps and the expansion's gradient add with atomics.
     torch::Tensor diagonal_parts;
     if (mixes && deterministic_sums()) {
-      if (!by_gemm || blocks > mixing.size(0) || blocks > kernels::kMixBackwardMaxBlocks) {
+      if (!by_gemm || blocks > mixing.size(0)) {
         require_ordered_sums(fmt::format(
             "the causal MHLA backward's mixing gradient at {} blocks of 64 tokens (trained on {}; "
-            "ordered sums need at most {} blocks, within the trained length)",
-            blocks, mixing.size(0), kernels::kMixBackwardMaxBlocks));
+            "ordered sums need the trained length or less)",
+            blocks, mixing.size(0)));
       }
       diagonal_parts = torch::empty({states.size(0), blocks}, mixing.options());
     }
