@@ -87,3 +87,17 @@ TEST_CASE("environment: mhla info says which switches are set", "[core][cli]") {
     CHECK(test::contains(r.output, "set in the environment: none"));
   }
 }
+
+TEST_CASE("environment: bench lines carry the switches set, and a misspelt one is warned about",
+          "[core][cli]") {
+  const ScopedVariable known("MHLA_FUSED_NORM", "0");
+  const ScopedVariable typo("MHLA_FUSD_NORM", "0");
+  const auto r = test::run_mhla(
+      "bench attention --op linear --backend reference --device cpu --dtype fp32 "
+      "--shape 1,1,16,32 --warmup 0 --iters 1");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(test::contains(r.output,
+                       "warning: MHLA_FUSD_NORM is set but no kernel of this build reads it"));
+  CHECK(test::contains(r.output, "\"switches\":\"MHLA_FUSD_NORM=0 (unknown), MHLA_FUSED_NORM=0\""));
+}
