@@ -43,10 +43,55 @@ TEST_CASE("environment: the switches set are recorded, misspelt ones marked", "[
   // The known switch is not marked; the data path is not a switch.
   CHECK(set.find("MHLA_WARPGROUP_KEY_TILE=64 (unknown)") == std::string::npos);
   CHECK(set.find("MHLA_DATA_DIR") == std::string::npos);
-  const auto unknown = unknown_environment_switches();
-  REQUIRE(unknown.size() >= 1);
-  CHECK(std::find(unknown.begin(), unknown.end(), "MHLA_WARPGRUP_KEY_TILE") != unknown.end());
-  CHECK(std::find(unknown.begin(), unknown.end(), "MHLA_WARPGROUP_KEY_TILE") == unknown.end());
+  const auto warnings = environment_switch_warnings();
+  const auto warned = [&](const std::string& part) {
+    return std::any_of(warnings.begin(), warnings.end(),
+                       [&](const std::string& w) { return test::contains(w, part); });
+  };
+  CHECK(warned("MHLA_WARPGRUP_KEY_TILE is set but no kernel of this build reads it"));
+  CHECK_FALSE(warned("MHLA_WARPGROUP_KEY_TILE"));
+}
+
+TEST_CASE("environment: a value its switch does not read is marked and warned about", "[core]") {
+  const ScopedVariable odd("MHLA_WARPGROUP_KEY_TILE", "46");
+  const ScopedVariable form("MHLA_RESIDENT_BACKWARD", "scores");
+  const std::string set = environment_switches_set();
+  CHECK(test::contains(set, "MHLA_WARPGROUP_KEY_TILE=46 (value not read)"));
+  CHECK(test::contains(set, "MHLA_RESIDENT_BACKWARD=scores"));
+  CHECK_FALSE(test::contains(set, "MHLA_RESIDENT_BACKWARD=scores ("));
+  const auto warnings = environment_switch_warnings();
+  REQUIRE(warnings.size() >= 1);
+  CHECK(std::any_of(warnings.begin(), warnings.end(), [](const std::string& w) {
+    return w == "MHLA_WARPGROUP_KEY_TILE=46 is not a value it reads (64); the default stays";
+  }));
+}
+
+TEST_CASE("environment: each switch reads the values the kernels compare against", "[core]") {
+  const auto find = [](std::string_view name) {
+    for (const auto& s : kernel_switches())
+      if (s.name == name) return s;
+    FAIL("no switch " << name);
+    return KernelSwitch{};
+  };
+  CHECK(find("MHLA_FUSED_NORM").reads("0"));
+  CHECK(find("MHLA_FUSED_NORM").reads("1"));
+  CHECK_FALSE(find("MHLA_FUSED_NORM").reads("off"));
+  CHECK(find("MHLA_SWEEP_AHEAD").reads("15"));
+  CHECK_FALSE(find("MHLA_SWEEP_AHEAD").reads("5"));
+  CHECK_FALSE(find("MHLA_SWEEP_AHEAD").reads("1|3"));
+  CHECK(find("MHLA_STATE_MIX").reads("group8x5"));
+  CHECK_FALSE(find("MHLA_STATE_MIX").reads("group"));
+  CHECK(find("MHLA_DELTA_WALK_SEGMENTS").reads("8"));
+  CHECK_FALSE(find("MHLA_DELTA_WALK_SEGMENTS").reads("0"));
+  CHECK_FALSE(find("MHLA_DELTA_WALK_SEGMENTS").reads("eight"));
+  CHECK(find("MHLA_FRAGMENT_PASSES").reads("0"));
+  CHECK(find("MHLA_FRAGMENT_PASSES").reads("states,key"));
+  CHECK_FALSE(find("MHLA_FRAGMENT_PASSES").reads("states,"));
+  CHECK_FALSE(find("MHLA_FRAGMENT_PASSES").reads("keys"));
+  for (const auto& s : kernel_switches()) {
+    INFO(s.name);
+    CHECK(!s.values.empty());
+  }
 }
 
 TEST_CASE("environment: on/off switches read 0 and 1, anything else is the default", "[core]") {

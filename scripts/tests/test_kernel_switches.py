@@ -28,9 +28,31 @@ def switches_read():
 def switches_listed():
     with open(os.path.join(ROOT, "src", "core", "environment.cpp"), encoding="utf-8") as source:
         text = source.read()
-    body = text[text.index("kernel_switch_names()"):]
-    body = body[body.index("{"):body.index("};")]
-    return re.findall(r'"(MHLA_[A-Z0-9_]+)"', body)
+    body = text[text.index("const std::vector<KernelSwitch>& kernel_switches()"):]
+    body = body[:body.index("};")]
+    return re.findall(r'\{"(MHLA_[A-Z0-9_]+)", "[^"]+"\}', body)
+
+
+def switch_values():
+    """name -> the values environment.cpp says the switch reads ("<count>" / "<passes>" kept)."""
+    with open(os.path.join(ROOT, "src", "core", "environment.cpp"), encoding="utf-8") as source:
+        text = source.read()
+    body = text[text.index("const std::vector<KernelSwitch>& kernel_switches()"):]
+    body = body[:body.index("};")]
+    return {name: values.split("|")
+            for name, values in re.findall(r'\{"(MHLA_[A-Z0-9_]+)", "([^"]+)"\}', body)}
+
+
+def readme_table_rows():
+    """name -> the backticked values of its README row's values column."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as readme:
+        text = readme.read()
+    section = text[text.index("\n## Kernel switches"):]
+    section = section[:section.index("\n## ", 1)]
+    rows = {}
+    for name, values in re.findall(r"^\| `(MHLA_[A-Z0-9_]+)` \| ([^|]*) \|", section, flags=re.M):
+        rows[name] = re.findall(r"`([^`]+)`", values)
+    return rows
 
 
 def readme_table_switches():
@@ -57,6 +79,18 @@ class KernelSwitches(unittest.TestCase):
         self.assertEqual(len(table), len(set(table)), "a switch has two rows")
         self.assertEqual(sorted(set(table) ^ set(switches_listed())), [],
                          "README's switch table and environment.cpp differ")
+
+
+class SwitchValues(unittest.TestCase):
+    def test_readme_values_are_values_the_switch_reads(self):
+        values = switch_values()
+        for name, shown in readme_table_rows().items():
+            read = values[name]
+            if read in (["<count>"], ["<passes>"]):
+                continue  # described in words
+            for value in shown:
+                self.assertIn(value, read, f"{name}: README shows {value}, the code reads {read}")
+            self.assertTrue(shown, f"{name}: no value in the README row")
 
 
 if __name__ == "__main__":

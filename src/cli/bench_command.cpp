@@ -82,13 +82,13 @@ nlohmann::json with_switches(nlohmann::json row) {
   row["switches"] = environment_switches_set();
   return row;
 }
-void warn_unknown_switches() {
-  for (const auto& name : unknown_environment_switches())
-    std::cerr << "warning: " << name << " is set but no kernel of this build reads it\n";
+void warn_idle_switches() {
+  for (const auto& warning : environment_switch_warnings())
+    std::cerr << "warning: " << warning << "\n";
 }
 
 int run_decode_bench(const DecodeArgs& args) {
-  warn_unknown_switches();
+  warn_idle_switches();
   const torch::Device device = bench_device(args.device);
   const double bandwidth = measure_copy_bandwidth(device);
   const auto shapes = args.shapes.empty() ? std::vector<std::string>{"64,8,128"} : args.shapes;
@@ -108,7 +108,7 @@ int run_decode_bench(const DecodeArgs& args) {
 }
 
 int run_bench(const BenchArgs& args) {
-  warn_unknown_switches();
+  warn_idle_switches();
   const torch::Device device = bench_device(args.device);
   AttentionBenchCase base;
   base.op = args.op;

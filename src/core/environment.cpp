@@ -1,61 +1,101 @@
 #include "core/environment.h"
 
 #include <algorithm>
+#include <cctype>
 
 extern char** environ;
 
 namespace mhla {
 
+// Values as the reading code compares them (README, "Kernel switches"): on/off switches read "0"
+// and "1"; the others the forms they pick.
+const std::vector<KernelSwitch>& kernel_switches() {
+  // clang-format off
+  static const std::vector<KernelSwitch> switches = {
+      {"MHLA_BIDIRECTIONAL_KERNEL", "cluster|states"},
+      {"MHLA_CAUSAL_LEAN_PASSES", "0|1"},
+      {"MHLA_CAUSAL_MIX_GEMM", "0|1"},
+      {"MHLA_CAUSAL_PACKED_PREFIX", "0|1"},
+      {"MHLA_CAUSAL_PACKED_STATES", "0|1"},
+      {"MHLA_CLUSTER_PERSISTENT", "0|1"},
+      {"MHLA_DECODE_VEC", "1|2|4"},
+      {"MHLA_DELTA_GRADS_PERSISTENT", "0|1"},
+      {"MHLA_DELTA_STATE_SLICE", "16|32"},
+      {"MHLA_DELTA_WALK_BUFFERS", "1|2"},
+      {"MHLA_DELTA_WALK_SEGMENTS", "<count>"},
+      {"MHLA_DEPENDENT_LAUNCH", "0|1"},
+      {"MHLA_FRAGMENT_ONE_TILE", "0|1"},
+      {"MHLA_FRAGMENT_PASSES", "<passes>"},
+      {"MHLA_FUSED_ADALN", "0|1"},
+      {"MHLA_FUSED_CE", "0|1"},
+      {"MHLA_FUSED_GATED_NORM", "0|1"},
+      {"MHLA_FUSED_GRID_CONV", "0|1"},
+      {"MHLA_FUSED_MIX_BACKWARD", "0|1"},
+      {"MHLA_FUSED_MLP", "0|1"},
+      {"MHLA_FUSED_MLP_BACKWARD", "epilogue|kernel|bgrad"},
+      {"MHLA_FUSED_NORM", "0|1"},
+      {"MHLA_FUSED_QKV_ROTARY", "0|1"},
+      {"MHLA_FUSED_RESIDUAL_NORM", "0|1"},
+      {"MHLA_FUSED_SHORT_CONV", "0|1"},
+      {"MHLA_KEY_PASS_CTAS", "3|4"},
+      {"MHLA_LINEAR_BIAS_KERNEL", "0|1"},
+      {"MHLA_MIX_BACKWARD_STORES", "direct"},
+      {"MHLA_MIX_GRID", "resident"},
+      {"MHLA_MIX_ORDER", "forward"},
+      {"MHLA_PACKED_BLOCK_STATES", "0|1"},
+      {"MHLA_PACKED_STATE_MIX", "simt"},
+      {"MHLA_PACKED_STATE_SETS", "0|1"},
+      {"MHLA_PACKED_STATE_STORES", "direct"},
+      {"MHLA_PAIR_PRODUCTS_SHARED", "0|1"},
+      {"MHLA_PIPELINED_CHUNKS", "0|1"},
+      {"MHLA_PIPELINED_PASSES", "0|1"},
+      {"MHLA_QUERY_PASS_CTAS", "3|4"},
+      {"MHLA_RESIDENT_BACKWARD", "state|scores"},
+      {"MHLA_RESIDENT_FORWARD", "mma"},
+      {"MHLA_RESIDENT_STATE_BACKWARD", "0|1"},
+      {"MHLA_SCALAR_STATE_ADDS", "0|1"},
+      {"MHLA_SEQUENCE_FORWARD", "0|1"},
+      {"MHLA_SHORT_CONV_GROUP", "1|2|4"},
+      {"MHLA_STATE_MIX", "group16|group8x5"},
+      {"MHLA_SWEEP_AHEAD", "1|3|7|15"},
+      {"MHLA_WARPGROUP_FORWARD_GROUPS", "2"},
+      {"MHLA_WARPGROUP_KEY_TILE", "64"}};
+  // clang-format on
+  return switches;
+}
+
 const std::vector<std::string_view>& kernel_switch_names() {
-  static const std::vector<std::string_view> names = {"MHLA_BIDIRECTIONAL_KERNEL",
-                                                      "MHLA_CAUSAL_LEAN_PASSES",
-                                                      "MHLA_CAUSAL_MIX_GEMM",
-                                                      "MHLA_CAUSAL_PACKED_PREFIX",
-                                                      "MHLA_CAUSAL_PACKED_STATES",
-                                                      "MHLA_CLUSTER_PERSISTENT",
-                                                      "MHLA_DECODE_VEC",
-                                                      "MHLA_DELTA_GRADS_PERSISTENT",
-                                                      "MHLA_DELTA_STATE_SLICE",
-                                                      "MHLA_DELTA_WALK_BUFFERS",
-                                                      "MHLA_DELTA_WALK_SEGMENTS",
-                                                      "MHLA_DEPENDENT_LAUNCH",
-                                                      "MHLA_FRAGMENT_ONE_TILE",
-                                                      "MHLA_FRAGMENT_PASSES",
-                                                      "MHLA_FUSED_ADALN",
-                                                      "MHLA_FUSED_CE",
-                                                      "MHLA_FUSED_GATED_NORM",
-                                                      "MHLA_FUSED_GRID_CONV",
-                                                      "MHLA_FUSED_MIX_BACKWARD",
-                                                      "MHLA_FUSED_MLP",
-                                                      "MHLA_FUSED_MLP_BACKWARD",
-                                                      "MHLA_FUSED_NORM",
-                                                      "MHLA_FUSED_QKV_ROTARY",
-                                                      "MHLA_FUSED_RESIDUAL_NORM",
-                                                      "MHLA_FUSED_SHORT_CONV",
-                                                      "MHLA_KEY_PASS_CTAS",
-                                                      "MHLA_LINEAR_BIAS_KERNEL",
-                                                      "MHLA_MIX_BACKWARD_STORES",
-                                                      "MHLA_MIX_GRID",
-                                                      "MHLA_MIX_ORDER",
-                                                      "MHLA_PACKED_BLOCK_STATES",
-                                                      "MHLA_PACKED_STATE_MIX",
-                                                      "MHLA_PACKED_STATE_SETS",
-                                                      "MHLA_PACKED_STATE_STORES",
-                                                      "MHLA_PAIR_PRODUCTS_SHARED",
-                                                      "MHLA_PIPELINED_CHUNKS",
-                                                      "MHLA_PIPELINED_PASSES",
-                                                      "MHLA_QUERY_PASS_CTAS",
-                                                      "MHLA_RESIDENT_BACKWARD",
-                                                      "MHLA_RESIDENT_FORWARD",
-                                                      "MHLA_RESIDENT_STATE_BACKWARD",
-                                                      "MHLA_SCALAR_STATE_ADDS",
-                                                      "MHLA_SEQUENCE_FORWARD",
-                                                      "MHLA_SHORT_CONV_GROUP",
-                                                      "MHLA_STATE_MIX",
-                                                      "MHLA_SWEEP_AHEAD",
-                                                      "MHLA_WARPGROUP_FORWARD_GROUPS",
-                                                      "MHLA_WARPGROUP_KEY_TILE"};
+  static const std::vector<std::string_view> names = [] {
+    std::vector<std::string_view> out;
+    for (const auto& s : kernel_switches()) out.push_back(s.name);
+    return out;
+  }();
   return names;
+}
+
+bool KernelSwitch::reads(std::string_view value) const {
+  if (values == "<count>") {
+    return !value.empty() && value.size() < 10 && value[0] != '0' &&
+           std::all_of(value.begin(), value.end(), [](char c) { return std::isdigit(c) != 0; });
+  }
+  if (values == "<passes>") {  // "0", or a comma list of pass names
+    if (value == "0") return true;
+    size_t start = 0;
+    while (start <= value.size()) {
+      const size_t comma = std::min(value.find(',', start), value.size());
+      const auto pass = value.substr(start, comma - start);
+      if (pass != "states" && pass != "output" && pass != "query" && pass != "key") return false;
+      start = comma + 1;
+    }
+    return true;
+  }
+  size_t start = 0;
+  while (start <= values.size()) {
+    const size_t bar = std::min(values.find('|', start), values.size());
+    if (values.substr(start, bar - start) == value) return true;
+    start = bar + 1;
+  }
+  return false;
 }
 
 namespace {
@@ -65,9 +105,11 @@ bool is_path_setting(std::string_view name) {
   return name == "MHLA_DATA_DIR" || name == "MHLA_BIN" || name == "MHLA_TESTS_BIN";
 }
 
-bool is_known_switch(std::string_view name) {
-  const auto& names = kernel_switch_names();
-  return std::find(names.begin(), names.end(), name) != names.end();
+const KernelSwitch* find_switch(std::string_view name) {
+  const auto& switches = kernel_switches();
+  const auto it = std::find_if(switches.begin(), switches.end(),
+                               [&](const KernelSwitch& s) { return s.name == name; });
+  return it == switches.end() ? nullptr : &*it;
 }
 
 struct Setting {
@@ -90,6 +132,14 @@ std::vector<Setting> mhla_settings() {
   return out;
 }
 
+std::string readable_values(std::string_view values) {
+  if (values == "<count>") return "a positive count";
+  if (values == "<passes>") return "0 or a comma list of states, output, query, key";
+  std::string out(values);
+  std::replace(out.begin(), out.end(), '|', ',');
+  return out;
+}
+
 }  // namespace
 
 std::string environment_switches_set() {
@@ -97,15 +147,27 @@ std::string environment_switches_set() {
   for (const auto& [name, value] : mhla_settings()) {
     if (!out.empty()) out += ", ";
     out += name + "=" + value;
-    if (!is_known_switch(name)) out += " (unknown)";
+    const KernelSwitch* known = find_switch(name);
+    if (known == nullptr) {
+      out += " (unknown)";
+    } else if (!known->reads(value)) {
+      out += " (value not read)";
+    }
   }
   return out;
 }
 
-std::vector<std::string> unknown_environment_switches() {
+std::vector<std::string> environment_switch_warnings() {
   std::vector<std::string> out;
-  for (const auto& setting : mhla_settings())
-    if (!is_known_switch(setting.name)) out.push_back(setting.name);
+  for (const auto& [name, value] : mhla_settings()) {
+    const KernelSwitch* known = find_switch(name);
+    if (known == nullptr) {
+      out.push_back(name + " is set but no kernel of this build reads it (a misspelt switch?)");
+    } else if (!known->reads(value)) {
+      out.push_back(name + "=" + value + " is not a value it reads (" +
+                    readable_values(known->values) + "); the default stays");
+    }
+  }
   return out;
 }
 

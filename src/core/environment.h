@@ -18,18 +18,29 @@ inline bool environment_switch(const char* name, bool default_on) {
   return default_on;
 }
 
-// Every kernel switch some part of this build reads (the README's "Kernel switches" lists them;
+// A kernel switch some part of this build reads, with the values the reading code compares
+// against ('|'-separated; "<count>": a positive integer; "<passes>": "0" or a comma list of
+// states, output, query, key). Any other value leaves the default in place.
+struct KernelSwitch {
+  std::string_view name, values;
+  bool reads(std::string_view value) const;
+};
+
+// Every one, sorted by name (the README's "Kernel switches" lists them;
 // scripts/tests/test_kernel_switches.py checks both against the sources).
+const std::vector<KernelSwitch>& kernel_switches();
 const std::vector<std::string_view>& kernel_switch_names();
 
 // "NAME=value, ..." for the MHLA_* variables set in the environment, "" when none is: runs and
 // benchmarks record it, so a run folder or a bench line says when a kernel was swapped out. Every
 // MHLA_* name counts except the paths the scripts and data loaders read (MHLA_DATA_DIR,
 // MHLA_BIN, MHLA_TESTS_BIN); a name that no part of the build reads is marked "(unknown)", so a
-// misspelt switch shows instead of silently changing nothing.
+// misspelt switch shows instead of silently changing nothing; a value the switch does not read is
+// marked "(value not read)".
 std::string environment_switches_set();
 
-// The MHLA_* names set in the environment that no part of this build reads (sorted).
-std::vector<std::string> unknown_environment_switches();
+// One line per MHLA_* variable that changes nothing: a name no part of this build reads, or a
+// value its switch does not read (sorted by name).
+std::vector<std::string> environment_switch_warnings();
 
 }  // namespace mhla

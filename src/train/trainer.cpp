@@ -53,7 +53,8 @@ Trainer::Trainer(const Config& config, const std::string& run_dir, bool resume)
     optimizer_->load_state(checkpoint.optimizer, checkpoint.dir + "/optimizer.safetensors");
     state_ = checkpoint.state;
     if (ema_) {
-      if (checkpoint.ema.empty()) fail("{}/ema.safetensors: missing; cannot resume exactly", checkpoint.dir);
+      if (checkpoint.ema.empty())
+        fail("{}/ema.safetensors: missing; cannot resume exactly", checkpoint.dir);
       ema_->load(checkpoint.ema, checkpoint.dir + "/ema.safetensors");
     }
     restore_rng_state(state_.cpu_rng, false, checkpoint.dir + "/trainer.json");
@@ -129,18 +130,18 @@ TrainOutcome Trainer::run() {
                         total_steps_};
   const auto& lr_at = schedule_registry().get(c.schedule.name).lr;
 
-  logger().info("run {}: {} with {} attention ({} parameters) on {}{}, {}, {} steps ({} epochs "
-                "x {})", run_dir_, c.model.name,
-                c.attention.pattern.empty() ? c.attention.type : "[" + c.attention.pattern + "]",
-                model_->parameter_count(),
-                device_.str(), bf16_ ? " (bf16 autocast)" : "", task_->describe(), total_steps_,
-                c.train.epochs, steps_per_epoch_);
+  logger().info(
+      "run {}: {} with {} attention ({} parameters) on {}{}, {}, {} steps ({} epochs "
+      "x {})",
+      run_dir_, c.model.name,
+      c.attention.pattern.empty() ? c.attention.type : "[" + c.attention.pattern + "]",
+      model_->parameter_count(), device_.str(), bf16_ ? " (bf16 autocast)" : "", task_->describe(),
+      total_steps_, c.train.epochs, steps_per_epoch_);
   if (const auto switches = environment_switches_set(); !switches.empty()) {
     logger().info("kernel switches from the environment: {}", switches);
   }
-  for (const auto& name : unknown_environment_switches()) {
-    logger().info("warning: {} is set but no kernel of this build reads it (a misspelt switch?)",
-                  name);
+  for (const auto& warning : environment_switch_warnings()) {
+    logger().info("warning: {}", warning);
   }
   if (state_.step > 0) {
     logger().info("resuming at step {} (epoch {}, batch {})", state_.step, state_.epoch + 1,
@@ -169,7 +170,8 @@ TrainOutcome Trainer::run() {
     while (auto batch = batches->next()) {
       const double lr = lr_at(schedule, state_.step);
       profiler.before_step(state_.step);
-      const torch::Tensor loss = step_graph_ ? step_graph_->step(*batch, lr) : eager_step(*batch, lr);
+      const torch::Tensor loss =
+          step_graph_ ? step_graph_->step(*batch, lr) : eager_step(*batch, lr);
       if (ema_) ema_->update(*model_, state_.step);  // step counts the updates before this one
       profiler.after_step(state_.step);
       loss_sum += loss;
@@ -183,21 +185,20 @@ TrainOutcome Trainer::run() {
         const double mean_loss = loss_sum.item<double>() / static_cast<double>(loss_count);
         if (!std::isfinite(mean_loss)) {
           // Stop before a diverged model overwrites the last good checkpoint.
-          fail("training diverged: mean loss over steps {}..{} is {} (lr {:.2e}); the last good "
-               "checkpoint is {}/checkpoints/last; try a lower optim.lr or optim.grad_clip",
-               state_.step - loss_count + 1, state_.step, mean_loss, lr, run_dir_);
+          fail(
+              "training diverged: mean loss over steps {}..{} is {} (lr {:.2e}); the last good "
+              "checkpoint is {}/checkpoints/last; try a lower optim.lr or optim.grad_clip",
+              state_.step - loss_count + 1, state_.step, mean_loss, lr, run_dir_);
         }
         const auto now = std::chrono::steady_clock::now();
         const double window = std::chrono::duration<double>(now - window_start).count();
         state_.train_seconds += window;
         seconds_per_step = window / static_cast<double>(window_steps);
-        const double rate =
-            static_cast<double>(window_steps * task_->samples_per_step()) / window;
-        logger().info("epoch {}/{} step {}/{} loss {:.4f} lr {:.2e} | {:.0f} {}/s | ETA {}",
-                      epoch + 1, c.train.epochs, state_.step, total_steps_, mean_loss, lr,
-                      rate, task_->unit(),
-                      format_duration(seconds_per_step *
-                                      static_cast<double>(total_steps_ - state_.step)));
+        const double rate = static_cast<double>(window_steps * task_->samples_per_step()) / window;
+        logger().info(
+            "epoch {}/{} step {}/{} loss {:.4f} lr {:.2e} | {:.0f} {}/s | ETA {}", epoch + 1,
+            c.train.epochs, state_.step, total_steps_, mean_loss, lr, rate, task_->unit(),
+            format_duration(seconds_per_step * static_cast<double>(total_steps_ - state_.step)));
         metrics_.write({{"step", state_.step},
                         {"epoch", epoch + 1},
                         {"loss", mean_loss},
@@ -215,10 +216,11 @@ TrainOutcome Trainer::run() {
         outcome.signal = stop_requested();
         outcome.steps = state_.step;
         outcome.train_seconds = state_.train_seconds;
-        logger().info("stopped at step {}{}; checkpoint written to {}/checkpoints/last; continue "
-                      "with: mhla train --resume {}", state_.step,
-                      outcome.signal ? fmt::format(" (signal {})", outcome.signal) : "", run_dir_,
-                      run_dir_);
+        logger().info(
+            "stopped at step {}{}; checkpoint written to {}/checkpoints/last; continue "
+            "with: mhla train --resume {}",
+            state_.step, outcome.signal ? fmt::format(" (signal {})", outcome.signal) : "",
+            run_dir_, run_dir_);
         return outcome;
       }
       if (c.train.eval_every_steps > 0 && state_.step % c.train.eval_every_steps == 0 &&
@@ -241,7 +243,8 @@ TrainOutcome Trainer::run() {
     if (last_epoch || (c.train.eval_every > 0 && (epoch + 1) % c.train.eval_every == 0)) {
       evaluate_and_record(epoch);
     }
-    if (last_epoch || (c.train.checkpoint_every > 0 && (epoch + 1) % c.train.checkpoint_every == 0)) {
+    if (last_epoch ||
+        (c.train.checkpoint_every > 0 && (epoch + 1) % c.train.checkpoint_every == 0)) {
       save("last");
     }
     window_start = std::chrono::steady_clock::now();
@@ -253,8 +256,8 @@ TrainOutcome Trainer::run() {
     outcome.final_score = last_eval_.score;
   }
   outcome.train_seconds = state_.train_seconds;
-  logger().info("done: {} steps, {} of training; final {}; best checkpoint at step {}",
-                state_.step, format_duration(state_.train_seconds),
+  logger().info("done: {} steps, {} of training; final {}; best checkpoint at step {}", state_.step,
+                format_duration(state_.train_seconds),
                 evaluated_ ? last_eval_.summary : std::string("(no evaluation)"), state_.best_step);
   return outcome;
 }
