@@ -73,6 +73,21 @@ const std::vector<std::string_view>& kernel_switch_names() {
   return names;
 }
 
+namespace {
+
+// The pieces of `text` between `separator`s (an empty text is one empty piece).
+std::vector<std::string_view> pieces(std::string_view text, char separator) {
+  std::vector<std::string_view> out;
+  for (size_t start = 0;;) {
+    const size_t end = std::min(text.find(separator, start), text.size());
+    out.push_back(text.substr(start, end - start));
+    if (end == text.size()) return out;
+    start = end + 1;
+  }
+}
+
+}  // namespace
+
 bool KernelSwitch::reads(std::string_view value) const {
   if (values == "<count>") {
     return !value.empty() && value.size() < 10 && value[0] != '0' &&
@@ -80,22 +95,13 @@ bool KernelSwitch::reads(std::string_view value) const {
   }
   if (values == "<passes>") {  // "0", or a comma list of pass names
     if (value == "0") return true;
-    size_t start = 0;
-    while (start <= value.size()) {
-      const size_t comma = std::min(value.find(',', start), value.size());
-      const auto pass = value.substr(start, comma - start);
-      if (pass != "states" && pass != "output" && pass != "query" && pass != "key") return false;
-      start = comma + 1;
-    }
-    return true;
+    const auto passes = pieces(value, ',');
+    return std::all_of(passes.begin(), passes.end(), [](std::string_view pass) {
+      return pass == "states" || pass == "output" || pass == "query" || pass == "key";
+    });
   }
-  size_t start = 0;
-  while (start <= values.size()) {
-    const size_t bar = std::min(values.find('|', start), values.size());
-    if (values.substr(start, bar - start) == value) return true;
-    start = bar + 1;
-  }
-  return false;
+  const auto accepted = pieces(values, '|');
+  return std::find(accepted.begin(), accepted.end(), value) != accepted.end();
 }
 
 namespace {
